@@ -1,0 +1,284 @@
+"""The nouns of a run: goals, tasks, claims, posts, findings, artifacts, envelopes and reservations.
+
+All are frozen dataclasses; states are ``StrEnum``s with explicit transition tables. Money is ``int``
+micro-USD; times are float seconds from the injected clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from swarmyard.errors import IllegalTransitionError
+
+
+class TaskState(StrEnum):
+    """Where a task is in its life."""
+
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: Allowed task transitions. CLAIMED -> CLAIMED is a renewal or a re-claim after the lease expired.
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.CLAIMED, TaskState.CANCELLED}),
+    TaskState.CLAIMED: frozenset({TaskState.CLAIMED, TaskState.PENDING, TaskState.DONE, TaskState.FAILED,
+                                  TaskState.CANCELLED}),
+    TaskState.FAILED: frozenset({TaskState.PENDING}),
+    TaskState.DONE: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+}
+
+
+def check_task_transition(task_id: str, current: TaskState, target: TaskState) -> None:
+    """Raise ``IllegalTransitionError`` unless ``current -> target`` is in the table."""
+    if target not in TASK_TRANSITIONS[current]:
+        raise IllegalTransitionError("task", task_id, current.value, target.value)
+
+
+class PostKind(StrEnum):
+    """What a board post is."""
+
+    NOTE = "note"
+    DIRECTION = "direction"
+    PROGRESS = "progress"
+    FAILURE = "failure"
+    QUESTION = "question"
+    CONSOLIDATION = "consolidation"
+
+
+class FindingStatus(StrEnum):
+    """Whether a finding has been checked."""
+
+    SUBMITTED = "submitted"
+    VERIFIED = "verified"
+    REJECTED = "rejected"
+
+
+FINDING_TRANSITIONS: dict[FindingStatus, frozenset[FindingStatus]] = {
+    FindingStatus.SUBMITTED: frozenset({FindingStatus.VERIFIED, FindingStatus.REJECTED}),
+    FindingStatus.VERIFIED: frozenset(),
+    FindingStatus.REJECTED: frozenset(),
+}
+
+
+class CitationKind(StrEnum):
+    """What a citation points at."""
+
+    POST = "post"
+    ARTIFACT = "artifact"
+    FINDING = "finding"
+
+
+class ReservationState(StrEnum):
+    """A budget hold's life: held, then settled, released, or unknown until an operator reconciles it."""
+
+    HELD = "held"
+    SETTLED = "settled"
+    RELEASED = "released"
+    UNKNOWN = "unknown"
+
+
+RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
+    ReservationState.HELD: frozenset({ReservationState.SETTLED, ReservationState.RELEASED, ReservationState.UNKNOWN}),
+    ReservationState.UNKNOWN: frozenset({ReservationState.SETTLED, ReservationState.RELEASED}),
+    ReservationState.SETTLED: frozenset(),
+    ReservationState.RELEASED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GoalSpec:
+    """What a caller asks for when creating a goal."""
+
+    objective: str
+    budget_micro_usd: int
+    call_cap: int
+    deadline: float | None = None
+    max_depth: int = 2
+    policy: str = "team"
+    evaluator: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """The objective of one run with its budget envelope."""
+
+    id: str
+    objective: str
+    budget_micro_usd: int
+    call_cap: int
+    deadline: float | None
+    max_depth: int
+    policy: str
+    evaluator: str | None
+    created_at: float
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """What a caller asks for when creating a task."""
+
+    title: str
+    prompt: str = ""
+    group: str = "main"
+    budget_micro_usd: int = 0
+    call_cap: int = 0
+    parent_id: str | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A unit of work under a goal, with its claim (if any) and its envelope."""
+
+    id: str
+    goal_id: str
+    parent_id: str | None
+    depth: int
+    group: str
+    title: str
+    prompt: str
+    state: TaskState
+    revision: int
+    fencing_token: int | None
+    worker_id: str | None
+    lease_expires_at: float | None
+    attempts: int
+    result: str | None
+    created_at: float
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A worker's hold on a task: its fencing token and lease expiry."""
+
+    task: Task
+    token: int
+    worker_id: str
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """A reference from a finding to a post (by sequence number), an artifact (sha256) or a finding (id)."""
+
+    kind: CitationKind
+    ref: str
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """One board message."""
+
+    goal_id: str
+    seq: int
+    kind: PostKind
+    group: str
+    author: str
+    task_id: str | None
+    fencing_token: int | None
+    body: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A worker's result with its citations."""
+
+    id: str
+    goal_id: str
+    task_id: str
+    group: str
+    author: str
+    title: str
+    body: str
+    citations: tuple[Citation, ...]
+    status: FindingStatus
+    score: int | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A content-addressed blob submitted under a task."""
+
+    sha256: str
+    goal_id: str
+    task_id: str
+    size: int
+    media_type: str
+    author: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A budget account. ``available = limit - reserved - settled`` never goes below zero."""
+
+    limit: int
+    reserved: int
+    settled: int
+    call_cap: int
+    calls: int
+
+    @property
+    def available(self) -> int:
+        """What can still be reserved."""
+        return self.limit - self.reserved - self.settled
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A worst-case hold on a task's and its goal's envelopes for one model call."""
+
+    id: str
+    goal_id: str
+    task_id: str
+    model: str
+    amount: int
+    actual: int | None
+    state: ReservationState
+    method: str
+    created_at: float
+    updated_at: float
+    overage: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """A model's price in micro-USD per million tokens."""
+
+    model: str
+    input_per_mtok: int
+    output_per_mtok: int
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker known to the control plane; its capability token is stored only as a hash."""
+
+    id: str
+    goal_id: str
+    group: str
+    token_hash: str
+    expires_at: float
+    revoked: bool
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One audit event: a state change, as the canonical JSON that becomes a Merkle leaf."""
+
+    id: int
+    leaf_index: int | None
+    kind: str
+    body: bytes
+    created_at: float
+    extra: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,359 @@
+"""Every error swarmyard raises, in one tree.
+
+    SwarmyardError                      root; ``status`` is the HTTP status the control plane answers with
+    ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
+    │   └── ConfigError                 a swarm file or setting is invalid; names the field
+    ├── InvalidInputError (400)         a request or call argument is malformed
+    ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
+    ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
+    ├── AuthError
+    │   ├── InvalidTokenError (401)     forged, malformed, expired or revoked capability token
+    │   └── ForbiddenError (403)        a valid token used outside its scope (other goal, other group)
+    ├── RateLimitedError (429)          too many calls; ``retry_after_s`` says when to retry
+    ├── StoreError
+    │   ├── FencingError (409)          a write for a task whose claim is no longer the caller's
+    │   │   ├── StaleFencingTokenError  the presented token is older than the task's current one
+    │   │   └── LeaseExpiredError       the token is current but the lease ran out (or the claim ended)
+    │   ├── IllegalTransitionError (409) a state change the transition table forbids
+    │   ├── ConflictError (409)         a uniqueness or ordering conflict
+    │   └── MigrationError              the schema is newer than this code, or a migration failed
+    ├── BudgetError
+    │   ├── BudgetExceededError (402)   an envelope cannot afford the worst case (``envelope``, ``needed``, ``available``)
+    │   ├── CallCapExceededError (429)  a task or goal used all its model calls
+    │   └── DeadlinePassedError (403)   the goal's deadline has passed
+    ├── SandboxError                    a machine could not be made, run or torn down as asked
+    │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
+    │   └── ExecTimeoutError            an exec ran past its timeout and its process tree was killed
+    ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
+    │   └── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
+    ├── EvaluatorError                  the evaluator refused or failed
+    │   └── HoldoutUsedError (409)      ``final_holdout`` was already answered for this goal
+    ├── AuditError                      the audit log, a checkpoint or a cosignature does not verify
+    └── MissingExtraError               an optional dependency is not installed; says what to ``pip install``
+
+Every error carries ``code`` (a stable snake_case name), ``status`` and ``retryable`` and renders to JSON with
+``to_dict()``; the ids involved are attributes, so callers never parse messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SwarmyardError(Exception):
+    """Root of every error swarmyard raises on purpose."""
+
+    code: ClassVar[str] = "swarmyard_error"
+    status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as the JSON body the control plane answers with."""
+        return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable, **self.details}}
+
+
+class UserError(SwarmyardError):
+    """swarmyard was used in a way it does not support."""
+
+    code = "user_error"
+    status = 400
+
+
+class ConfigError(UserError):
+    """A swarm file or setting is invalid."""
+
+    code = "config_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message if field is None else f"{field}: {message}", field=field)
+        self.field = field
+
+
+class InvalidInputError(SwarmyardError):
+    """A request or argument is malformed."""
+
+    code = "invalid_input"
+    status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.field = field
+
+
+class NotFoundError(SwarmyardError):
+    """An id that does not exist."""
+
+    code = "not_found"
+    status = 404
+
+    def __init__(self, kind: str, id: str | int) -> None:
+        super().__init__(f"{kind} {id!r} not found", kind=kind, id=id)
+        self.kind = kind
+        self.id = id
+
+
+class PayloadTooLargeError(SwarmyardError):
+    """A post, artifact or request body over its size limit."""
+
+    code = "payload_too_large"
+    status = 413
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit}", what=what, size=size, limit=limit)
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
+class AuthError(SwarmyardError):
+    """Authentication or authorisation failed."""
+
+    code = "auth_error"
+    status = 401
+
+
+class InvalidTokenError(AuthError):
+    """A forged, malformed, expired or revoked token."""
+
+    code = "invalid_token"
+    status = 401
+
+
+class ForbiddenError(AuthError):
+    """A valid token used outside its scope."""
+
+    code = "forbidden"
+    status = 403
+
+
+class RateLimitedError(SwarmyardError):
+    """Too many calls; retry after ``retry_after_s``."""
+
+    code = "rate_limited"
+    status = 429
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
+class StoreError(SwarmyardError):
+    """The store refused or failed an operation."""
+
+    code = "store_error"
+
+
+class FencingError(StoreError):
+    """A write for a task whose claim is no longer the caller's."""
+
+    code = "fencing_error"
+    status = 409
+
+    def __init__(self, message: str, *, task_id: str, presented: int, current: int | None) -> None:
+        super().__init__(message, task_id=task_id, presented=presented, current=current)
+        self.task_id = task_id
+        self.presented = presented
+        self.current = current
+
+
+class StaleFencingTokenError(FencingError):
+    """The presented fencing token is not the task's current one."""
+
+    code = "stale_fencing_token"
+
+    def __init__(self, task_id: str, presented: int, current: int | None) -> None:
+        super().__init__(
+            f"task {task_id}: fencing token {presented} is stale (current {current})",
+            task_id=task_id,
+            presented=presented,
+            current=current,
+        )
+
+
+class LeaseExpiredError(FencingError):
+    """The fencing token is current but the lease has run out or the claim has ended."""
+
+    code = "lease_expired"
+
+    def __init__(self, task_id: str, presented: int, current: int | None) -> None:
+        super().__init__(
+            f"task {task_id}: the lease for fencing token {presented} has expired or ended",
+            task_id=task_id,
+            presented=presented,
+            current=current,
+        )
+
+
+class IllegalTransitionError(StoreError):
+    """A state change that the transition table forbids."""
+
+    code = "illegal_transition"
+    status = 409
+
+    def __init__(self, kind: str, id: str, from_state: str, to_state: str) -> None:
+        super().__init__(
+            f"{kind} {id}: cannot go from {from_state} to {to_state}",
+            kind=kind,
+            id=id,
+            from_state=from_state,
+            to_state=to_state,
+        )
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class ConflictError(StoreError):
+    """A uniqueness or ordering conflict."""
+
+    code = "conflict"
+    status = 409
+
+
+class MigrationError(StoreError):
+    """The schema is newer than this code, or a migration failed."""
+
+    code = "migration_error"
+
+
+class BudgetError(SwarmyardError):
+    """A budget rule refused a call."""
+
+    code = "budget_error"
+    status = 402
+
+
+class BudgetExceededError(BudgetError):
+    """An envelope cannot afford the worst case of a call."""
+
+    code = "budget_exceeded"
+    status = 402
+
+    def __init__(self, envelope: str, needed: int, available: int) -> None:
+        super().__init__(
+            f"{envelope} envelope cannot afford {needed} micro-USD (available {available})",
+            envelope=envelope,
+            needed=needed,
+            available=available,
+        )
+        self.envelope = envelope
+        self.needed = needed
+        self.available = available
+
+
+class CallCapExceededError(BudgetError):
+    """A task or goal has used all its model calls."""
+
+    code = "call_cap_exceeded"
+    status = 429
+
+    def __init__(self, envelope: str, cap: int) -> None:
+        super().__init__(f"{envelope} has used all {cap} of its model calls", envelope=envelope, cap=cap)
+        self.envelope = envelope
+        self.cap = cap
+
+
+class DeadlinePassedError(BudgetError):
+    """The goal's deadline has passed."""
+
+    code = "deadline_passed"
+    status = 403
+
+    def __init__(self, goal_id: str, deadline: float) -> None:
+        super().__init__(f"goal {goal_id}: deadline has passed", goal_id=goal_id, deadline=deadline)
+        self.goal_id = goal_id
+        self.deadline = deadline
+
+
+class SandboxError(SwarmyardError):
+    """A machine could not be made, run or torn down as asked."""
+
+    code = "sandbox_error"
+
+
+class SandboxUnavailableError(SandboxError):
+    """The host lacks what the requested isolation needs."""
+
+    code = "sandbox_unavailable"
+
+
+class ExecTimeoutError(SandboxError):
+    """An exec ran past its timeout; its process tree was killed."""
+
+    code = "exec_timeout"
+    retryable = True
+
+
+class ProviderError(SwarmyardError):
+    """A model provider failed."""
+
+    code = "provider_error"
+    status = 502
+
+    def __init__(self, message: str, *, retryable: bool = False, upstream_status: int | None = None) -> None:
+        super().__init__(message, upstream_status=upstream_status)
+        self.upstream_status = upstream_status
+        self._retryable = retryable
+
+    @property  # type: ignore[override]
+    def retryable(self) -> bool:  # noqa: D401 - mirrors the class attribute
+        """Whether the same request may succeed if sent again."""
+        return self._retryable
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as JSON, with the per-instance ``retryable``."""
+        body = super().to_dict()
+        body["error"]["retryable"] = self._retryable
+        return body
+
+
+class UpstreamUnknownError(ProviderError):
+    """The request left and its answer was lost: the cost is unknown and a retry could pay twice."""
+
+    code = "upstream_unknown"
+
+    def __init__(self, message: str, *, reservation_id: str) -> None:
+        super().__init__(message, retryable=False)
+        self.reservation_id = reservation_id
+        self.details["reservation_id"] = reservation_id
+
+
+class EvaluatorError(SwarmyardError):
+    """The evaluator refused or failed."""
+
+    code = "evaluator_error"
+
+
+class HoldoutUsedError(EvaluatorError):
+    """``final_holdout`` already answered for this goal."""
+
+    code = "holdout_used"
+    status = 409
+
+    def __init__(self, goal_id: str) -> None:
+        super().__init__(f"goal {goal_id}: the final holdout was already used", goal_id=goal_id)
+        self.goal_id = goal_id
+
+
+class AuditError(SwarmyardError):
+    """The audit log, a checkpoint or a cosignature does not verify."""
+
+    code = "audit_error"
+
+
+class MissingExtraError(UserError):
+    """An optional dependency is not installed."""
+
+    code = "missing_extra"
+
+    def __init__(self, feature: str, extra: str, package: str) -> None:
+        super().__init__(
+            f"{feature} needs the {package!r} package: pip install 'swarmyard[{extra}]'",
+            extra=extra,
+            package=package,
+        )

@@ -1,0 +1,139 @@
+"""Capability tokens: one per worker, scoped to a goal, a group and the worker id, with an expiry.
+
+A token is ``sy1.<payload>.<mac>``: the payload is base64url canonical JSON, the MAC is HMAC-SHA256 under the
+control plane's secret. The store keeps only the SHA-256 of each token, so a leaked database does not leak
+tokens, and revocation is a store update that the next call sees. Operator tokens use the same format with
+``role = "operator"`` and are not stored.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmyard.canonical import canonical_json
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.errors import ForbiddenError, InvalidTokenError, NotFoundError
+from swarmyard.ids import new_id
+from swarmyard.keys import write_secret_file
+from swarmyard.store.protocol import Store
+
+_PREFIX = "sy1"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Who a verified worker token speaks for."""
+
+    worker_id: str
+    goal_id: str
+    group: str
+    expires_at: float
+
+
+def token_hash(token: str) -> str:
+    """The hex SHA-256 under which a token is stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The control plane's 32-byte token secret, created 0600 on first use."""
+    if not path.exists():
+        try:
+            write_secret_file(path, secrets.token_bytes(32))
+        except FileExistsError:
+            pass
+    secret = path.read_bytes()
+    if len(secret) < 32:
+        raise InvalidTokenError(f"token secret at {path.name} is too short")
+    return secret
+
+
+class TokenAuthority:
+    """Issues, verifies and revokes capability tokens."""
+
+    def __init__(self, secret: bytes, store: Store, clock: Clock | None = None) -> None:
+        self._secret = secret
+        self._store = store
+        self._clock = clock or SystemClock()
+
+    def _sign(self, payload: dict[str, object]) -> str:
+        body = _b64(canonical_json(payload))
+        mac = hmac.new(self._secret, f"{_PREFIX}.{body}".encode(), hashlib.sha256).digest()
+        return f"{_PREFIX}.{body}.{_b64(mac)}"
+
+    def _open(self, token: str) -> dict[str, object]:
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != _PREFIX:
+            raise InvalidTokenError("malformed token")
+        try:
+            mac = _unb64(parts[2])
+            payload = json.loads(_unb64(parts[1]))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidTokenError("malformed token") from exc
+        expected = hmac.new(self._secret, f"{_PREFIX}.{parts[1]}".encode(), hashlib.sha256).digest()
+        if not hmac.compare_digest(mac, expected) or not isinstance(payload, dict):
+            raise InvalidTokenError("token signature does not verify")
+        exp = payload.get("exp")
+        if not isinstance(exp, int) or exp <= int(self._clock.now() * 1000):
+            raise InvalidTokenError("token has expired")
+        return payload
+
+    def issue(self, goal_id: str, group: str, *, ttl_s: float, worker_id: str | None = None) -> tuple[str, WorkerIdentity]:
+        """Issue a worker token, register the worker and store the token's hash."""
+        worker_id = worker_id or new_id("wrk")
+        expires_ms = int((self._clock.now() + ttl_s) * 1000)
+        token = self._sign({"role": "worker", "wid": worker_id, "goal": goal_id, "group": group, "exp": expires_ms,
+                            "n": secrets.token_hex(8)})
+        self._store.add_worker(worker_id, goal_id, group, token_hash(token), expires_ms / 1000)
+        return token, WorkerIdentity(worker_id, goal_id, group, expires_ms / 1000)
+
+    def verify(self, token: str) -> WorkerIdentity:
+        """The identity behind a worker token; ``InvalidTokenError`` if forged, expired, revoked or unknown."""
+        payload = self._open(token)
+        if payload.get("role") != "worker":
+            raise InvalidTokenError("not a worker token")
+        worker_id = str(payload["wid"])
+        try:
+            worker = self._store.get_worker(worker_id)
+        except NotFoundError:
+            raise InvalidTokenError("unknown worker") from None
+        if worker.revoked:
+            raise InvalidTokenError(f"worker {worker_id} has been revoked")
+        if not hmac.compare_digest(worker.token_hash, token_hash(token)):
+            raise InvalidTokenError("token is not the worker's current token")
+        return WorkerIdentity(worker_id, str(payload["goal"]), str(payload["group"]), int(str(payload["exp"])) / 1000)
+
+    def verify_for_goal(self, token: str, goal_id: str) -> WorkerIdentity:
+        """Verify and require the token's goal to be ``goal_id`` (403 otherwise)."""
+        identity = self.verify(token)
+        if identity.goal_id != goal_id:
+            raise ForbiddenError(f"worker {identity.worker_id} is not scoped to goal {goal_id}")
+        return identity
+
+    def issue_operator(self, *, ttl_s: float = 365 * 86400.0) -> str:
+        """An operator token (full access to the operator API)."""
+        return self._sign({"role": "operator", "exp": int((self._clock.now() + ttl_s) * 1000),
+                           "n": secrets.token_hex(8)})
+
+    def verify_operator(self, token: str) -> None:
+        """Raise unless ``token`` is a valid operator token."""
+        if self._open(token).get("role") != "operator":
+            raise ForbiddenError("an operator token is required")
+
+    def revoke(self, worker_id: str) -> None:
+        """Revoke a worker's token."""
+        self._store.revoke_worker(worker_id)

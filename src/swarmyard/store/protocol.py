@@ -1,0 +1,221 @@
+"""The ``Store`` protocol: every durable fact of a run goes through it.
+
+Two engines implement it and pass one contract suite: SQLite (WAL, embedded default) and PostgreSQL.
+Every write that names a task takes that task's fencing token and is refused with
+``StaleFencingTokenError`` or ``LeaseExpiredError`` unless it is the current claim with a live lease.
+Every state change also appends an audit event in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from swarmyard.domain import (
+    Artifact,
+    Citation,
+    Claim,
+    Event,
+    Finding,
+    FindingStatus,
+    Goal,
+    GoalSpec,
+    Post,
+    PostKind,
+    Price,
+    Reservation,
+    ReservationState,
+    Task,
+    TaskSpec,
+    TaskState,
+    Worker,
+)
+
+#: Default limits; a store may be opened with others.
+DEFAULT_POST_LIMIT_BYTES = 16 * 1024
+DEFAULT_FINDING_LIMIT_BYTES = 64 * 1024
+DEFAULT_ARTIFACT_LIMIT_BYTES = 16 * 1024 * 1024
+
+
+class Store(Protocol):
+    """The durable state of goals, tasks, claims, the board, findings, artifacts, the ledger and the audit events."""
+
+    url: str
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+    # -- goals and tasks ------------------------------------------------------------------------------------
+    def create_goal(self, spec: GoalSpec) -> Goal:
+        """Create a goal and its envelope."""
+        ...
+
+    def get_goal(self, goal_id: str) -> Goal:
+        """The goal, or ``NotFoundError``."""
+        ...
+
+    def list_goals(self) -> list[Goal]:
+        """Every goal, oldest first."""
+        ...
+
+    def create_task(self, goal_id: str, spec: TaskSpec) -> Task:
+        """Create a top-level task; its envelope is carved from the goal's unallocated budget."""
+        ...
+
+    def delegate(self, parent_id: str, token: int, spec: TaskSpec) -> Task:
+        """Create a sub-task under a claimed task, one level deeper, its envelope carved from the parent's."""
+        ...
+
+    def get_task(self, task_id: str) -> Task:
+        """The task, or ``NotFoundError``."""
+        ...
+
+    def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
+        """A goal's tasks, in creation order."""
+        ...
+
+    # -- claims ---------------------------------------------------------------------------------------------
+    def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
+              group: str | None = None) -> Claim | None:
+        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable."""
+        ...
+
+    def renew(self, task_id: str, token: int, lease_s: float) -> Claim:
+        """Extend a live claim's lease."""
+        ...
+
+    def release(self, task_id: str, token: int) -> Task:
+        """Give a claimed task back (it becomes pending)."""
+        ...
+
+    def complete(self, task_id: str, token: int, result: str | None = None) -> Task:
+        """Mark a claimed task done."""
+        ...
+
+    def fail(self, task_id: str, token: int, reason: str) -> Task:
+        """Mark a claimed task failed."""
+        ...
+
+    def current_claim(self, worker_id: str) -> Claim | None:
+        """The worker's live claim (the most recent one whose lease has not run out), if any."""
+        ...
+
+    def check_fence(self, task_id: str, token: int) -> Task:
+        """Raise unless ``token`` is the task's current claim with a live lease; return the task."""
+        ...
+
+    # -- board ----------------------------------------------------------------------------------------------
+    def post(self, task_id: str, token: int, kind: PostKind, body: str, *, author: str,
+             group: str | None = None) -> Post:
+        """Append a post to the goal's board under a claimed task; ``group`` defaults to the task's."""
+        ...
+
+    def post_as_operator(self, goal_id: str, kind: PostKind, body: str, *, author: str, group: str) -> Post:
+        """Append a post with no task (coordinator consolidations, operator notes)."""
+        ...
+
+    def read_board(self, goal_id: str, *, after: int = 0, limit: int = 100, group: str | None = None,
+                   kinds: Sequence[PostKind] | None = None, author: str | None = None) -> list[Post]:
+        """Posts with ``seq > after`` in sequence order, at most ``limit``."""
+        ...
+
+    # -- findings and artifacts -----------------------------------------------------------------------------
+    def put_artifact(self, task_id: str, token: int, data: bytes, *, author: str,
+                     media_type: str = "application/octet-stream") -> Artifact:
+        """Store a blob content-addressed by SHA-256 under a claimed task (idempotent per goal and hash)."""
+        ...
+
+    def get_artifact(self, goal_id: str, sha256: str) -> Artifact:
+        """Artifact metadata, or ``NotFoundError``."""
+        ...
+
+    def read_artifact(self, goal_id: str, sha256: str) -> bytes:
+        """Artifact bytes (verified against the hash)."""
+        ...
+
+    def submit_finding(self, task_id: str, token: int, *, author: str, title: str, body: str,
+                       citations: Sequence[Citation] = ()) -> Finding:
+        """Record a finding; every citation must resolve within the goal."""
+        ...
+
+    def read_findings(self, goal_id: str, *, group: str | None = None, after: str | None = None,
+                      limit: int = 100) -> list[Finding]:
+        """Findings in submission order."""
+        ...
+
+    def get_finding(self, finding_id: str) -> Finding:
+        """One finding, or ``NotFoundError``."""
+        ...
+
+    def set_finding_status(self, finding_id: str, status: FindingStatus, *, score: int | None = None) -> Finding:
+        """Verify or reject a submitted finding."""
+        ...
+
+    # -- ledger ---------------------------------------------------------------------------------------------
+    def set_price(self, price: Price) -> None:
+        """Insert or replace a model's price."""
+        ...
+
+    def get_price(self, model: str) -> Price:
+        """A model's price, or ``NotFoundError``."""
+        ...
+
+    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str) -> Reservation:
+        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
+        ...
+
+    def settle(self, reservation_id: str, actual: int) -> Reservation:
+        """Replace a hold by the actual cost (a held or unknown reservation)."""
+        ...
+
+    def release_reservation(self, reservation_id: str) -> Reservation:
+        """Drop a hold (a held or unknown reservation); nothing is spent."""
+        ...
+
+    def mark_unknown(self, reservation_id: str) -> Reservation:
+        """The request left and the answer was lost: keep the hold until an operator reconciles."""
+        ...
+
+    def reconcile(self, reservation_id: str, actual: int | None) -> Reservation:
+        """Settle an unknown reservation at ``actual``, or release it when ``actual`` is ``None``."""
+        ...
+
+    def get_reservation(self, reservation_id: str) -> Reservation:
+        """One reservation, or ``NotFoundError``."""
+        ...
+
+    def list_reservations(self, goal_id: str, *, state: ReservationState | None = None) -> list[Reservation]:
+        """A goal's reservations, oldest first."""
+        ...
+
+    # -- workers (capability tokens are stored hashed) ------------------------------------------------------
+    def add_worker(self, worker_id: str, goal_id: str, group: str, token_hash: str, expires_at: float) -> Worker:
+        """Register a worker and the hash of its capability token."""
+        ...
+
+    def get_worker(self, worker_id: str) -> Worker:
+        """One worker, or ``NotFoundError``."""
+        ...
+
+    def list_workers(self, goal_id: str) -> list[Worker]:
+        """A goal's workers."""
+        ...
+
+    def revoke_worker(self, worker_id: str) -> Worker:
+        """Revoke a worker's token."""
+        ...
+
+    # -- audit events ---------------------------------------------------------------------------------------
+    def record_event(self, kind: str, data: dict[str, object]) -> None:
+        """Append an audit event for a change made outside the store (a machine created, a score issued)."""
+        ...
+
+    def sequence_events(self) -> int:
+        """Give every committed, unsequenced event its leaf index, in order; return the new leaf count."""
+        ...
+
+    def read_events(self, start: int, end: int) -> list[Event]:
+        """Sequenced events with ``start <= leaf_index < end``."""
+        ...
