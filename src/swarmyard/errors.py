@@ -25,7 +25,8 @@
     │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
     │   └── ExecTimeoutError            an exec ran past its timeout and its process tree was killed
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
-    │   └── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
+    │   ├── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
+    │   └── UpstreamLostError (502)     a provider's connection dropped or timed out after the request left
     ├── EvaluatorError                  the evaluator refused or failed
     │   └── HoldoutUsedError (409)      ``final_holdout`` was already answered for this goal
     ├── AuditError                      the audit log, a checkpoint or a cosignature does not verify
@@ -321,6 +322,15 @@ class UpstreamUnknownError(ProviderError):
         super().__init__(message, retryable=False)
         self.reservation_id = reservation_id
         self.details["reservation_id"] = reservation_id
+
+
+class UpstreamLostError(ProviderError):
+    """A provider's connection dropped or timed out after the request left; the broker records it as unknown."""
+
+    code = "upstream_lost"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 class EvaluatorError(SwarmyardError):
