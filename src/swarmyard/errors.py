@@ -9,6 +9,7 @@
     ├── AuthError
     │   ├── InvalidTokenError (401)     forged, malformed, expired or revoked capability token
     │   └── ForbiddenError (403)        a valid token used outside its scope (other goal, other group)
+    │       └── DepthExceededError      a delegation past the goal's maximum depth
     ├── RateLimitedError (429)          too many calls; ``retry_after_s`` says when to retry
     ├── StoreError
     │   ├── FencingError (409)          a write for a task whose claim is no longer the caller's
@@ -28,7 +29,11 @@
     │   ├── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
     │   └── UpstreamLostError (502)     a provider's connection dropped or timed out after the request left
     ├── EvaluatorError                  the evaluator refused or failed
-    │   └── HoldoutUsedError (409)      ``final_holdout`` was already answered for this goal
+    │   ├── HoldoutUsedError (409)      ``final_holdout`` was already answered for this goal
+    │   ├── BundleError                 an evaluator bundle or its evaluator.toml is malformed; names the field
+    │   ├── ScoringError (422)          the scoring code failed or printed no integer (``reason``)
+    │   │   └── ScoringLimitError (422) the scoring code was killed by a limit (``limit``: wall_time, cpu_time, ...)
+    │   └── EvaluatorUnavailableError (503) the evaluator's socket cannot be reached; retryable
     ├── AuditError                      the audit log, a checkpoint or a cosignature does not verify
     └── MissingExtraError               an optional dependency is not installed; says what to ``pip install``
 
@@ -130,6 +135,19 @@ class ForbiddenError(AuthError):
 
     code = "forbidden"
     status = 403
+
+
+class DepthExceededError(ForbiddenError):
+    """A delegation past the goal's maximum depth."""
+
+    code = "depth_exceeded"
+
+    def __init__(self, task_id: str, depth: int, max_depth: int) -> None:
+        super().__init__(f"task {task_id}: a sub-task at depth {depth} exceeds the goal's max depth {max_depth}",
+                         task_id=task_id, depth=depth, max_depth=max_depth)
+        self.task_id = task_id
+        self.depth = depth
+        self.max_depth = max_depth
 
 
 class RateLimitedError(SwarmyardError):
@@ -348,6 +366,48 @@ class HoldoutUsedError(EvaluatorError):
     def __init__(self, goal_id: str) -> None:
         super().__init__(f"goal {goal_id}: the final holdout was already used", goal_id=goal_id)
         self.goal_id = goal_id
+
+
+class BundleError(EvaluatorError):
+    """An evaluator bundle or its ``evaluator.toml`` is malformed; ``field`` names what is wrong."""
+
+    code = "bundle_error"
+
+    def __init__(self, message: str, *, field: str, path: str) -> None:
+        super().__init__(f"{path}: {field}: {message}", field=field, path=path)
+        self.field = field
+        self.path = path
+
+
+class ScoringError(EvaluatorError):
+    """The scoring code failed or printed no integer; ``reason`` says how (its output stays private)."""
+
+    code = "scoring_error"
+    status = 422
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message, reason=reason)
+        self.reason = reason
+
+
+class ScoringLimitError(ScoringError):
+    """The scoring code was killed by a limit (``wall_time``, ``cpu_time``, ``memory``, ``output``)."""
+
+    code = "scoring_limit"
+
+    def __init__(self, limit: str, value: int) -> None:
+        super().__init__(f"the scoring code hit its {limit} limit ({value})", reason=limit)
+        self.limit = limit
+        self.value = value
+        self.details["value"] = value
+
+
+class EvaluatorUnavailableError(EvaluatorError):
+    """The evaluator's socket cannot be reached."""
+
+    code = "evaluator_unavailable"
+    status = 503
+    retryable = True
 
 
 class AuditError(SwarmyardError):
