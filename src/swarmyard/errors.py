@@ -35,6 +35,10 @@
     │   │   └── ScoringLimitError (422) the scoring code was killed by a limit (``limit``: wall_time, cpu_time, ...)
     │   └── EvaluatorUnavailableError (503) the evaluator's socket cannot be reached; retryable
     ├── AuditError                      the audit log, a checkpoint or a cosignature does not verify
+    │   ├── InvalidProofError           a Merkle inclusion or consistency proof does not verify (``reason``)
+    │   ├── InvalidSignatureError       a signed note, checkpoint or cosignature is malformed or forged
+    │   ├── WitnessRefusedError (409)   the witness refused a checkpoint: fork, rewrite, stale size (``origin``)
+    │   └── LogMismatchError            a run's log fails verification at ``what`` number ``index``
     └── MissingExtraError               an optional dependency is not installed; says what to ``pip install``
 
 Every error carries ``code`` (a stable snake_case name), ``status`` and ``retryable`` and renders to JSON with
@@ -414,6 +418,53 @@ class AuditError(SwarmyardError):
     """The audit log, a checkpoint or a cosignature does not verify."""
 
     code = "audit_error"
+
+
+class InvalidProofError(AuditError):
+    """A Merkle inclusion or consistency proof does not verify."""
+
+    code = "invalid_proof"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, reason=reason)
+        self.reason = reason
+
+
+class InvalidSignatureError(AuditError):
+    """A signed note, checkpoint or cosignature is malformed or its signature does not verify."""
+
+    code = "invalid_signature"
+
+    def __init__(self, reason: str, *, key_name: str | None = None) -> None:
+        super().__init__(reason, key_name=key_name)
+        self.reason = reason
+        self.key_name = key_name
+
+
+class WitnessRefusedError(AuditError):
+    """The witness refused a checkpoint: a fork, a rewrite, a bad proof or a stale old size."""
+
+    code = "witness_refused"
+    status = 409
+
+    def __init__(self, origin: str, reason: str, *, witness_size: int | None = None) -> None:
+        super().__init__(f"witness refused {origin}: {reason}", origin=origin, reason=reason,
+                         witness_size=witness_size)
+        self.origin = origin
+        self.reason = reason
+        self.witness_size = witness_size
+
+
+class LogMismatchError(AuditError):
+    """A run's audit log fails verification; ``what`` (event, checkpoint, cosignature) and ``index`` say where."""
+
+    code = "log_mismatch"
+
+    def __init__(self, what: str, index: int, reason: str) -> None:
+        super().__init__(f"{what} {index}: {reason}", what=what, index=index, reason=reason)
+        self.what = what
+        self.index = index
+        self.reason = reason
 
 
 class MissingExtraError(UserError):
