@@ -1,0 +1,39 @@
+"""The store: one protocol, two engines (SQLite embedded by default, PostgreSQL for several hosts).
+
+``open_store("sqlite:///runs/x/store.db")`` or ``open_store("postgresql://...")``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from swarmyard.clock import Clock
+from swarmyard.errors import UserError
+from swarmyard.store.protocol import Store
+from swarmyard.store.sql import BROADCAST_GROUP, SqlStore
+
+
+def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = None, **limits: Any) -> SqlStore:
+    """Open (and migrate) the store at ``url``: ``sqlite:///path`` or ``postgresql://...``.
+
+    Artifacts go to ``blob_dir``: by default ``blobs/`` beside a SQLite file, or ``$SWARMYARD_BLOBS`` (else
+    ``./blobs``) for PostgreSQL, which must then be a folder every host shares.
+    """
+    from swarmyard.store.engine import PostgresEngine, SqliteEngine
+
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.is_absolute() and url.startswith("sqlite:////"):
+            path = Path("/" + str(path))
+        return SqlStore(url, SqliteEngine(path), clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
+    if url.startswith(("postgresql://", "postgres://")):
+        pool_size = int(limits.pop("pool_size", 16))
+        default_blobs = Path(os.environ.get("SWARMYARD_BLOBS", "blobs"))
+        return SqlStore(url, PostgresEngine(url, max_size=pool_size), clock=clock, blob_dir=blob_dir or default_blobs,
+                        **limits)
+    raise UserError(f"unknown store URL {url!r}: use sqlite:///path or postgresql://...")
+
+
+__all__ = ["BROADCAST_GROUP", "SqlStore", "Store", "open_store"]

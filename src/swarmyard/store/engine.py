@@ -1,0 +1,158 @@
+"""The two SQL engines behind one small interface: a read cursor and a write transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from swarmyard.errors import StoreError
+
+Row = tuple[Any, ...]
+
+
+class Cursor(Protocol):
+    """The DB-API cursor subset both engines share."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...  # noqa: D102
+
+    def fetchone(self) -> Any: ...  # noqa: D102
+
+    def fetchall(self) -> list[Any]: ...  # noqa: D102
+
+
+class Engine(Protocol):
+    """A connection source with SQL written in ``?`` placeholders."""
+
+    postgres: bool
+
+    def write(self) -> Any:
+        """A context manager yielding a cursor inside one write transaction."""
+        ...
+
+    def read(self) -> Any:
+        """A context manager yielding a cursor for reads."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+class SqliteEngine:
+    """SQLite in WAL mode, one connection per thread; writes take the write lock up front (BEGIN IMMEDIATE)."""
+
+    postgres = False
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 60_000) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=self._busy_timeout_ms / 1000)
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction, holding SQLite's write lock from its first statement."""
+        conn = self._conn()
+        cur = conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot start a write transaction: {exc}") from exc
+        try:
+            yield cur
+        except BaseException:
+            conn.rollback()
+            raise
+        else:
+            conn.commit()
+        finally:
+            cur.close()
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Cursor]:
+        """A cursor in autocommit mode; each statement sees a consistent snapshot."""
+        cur = self._conn().cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+class PostgresEngine:
+    """PostgreSQL through a psycopg connection pool; SQL placeholders are translated from ``?`` to ``%s``."""
+
+    postgres = True
+
+    def __init__(self, url: str, *, max_size: int = 16) -> None:
+        from psycopg_pool import ConnectionPool
+
+        self.url = url
+        self._pool = ConnectionPool(url, min_size=1, max_size=max_size, kwargs={"autocommit": True}, open=True)
+        self._sql: dict[str, str] = {}
+
+    def _tr(self, sql: str) -> str:
+        out = self._sql.get(sql)
+        if out is None:
+            out = self._sql[sql] = sql.replace("?", "%s")
+        return out
+
+    @contextmanager
+    def write(self) -> Iterator[_PgCursor]:
+        """One transaction on a pooled connection."""
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            yield _PgCursor(cur, self._tr)
+
+    @contextmanager
+    def read(self) -> Iterator[_PgCursor]:
+        """An autocommit cursor on a pooled connection."""
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            yield _PgCursor(cur, self._tr)
+
+    def close(self) -> None:
+        """Close the pool."""
+        self._pool.close()
+
+
+class _PgCursor:
+    """A psycopg cursor that accepts ``?`` placeholders."""
+
+    def __init__(self, cur: Any, tr: Any) -> None:
+        self._cur = cur
+        self._tr = tr
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._cur.execute(self._tr(sql), params)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return list(self._cur.fetchall())

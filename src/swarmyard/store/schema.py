@@ -1,0 +1,86 @@
+"""The schema as an ordered list of migrations, each a small function from a dialect to SQL statements.
+
+A store records the number of migrations applied in ``meta.schema_version``; opening a store applies the
+missing ones in order, under a lock, and refuses a schema newer than this code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Types:
+    """Column types that differ between engines."""
+
+    bigint: str
+    real: str
+    blob: str
+    serial_pk: str
+
+
+SQLITE_TYPES = Types(bigint="INTEGER", real="REAL", blob="BLOB", serial_pk="INTEGER PRIMARY KEY AUTOINCREMENT")
+POSTGRES_TYPES = Types(bigint="BIGINT", real="DOUBLE PRECISION", blob="BYTEA", serial_pk="BIGSERIAL PRIMARY KEY")
+
+
+def _m001_initial(t: Types, postgres: bool) -> list[str]:
+    txid = ", txid XID8 NOT NULL DEFAULT pg_current_xact_id()" if postgres else ""
+    statements = [
+        "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value {b} NOT NULL)",
+        "INSERT INTO counters (name, value) VALUES ('fencing', 0) ON CONFLICT (name) DO NOTHING",
+        """CREATE TABLE goals (
+            id TEXT PRIMARY KEY, objective TEXT NOT NULL, budget {b} NOT NULL, call_cap {b} NOT NULL,
+            deadline {r}, max_depth INTEGER NOT NULL, policy TEXT NOT NULL, evaluator TEXT,
+            created_at {r} NOT NULL, board_seq {b} NOT NULL DEFAULT 0, allocated {b} NOT NULL DEFAULT 0,
+            reserved {b} NOT NULL DEFAULT 0, settled {b} NOT NULL DEFAULT 0, calls {b} NOT NULL DEFAULT 0,
+            CHECK (reserved >= 0 AND settled >= 0 AND allocated >= 0 AND reserved + settled <= budget))""",
+        """CREATE TABLE tasks (
+            n {serial}, id TEXT NOT NULL UNIQUE, goal_id TEXT NOT NULL REFERENCES goals(id),
+            parent_id TEXT REFERENCES tasks(id), depth INTEGER NOT NULL, group_name TEXT NOT NULL,
+            title TEXT NOT NULL, prompt TEXT NOT NULL, priority INTEGER NOT NULL, state TEXT NOT NULL,
+            revision {b} NOT NULL DEFAULT 0, fencing_token {b}, worker_id TEXT, lease_expires_at {r},
+            attempts INTEGER NOT NULL DEFAULT 0, result TEXT, created_at {r} NOT NULL,
+            budget {b} NOT NULL, reserved {b} NOT NULL DEFAULT 0, settled {b} NOT NULL DEFAULT 0,
+            call_cap {b} NOT NULL, calls {b} NOT NULL DEFAULT 0,
+            CHECK (budget >= 0 AND reserved >= 0 AND settled >= 0 AND reserved + settled <= budget))""",
+        "CREATE INDEX tasks_claimable ON tasks (goal_id, state, group_name, priority, n)",
+        "CREATE INDEX tasks_worker ON tasks (worker_id)",
+        """CREATE TABLE posts (
+            goal_id TEXT NOT NULL REFERENCES goals(id), seq {b} NOT NULL, kind TEXT NOT NULL,
+            group_name TEXT NOT NULL, author TEXT NOT NULL, task_id TEXT, fencing_token {b}, body TEXT NOT NULL,
+            created_at {r} NOT NULL, PRIMARY KEY (goal_id, seq))""",
+        """CREATE TABLE artifacts (
+            goal_id TEXT NOT NULL REFERENCES goals(id), sha256 TEXT NOT NULL, task_id TEXT NOT NULL,
+            size {b} NOT NULL, media_type TEXT NOT NULL, author TEXT NOT NULL, created_at {r} NOT NULL,
+            PRIMARY KEY (goal_id, sha256))""",
+        """CREATE TABLE findings (
+            n {serial}, id TEXT NOT NULL UNIQUE, goal_id TEXT NOT NULL REFERENCES goals(id),
+            task_id TEXT NOT NULL, group_name TEXT NOT NULL, author TEXT NOT NULL, title TEXT NOT NULL,
+            body TEXT NOT NULL, citations TEXT NOT NULL, status TEXT NOT NULL, score {b}, created_at {r} NOT NULL)""",
+        "CREATE INDEX findings_goal ON findings (goal_id, n)",
+        """CREATE TABLE reservations (
+            id TEXT PRIMARY KEY, goal_id TEXT NOT NULL REFERENCES goals(id), task_id TEXT NOT NULL,
+            model TEXT NOT NULL, amount {b} NOT NULL, actual {b}, overage {b} NOT NULL DEFAULT 0,
+            state TEXT NOT NULL, method TEXT NOT NULL, created_at {r} NOT NULL, updated_at {r} NOT NULL)""",
+        "CREATE INDEX reservations_goal ON reservations (goal_id, created_at)",
+        """CREATE TABLE prices (model TEXT PRIMARY KEY, input_per_mtok {b} NOT NULL,
+            output_per_mtok {b} NOT NULL)""",
+        """CREATE TABLE workers (
+            id TEXT PRIMARY KEY, goal_id TEXT NOT NULL REFERENCES goals(id), group_name TEXT NOT NULL,
+            token_hash TEXT NOT NULL, expires_at {r} NOT NULL, revoked INTEGER NOT NULL DEFAULT 0,
+            created_at {r} NOT NULL)""",
+        f"""CREATE TABLE events (
+            id {{serial}}, leaf_index {{b}} UNIQUE, kind TEXT NOT NULL, body {{blob}} NOT NULL,
+            created_at {{r}} NOT NULL{txid})""",
+        "CREATE INDEX events_unsequenced ON events (id) WHERE leaf_index IS NULL",
+    ]
+    if postgres:
+        statements.append("CREATE SEQUENCE IF NOT EXISTS fencing_seq")
+    return [s.format(b=t.bigint, r=t.real, blob=t.blob, serial=t.serial_pk) for s in statements]
+
+
+Migration = Callable[[Types, bool], list[str]]
+
+#: Applied in order; append new migrations, never edit old ones.
+MIGRATIONS: list[Migration] = [_m001_initial]

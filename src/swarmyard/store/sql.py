@@ -1,0 +1,816 @@
+"""``SqlStore``: the one implementation of the Store protocol, on either engine.
+
+Why one class for two engines: the claim, fence and ledger rules must be the same everywhere, so they are
+written once as conditional statements; the engines differ only in where the fencing counter lives (a counter
+row under SQLite's single writer, a sequence in PostgreSQL), in ``FOR UPDATE SKIP LOCKED`` and in how committed
+events are sequenced into audit leaves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from swarmyard.canonical import canonical_json
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.domain import (
+    FINDING_TRANSITIONS,
+    Artifact,
+    Citation,
+    CitationKind,
+    Claim,
+    Event,
+    Finding,
+    FindingStatus,
+    Goal,
+    GoalSpec,
+    Post,
+    PostKind,
+    Price,
+    Reservation,
+    ReservationState,
+    Task,
+    TaskSpec,
+    TaskState,
+    Worker,
+)
+from swarmyard.errors import (
+    BudgetExceededError,
+    CallCapExceededError,
+    DeadlinePassedError,
+    DepthExceededError,
+    IllegalTransitionError,
+    InvalidInputError,
+    LeaseExpiredError,
+    MigrationError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StaleFencingTokenError,
+)
+from swarmyard.ids import new_id
+from swarmyard.money import micro_usd
+from swarmyard.store import rows
+from swarmyard.store.engine import Cursor, Engine
+from swarmyard.store.protocol import (
+    DEFAULT_ARTIFACT_LIMIT_BYTES,
+    DEFAULT_FINDING_LIMIT_BYTES,
+    DEFAULT_POST_LIMIT_BYTES,
+)
+from swarmyard.store.schema import MIGRATIONS, POSTGRES_TYPES, SQLITE_TYPES
+
+log = logging.getLogger(__name__)
+E = TypeVar("E")
+
+POLICIES = frozenset({"independent", "team", "explore", "groups"})
+BROADCAST_GROUP = "*"  # posts in this group are visible to every group
+_MAX_TEXT = 1_000_000
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _int(value: object, field: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{field} must be an integer, got {type(value).__name__}", field=field)
+    if value < minimum:
+        raise InvalidInputError(f"{field} must be at least {minimum}, got {value}", field=field)
+    return value
+
+
+def _text(value: object, field: str, *, allow_empty: bool = False, limit: int = _MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{field} must be a string, got {type(value).__name__}", field=field)
+    if not allow_empty and not value.strip():
+        raise InvalidInputError(f"{field} must not be empty", field=field)
+    size = len(value.encode())
+    if size > limit:
+        raise PayloadTooLargeError(field, size, limit)
+    return value
+
+
+def _enum(kind: type[E], value: object, field: str) -> E:
+    try:
+        return kind(value)  # type: ignore[call-arg]
+    except ValueError:
+        raise InvalidInputError(f"{field} has no value {value!r}", field=field) from None
+
+
+class SqlStore:
+    """The Store protocol on SQLite or PostgreSQL."""
+
+    def __init__(self, url: str, engine: Engine, *, clock: Clock | None = None, blob_dir: Path,
+                 post_limit: int = DEFAULT_POST_LIMIT_BYTES, finding_limit: int = DEFAULT_FINDING_LIMIT_BYTES,
+                 artifact_limit: int = DEFAULT_ARTIFACT_LIMIT_BYTES) -> None:
+        self.url = url
+        self._e = engine
+        self._clock = clock or SystemClock()
+        self.blob_dir = blob_dir
+        self.post_limit = post_limit
+        self.finding_limit = finding_limit
+        self.artifact_limit = artifact_limit
+        self._migrate()
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        types = POSTGRES_TYPES if self._e.postgres else SQLITE_TYPES
+        with self._e.write() as cur:
+            if self._e.postgres:
+                cur.execute("SELECT pg_advisory_xact_lock(727001)")
+            cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            cur.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+            row = cur.fetchone()
+            version = int(row[0]) if row else 0
+            if version > len(MIGRATIONS):
+                raise MigrationError(f"store schema version {version} is newer than this swarmyard "
+                                     f"({len(MIGRATIONS)}); upgrade swarmyard")
+            for migration in MIGRATIONS[version:]:
+                for statement in migration(types, self._e.postgres):
+                    cur.execute(statement)
+            if version < len(MIGRATIONS):
+                cur.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(len(MIGRATIONS)),))
+
+    def close(self) -> None:
+        """Release connections."""
+        self._e.close()
+
+    def _now(self) -> float:
+        return self._clock.now()
+
+    @staticmethod
+    def _event(cur: Cursor, kind: str, now: float, data: dict[str, Any]) -> None:
+        body = canonical_json({"kind": kind, "at_ms": _ms(now), **data})
+        cur.execute("INSERT INTO events (kind, body, created_at) VALUES (?, ?, ?)", (kind, body, now))
+
+    @staticmethod
+    def _one(cur: Cursor, sql: str, params: Sequence[Any]) -> Any:
+        cur.execute(sql, params)
+        return cur.fetchone()
+
+    def _goal_row(self, cur: Cursor, goal_id: str) -> Goal:
+        row = self._one(cur, f"SELECT {rows.GOAL_COLS} FROM goals WHERE id = ?", (goal_id,))
+        if row is None:
+            raise NotFoundError("goal", goal_id)
+        return rows.goal(row)
+
+    def _task_row(self, cur: Cursor, task_id: str, *, lock: bool = False) -> Task:
+        suffix = " FOR UPDATE" if lock and self._e.postgres else ""
+        row = self._one(cur, f"SELECT {rows.TASK_COLS} FROM tasks WHERE id = ?{suffix}", (task_id,))
+        if row is None:
+            raise NotFoundError("task", task_id)
+        return rows.task(row)
+
+    def _fence(self, cur: Cursor, task_id: str, token: object, now: float) -> Task:
+        """The task, locked for this transaction, if ``token`` is its live claim; otherwise a typed refusal."""
+        token = _int(token, "fencing_token", minimum=1)
+        task = self._task_row(cur, task_id, lock=True)
+        self._check_claim(task, token, now)
+        return task
+
+    @staticmethod
+    def _check_claim(task: Task, token: int, now: float) -> None:
+        if task.fencing_token != token:
+            raise StaleFencingTokenError(task.id, token, task.fencing_token)
+        if task.state is not TaskState.CLAIMED or task.lease_expires_at is None or task.lease_expires_at <= now:
+            raise LeaseExpiredError(task.id, token, task.fencing_token)
+
+    def _refuse_claim_write(self, cur: Cursor, task_id: str, token: int, now: float, target: TaskState) -> None:
+        """Explain why a conditional claim update matched no row."""
+        task = self._task_row(cur, task_id)
+        self._check_claim(task, token, now)
+        raise IllegalTransitionError("task", task_id, task.state.value, target.value)
+
+    # -- goals and tasks ------------------------------------------------------------------------------------
+    def create_goal(self, spec: GoalSpec) -> Goal:
+        """Create a goal and its envelope."""
+        objective = _text(spec.objective, "objective")
+        budget = micro_usd(spec.budget_micro_usd, field="budget_micro_usd")
+        call_cap = _int(spec.call_cap, "call_cap")
+        max_depth = _int(spec.max_depth, "max_depth")
+        if spec.deadline is not None and (isinstance(spec.deadline, bool)
+                                          or not isinstance(spec.deadline, int | float)):
+            raise InvalidInputError("deadline must be a time in seconds", field="deadline")
+        if spec.policy not in POLICIES:
+            raise InvalidInputError(f"policy must be one of {sorted(POLICIES)}, got {spec.policy!r}", field="policy")
+        goal_id, now = new_id("goal"), self._now()
+        with self._e.write() as cur:
+            cur.execute("INSERT INTO goals (id, objective, budget, call_cap, deadline, max_depth, policy, evaluator,"
+                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (goal_id, objective, budget, call_cap, spec.deadline, max_depth, spec.policy,
+                         spec.evaluator, now))
+            self._event(cur, "goal.created", now, {"goal": goal_id, "objective": objective, "budget": budget,
+                                                   "call_cap": call_cap, "max_depth": max_depth,
+                                                   "policy": spec.policy,
+                                                   "deadline_ms": None if spec.deadline is None
+                                                   else _ms(spec.deadline)})
+            return self._goal_row(cur, goal_id)
+
+    def get_goal(self, goal_id: str) -> Goal:
+        """The goal, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            return self._goal_row(cur, goal_id)
+
+    def list_goals(self) -> list[Goal]:
+        """Every goal, oldest first."""
+        with self._e.read() as cur:
+            cur.execute(f"SELECT {rows.GOAL_COLS} FROM goals ORDER BY created_at, id")
+            return [rows.goal(r) for r in cur.fetchall()]
+
+    def _validate_task(self, spec: TaskSpec) -> tuple[str, str, str, int, int, int]:
+        title = _text(spec.title, "title")
+        prompt = _text(spec.prompt, "prompt", allow_empty=True)
+        group = _text(spec.group, "group", limit=200)
+        if group == BROADCAST_GROUP:
+            raise InvalidInputError(f"group {BROADCAST_GROUP!r} is reserved for broadcasts", field="group")
+        budget = micro_usd(spec.budget_micro_usd, field="budget_micro_usd")
+        call_cap = _int(spec.call_cap, "call_cap")
+        priority = _int(spec.priority, "priority", minimum=-(2**31))
+        return title, prompt, group, budget, call_cap, priority
+
+    def _insert_task(self, cur: Cursor, goal_id: str, parent_id: str | None, depth: int, spec: TaskSpec,
+                     now: float) -> Task:
+        title, prompt, group, budget, call_cap, priority = self._validate_task(spec)
+        task_id = new_id("task")
+        cur.execute("INSERT INTO tasks (id, goal_id, parent_id, depth, group_name, title, prompt, priority, state,"
+                    " created_at, budget, call_cap) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (task_id, goal_id, parent_id, depth, group, title, prompt, priority, TaskState.PENDING.value,
+                     now, budget, call_cap))
+        self._event(cur, "task.created", now, {"goal": goal_id, "task": task_id, "parent": parent_id,
+                                               "depth": depth, "group": group, "title": title, "budget": budget,
+                                               "call_cap": call_cap})
+        return self._task_row(cur, task_id)
+
+    def create_task(self, goal_id: str, spec: TaskSpec) -> Task:
+        """Create a top-level task; its envelope is carved from the goal's unallocated budget."""
+        if spec.parent_id is not None:
+            raise InvalidInputError("create_task makes top-level tasks; use delegate for sub-tasks",
+                                    field="parent_id")
+        budget = micro_usd(spec.budget_micro_usd, field="budget_micro_usd")
+        now = self._now()
+        with self._e.write() as cur:
+            self._validate_task(spec)
+            cur.execute("UPDATE goals SET allocated = allocated + ? WHERE id = ? AND budget - allocated >= ? "
+                        "RETURNING allocated", (budget, goal_id, budget))
+            if cur.fetchone() is None:
+                goal = self._goal_row(cur, goal_id)
+                allocated = self._one(cur, "SELECT allocated FROM goals WHERE id = ?", (goal_id,))[0]
+                raise BudgetExceededError(f"goal {goal.id} (unallocated)", budget,
+                                          goal.budget_micro_usd - int(allocated))
+            return self._insert_task(cur, goal_id, None, 0, spec, now)
+
+    def delegate(self, parent_id: str, token: int, spec: TaskSpec) -> Task:
+        """Create a sub-task under a claimed task, one level deeper, its envelope carved from the parent's."""
+        budget = micro_usd(spec.budget_micro_usd, field="budget_micro_usd")
+        self._validate_task(spec)
+        now = self._now()
+        with self._e.write() as cur:
+            parent = self._fence(cur, parent_id, token, now)
+            goal = self._goal_row(cur, parent.goal_id)
+            if parent.depth + 1 > goal.max_depth:
+                raise DepthExceededError(parent_id, parent.depth + 1, goal.max_depth)
+            cur.execute("UPDATE tasks SET budget = budget - ? WHERE id = ? AND budget - reserved - settled >= ? "
+                        "RETURNING budget", (budget, parent_id, budget))
+            if cur.fetchone() is None:
+                raise BudgetExceededError(f"task {parent_id}", budget, parent.envelope.available)
+            child = TaskSpec(title=spec.title, prompt=spec.prompt, group=spec.group, budget_micro_usd=budget,
+                             call_cap=spec.call_cap, parent_id=parent_id, priority=spec.priority)
+            return self._insert_task(cur, parent.goal_id, parent_id, parent.depth + 1, child, now)
+
+    def get_task(self, task_id: str) -> Task:
+        """The task, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            return self._task_row(cur, task_id)
+
+    def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
+        """A goal's tasks, in creation order."""
+        sql, params = f"SELECT {rows.TASK_COLS} FROM tasks WHERE goal_id = ?", [goal_id]
+        if state is not None:
+            sql += " AND state = ?"
+            params.append(_enum(TaskState, state, "state").value)
+        if group is not None:
+            sql += " AND group_name = ?"
+            params.append(group)
+        with self._e.read() as cur:
+            cur.execute(sql + " ORDER BY n", params)
+            return [rows.task(r) for r in cur.fetchall()]
+
+    # -- claims ---------------------------------------------------------------------------------------------
+    def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
+              group: str | None = None) -> Claim | None:
+        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable."""
+        worker_id = _text(worker_id, "worker_id", limit=200)
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 0 < lease_s <= 86400:
+            raise InvalidInputError("lease_s must be a number of seconds in (0, 86400]", field="lease_s")
+        now = self._now()
+        expires = now + lease_s
+        claimable = "(state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?))"
+        where, params = f"goal_id = ? AND {claimable}", [goal_id, now]
+        if task_id is not None:
+            where += " AND id = ?"
+            params.append(task_id)
+        if group is not None:
+            where += " AND group_name = ?"
+            params.append(group)
+        pick = f"SELECT id FROM tasks WHERE {where} ORDER BY priority DESC, n LIMIT 1"
+        with self._e.write() as cur:
+            if self._e.postgres:
+                token_sql = "nextval('fencing_seq')"
+                pick += " FOR UPDATE SKIP LOCKED"
+                token_params: list[Any] = []
+            else:
+                token_sql = "?"
+                token_params = [self._one(cur, "UPDATE counters SET value = value + 1 WHERE name = 'fencing' "
+                                               "RETURNING value", ())[0]]
+            cur.execute(f"UPDATE tasks SET state = 'claimed', fencing_token = {token_sql}, worker_id = ?, "
+                        f"lease_expires_at = ?, revision = revision + 1, attempts = attempts + 1 "
+                        f"WHERE id = ({pick}) AND {claimable} RETURNING {rows.TASK_COLS}",
+                        [*token_params, worker_id, expires, *params, now])
+            row = cur.fetchone()
+            if row is None:
+                if task_id is not None:
+                    self._task_row(cur, task_id)  # NotFoundError for an unknown id
+                return None
+            task = rows.task(row)
+            assert task.fencing_token is not None
+            self._event(cur, "task.claimed", now, {"goal": goal_id, "task": task.id, "worker": worker_id,
+                                                   "token": task.fencing_token, "expires_ms": _ms(expires)})
+            return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
+
+    def _claim_update(self, task_id: str, token: object, set_sql: str, set_params: Sequence[Any],
+                      target: TaskState, event: str, data: dict[str, Any]) -> Task:
+        token = _int(token, "fencing_token", minimum=1)
+        now = self._now()
+        with self._e.write() as cur:
+            cur.execute(f"UPDATE tasks SET {set_sql}, revision = revision + 1 WHERE id = ? AND fencing_token = ? "
+                        f"AND state = 'claimed' AND lease_expires_at > ? RETURNING {rows.TASK_COLS}",
+                        [*set_params, task_id, token, now])
+            row = cur.fetchone()
+            if row is None:
+                self._refuse_claim_write(cur, task_id, token, now, target)
+            task = rows.task(row)
+            self._event(cur, event, now, {"goal": task.goal_id, "task": task_id, "token": token, **data})
+            return task
+
+    def renew(self, task_id: str, token: int, lease_s: float) -> Claim:
+        """Extend a live claim's lease."""
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 0 < lease_s <= 86400:
+            raise InvalidInputError("lease_s must be a number of seconds in (0, 86400]", field="lease_s")
+        expires = self._now() + lease_s
+        task = self._claim_update(task_id, token, "lease_expires_at = ?", [expires], TaskState.CLAIMED,
+                                  "task.renewed", {"expires_ms": _ms(expires)})
+        assert task.worker_id is not None
+        return Claim(task=task, token=token, worker_id=task.worker_id, expires_at=expires)
+
+    def release(self, task_id: str, token: int) -> Task:
+        """Give a claimed task back (it becomes pending)."""
+        return self._claim_update(task_id, token, "state = 'pending', worker_id = NULL, lease_expires_at = NULL",
+                                  [], TaskState.PENDING, "task.released", {})
+
+    def complete(self, task_id: str, token: int, result: str | None = None) -> Task:
+        """Mark a claimed task done."""
+        if result is not None:
+            _text(result, "result", allow_empty=True, limit=self.finding_limit)
+        return self._claim_update(task_id, token, "state = 'done', result = ?, lease_expires_at = NULL", [result],
+                                  TaskState.DONE, "task.completed",
+                                  {"result_sha256": None if result is None
+                                   else hashlib.sha256(result.encode()).hexdigest()})
+
+    def fail(self, task_id: str, token: int, reason: str) -> Task:
+        """Mark a claimed task failed."""
+        _text(reason, "reason", allow_empty=True, limit=self.finding_limit)
+        return self._claim_update(task_id, token, "state = 'failed', result = ?, lease_expires_at = NULL",
+                                  [reason], TaskState.FAILED, "task.failed", {"reason": reason})
+
+    def current_claim(self, worker_id: str) -> Claim | None:
+        """The worker's live claim (the one with the latest lease), if any."""
+        now = self._now()
+        with self._e.read() as cur:
+            row = self._one(cur, f"SELECT {rows.TASK_COLS} FROM tasks WHERE worker_id = ? AND state = 'claimed' "
+                                 "AND lease_expires_at > ? ORDER BY lease_expires_at DESC LIMIT 1",
+                            (worker_id, now))
+        if row is None:
+            return None
+        task = rows.task(row)
+        assert task.fencing_token is not None and task.lease_expires_at is not None
+        return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=task.lease_expires_at)
+
+    def check_fence(self, task_id: str, token: int) -> Task:
+        """Raise unless ``token`` is the task's current claim with a live lease; return the task."""
+        token = _int(token, "fencing_token", minimum=1)
+        with self._e.read() as cur:
+            task = self._task_row(cur, task_id)
+        self._check_claim(task, token, self._now())
+        return task
+
+    # -- board ----------------------------------------------------------------------------------------------
+    def _insert_post(self, cur: Cursor, goal_id: str, kind: PostKind, group: str, author: str,
+                     task_id: str | None, token: int | None, body: str, now: float) -> Post:
+        row = self._one(cur, "UPDATE goals SET board_seq = board_seq + 1 WHERE id = ? RETURNING board_seq",
+                        (goal_id,))
+        if row is None:
+            raise NotFoundError("goal", goal_id)
+        seq = int(row[0])
+        cur.execute(f"INSERT INTO posts ({rows.POST_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (goal_id, seq, kind.value, group, author, task_id, token, body, now))
+        self._event(cur, "board.posted", now, {"goal": goal_id, "seq": seq, "kind": kind.value, "group": group,
+                                               "author": author, "task": task_id, "token": token,
+                                               "body_sha256": hashlib.sha256(body.encode()).hexdigest()})
+        return rows.post((goal_id, seq, kind.value, group, author, task_id, token, body, now))
+
+    def post(self, task_id: str, token: int, kind: PostKind, body: str, *, author: str,
+             group: str | None = None) -> Post:
+        """Append a post to the goal's board under a claimed task; ``group`` defaults to the task's."""
+        kind = _enum(PostKind, kind, "kind")
+        body = _text(body, "body", limit=self.post_limit)
+        author = _text(author, "author", limit=200)
+        now = self._now()
+        with self._e.write() as cur:
+            task = self._fence(cur, task_id, token, now)
+            return self._insert_post(cur, task.goal_id, kind, group or task.group, author, task_id, token, body,
+                                     now)
+
+    def post_as_operator(self, goal_id: str, kind: PostKind, body: str, *, author: str, group: str) -> Post:
+        """Append a post with no task (coordinator consolidations, operator notes)."""
+        kind = _enum(PostKind, kind, "kind")
+        body = _text(body, "body", limit=self.post_limit)
+        author = _text(author, "author", limit=200)
+        group = _text(group, "group", limit=200)
+        now = self._now()
+        with self._e.write() as cur:
+            return self._insert_post(cur, goal_id, kind, group, author, None, None, body, now)
+
+    def read_board(self, goal_id: str, *, after: int = 0, limit: int = 100, group: str | None = None,
+                   kinds: Sequence[PostKind] | None = None, author: str | None = None) -> list[Post]:
+        """Posts with ``seq > after`` in order, at most ``limit``; a group filter also returns broadcasts."""
+        after = _int(after, "after")
+        limit = _int(limit, "limit", minimum=1)
+        sql, params = f"SELECT {rows.POST_COLS} FROM posts WHERE goal_id = ? AND seq > ?", [goal_id, after]
+        if group is not None:
+            sql += " AND group_name IN (?, ?)"
+            params += [group, BROADCAST_GROUP]
+        if kinds:
+            values = [_enum(PostKind, k, "kinds").value for k in kinds]
+            sql += f" AND kind IN ({', '.join('?' for _ in values)})"
+            params += values
+        if author is not None:
+            sql += " AND author = ?"
+            params.append(author)
+        with self._e.read() as cur:
+            cur.execute(sql + " ORDER BY seq LIMIT ?", [*params, min(limit, 10_000)])
+            found = [rows.post(r) for r in cur.fetchall()]
+            if not found and after == 0:
+                self._goal_row(cur, goal_id)
+            return found
+
+    # -- artifacts ------------------------------------------------------------------------------------------
+    def _blob_path(self, sha256: str) -> Path:
+        return self.blob_dir / sha256[:2] / sha256[2:]
+
+    def _write_blob(self, sha256: str, data: bytes) -> None:
+        path = self._blob_path(sha256)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{new_id('tmp')}")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)  # atomic: a reader sees the whole blob or none
+
+    def put_artifact(self, task_id: str, token: int, data: bytes, *, author: str,
+                     media_type: str = "application/octet-stream") -> Artifact:
+        """Store a blob content-addressed by SHA-256 under a claimed task (idempotent per goal and hash)."""
+        if not isinstance(data, bytes | bytearray):
+            raise InvalidInputError("artifact data must be bytes", field="data")
+        if len(data) > self.artifact_limit:
+            raise PayloadTooLargeError("artifact", len(data), self.artifact_limit)
+        author = _text(author, "author", limit=200)
+        media_type = _text(media_type, "media_type", limit=200)
+        now = self._now()
+        sha = hashlib.sha256(data).hexdigest()
+        with self._e.write() as cur:
+            task = self._fence(cur, task_id, token, now)
+            existing = self._one(cur, f"SELECT {rows.ARTIFACT_COLS} FROM artifacts WHERE goal_id = ? AND "
+                                      "sha256 = ?", (task.goal_id, sha))
+            if existing is not None:
+                return rows.artifact(existing)
+            # The blob is written before the row commits: a crash leaves at worst an unreferenced blob.
+            self._write_blob(sha, bytes(data))
+            cur.execute(f"INSERT INTO artifacts ({rows.ARTIFACT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (sha, task.goal_id, task_id, len(data), media_type, author, now))
+            self._event(cur, "artifact.submitted", now, {"goal": task.goal_id, "task": task_id, "sha256": sha,
+                                                         "size": len(data), "author": author, "token": token})
+            return Artifact(sha, task.goal_id, task_id, len(data), media_type, author, now)
+
+    def get_artifact(self, goal_id: str, sha256: str) -> Artifact:
+        """Artifact metadata, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            row = self._one(cur, f"SELECT {rows.ARTIFACT_COLS} FROM artifacts WHERE goal_id = ? AND sha256 = ?",
+                            (goal_id, sha256))
+        if row is None:
+            raise NotFoundError("artifact", sha256)
+        return rows.artifact(row)
+
+    def read_artifact(self, goal_id: str, sha256: str) -> bytes:
+        """Artifact bytes, verified against their hash."""
+        self.get_artifact(goal_id, sha256)
+        data = self._blob_path(sha256).read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise NotFoundError("artifact blob (corrupt)", sha256)
+        return data
+
+    # -- findings -------------------------------------------------------------------------------------------
+    def _resolve(self, cur: Cursor, goal_id: str, citation: Citation) -> None:
+        if citation.kind is CitationKind.POST:
+            try:
+                seq = int(citation.ref)
+            except ValueError:
+                raise InvalidInputError(f"post citation {citation.ref!r} is not a sequence number",
+                                        field="citations") from None
+            row = self._one(cur, "SELECT 1 FROM posts WHERE goal_id = ? AND seq = ?", (goal_id, seq))
+        elif citation.kind is CitationKind.ARTIFACT:
+            row = self._one(cur, "SELECT 1 FROM artifacts WHERE goal_id = ? AND sha256 = ?", (goal_id, citation.ref))
+        else:
+            row = self._one(cur, "SELECT 1 FROM findings WHERE goal_id = ? AND id = ?", (goal_id, citation.ref))
+        if row is None:
+            raise InvalidInputError(f"citation {citation.kind.value}:{citation.ref} does not resolve in this goal",
+                                    field="citations")
+
+    def submit_finding(self, task_id: str, token: int, *, author: str, title: str, body: str,
+                       citations: Sequence[Citation] = ()) -> Finding:
+        """Record a finding; every citation must resolve within the goal."""
+        author = _text(author, "author", limit=200)
+        title = _text(title, "title", limit=1000)
+        body = _text(body, "body", limit=self.finding_limit)
+        cites: list[Citation] = []
+        for c in citations:
+            if not isinstance(c, Citation) or not isinstance(c.ref, str):
+                raise InvalidInputError("citations must be Citation(kind, ref)", field="citations")
+            cites.append(Citation(_enum(CitationKind, c.kind, "citations.kind"), c.ref))
+        if len(cites) > 1000:
+            raise PayloadTooLargeError("citations", len(cites), 1000)
+        now = self._now()
+        finding_id = new_id("fnd")
+        with self._e.write() as cur:
+            task = self._fence(cur, task_id, token, now)
+            for c in cites:
+                self._resolve(cur, task.goal_id, c)
+            cur.execute("INSERT INTO findings (id, goal_id, task_id, group_name, author, title, body, citations,"
+                        " status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (finding_id, task.goal_id, task_id, task.group, author, title, body,
+                         rows.citations_json(cites), FindingStatus.SUBMITTED.value, now))
+            self._event(cur, "finding.submitted", now, {
+                "goal": task.goal_id, "task": task_id, "finding": finding_id, "author": author, "token": token,
+                "body_sha256": hashlib.sha256(body.encode()).hexdigest(),
+                "citations": [{"kind": c.kind.value, "ref": c.ref} for c in cites]})
+            return Finding(finding_id, task.goal_id, task_id, task.group, author, title, body, tuple(cites),
+                           FindingStatus.SUBMITTED, None, now)
+
+    def read_findings(self, goal_id: str, *, group: str | None = None, after: str | None = None,
+                      limit: int = 100) -> list[Finding]:
+        """Findings in submission order, after the finding id ``after``."""
+        limit = _int(limit, "limit", minimum=1)
+        sql, params = f"SELECT {rows.FINDING_COLS} FROM findings WHERE goal_id = ?", [goal_id]
+        with self._e.read() as cur:
+            if after is not None:
+                row = self._one(cur, "SELECT n FROM findings WHERE id = ? AND goal_id = ?", (after, goal_id))
+                if row is None:
+                    raise NotFoundError("finding", after)
+                sql += " AND n > ?"
+                params.append(row[0])
+            if group is not None:
+                sql += " AND group_name = ?"
+                params.append(group)
+            cur.execute(sql + " ORDER BY n LIMIT ?", [*params, min(limit, 10_000)])
+            return [rows.finding(r) for r in cur.fetchall()]
+
+    def get_finding(self, finding_id: str) -> Finding:
+        """One finding, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            row = self._one(cur, f"SELECT {rows.FINDING_COLS} FROM findings WHERE id = ?", (finding_id,))
+        if row is None:
+            raise NotFoundError("finding", finding_id)
+        return rows.finding(row)
+
+    def set_finding_status(self, finding_id: str, status: FindingStatus, *, score: int | None = None) -> Finding:
+        """Verify or reject a submitted finding."""
+        status = _enum(FindingStatus, status, "status")
+        if score is not None:
+            _int(score, "score", minimum=-(2**62))
+        now = self._now()
+        with self._e.write() as cur:
+            row = self._one(cur, f"SELECT {rows.FINDING_COLS} FROM findings WHERE id = ?", (finding_id,))
+            if row is None:
+                raise NotFoundError("finding", finding_id)
+            current = rows.finding(row)
+            if status not in FINDING_TRANSITIONS[current.status]:
+                raise IllegalTransitionError("finding", finding_id, current.status.value, status.value)
+            cur.execute("UPDATE findings SET status = ?, score = ? WHERE id = ? AND status = ?",
+                        (status.value, score, finding_id, current.status.value))
+            self._event(cur, "finding.status", now, {"goal": current.goal_id, "finding": finding_id,
+                                                     "status": status.value, "score": score})
+            row = self._one(cur, f"SELECT {rows.FINDING_COLS} FROM findings WHERE id = ?", (finding_id,))
+            return rows.finding(row)
+
+    # -- ledger ---------------------------------------------------------------------------------------------
+    def set_price(self, price: Price) -> None:
+        """Insert or replace a model's price."""
+        model = _text(price.model, "model", limit=200)
+        inp = micro_usd(price.input_per_mtok, field="input_per_mtok")
+        out = micro_usd(price.output_per_mtok, field="output_per_mtok")
+        now = self._now()
+        with self._e.write() as cur:
+            cur.execute("INSERT INTO prices (model, input_per_mtok, output_per_mtok) VALUES (?, ?, ?) "
+                        "ON CONFLICT (model) DO UPDATE SET input_per_mtok = excluded.input_per_mtok, "
+                        "output_per_mtok = excluded.output_per_mtok", (model, inp, out))
+            self._event(cur, "price.set", now, {"model": model, "input_per_mtok": inp, "output_per_mtok": out})
+
+    def get_price(self, model: str) -> Price:
+        """A model's price, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            row = self._one(cur, "SELECT model, input_per_mtok, output_per_mtok FROM prices WHERE model = ?",
+                            (model,))
+        if row is None:
+            raise NotFoundError("price", model)
+        return Price(row[0], row[1], row[2])
+
+    def _reservation_row(self, cur: Cursor, reservation_id: str) -> Reservation:
+        row = self._one(cur, f"SELECT {rows.RESERVATION_COLS} FROM reservations WHERE id = ?", (reservation_id,))
+        if row is None:
+            raise NotFoundError("reservation", reservation_id)
+        return rows.reservation(row)
+
+    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str) -> Reservation:
+        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
+        amount = micro_usd(amount, field="amount")
+        model = _text(model, "model", limit=200)
+        method = _text(method, "method", limit=100)
+        now = self._now()
+        reservation_id = new_id("rsv")
+        with self._e.write() as cur:
+            task = self._fence(cur, task_id, token, now)
+            goal = self._goal_row(cur, task.goal_id)
+            if goal.deadline is not None and now >= goal.deadline:
+                raise DeadlinePassedError(goal.id, goal.deadline)
+            if task.envelope.call_cap and task.envelope.calls >= task.envelope.call_cap:
+                raise CallCapExceededError(f"task {task.id}", task.envelope.call_cap)
+            if task.envelope.available < amount:
+                raise BudgetExceededError(f"task {task.id}", amount, task.envelope.available)
+            cur.execute("UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                        "budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) RETURNING id",
+                        (amount, goal.id, amount))
+            if cur.fetchone() is None:
+                goal = self._goal_row(cur, goal.id)  # re-read: another transaction may have moved it
+                if goal.call_cap and goal.envelope.calls >= goal.call_cap:
+                    raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
+                raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
+            # The task row is locked by the fence above, so this cannot fail after the checks.
+            cur.execute("UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ?",
+                        (amount, task_id))
+            cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (reservation_id, goal.id, task_id, model, amount, None, ReservationState.HELD.value,
+                         method, now, now, 0))
+            self._event(cur, "reservation.held", now, {"goal": goal.id, "task": task_id,
+                                                       "reservation": reservation_id, "model": model,
+                                                       "amount": amount, "method": method, "token": token})
+            return self._reservation_row(cur, reservation_id)
+
+    def _finish(self, reservation_id: str, target: ReservationState, actual: int | None,
+                allowed_from: frozenset[ReservationState]) -> Reservation:
+        now = self._now()
+        with self._e.write() as cur:
+            current = self._reservation_row(cur, reservation_id)
+            if current.state not in allowed_from:
+                raise IllegalTransitionError("reservation", reservation_id, current.state.value, target.value)
+            charged = 0 if actual is None else min(actual, current.amount)
+            overage = 0 if actual is None else actual - charged
+            if overage:
+                log.warning("reservation %s: actual cost %d exceeds the held worst case %d; charged %d",
+                            reservation_id, actual, current.amount, charged)
+            cur.execute("UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ? "
+                        "WHERE id = ? AND state = ?",
+                        (target.value, actual, overage, now, reservation_id, current.state.value))
+            if target is not ReservationState.UNKNOWN:
+                for table, key in (("tasks", current.task_id), ("goals", current.goal_id)):
+                    cur.execute(f"UPDATE {table} SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
+                                (current.amount, charged, key))
+            self._event(cur, f"reservation.{target.value}", now, {
+                "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
+                "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
+                "from": current.state.value})
+            return self._reservation_row(cur, reservation_id)
+
+    _OPEN = frozenset({ReservationState.HELD, ReservationState.UNKNOWN})
+
+    def settle(self, reservation_id: str, actual: int) -> Reservation:
+        """Replace a hold by the actual cost (charged up to the hold; any excess is recorded as overage)."""
+        actual = micro_usd(actual, field="actual")
+        return self._finish(reservation_id, ReservationState.SETTLED, actual, self._OPEN)
+
+    def release_reservation(self, reservation_id: str) -> Reservation:
+        """Drop a hold; nothing is spent."""
+        return self._finish(reservation_id, ReservationState.RELEASED, None, self._OPEN)
+
+    def mark_unknown(self, reservation_id: str) -> Reservation:
+        """The request left and the answer was lost: keep the hold until an operator reconciles."""
+        return self._finish(reservation_id, ReservationState.UNKNOWN, None, frozenset({ReservationState.HELD}))
+
+    def reconcile(self, reservation_id: str, actual: int | None) -> Reservation:
+        """Settle an unknown reservation at ``actual``, or release it when ``actual`` is ``None``."""
+        only_unknown = frozenset({ReservationState.UNKNOWN})
+        if actual is None:
+            return self._finish(reservation_id, ReservationState.RELEASED, None, only_unknown)
+        actual = micro_usd(actual, field="actual")
+        return self._finish(reservation_id, ReservationState.SETTLED, actual, only_unknown)
+
+    def get_reservation(self, reservation_id: str) -> Reservation:
+        """One reservation, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            return self._reservation_row(cur, reservation_id)
+
+    def list_reservations(self, goal_id: str, *, state: ReservationState | None = None) -> list[Reservation]:
+        """A goal's reservations, oldest first."""
+        sql, params = f"SELECT {rows.RESERVATION_COLS} FROM reservations WHERE goal_id = ?", [goal_id]
+        if state is not None:
+            sql += " AND state = ?"
+            params.append(_enum(ReservationState, state, "state").value)
+        with self._e.read() as cur:
+            cur.execute(sql + " ORDER BY created_at, id", params)
+            return [rows.reservation(r) for r in cur.fetchall()]
+
+    # -- workers --------------------------------------------------------------------------------------------
+    def add_worker(self, worker_id: str, goal_id: str, group: str, token_hash: str, expires_at: float) -> Worker:
+        """Register a worker and the hash of its capability token."""
+        now = self._now()
+        with self._e.write() as cur:
+            self._goal_row(cur, goal_id)
+            cur.execute(f"INSERT INTO workers ({rows.WORKER_COLS}) VALUES (?, ?, ?, ?, ?, 0, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET token_hash = excluded.token_hash, "
+                        "expires_at = excluded.expires_at, revoked = 0",
+                        (worker_id, goal_id, group, token_hash, expires_at, now))
+            self._event(cur, "worker.added", now, {"goal": goal_id, "worker": worker_id, "group": group,
+                                                   "expires_ms": _ms(expires_at)})
+            return Worker(worker_id, goal_id, group, token_hash, expires_at, False, now)
+
+    def get_worker(self, worker_id: str) -> Worker:
+        """One worker, or ``NotFoundError``."""
+        with self._e.read() as cur:
+            row = self._one(cur, f"SELECT {rows.WORKER_COLS} FROM workers WHERE id = ?", (worker_id,))
+        if row is None:
+            raise NotFoundError("worker", worker_id)
+        return rows.worker(row)
+
+    def list_workers(self, goal_id: str) -> list[Worker]:
+        """A goal's workers."""
+        with self._e.read() as cur:
+            cur.execute(f"SELECT {rows.WORKER_COLS} FROM workers WHERE goal_id = ? ORDER BY created_at, id",
+                        (goal_id,))
+            return [rows.worker(r) for r in cur.fetchall()]
+
+    def revoke_worker(self, worker_id: str) -> Worker:
+        """Revoke a worker's token."""
+        now = self._now()
+        with self._e.write() as cur:
+            row = self._one(cur, f"UPDATE workers SET revoked = 1 WHERE id = ? RETURNING {rows.WORKER_COLS}",
+                            (worker_id,))
+            if row is None:
+                raise NotFoundError("worker", worker_id)
+            worker = rows.worker(row)
+            self._event(cur, "worker.revoked", now, {"goal": worker.goal_id, "worker": worker_id})
+            return worker
+
+    # -- audit events ---------------------------------------------------------------------------------------
+    def record_event(self, kind: str, data: dict[str, object]) -> None:
+        """Append an audit event for a change made outside the store."""
+        kind = _text(kind, "kind", limit=200)
+        now = self._now()
+        with self._e.write() as cur:
+            self._event(cur, kind, now, dict(data))
+
+    def sequence_events(self) -> int:
+        """Give every committed, unsequenced event its leaf index, in order; return the new leaf count."""
+        with self._e.write() as cur:
+            if self._e.postgres:
+                # Only events of transactions older than every running one: a later commit can never
+                # slip in before them, so leaf order is final once given.
+                cur.execute("SELECT pg_advisory_xact_lock(727002)")
+                ready = "leaf_index IS NULL AND txid < pg_snapshot_xmin(pg_current_snapshot())"
+            else:
+                ready = "leaf_index IS NULL"
+            base = self._one(cur, "SELECT COALESCE(MAX(leaf_index) + 1, 0) FROM events", ())[0]
+            cur.execute(f"UPDATE events SET leaf_index = s.k FROM (SELECT id, ? + ROW_NUMBER() OVER (ORDER BY id) - 1"
+                        f" AS k FROM events WHERE {ready}) AS s WHERE events.id = s.id", (base,))
+            return int(self._one(cur, "SELECT COUNT(*) FROM events WHERE leaf_index IS NOT NULL", ())[0])
+
+    def read_events(self, start: int, end: int) -> list[Event]:
+        """Sequenced events with ``start <= leaf_index < end``."""
+        with self._e.read() as cur:
+            cur.execute(f"SELECT {rows.EVENT_COLS} FROM events WHERE leaf_index >= ? AND leaf_index < ? "
+                        "ORDER BY leaf_index", (start, end))
+            return [rows.event(r) for r in cur.fetchall()]
