@@ -22,13 +22,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 VECTORS = SHARED / "vectors"
 
 
-def _pg_bin(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
-        return str(candidate)
-    raise RuntimeError(f"{name} not found: apt-get install postgresql")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -39,23 +33,14 @@ def pg_server_url() -> Iterator[str]:
         yield given
         return
     base = Path(tempfile.mkdtemp(prefix="swarmyard-pg-"))
-    data, sock = base / "data", base / "sock"
-    sock.mkdir()
+    script = str(ROOT / "scripts" / "pg-test-server")
     port = str(20000 + secrets.randbelow(20000))
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        shutil.chown(base, "postgres")
-        shutil.chown(sock, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    subprocess.run([*run_as, _pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    subprocess.run([*run_as, _pg_bin("pg_ctl"), "-D", str(data), "-w", "-l", str(base / "log"), "-o",
-                    f"-k {sock} -p {port} -c listen_addresses='' -c fsync=off -c max_connections=300"],
-                   check=True, capture_output=True)
+    url = subprocess.run(["bash", script, "start", str(base), port], check=True, capture_output=True,
+                         text=True).stdout.strip()
     try:
-        yield f"postgresql://postgres@/postgres?host={sock}&port={port}"
+        yield url
     finally:
-        subprocess.run([*run_as, _pg_bin("pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run(["bash", script, "stop", str(base)], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
 

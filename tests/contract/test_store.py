@@ -1,0 +1,354 @@
+"""The Store contract, run against SQLite and PostgreSQL: claims, fencing, board, findings, artifacts, ledger."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+
+from swarmyard.clock import FakeClock
+from swarmyard.domain import (
+    Citation,
+    CitationKind,
+    FindingStatus,
+    GoalSpec,
+    PostKind,
+    Price,
+    ReservationState,
+    TaskSpec,
+    TaskState,
+)
+from swarmyard.errors import (
+    BudgetExceededError,
+    CallCapExceededError,
+    DeadlinePassedError,
+    DepthExceededError,
+    IllegalTransitionError,
+    InvalidInputError,
+    LeaseExpiredError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StaleFencingTokenError,
+)
+from swarmyard.store import SqlStore, open_store
+
+
+@pytest.fixture
+def store(store_url: str, clock: FakeClock) -> Iterator[SqlStore]:
+    s = open_store(store_url, clock=clock, post_limit=1024, artifact_limit=4096)
+    yield s
+    s.close()
+
+
+def _goal(store: SqlStore, budget: int = 1_000_000, calls: int = 100, **kw: object) -> str:
+    return store.create_goal(GoalSpec("find the answer", budget, calls, **kw)).id  # type: ignore[arg-type]
+
+
+def _snapshot(store: SqlStore, goal_id: str) -> tuple[object, ...]:
+    return (store.get_goal(goal_id), store.list_tasks(goal_id), store.read_board(goal_id),
+            store.read_findings(goal_id), store.list_reservations(goal_id))
+
+
+def test_claim_hands_out_each_task_once_with_increasing_tokens(store: SqlStore) -> None:
+    goal = _goal(store)
+    ids = {store.create_task(goal, TaskSpec(f"t{i}", budget_micro_usd=1000)).id for i in range(3)}
+    claims = [store.claim(goal, f"w{i}", 30) for i in range(4)]
+    got = [c for c in claims if c is not None]
+    assert {c.task.id for c in got} == ids
+    assert [c.token for c in got] == sorted(c.token for c in got)
+    assert len({c.token for c in got}) == 3
+    assert claims[3] is None
+
+
+def test_claim_by_id_and_by_group(store: SqlStore) -> None:
+    goal = _goal(store)
+    a = store.create_task(goal, TaskSpec("a", group="g1"))
+    b = store.create_task(goal, TaskSpec("b", group="g2"))
+    claim = store.claim(goal, "w", 30, group="g2")
+    assert claim is not None and claim.task.id == b.id
+    assert store.claim(goal, "w", 30, group="g2") is None
+    claim = store.claim(goal, "w", 30, task_id=a.id)
+    assert claim is not None and claim.task.id == a.id
+    with pytest.raises(NotFoundError):
+        store.claim(goal, "w", 30, task_id="task_missing")
+
+
+def test_expired_lease_makes_task_claimable_and_fences_the_old_holder(store: SqlStore, clock: FakeClock) -> None:
+    goal = _goal(store)
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=10_000))
+    first = store.claim(goal, "old", 10)
+    assert first is not None
+    assert store.claim(goal, "new", 10) is None  # live lease
+    clock.advance(10)
+    # Token current but lease over: LeaseExpiredError, and nothing is written.
+    with pytest.raises(LeaseExpiredError) as info:
+        store.post(task.id, first.token, PostKind.NOTE, "late", author="old")
+    assert info.value.task_id == task.id and info.value.presented == first.token
+    second = store.claim(goal, "new", 10)
+    assert second is not None and second.token > first.token
+    for write in (
+        lambda: store.post(task.id, first.token, PostKind.NOTE, "stale", author="old"),
+        lambda: store.renew(task.id, first.token, 10),
+        lambda: store.complete(task.id, first.token, "x"),
+        lambda: store.fail(task.id, first.token, "x"),
+        lambda: store.release(task.id, first.token),
+        lambda: store.put_artifact(task.id, first.token, b"stale", author="old"),
+        lambda: store.submit_finding(task.id, first.token, author="old", title="t", body="b"),
+        lambda: store.reserve(task.id, first.token, model="m", amount=1, method="bytes"),
+        lambda: store.delegate(task.id, first.token, TaskSpec("sub")),
+    ):
+        with pytest.raises(StaleFencingTokenError) as stale:
+            write()
+        assert stale.value.current == second.token and stale.value.presented == first.token
+    assert store.read_board(goal) == []
+    assert store.read_findings(goal) == []
+    assert store.list_reservations(goal) == []
+    assert len(store.list_tasks(goal)) == 1
+    store.post(task.id, second.token, PostKind.PROGRESS, "fresh", author="new")
+    assert [p.body for p in store.read_board(goal)] == ["fresh"]
+
+
+def test_renew_release_complete_fail(store: SqlStore, clock: FakeClock) -> None:
+    goal = _goal(store)
+    t1 = store.create_task(goal, TaskSpec("t1"))
+    t2 = store.create_task(goal, TaskSpec("t2"))
+    c1 = store.claim(goal, "w", 10, task_id=t1.id)
+    assert c1 is not None
+    clock.advance(8)
+    renewed = store.renew(t1.id, c1.token, 10)
+    assert renewed.expires_at == clock.now() + 10
+    clock.advance(8)
+    store.post(t1.id, c1.token, PostKind.NOTE, "still mine", author="w")
+    released = store.release(t1.id, c1.token)
+    assert released.state is TaskState.PENDING and released.worker_id is None
+    c1b = store.claim(goal, "w", 10, task_id=t1.id)
+    assert c1b is not None and c1b.token > c1.token
+    done = store.complete(t1.id, c1b.token, "answer")
+    assert done.state is TaskState.DONE and done.result == "answer"
+    with pytest.raises(LeaseExpiredError):
+        store.complete(t1.id, c1b.token, "again")
+    c2 = store.claim(goal, "w", 10, task_id=t2.id)
+    assert c2 is not None
+    assert store.fail(t2.id, c2.token, "boom").state is TaskState.FAILED
+    assert store.claim(goal, "w", 10) is None
+
+
+def test_board_sequence_filters_and_cursor(store: SqlStore) -> None:
+    goal = _goal(store)
+    t1 = store.create_task(goal, TaskSpec("t1", group="a"))
+    t2 = store.create_task(goal, TaskSpec("t2", group="b"))
+    c1 = store.claim(goal, "w1", 30, task_id=t1.id)
+    c2 = store.claim(goal, "w2", 30, task_id=t2.id)
+    assert c1 and c2
+    store.post(t1.id, c1.token, PostKind.NOTE, "a1", author="w1")
+    store.post(t2.id, c2.token, PostKind.DIRECTION, "b1", author="w2")
+    store.post(t1.id, c1.token, PostKind.PROGRESS, "a2", author="w1")
+    store.post_as_operator(goal, PostKind.CONSOLIDATION, "all", author="coordinator", group="*")
+    posts = store.read_board(goal)
+    assert [p.seq for p in posts] == [1, 2, 3, 4]
+    assert [p.body for p in store.read_board(goal, group="a")] == ["a1", "a2", "all"]
+    assert [p.body for p in store.read_board(goal, after=2)] == ["a2", "all"]
+    assert [p.body for p in store.read_board(goal, limit=1, after=1)] == ["b1"]
+    assert [p.body for p in store.read_board(goal, kinds=[PostKind.DIRECTION])] == ["b1"]
+    assert [p.body for p in store.read_board(goal, author="w1")] == ["a1", "a2"]
+    assert posts[0].fencing_token == c1.token and posts[0].task_id == t1.id
+
+
+def test_findings_citations_must_resolve(store: SqlStore) -> None:
+    goal = _goal(store)
+    other = _goal(store)
+    task = store.create_task(goal, TaskSpec("t"))
+    other_task = store.create_task(other, TaskSpec("t"))
+    claim = store.claim(goal, "w", 30)
+    other_claim = store.claim(other, "w", 30)
+    assert claim and other_claim
+    post = store.post(task.id, claim.token, PostKind.NOTE, "evidence", author="w")
+    art = store.put_artifact(task.id, claim.token, b"data", author="w", media_type="text/plain")
+    foreign = store.put_artifact(other_task.id, other_claim.token, b"foreign", author="w")
+    first = store.submit_finding(task.id, claim.token, author="w", title="f", body="b",
+                                 citations=[Citation(CitationKind.POST, str(post.seq)),
+                                            Citation(CitationKind.ARTIFACT, art.sha256)])
+    second = store.submit_finding(task.id, claim.token, author="w", title="g", body="c",
+                                  citations=[Citation(CitationKind.FINDING, first.id)])
+    assert [f.id for f in store.read_findings(goal)] == [first.id, second.id]
+    assert [f.id for f in store.read_findings(goal, after=first.id)] == [second.id]
+    before = _snapshot(store, goal)
+    for bad in (Citation(CitationKind.POST, "99"), Citation(CitationKind.POST, "x"),
+                Citation(CitationKind.ARTIFACT, foreign.sha256), Citation(CitationKind.FINDING, "fnd_nope")):
+        with pytest.raises(InvalidInputError):
+            store.submit_finding(task.id, claim.token, author="w", title="bad", body="b", citations=[bad])
+    assert _snapshot(store, goal) == before
+    verified = store.set_finding_status(first.id, FindingStatus.VERIFIED, score=7)
+    assert verified.status is FindingStatus.VERIFIED and verified.score == 7
+    with pytest.raises(IllegalTransitionError):
+        store.set_finding_status(first.id, FindingStatus.REJECTED)
+
+
+def test_artifacts_are_content_addressed(store: SqlStore) -> None:
+    goal = _goal(store)
+    task = store.create_task(goal, TaskSpec("t"))
+    claim = store.claim(goal, "w", 30)
+    assert claim
+    art = store.put_artifact(task.id, claim.token, b"hello", author="w")
+    assert art.sha256 == hashlib.sha256(b"hello").hexdigest()
+    assert store.put_artifact(task.id, claim.token, b"hello", author="w") == art
+    assert store.read_artifact(goal, art.sha256) == b"hello"
+    assert (store.blob_dir / art.sha256[:2] / art.sha256[2:]).read_bytes() == b"hello"
+    with pytest.raises(PayloadTooLargeError) as info:
+        store.put_artifact(task.id, claim.token, b"x" * 4097, author="w")
+    assert info.value.limit == 4096
+    with pytest.raises(NotFoundError):
+        store.read_artifact(goal, "0" * 64)
+
+
+def test_ledger_reserve_settle_release_unknown_reconcile(store: SqlStore) -> None:
+    goal = _goal(store, budget=10_000, calls=10)
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=6_000, call_cap=5))
+    claim = store.claim(goal, "w", 30)
+    assert claim
+    store.set_price(Price("m", 1_000_000, 2_000_000))
+    assert store.get_price("m").output_per_mtok == 2_000_000
+    r1 = store.reserve(task.id, claim.token, model="m", amount=4_000, method="bytes")
+    assert store.get_task(task.id).envelope.available == 2_000
+    with pytest.raises(BudgetExceededError) as info:
+        store.reserve(task.id, claim.token, model="m", amount=2_001, method="bytes")
+    assert info.value.envelope.startswith("task") and info.value.available == 2_000
+    settled = store.settle(r1.id, 1_500)
+    assert settled.state is ReservationState.SETTLED and settled.actual == 1_500
+    env = store.get_task(task.id).envelope
+    assert (env.reserved, env.settled, env.available) == (0, 1_500, 4_500)
+    r2 = store.reserve(task.id, claim.token, model="m", amount=1_000, method="bytes")
+    store.release_reservation(r2.id)
+    assert store.get_task(task.id).envelope.available == 4_500
+    r3 = store.reserve(task.id, claim.token, model="m", amount=2_000, method="bytes")
+    store.mark_unknown(r3.id)
+    assert store.get_goal(goal).envelope.reserved == 2_000
+    with pytest.raises(IllegalTransitionError):
+        store.mark_unknown(r3.id)
+    reconciled = store.reconcile(r3.id, 700)
+    assert reconciled.state is ReservationState.SETTLED
+    g = store.get_goal(goal).envelope
+    assert (g.reserved, g.settled, g.calls) == (0, 2_200, 3)
+    with pytest.raises(IllegalTransitionError):
+        store.reconcile(r3.id, None)
+    # Overage: charged up to the hold, the rest recorded.
+    r4 = store.reserve(task.id, claim.token, model="m", amount=100, method="bytes")
+    over = store.settle(r4.id, 150)
+    assert over.overage == 50 and store.get_task(task.id).envelope.settled == 2_300
+
+
+def test_call_caps_and_deadline(store: SqlStore, clock: FakeClock) -> None:
+    goal = _goal(store, budget=10_000, calls=3, deadline=clock.now() + 100)
+    t1 = store.create_task(goal, TaskSpec("t1", budget_micro_usd=5_000, call_cap=2))
+    t2 = store.create_task(goal, TaskSpec("t2", budget_micro_usd=5_000))
+    c1 = store.claim(goal, "w1", 300, task_id=t1.id)
+    c2 = store.claim(goal, "w2", 300, task_id=t2.id)
+    assert c1 and c2
+    for _ in range(2):
+        store.reserve(t1.id, c1.token, model="m", amount=1, method="bytes")
+    with pytest.raises(CallCapExceededError) as task_cap:
+        store.reserve(t1.id, c1.token, model="m", amount=1, method="bytes")
+    assert task_cap.value.envelope.startswith("task")
+    store.reserve(t2.id, c2.token, model="m", amount=1, method="bytes")
+    with pytest.raises(CallCapExceededError) as goal_cap:
+        store.reserve(t2.id, c2.token, model="m", amount=1, method="bytes")
+    assert goal_cap.value.envelope.startswith("goal")
+    clock.advance(100)
+    with pytest.raises(DeadlinePassedError):
+        store.reserve(t2.id, c2.token, model="m", amount=1, method="bytes")
+
+
+def test_envelopes_are_carved(store: SqlStore) -> None:
+    goal = _goal(store, budget=1_000, max_depth=1)
+    store.create_task(goal, TaskSpec("a", budget_micro_usd=600))
+    with pytest.raises(BudgetExceededError):
+        store.create_task(goal, TaskSpec("b", budget_micro_usd=401))
+    parent = store.create_task(goal, TaskSpec("b", budget_micro_usd=400))
+    claim = store.claim(goal, "w", 30, task_id=parent.id)
+    assert claim
+    child = store.delegate(parent.id, claim.token, TaskSpec("child", budget_micro_usd=300))
+    assert child.depth == 1 and child.parent_id == parent.id and child.envelope.limit == 300
+    assert store.get_task(parent.id).envelope.limit == 100
+    with pytest.raises(BudgetExceededError):
+        store.delegate(parent.id, claim.token, TaskSpec("too big", budget_micro_usd=101))
+    child_claim = store.claim(goal, "w2", 30, task_id=child.id)
+    assert child_claim
+    with pytest.raises(DepthExceededError):
+        store.delegate(child.id, child_claim.token, TaskSpec("grandchild"))
+
+
+@pytest.mark.parametrize("bad", [
+    {"budget_micro_usd": -1}, {"budget_micro_usd": 1.5}, {"budget_micro_usd": True}, {"budget_micro_usd": "10"},
+    {"call_cap": -1}, {"objective": ""}, {"policy": "chaos"}, {"max_depth": 1.0},
+])
+def test_bad_goal_specs_are_refused_and_change_nothing(store: SqlStore, bad: dict[str, object]) -> None:
+    spec: dict[str, object] = {"objective": "o", "budget_micro_usd": 100, "call_cap": 1, **bad}
+    with pytest.raises(InvalidInputError):
+        store.create_goal(GoalSpec(**spec))  # type: ignore[arg-type]
+    assert store.list_goals() == []
+
+
+def test_bad_input_is_typed_and_changes_nothing(store: SqlStore) -> None:
+    goal = _goal(store, budget=1_000)
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=500))
+    claim = store.claim(goal, "w", 30)
+    assert claim
+    before = _snapshot(store, goal)
+    cases = [
+        (NotFoundError, lambda: store.get_goal("goal_nope")),
+        (NotFoundError, lambda: store.get_task("task_nope")),
+        (NotFoundError, lambda: store.create_task("goal_nope", TaskSpec("t"))),
+        (NotFoundError, lambda: store.post_as_operator("goal_nope", PostKind.NOTE, "x", author="a", group="g")),
+        (InvalidInputError, lambda: store.reserve(task.id, claim.token, model="m", amount=-5, method="b")),
+        (InvalidInputError, lambda: store.reserve(task.id, claim.token, model="m", amount=2.5, method="b")),  # type: ignore[arg-type]
+        (InvalidInputError, lambda: store.settle("rsv_x", -1)),
+        (NotFoundError, lambda: store.settle("rsv_x", 1)),
+        (InvalidInputError, lambda: store.post(task.id, claim.token, "shout", "x", author="w")),  # type: ignore[arg-type]
+        (PayloadTooLargeError, lambda: store.post(task.id, claim.token, PostKind.NOTE, "x" * 1025, author="w")),
+        (InvalidInputError, lambda: store.post(task.id, "1", PostKind.NOTE, "x", author="w")),  # type: ignore[arg-type]
+        (InvalidInputError, lambda: store.create_task(goal, TaskSpec("t", budget_micro_usd=-1))),
+        (InvalidInputError, lambda: store.create_task(goal, TaskSpec("t", group="*"))),
+        (InvalidInputError, lambda: store.claim(goal, "w", -1)),
+        (IllegalTransitionError, lambda: store.release_reservation("rsv_x")) if False else
+        (NotFoundError, lambda: store.release_reservation("rsv_x")),
+    ]
+    for error, call in cases:
+        with pytest.raises(error):
+            call()
+    assert _snapshot(store, goal) == before
+    done = store.complete(task.id, claim.token)
+    assert done.state is TaskState.DONE
+    with pytest.raises(LeaseExpiredError):
+        store.renew(task.id, claim.token, 10)
+
+
+def test_every_write_is_an_audit_event_in_order(store: SqlStore) -> None:
+    goal = _goal(store)
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=10))
+    claim = store.claim(goal, "w", 30)
+    assert claim
+    store.post(task.id, claim.token, PostKind.NOTE, "n", author="w")
+    r = store.reserve(task.id, claim.token, model="m", amount=5, method="bytes")
+    store.settle(r.id, 3)
+    store.record_event("machine.created", {"machine": "m1", "goal": goal})
+    assert store.sequence_events() == 7
+    kinds = [e.kind for e in store.read_events(0, 100)]
+    assert kinds == ["goal.created", "task.created", "task.claimed", "board.posted", "reservation.held",
+                     "reservation.settled", "machine.created"]
+    assert [e.leaf_index for e in store.read_events(2, 4)] == [2, 3]
+    assert store.sequence_events() == 7  # idempotent
+
+
+def test_reopening_keeps_everything(store_url: str, clock: FakeClock) -> None:
+    first = open_store(store_url, clock=clock)
+    goal = _goal(first)
+    first.create_task(goal, TaskSpec("t"))
+    claim = first.claim(goal, "w", 30)
+    first.close()
+    second = open_store(store_url, clock=clock)
+    assert claim is not None
+    task = second.get_task(claim.task.id)
+    assert task.state is TaskState.CLAIMED and task.fencing_token == claim.token
+    assert second.claim(goal, "x", 30) is None
+    second.close()
