@@ -17,6 +17,7 @@ NOUNS: dict[str, str] = {
     "board": "swarmyard.cli.board",
     "budget": "swarmyard.cli.budget",
     "bench": "swarmyard.cli.bench",
+    "evaluator": "swarmyard.cli.evaluator",
 }
 
 app = typer.Typer(

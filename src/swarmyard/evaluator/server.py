@@ -1,0 +1,190 @@
+"""The evaluator's HTTP API on its own Unix socket, and ``serve``: bind, protect, drop privileges, run.
+
+    GET  /v1/health                        {"ok": true, "name": ...}
+    GET  /v1/public-key                    {"name": ..., "public_key": base64 of the raw Ed25519 key}
+    POST /v1/score?goal=G&split=search     body: the artifact bytes -> SignedScore JSON
+    POST /v1/holdout?goal=G                body: the artifact bytes -> SignedScore JSON, once per goal (else 409)
+
+Errors are the swarmyard JSON error body with its HTTP status. The socket is bound while still root, so it can be
+given to the control plane's user (mode 0660, group of the evaluator), before the process drops to the
+evaluator's own user; nothing else listens, so workers cannot reach the evaluator except through the control plane.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib
+import json
+import logging
+import os
+import socket
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from swarmyard.errors import EvaluatorError, InvalidInputError, PayloadTooLargeError, SwarmyardError
+from swarmyard.evaluator.bundle import Bundle, load_bundle
+from swarmyard.evaluator.identity import (
+    EVAL_USER,
+    Identity,
+    current_identity,
+    drop_privileges,
+    ensure_system_user,
+    protect_tree,
+)
+from swarmyard.evaluator.service import Evaluator
+
+log = logging.getLogger(__name__)
+
+#: Modules that load lazily on the first request; imported while still root, since after the switch the
+#: evaluator's user may not be able to read the interpreter's library folders.
+_WARM_IMPORTS = ("anyio._backends._asyncio", "uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.off",
+                 "uvicorn.loops.asyncio", "h11", "email.utils", "concurrent.futures.thread", "sqlite3",
+                 "encodings.idna", "starlette.formparsers")
+
+
+def create_app(evaluator: Evaluator) -> Starlette:
+    """The ASGI app answering for ``evaluator``."""
+
+    async def read_artifact(request: Request) -> bytes:
+        limit = evaluator.bundle.limits.max_artifact_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError("artifact", int(declared), limit)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise PayloadTooLargeError("artifact", len(body), limit)
+        return bytes(body)
+
+    def goal_of(request: Request) -> str:
+        goal = request.query_params.get("goal")
+        if goal is None:
+            raise InvalidInputError("the goal query parameter is required", field="goal")
+        return goal
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "name": evaluator.bundle.name})
+
+    async def public_key(request: Request) -> JSONResponse:
+        return JSONResponse({"name": evaluator.bundle.name,
+                             "public_key": base64.b64encode(evaluator.public_key).decode("ascii")})
+
+    async def score(request: Request) -> JSONResponse:
+        goal, split = goal_of(request), request.query_params.get("split", "search")
+        artifact = await read_artifact(request)
+        # scoring blocks for up to the bundle's timeout: keep it off the event loop
+        signed = await anyio.to_thread.run_sync(evaluator.score, goal, artifact, split)
+        return JSONResponse(signed.to_dict())
+
+    async def holdout(request: Request) -> JSONResponse:
+        goal = goal_of(request)
+        artifact = await read_artifact(request)
+        signed = await anyio.to_thread.run_sync(evaluator.final_holdout, goal, artifact)
+        return JSONResponse(signed.to_dict())
+
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, SwarmyardError)
+        return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+    routes = [Route("/v1/health", health), Route("/v1/public-key", public_key),
+              Route("/v1/score", score, methods=["POST"]), Route("/v1/holdout", holdout, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={SwarmyardError: on_error})
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """What ``serve`` needs: the bundle, the socket, the state folder and who may connect."""
+
+    bundle: Path
+    socket_path: Path
+    state_dir: Path
+    user: str = EVAL_USER
+    socket_mode: int = 0o660
+
+
+def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> socket.socket:
+    """Bind and listen on a Unix socket at ``path`` with ``mode``, owned by ``owner`` and ``group``'s gid."""
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise InvalidInputError(f"{path} exists and is not a socket", field="socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # a stale socket from a server that is gone
+        else:
+            raise EvaluatorError(f"another evaluator is already serving on {path}", socket=str(path))
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is never reachable by others, not even for a moment
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    if os.geteuid() == 0:
+        os.chown(path, owner.uid, group.gid)
+    sock.listen(128)
+    return sock
+
+
+def prepare(options: ServeOptions) -> tuple[Bundle, socket.socket, Identity]:
+    """Everything done with the starting user's rights: check the bundle, protect it, bind the socket."""
+    bundle = load_bundle(options.bundle)
+    options.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    me = current_identity()
+    if me.uid == 0:
+        runner = ensure_system_user(options.user)
+        protect_tree(bundle.root, runner)
+        protect_tree(options.state_dir, runner)
+    else:
+        runner = me
+        log.warning("not root: the evaluator runs as %s, and only file modes (0700) protect the bundle", me.name)
+        protect_tree(bundle.root, None)
+        protect_tree(options.state_dir, None)
+    sock = bind_socket(options.socket_path, options.socket_mode, owner=me, group=runner)
+    for name in _WARM_IMPORTS:
+        importlib.import_module(name)
+    return bundle, sock, runner
+
+
+def _check_reachable(runner: Identity, *paths: Path) -> None:
+    for path in paths:
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise EvaluatorError(f"user {runner.name} cannot reach {path}: its parent folders must be "
+                                 "searchable by that user (o+x)", path=str(path))
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the evaluator until SIGINT/SIGTERM; prints one JSON line on stdout once the socket accepts."""
+    import uvicorn
+
+    bundle, sock, runner = prepare(options)
+    with contextlib.closing(sock):
+        if os.getuid() != runner.uid:
+            drop_privileges(runner)
+        _check_reachable(runner, bundle.root, options.state_dir)
+        evaluator = Evaluator(bundle, options.state_dir)
+        try:
+            config = uvicorn.Config(create_app(evaluator), http="h11", ws="none", lifespan="off", loop="asyncio",
+                                    log_config=None, access_log=False, timeout_graceful_shutdown=5)
+            server = uvicorn.Server(config)
+            ready = {"socket": str(options.socket_path), "name": bundle.name, "user": runner.name,
+                     "pid": os.getpid(), "public_key": base64.b64encode(evaluator.public_key).decode("ascii")}
+            # the socket is already listening: clients that connect now wait in its backlog
+            sys.stdout.write(json.dumps(ready) + "\n")
+            sys.stdout.flush()
+            server.run(sockets=[sock])
+        finally:
+            evaluator.close()
