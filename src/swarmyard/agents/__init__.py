@@ -1,0 +1,5 @@
+"""Agents that run in a worker's machine: the built-in loop and adapters for external agent CLIs."""
+
+from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Ending, Role
+
+__all__ = ["AgentOutcome", "AgentSettings", "BuiltinAgent", "Ending", "Role"]

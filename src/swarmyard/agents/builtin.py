@@ -1,0 +1,278 @@
+"""The built-in agent: claim a task, loop model -> tool -> result under a step cap, submit a finding.
+
+It runs in the worker's machine (``python -m swarmyard.agent``) and reaches the control plane and broker
+only through the URL and capability token in its environment. A model that answers with malformed output is
+re-asked a bounded number of times; when the step cap or the budget runs out, the agent still submits what it
+has, so every claimed task ends with a finding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call
+from swarmyard.agents.model import ChatModel, OutputMode
+from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
+from swarmyard.errors import BudgetError, ConfigError, FencingError, InvalidInputError, SwarmyardError
+
+log = logging.getLogger(__name__)
+
+
+class Role(StrEnum):
+    """What the agent is for."""
+
+    WORKER = "worker"
+    LEAD = "lead"
+
+
+class Ending(StrEnum):
+    """How an agent run ended."""
+
+    SUBMITTED = "submitted"  # the model chose to submit
+    STEP_CAP = "step_cap"  # the step cap ran out; what it had was submitted
+    BUDGET = "budget"  # the broker refused further calls; what it had was submitted
+    NO_TASK = "no_task"  # nothing was claimable
+    LOST_CLAIM = "lost_claim"  # the lease expired or another worker took the task
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Everything the agent reads from its environment."""
+
+    plane_url: str
+    token: str
+    model: str
+    role: Role = Role.WORKER
+    max_steps: int = 8
+    max_reasks: int = 2
+    exec_timeout_s: float = 60.0
+    workdir: Path = Path(".")
+    mode: OutputMode = OutputMode.TOOLS
+    task_id: str | None = None
+    max_tokens: int = 512
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
+        """Read ``SWARMYARD_*`` variables; ``ConfigError`` names a missing or bad one."""
+
+        def need(name: str) -> str:
+            value = env.get(name)
+            if not value:
+                raise ConfigError("is not set", field=name)
+            return value
+
+        def number(name: str, default: float) -> float:
+            try:
+                return float(env.get(name, default))
+            except ValueError:
+                raise ConfigError("is not a number", field=name) from None
+
+        try:
+            role = Role(env.get("SWARMYARD_ROLE", "worker"))
+            mode = OutputMode(env.get("SWARMYARD_OUTPUT_MODE", "tools"))
+        except ValueError as exc:
+            raise ConfigError(str(exc), field="SWARMYARD_ROLE/SWARMYARD_OUTPUT_MODE") from exc
+        return cls(
+            plane_url=need("SWARMYARD_PLANE_URL"),
+            token=need("SWARMYARD_TOKEN"),
+            model=env.get("SWARMYARD_MODEL", "qwen2.5-coder-0.5b-instruct"),
+            role=role,
+            max_steps=int(number("SWARMYARD_MAX_STEPS", 8)),
+            exec_timeout_s=number("SWARMYARD_EXEC_TIMEOUT_S", 60),
+            workdir=Path(env.get("SWARMYARD_WORKDIR", ".")),
+            mode=mode,
+            task_id=env.get("SWARMYARD_TASK_ID") or None,
+            max_tokens=int(number("SWARMYARD_MAX_TOKENS", 512)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOutcome:
+    """What one agent run did."""
+
+    ending: Ending
+    task_id: str | None = None
+    finding_id: str | None = None
+    steps: int = 0
+    malformed: int = 0
+
+
+_SYSTEM = {
+    Role.WORKER: (
+        "You are one worker in a swarm. Work on your task with the tools, then call submit_finding with a "
+        "clear, specific result. Reply with exactly one tool call each turn. Tools: {tools}."
+    ),
+    Role.LEAD: (
+        "You are the lead of a swarm. Read the findings below and call submit_finding with one synthesis "
+        "that answers the objective; cite the finding ids you rely on in cite. Tools: {tools}."
+    ),
+}
+
+_REASK = (
+    "That reply could not be used ({error}). Reply with exactly one JSON object like "
+    '{{"action": {{"tool": "submit_finding", "args": {{"title": "...", "body": "..."}}}}}}.'
+)
+
+
+def _clip(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + " [...]"
+
+
+def _items(data: Any, key: str) -> list[dict[str, Any]]:
+    if isinstance(data, dict):
+        data = data.get(key, [])
+    return [item for item in data or [] if isinstance(item, dict)]
+
+
+class BuiltinAgent:
+    """One agent run over one claimed task."""
+
+    def __init__(
+        self, model: ChatModel, plane: PlaneTools, local: LocalTools, settings: AgentSettings
+    ) -> None:
+        self._model = model
+        self._plane = plane
+        self._local = local
+        self._settings = settings
+        self._findings_seen: list[str] = []
+        self._posts_seen: list[str] = []
+        self.malformed = 0
+
+    async def run(self) -> AgentOutcome:
+        """Claim, work, submit; never raises for a model's mistakes."""
+        task = await self._plane.claim(self._settings.task_id)
+        if task is None:
+            return AgentOutcome(Ending.NO_TASK)
+        messages = [
+            {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(TOOLS))},
+            {"role": "user", "content": await self._brief(task)},
+        ]
+        last_text = ""
+        ending = Ending.STEP_CAP
+        steps = 0
+        try:
+            for steps in range(1, self._settings.max_steps + 1):
+                action, text = await self._next_action(messages)
+                last_text = text or last_text
+                if action is None:
+                    continue
+                if action.tool == FINISH:
+                    finding_id = await self._submit(action.args)
+                    return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
+                result = await self._run_tool(action)
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": json.dumps({"action": {"tool": action.tool, "args": action.args}}),
+                    }
+                )
+                messages.append({"role": "user", "content": f"Result of {action.tool}:\n{_clip(result)}"})
+        except BudgetError as exc:
+            log.info("budget stop: %s", exc.message)
+            ending = Ending.BUDGET
+        except FencingError:
+            return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
+        body = last_text.strip() or f"No result was reached for {task.title!r} within {steps} steps."
+        finding_id = await self._submit({"title": f"{task.title} (partial)", "body": body})
+        return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
+
+    async def _brief(self, task: ClaimedTask) -> str:
+        parts = [f"Task: {task.title}", task.prompt]
+        try:
+            posts = _items(await self._plane.call("board_read", {"limit": 20}), "posts")
+        except SwarmyardError as exc:
+            posts = []
+            log.info("board_read failed: %s", exc.message)
+        if posts:
+            self._posts_seen = [str(p.get("seq")) for p in posts if p.get("seq") is not None]
+            parts.append(
+                "Board:\n"
+                + "\n".join(
+                    f"[post {p.get('seq')}] {p.get('author', '')}: {p.get('body', '')}" for p in posts[-10:]
+                )
+            )
+        if self._settings.role is Role.LEAD:
+            findings = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
+            self._findings_seen = [str(f["id"]) for f in findings if "id" in f]
+            parts.append(
+                "Findings:\n"
+                + "\n\n".join(
+                    f"[{f.get('id')}] {f.get('title', '')}\n{str(f.get('body', ''))[:1500]}" for f in findings
+                )
+            )
+        return "\n\n".join(p for p in parts if p)
+
+    async def _next_action(self, messages: list[dict[str, Any]]) -> tuple[Action | None, str]:
+        """Ask the model; re-ask on malformed output at most ``max_reasks`` times (then ``None``)."""
+        extra: list[dict[str, Any]] = []
+        text = ""
+        for _ in range(self._settings.max_reasks + 1):
+            reply = await self._model.reply(messages + extra)
+            text = reply.text
+            try:
+                if reply.tool_calls:
+                    return parse_tool_call(*reply.tool_calls[0]), text
+                return parse_reply(reply.text), text
+            except InvalidInputError as exc:
+                self.malformed += 1
+                extra = [
+                    {"role": "assistant", "content": reply.text[:MAX_RESULT_CHARS] or "(empty)"},
+                    {"role": "user", "content": _REASK.format(error=exc.message)},
+                ]
+        return None, text
+
+    async def _run_tool(self, action: Action) -> Any:
+        args = action.args
+        try:
+            match action.tool:
+                case "shell":
+                    return await self._local.shell(str(args["command"]))
+                case "read_file":
+                    return self._local.read_file(str(args["path"]))
+                case "write_file":
+                    return self._local.write_file(str(args["path"]), str(args["content"]))
+                case "board_post":
+                    return await self._plane.call(
+                        "board_post", {"kind": "progress", "body": str(args["body"])}
+                    )
+                case "board_read" | "read_findings":
+                    return await self._plane.call(action.tool, {"limit": 20})
+                case _:
+                    return f"unknown tool {action.tool}"
+        except (BudgetError, FencingError):
+            raise
+        except SwarmyardError as exc:
+            # a tool's refusal is information for the model, not the end of the run
+            return f"error ({exc.code}): {exc.message}"
+
+    def _citations(self, cite: object) -> list[dict[str, str]]:
+        refs = [str(c) for c in cite] if isinstance(cite, list) else []
+        out = []
+        for ref in refs:
+            ref = ref.strip().strip("[]").removeprefix("post ").strip()
+            if ref in self._findings_seen:
+                out.append({"kind": "finding", "ref": ref})
+            elif ref in self._posts_seen:
+                out.append({"kind": "post", "ref": ref})
+        if not out and self._settings.role is Role.LEAD:
+            # a synthesis rests on every finding it was shown, even when a small model forgets to say so
+            out = [{"kind": "finding", "ref": ref} for ref in self._findings_seen]
+        return out
+
+    async def _submit(self, args: dict[str, Any]) -> str | None:
+        title = str(args.get("title") or "finding")[:200]
+        body = str(args.get("body") or "").strip() or title
+        data = await self._plane.call(
+            FINISH, {"title": title, "body": body, "citations": self._citations(args.get("cite"))}
+        )
+        if isinstance(data, dict):
+            inner = data.get("finding", data)
+            return str(inner.get("id")) if isinstance(inner, dict) and inner.get("id") else None
+        return None

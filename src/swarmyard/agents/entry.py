@@ -1,0 +1,50 @@
+"""Running the built-in agent from its environment: what ``python -m swarmyard.agent`` calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+import httpx
+
+from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent
+from swarmyard.agents.model import BrokerChatModel
+from swarmyard.agents.tools import LocalTools, PlaneTools
+from swarmyard.errors import SwarmyardError
+
+
+def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClient:
+    socket = env.get("SWARMYARD_PLANE_SOCKET")
+    transport = httpx.AsyncHTTPTransport(uds=socket) if socket else None
+    # model calls on a CPU model can take minutes; the exec timeout outside bounds the whole run
+    return httpx.AsyncClient(base_url=settings.plane_url, transport=transport, timeout=httpx.Timeout(600.0),
+                             headers={"Authorization": f"Bearer {settings.token}"})
+
+
+async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOutcome:
+    """Run one agent to its end."""
+    async with _client(settings, env) as client:
+        model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens)
+        local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)
+        return await BuiltinAgent(model, PlaneTools(client), local, settings).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: prints the outcome as one JSON line on stdout; exit 0 ok, 1 a swarmyard error."""
+    del argv
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="agent %(levelname)s: %(message)s")
+    env = dict(os.environ)
+    try:
+        settings = AgentSettings.from_env(env)
+        outcome = asyncio.run(run_agent(settings, env))
+    except SwarmyardError as exc:
+        sys.stderr.write(f"agent error ({exc.code}): {exc.message}\n")
+        return 1
+    sys.stdout.write(json.dumps({"ending": outcome.ending.value, "task_id": outcome.task_id,
+                                 "finding_id": outcome.finding_id, "steps": outcome.steps,
+                                 "malformed": outcome.malformed}) + "\n")
+    return 0

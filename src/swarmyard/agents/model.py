@@ -1,0 +1,123 @@
+"""The agent's model: OpenAI chat completions through the broker, with the worker's token as the API key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import httpx
+
+from swarmyard.agents.actions import TOOLS, ToolSpec, openai_tools, response_format
+from swarmyard.errors import BudgetError, ProviderError, SwarmyardError
+
+
+class OutputMode(StrEnum):
+    """How the agent asks for structured output."""
+
+    TOOLS = "tools"  # OpenAI function tools; the broker turns them into a schema for local models
+    JSON_SCHEMA = "json_schema"  # response_format json_schema with one anyOf branch per tool
+    TEXT = "text"  # instructions only, for providers with neither
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReply:
+    """What the model said: text and any native tool calls (name, JSON arguments)."""
+
+    text: str
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    """Running totals for one agent."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class ChatModel(Protocol):
+    """Anything that answers a conversation with one reply."""
+
+    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
+        """One completion for ``messages``."""
+        ...
+
+
+class BrokerChatModel:
+    """``POST {base}/v1/chat/completions`` on the broker; errors come back typed."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        *,
+        mode: OutputMode = OutputMode.TOOLS,
+        max_tokens: int = 512,
+        tools: dict[str, ToolSpec] = TOOLS,
+    ) -> None:
+        self._client = client
+        self._model = model
+        self._mode = mode
+        self._max_tokens = max_tokens
+        self._tools = tools
+        self.usage = Usage()
+
+    def _body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": messages,
+            "max_tokens": self._max_tokens,
+            "temperature": 0.2,
+        }
+        if self._mode is OutputMode.TOOLS:
+            body["tools"] = openai_tools(self._tools)
+            body["tool_choice"] = "required"
+        elif self._mode is OutputMode.JSON_SCHEMA:
+            body["response_format"] = response_format(self._tools)
+        return body
+
+    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
+        """Ask once; a budget refusal (402/429/403) ends the agent, other failures are ``ProviderError``."""
+        try:
+            response = await self._client.post("/v1/chat/completions", json=self._body(messages))
+        except httpx.HTTPError as exc:
+            raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
+        if response.status_code in (402, 403, 429):
+            raise BudgetError(f"the broker refused the call ({response.status_code}): {response.text[:200]}")
+        if response.status_code >= 400:
+            raise ProviderError(
+                f"broker answered {response.status_code}: {response.text[:300]}",
+                retryable=response.status_code >= 500,
+                upstream_status=response.status_code,
+            )
+        try:
+            data = response.json()
+            message = data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ProviderError("the broker's answer is not a chat completion") from exc
+        calls = tuple(
+            (str(c["function"]["name"]), str(c["function"].get("arguments") or "{}"))
+            for c in message.get("tool_calls") or ()
+            if isinstance(c, dict) and "function" in c
+        )
+        usage = data.get("usage") or {}
+        reply = ModelReply(
+            str(message.get("content") or ""),
+            calls,
+            int(usage.get("prompt_tokens", 0)),
+            int(usage.get("completion_tokens", 0)),
+        )
+        self.usage.calls += 1
+        self.usage.input_tokens += reply.input_tokens
+        self.usage.output_tokens += reply.output_tokens
+        return reply
+
+
+def is_budget_stop(exc: SwarmyardError) -> bool:
+    """Whether an error means no more model calls can be made for this task."""
+    return isinstance(exc, BudgetError)

@@ -1,0 +1,169 @@
+"""The agent's hands: the governed tools over HTTP (``/v1/tools/*``) and its own machine (shell, files)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from swarmyard.errors import (
+    BudgetError,
+    ConflictError,
+    ForbiddenError,
+    InvalidInputError,
+    InvalidTokenError,
+    LeaseExpiredError,
+    RateLimitedError,
+    SwarmyardError,
+)
+
+#: Longest tool output handed back to the model (small models have small contexts).
+MAX_RESULT_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """The task a worker holds: what to do and the fencing token every later call carries."""
+
+    task_id: str
+    fencing_token: int
+    title: str
+    prompt: str
+    group: str
+
+
+def _error_for(status: int, body: dict[str, Any], task_id: str | None, token: int | None) -> SwarmyardError:
+    raw = body.get("error")
+    error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    message = str(error.get("message") or body)[:300]
+    if status == 409 and task_id is not None:
+        return LeaseExpiredError(task_id, token or 0, error.get("current"))
+    if status == 409:
+        return ConflictError(message)
+    if status == 401:
+        return InvalidTokenError(message)
+    if status == 403:
+        return ForbiddenError(message)
+    if status == 402:
+        return BudgetError(message)
+    if status == 429:
+        return RateLimitedError(message, retry_after_s=float(error.get("retry_after_s") or 1.0))
+    return InvalidInputError(message, field=error.get("field"))
+
+
+def _parse_claim(data: Any) -> ClaimedTask | None:
+    if not isinstance(data, dict):
+        return None
+    inner = data.get("task")
+    task: dict[str, Any] = inner if isinstance(inner, dict) else data
+    token = data.get("fencing_token", data.get("token", task.get("fencing_token")))
+    if task.get("id", task.get("task_id")) is None or token is None:
+        return None
+    return ClaimedTask(
+        str(task.get("id", task.get("task_id"))),
+        int(token),
+        str(task.get("title", "")),
+        str(task.get("prompt", "")),
+        str(task.get("group", "")),
+    )
+
+
+class PlaneTools:
+    """The worker tools of the control plane, called with the worker's capability token."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+        self.task: ClaimedTask | None = None
+
+    async def call(self, name: str, body: dict[str, Any] | None = None) -> Any:
+        """``POST /v1/tools/{name}``; the claimed task's id and fencing token are added to every call."""
+        payload = dict(body or {})
+        if self.task is not None and name != "claim_task":
+            payload.setdefault("task_id", self.task.task_id)
+            payload.setdefault("fencing_token", self.task.fencing_token)
+        response = await self._client.post(f"/v1/tools/{name}", json=payload)
+        try:
+            data = response.json() if response.content else None
+        except ValueError:
+            data = {"error": {"message": response.text[:300]}}
+        if response.status_code >= 400:
+            raise _error_for(
+                response.status_code,
+                data if isinstance(data, dict) else {},
+                self.task.task_id if self.task else None,
+                self.task.fencing_token if self.task else None,
+            )
+        return data
+
+    async def claim(self, task_id: str | None = None) -> ClaimedTask | None:
+        """Claim ``task_id`` or any claimable task of the worker's group; ``None`` when none is left."""
+        data = await self.call("claim_task", {"task_id": task_id} if task_id else {})
+        self.task = _parse_claim(data)
+        return self.task
+
+
+class LocalTools:
+    """Shell and files inside the agent's own machine, confined to its working folder."""
+
+    def __init__(
+        self, workdir: Path, *, exec_timeout_s: float = 60.0, env: dict[str, str] | None = None
+    ) -> None:
+        self.workdir = workdir.resolve()
+        self.exec_timeout_s = exec_timeout_s
+        # a fixed small environment: the agent's own variables (its token) never reach a shell command
+        self._env = (
+            env
+            if env is not None
+            else {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.workdir), "LANG": "C.UTF-8"}
+        )
+
+    def _confine(self, path: str) -> Path:
+        target = (self.workdir / path).resolve()
+        if not target.is_relative_to(self.workdir):
+            raise InvalidInputError(f"{path!r} is outside the working folder", field="path")
+        return target
+
+    def read_file(self, path: str) -> str:
+        """A file's text (at most ``MAX_RESULT_CHARS``)."""
+        target = self._confine(path)
+        try:
+            return target.read_text(encoding="utf-8", errors="replace")[:MAX_RESULT_CHARS]
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read {path}: {exc.strerror}", field="path") from exc
+
+    def write_file(self, path: str, content: str) -> str:
+        """Write a file; returns what was done."""
+        target = self._confine(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+        return f"wrote {len(content.encode())} bytes to {target.relative_to(self.workdir)}"
+
+    async def shell(self, command: str) -> str:
+        """Run ``command`` with ``sh -c`` in its own process group; on timeout the whole group is killed."""
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=self.workdir,
+            env=self._env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            out, _ = await asyncio.wait_for(process.communicate(), timeout=self.exec_timeout_s)
+        except TimeoutError:
+            # killing only the shell would leave its children running; kill the group it leads
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+            return f"[timed out after {self.exec_timeout_s:g} s; the command and its children were killed]"
+        text = out.decode("utf-8", "replace")
+        return f"[exit {process.returncode}]\n{text[-MAX_RESULT_CHARS:]}"
