@@ -6,6 +6,7 @@ import base64
 import binascii
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -17,10 +18,11 @@ app = typer.Typer(help="The isolated evaluator: signed scores and a one-shot hol
 
 @app.command()
 def serve(
-    bundle: Path = typer.Argument(..., help="The bundle folder (evaluator.toml, search/, holdout/)."),
-    socket_path: Path = typer.Option(..., "--socket", help="The Unix socket to listen on."),
-    state: Path = typer.Option(..., "--state", help="The evaluator's own state folder (key, holdout ledger)."),
-    user: str = typer.Option("swarmyard-eval", "--user", help="The system user to run as when started as root."),
+    bundle: Annotated[Path, typer.Argument(help="The bundle folder (evaluator.toml, search/, holdout/).")],
+    socket_path: Annotated[Path, typer.Option("--socket", help="The Unix socket to listen on.")],
+    state: Annotated[Path, typer.Option("--state", help="The evaluator's state folder.")],
+    user: Annotated[str, typer.Option("--user", help="The system user to run as when started as root.")] = (
+        "swarmyard-eval"),
 ) -> None:
     """Serve BUNDLE on a Unix socket as the evaluator's own user; prints one JSON line once ready."""
     from swarmyard.evaluator.server import ServeOptions
@@ -38,7 +40,8 @@ def _read_public_key(value: str) -> bytes:
     try:
         decoded = base64.b64decode(raw.strip(), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidInputError("the public key is neither base64 nor a key file", field="public_key") from exc
+        raise InvalidInputError("the public key is neither base64 nor a key file",
+                                field="public_key") from exc
     if len(decoded) != 32:
         raise InvalidInputError("an Ed25519 public key is 32 bytes", field="public_key")
     return decoded
@@ -46,9 +49,9 @@ def _read_public_key(value: str) -> bytes:
 
 @app.command()
 def verify(
-    score_file: Path = typer.Argument(..., help="A signed score as JSON ('-' for stdin)."),
-    public_key: str = typer.Option(..., "--public-key", help="base64 key, or a file holding it (or raw bytes)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    score_file: Annotated[Path, typer.Argument(help="A signed score as JSON ('-' for stdin).")],
+    public_key: Annotated[str, typer.Option("--public-key", help="base64 key, or a file holding it.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check a signed score against the evaluator's public key; exit 1 if it does not verify."""
     from swarmyard.evaluator.score import SignedScore, verify_score
@@ -63,8 +66,9 @@ def verify(
     if as_json:
         render.print_json({"valid": valid, **score.to_dict()})
     elif valid:
-        render.print_table(None, ["goal", "split", "score", "artifact_sha256", "issued_at", "valid"],
-                           [[score.goal, score.split, score.score, score.artifact_sha256, score.issued_at, "yes"]])
+        columns = ["goal", "split", "score", "artifact_sha256", "issued_at", "valid"]
+        row = [score.goal, score.split, score.score, score.artifact_sha256, score.issued_at, "yes"]
+        render.print_table(None, columns, [row])
     else:
         render.stderr.print("[red]invalid[/red]: the signature does not match this score and key")
     if not valid:
@@ -73,7 +77,7 @@ def verify(
 
 @app.command()
 def keygen(
-    state: Path = typer.Option(..., "--state", help="The evaluator's state folder."),
+    state: Annotated[Path, typer.Option("--state", help="The evaluator's state folder.")],
 ) -> None:
     """Create the evaluator's signing key in STATE if absent and print its public key (base64)."""
     from swarmyard.evaluator.service import KEY_FILE

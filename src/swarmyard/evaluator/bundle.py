@@ -1,4 +1,4 @@
-"""An evaluator bundle: a folder with ``evaluator.toml``, the scoring entry point, and ``search/`` + ``holdout/`` data.
+"""An evaluator bundle: ``evaluator.toml``, the scoring entry point, and ``search/`` + ``holdout/`` data.
 
     bundle/
       evaluator.toml      name, [scoring] entry + interpreter, [limits]
@@ -84,7 +84,7 @@ class Manifest(BaseModel):
     @classmethod
     def _name_shape(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError("must be 1-64 characters of a-z, 0-9, '.', '_', '-' starting with a letter or digit")
+            raise ValueError("must be 1-64 characters of a-z, 0-9, '.', '_', '-', starting alphanumeric")
         return value
 
 

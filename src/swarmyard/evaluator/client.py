@@ -3,8 +3,8 @@
     with EvaluatorClient("/run/swarmyard/eval.sock") as evaluator:
         signed = evaluator.score(goal_id, artifact_bytes)        # SignedScore, verifiable by anyone
 
-Failures arrive as the same typed errors the evaluator raised (``HoldoutUsedError``, ``ScoringLimitError``, ...);
-a socket that cannot be reached is ``EvaluatorUnavailableError`` (retryable).
+Failures arrive as the same typed errors the evaluator raised (``HoldoutUsedError``, ``ScoringLimitError``,
+...); a socket that cannot be reached is ``EvaluatorUnavailableError`` (retryable).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def _error_from(response: httpx.Response) -> SwarmyardError:
         case "scoring_error":
             return ScoringError(message, reason=str(body.get("reason")))
         case "payload_too_large":
-            return PayloadTooLargeError(str(body.get("what")), int(body.get("size", 0)), int(body.get("limit", 0)))
+            return PayloadTooLargeError(str(body.get("what")), int(body.get("size", 0)),
+                                        int(body.get("limit", 0)))
         case "invalid_input":
             return InvalidInputError(message, field=body.get("field"))
         case _:
@@ -110,7 +111,8 @@ class EvaluatorClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
 
@@ -118,7 +120,8 @@ class AsyncEvaluatorClient:
     """The same client for asyncio code."""
 
     def __init__(self, socket_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)), base_url=_BASE,
+        transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
+        self._http = httpx.AsyncClient(transport=transport, base_url=_BASE,
                                        timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     async def _post(self, url: str, params: dict[str, str], artifact: bytes) -> httpx.Response:

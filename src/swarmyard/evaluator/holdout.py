@@ -1,8 +1,8 @@
-"""The one-shot holdout ledger: which goals already used their final holdout, in the evaluator's own SQLite file.
+"""The one-shot holdout ledger: the goals that used their final holdout, in the evaluator's own SQLite file.
 
-A goal is claimed (one ``INSERT`` on a primary key, committed and synced) *before* its artifact is scored, so two
-concurrent calls cannot both win, and a crash or a failing scoring run still counts as the goal's one shot: the
-holdout never answers twice, whatever happens between the claim and the reply.
+A goal is claimed (one ``INSERT`` on a primary key, committed and synced) *before* its artifact is scored, so
+two concurrent calls cannot both win, and a crash or a failing scoring run still counts as the goal's one
+shot: the holdout never answers twice, whatever happens between the claim and the reply.
 """
 
 from __future__ import annotations
@@ -40,15 +40,17 @@ class HoldoutLedger:
         """Mark ``goal`` as used; raise ``HoldoutUsedError`` if it already was."""
         with self._lock:
             try:
-                self._conn.execute("INSERT INTO holdout_used (goal, artifact_sha256, claimed_at) VALUES (?, ?, ?)",
-                                   (goal, artifact_sha256, now_ms))
+                self._conn.execute(
+                    "INSERT INTO holdout_used (goal, artifact_sha256, claimed_at) VALUES (?, ?, ?)",
+                    (goal, artifact_sha256, now_ms))
             except sqlite3.IntegrityError as exc:
                 raise HoldoutUsedError(goal) from exc
 
     def record(self, goal: str, outcome: str, score: int | None) -> None:
         """Store how the claimed run ended (``scored`` or an error code), for operators."""
         with self._lock:
-            self._conn.execute("UPDATE holdout_used SET outcome = ?, score = ? WHERE goal = ?", (outcome, score, goal))
+            self._conn.execute("UPDATE holdout_used SET outcome = ?, score = ? WHERE goal = ?",
+                               (outcome, score, goal))
 
     def is_used(self, goal: str) -> bool:
         """Whether ``goal`` has used its holdout."""

@@ -1,7 +1,7 @@
 """The evaluator's own Unix user: created when missing, given the bundle and state, and switched to for good.
 
-Run as root, ``serve`` makes the system user ``swarmyard-eval`` (no shell, no home), hands it the bundle and the
-state folder (owner only: folders 0700, files 0600) and drops to it with ``setgroups``/``setgid``/``setuid``,
+Run as root, ``serve`` makes the system user ``swarmyard-eval`` (no shell, no home), hands it the bundle and
+the state folder (owner only: folders 0700, files 0600) and drops to it (setgroups, setgid, setuid),
 so neither the control plane's user nor a worker can read the hidden data or the signing key.
 """
 
@@ -49,8 +49,9 @@ def ensure_system_user(name: str = EVAL_USER) -> Identity:
         entry = pwd.getpwnam(name)
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        done = subprocess.run([useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-                               "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True,
+        argv = [useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                "--shell", "/usr/sbin/nologin", name]
+        done = subprocess.run(argv, capture_output=True, text=True,
                               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, check=False)
         if done.returncode not in (0, _USERADD_EXISTS):
             raise EvaluatorError(f"could not create the system user {name!r}: {done.stderr.strip()}",
@@ -61,7 +62,7 @@ def ensure_system_user(name: str = EVAL_USER) -> Identity:
 
 
 def protect_tree(root: Path, owner: Identity | None) -> None:
-    """Make ``root`` and everything in it owner-only (folders 0700, files 0600), owned by ``owner`` if given."""
+    """Make ``root`` and all in it owner-only (folders 0700, files 0600), owned by ``owner`` if given."""
     paths = [root, *root.rglob("*")]
     for path in paths:
         info = path.lstat()

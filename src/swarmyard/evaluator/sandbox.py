@@ -1,10 +1,11 @@
-"""Running the scoring code: a bubblewrap child with rlimits, a wall-clock timeout and an allow-listed environment.
+"""Running the scoring code: a bubblewrap child with rlimits, a wall-clock timeout and an allow-listed env.
 
-The child sees read-only system folders, a private tmpfs ``/tmp``, and exactly three things from the bundle side,
-all read-only: the entry point, the artifact (``/eval/artifact``) and the chosen split's data (``/eval/data``).
-It has no network (``--unshare-all``), its own session and PID namespace, and dies with its parent. CPU time and
-address space are rlimits set by ``prlimit`` before ``bwrap`` starts (no ``preexec_fn``: the server forks from
-worker threads, where that is unsafe). On the wall-clock timeout the whole process group is killed.
+The child sees read-only system folders, a private tmpfs ``/tmp``, and exactly three things from the bundle
+side, all read-only: the entry point, the artifact (``/eval/artifact``) and the chosen split's data
+(``/eval/data``). It has no network (``--unshare-all``), its own session and PID namespace, and dies with its
+parent. CPU time and address space are rlimits set by ``prlimit`` before ``bwrap`` starts (no ``preexec_fn``:
+the server forks from worker threads, where that is unsafe). On the wall-clock timeout the whole process
+group is killed.
 
 The scoring code's stdout must be one integer. Its stderr is logged here and never returned to callers: it may
 quote the hidden data, and errors travel back to workers.
@@ -12,6 +13,7 @@ quote the hidden data, and errors travel back to workers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -82,8 +84,9 @@ class BwrapSandbox:
                 "--ro-bind", str(artifact), "/eval/artifact",
                 "--ro-bind", str(bundle.split_dir(split)), "/eval/data",
                 "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
-        for name, value in {**_CHILD_ENV, "SWARMYARD_SPLIT": split.value, "SWARMYARD_ARTIFACT": "/eval/artifact",
-                            "SWARMYARD_DATA": "/eval/data"}.items():
+        env = {**_CHILD_ENV, "SWARMYARD_SPLIT": split.value, "SWARMYARD_ARTIFACT": "/eval/artifact",
+               "SWARMYARD_DATA": "/eval/data"}
+        for name, value in env.items():
             cmd += ["--setenv", name, value]
         cmd += ["--", bundle.manifest.scoring.interpreter, entry_inside, "/eval/artifact", "/eval/data"]
         return cmd
@@ -102,7 +105,8 @@ class BwrapSandbox:
         elapsed = time.monotonic() - started
         log.info("scoring %s/%s exited %s after %.2fs", bundle.name, split.value, proc.returncode, elapsed)
         if stderr:
-            log.warning("scoring stderr (kept private): %s", stderr[-_STDERR_KEEP:].decode("utf-8", "replace"))
+            tail = stderr[-_STDERR_KEEP:].decode("utf-8", "replace")
+            log.warning("scoring stderr (kept private): %s", tail)
         if why == "wall_time":
             raise ScoringLimitError("wall_time", limits.timeout_s)
         if why == "output":
@@ -142,10 +146,8 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill the child's whole process group (bwrap and, through --die-with-parent, everything inside)."""
     if proc.returncode is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it may exit between the poll and the kill
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it exited between the poll and the kill
     proc.wait()
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:

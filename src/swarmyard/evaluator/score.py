@@ -1,9 +1,9 @@
 """Signed scores: the evaluator's Ed25519 signature over the canonical JSON of every other field.
 
-The signed message is ``canonical_json({"artifact_sha256", "goal", "issued_at", "score", "split"})`` (sorted keys,
-no spaces, UTF-8, see ``swarmyard.canonical``); ``issued_at`` is integer milliseconds since the Unix epoch and
-``signature`` is the base64 of the 64-byte Ed25519 signature. Anyone holding the evaluator's public key can check
-a score with ``verify_score``, without talking to the evaluator.
+The signed message is ``canonical_json({"artifact_sha256", "goal", "issued_at", "score", "split"})``
+(sorted keys, no spaces, UTF-8, see ``swarmyard.canonical``); ``issued_at`` is integer milliseconds since the
+Unix epoch and ``signature`` is the base64 of the 64-byte Ed25519 signature. Anyone holding the evaluator's
+public key can check a score with ``verify_score``, without talking to the evaluator.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def sign_score(key: Ed25519PrivateKey, *, goal: str, artifact_sha256: str, split
         raise InvalidInputError("artifact_sha256 must be 64 lower-case hex digits", field="artifact_sha256")
     message = signing_message(goal, artifact_sha256, split, score, issued_at)
     signature = base64.b64encode(key.sign(message)).decode("ascii")
-    return SignedScore(goal=goal, artifact_sha256=artifact_sha256, split=split, score=score, issued_at=issued_at,
-                       signature=signature)
+    return SignedScore(goal=goal, artifact_sha256=artifact_sha256, split=split, score=score,
+                       issued_at=issued_at, signature=signature)
 
 
 def verify_score(score: SignedScore, public_key: Ed25519PublicKey | bytes) -> bool:
@@ -92,7 +92,8 @@ def verify_score(score: SignedScore, public_key: Ed25519PublicKey | bytes) -> bo
     if len(signature) != 64 or isinstance(score.score, bool) or isinstance(score.issued_at, bool):
         return False
     try:
-        message = signing_message(score.goal, score.artifact_sha256, score.split, score.score, score.issued_at)
+        message = signing_message(score.goal, score.artifact_sha256, score.split, score.score,
+                                  score.issued_at)
     except TypeError:
         return False
     try:

@@ -3,11 +3,11 @@
     GET  /v1/health                        {"ok": true, "name": ...}
     GET  /v1/public-key                    {"name": ..., "public_key": base64 of the raw Ed25519 key}
     POST /v1/score?goal=G&split=search     body: the artifact bytes -> SignedScore JSON
-    POST /v1/holdout?goal=G                body: the artifact bytes -> SignedScore JSON, once per goal (else 409)
+    POST /v1/holdout?goal=G                body: the artifact -> SignedScore JSON, once per goal, else 409
 
-Errors are the swarmyard JSON error body with its HTTP status. The socket is bound while still root, so it can be
-given to the control plane's user (mode 0660, group of the evaluator), before the process drops to the
-evaluator's own user; nothing else listens, so workers cannot reach the evaluator except through the control plane.
+Errors are the swarmyard JSON error body with its HTTP status. The socket is bound while still root, so it can
+be given to the control plane's user (mode 0660, group of the evaluator), before the process drops to the
+evaluator's own user; nothing else listens, so workers reach the evaluator only through the control plane.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def prepare(options: ServeOptions) -> tuple[Bundle, socket.socket, Identity]:
         protect_tree(options.state_dir, runner)
     else:
         runner = me
-        log.warning("not root: the evaluator runs as %s, and only file modes (0700) protect the bundle", me.name)
+        log.warning("not root: the evaluator runs as %s; only file modes (0700) protect the bundle", me.name)
         protect_tree(bundle.root, None)
         protect_tree(options.state_dir, None)
     sock = bind_socket(options.socket_path, options.socket_mode, owner=me, group=runner)
@@ -175,10 +175,12 @@ def serve(options: ServeOptions) -> None:
         if os.getuid() != runner.uid:
             drop_privileges(runner)
         _check_reachable(runner, bundle.root, options.state_dir)
+        os.umask(0o077)  # everything the evaluator writes from here on is its own
         evaluator = Evaluator(bundle, options.state_dir)
         try:
-            config = uvicorn.Config(create_app(evaluator), http="h11", ws="none", lifespan="off", loop="asyncio",
-                                    log_config=None, access_log=False, timeout_graceful_shutdown=5)
+            config = uvicorn.Config(create_app(evaluator), http="h11", ws="none", lifespan="off",
+                                    loop="asyncio", log_config=None, access_log=False,
+                                    timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)
             ready = {"socket": str(options.socket_path), "name": bundle.name, "user": runner.name,
                      "pid": os.getpid(), "public_key": base64.b64encode(evaluator.public_key).decode("ascii")}

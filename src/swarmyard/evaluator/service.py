@@ -67,7 +67,7 @@ class Evaluator:
         return self._sign(goal, digest, Split.SEARCH, value)
 
     def final_holdout(self, goal: str, artifact: bytes) -> SignedScore:
-        """Score ``artifact`` on the holdout split, once per goal ever; later calls raise ``HoldoutUsedError``."""
+        """Score ``artifact`` on the holdout split, once per goal ever; then ``HoldoutUsedError``."""
         _check_goal(goal)
         digest = self._check_artifact(artifact)
         # the claim is committed before scoring starts, so no reply can ever precede it
