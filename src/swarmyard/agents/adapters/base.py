@@ -1,0 +1,63 @@
+"""What every external-agent adapter takes and gives: a context in, a launch (files, argv, env) out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterContext:
+    """What an adapter needs to point an agent CLI at the broker through the in-sandbox relay."""
+
+    relay_url: str  # e.g. http://127.0.0.1:8765, the relay to the control plane inside the machine
+    token: str  # the worker's capability token: the only "API key" the agent ever sees
+    model: str
+    prompt: str
+    home: str = "/home/worker"
+    workdir: str = "/work"
+    mcp_command: tuple[str, ...] = ("swarmyard", "mcp")
+
+    @property
+    def mcp_env(self) -> dict[str, str]:
+        """The environment of the ``swarmyard mcp`` server the agent starts."""
+        return {"SWARMYARD_PLANE_URL": self.relay_url, "SWARMYARD_TOKEN": self.token}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLaunch:
+    """How to run an agent: files to write first (absolute path -> text), the command line and its env."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class Adapter(Protocol):
+    """Turns a context into a launch for one agent CLI."""
+
+    name: str
+    #: the package that installs the CLI, for error messages: ``npm:@openai/codex`` or ``pypi:aider-chat``
+    package: str
+
+    def launch(self, ctx: AdapterContext) -> AgentLaunch:
+        """The files, command line and environment that run this agent headless."""
+        ...
+
+
+def base_env(ctx: AdapterContext) -> dict[str, str]:
+    """The small environment every agent starts from (never the host's)."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": ctx.home,
+        "LANG": "C.UTF-8",
+        "NO_COLOR": "1",
+        "SWARMYARD_PLANE_URL": ctx.relay_url,
+        "SWARMYARD_TOKEN": ctx.token,
+    }
+
+
+WORKER_INSTRUCTIONS = (
+    "You are a worker in a swarmyard swarm. Use the swarmyard tools: claim_task first, read the board, post "
+    "progress, and finish with submit_finding carrying your result and citations.\n\nObjective: {prompt}"
+)

@@ -1,0 +1,52 @@
+"""Claude Code (``claude -p``): Anthropic Messages through the broker, swarmyard tools through MCP."""
+
+from __future__ import annotations
+
+import json
+
+from swarmyard.agents.adapters.base import WORKER_INSTRUCTIONS, AdapterContext, AgentLaunch, base_env
+
+
+class ClaudeAdapter:
+    """Runs ``claude -p`` with an MCP config that holds only the swarmyard server."""
+
+    name = "claude"
+    package = "npm:@anthropic-ai/claude-code"
+
+    def launch(self, ctx: AdapterContext) -> AgentLaunch:
+        """Files, argv and env for one headless Claude Code run."""
+        mcp_path = f"{ctx.home}/.swarmyard/claude-mcp.json"
+        mcp = {
+            "mcpServers": {
+                "swarmyard": {
+                    "command": ctx.mcp_command[0],
+                    "args": list(ctx.mcp_command[1:]),
+                    "env": ctx.mcp_env,
+                }
+            }
+        }
+        env = base_env(ctx) | {
+            # Claude Code appends /v1/messages itself; the token is sent as x-api-key and the broker swaps it
+            "ANTHROPIC_BASE_URL": ctx.relay_url,
+            "ANTHROPIC_API_KEY": ctx.token,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+        }
+        argv = (
+            "claude",
+            "-p",
+            WORKER_INSTRUCTIONS.format(prompt=ctx.prompt),
+            "--model",
+            ctx.model,
+            "--output-format",
+            "json",
+            "--mcp-config",
+            mcp_path,
+            "--strict-mcp-config",
+            "--allowedTools",
+            "mcp__swarmyard",
+            "--permission-mode",
+            "bypassPermissions",
+        )
+        return AgentLaunch(argv, env, {mcp_path: json.dumps(mcp, indent=2)})

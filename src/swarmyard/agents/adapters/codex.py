@@ -1,0 +1,61 @@
+"""Codex (``codex exec``): the Responses API through a custom provider with websockets off."""
+
+from __future__ import annotations
+
+import json
+
+from swarmyard.agents.adapters.base import WORKER_INSTRUCTIONS, AdapterContext, AgentLaunch, base_env
+
+
+def _toml_str(value: str) -> str:
+    # a JSON string is a valid TOML basic string for the characters we write
+    return json.dumps(value)
+
+
+class CodexAdapter:
+    """Runs ``codex exec`` with ``CODEX_HOME`` holding a config.toml for the provider and MCP server."""
+
+    name = "codex"
+    package = "npm:@openai/codex"
+
+    def config_toml(self, ctx: AdapterContext) -> str:
+        """The config.toml: a custom provider on the relay (the built-in ``openai`` cannot be re-pointed)."""
+        env = ", ".join(f"{k} = {_toml_str(v)}" for k, v in ctx.mcp_env.items())
+        args = ", ".join(_toml_str(a) for a in ctx.mcp_command[1:])
+        return "\n".join(
+            [
+                f"model = {_toml_str(ctx.model)}",
+                'model_provider = "swarmyard"',
+                'approval_policy = "never"',
+                'sandbox_mode = "danger-full-access"  # the swarmyard machine is the sandbox',
+                "",
+                "[model_providers.swarmyard]",
+                'name = "swarmyard"',
+                f"base_url = {_toml_str(ctx.relay_url + '/v1')}",
+                'env_key = "SWARMYARD_TOKEN"',
+                'wire_api = "responses"',
+                "supports_websockets = false  # websockets would bypass base_url",
+                "request_max_retries = 0  # the broker says when a retry would pay twice",
+                "",
+                "[mcp_servers.swarmyard]",
+                f"command = {_toml_str(ctx.mcp_command[0])}",
+                f"args = [{args}]",
+                f"env = {{ {env} }}",
+                "",
+            ]
+        )
+
+    def launch(self, ctx: AdapterContext) -> AgentLaunch:
+        """Files, argv and env for one headless Codex run."""
+        codex_home = f"{ctx.home}/.codex"
+        env = base_env(ctx) | {"CODEX_HOME": codex_home}
+        argv = (
+            "codex",
+            "exec",
+            "--skip-git-repo-check",
+            "--cd",
+            ctx.workdir,
+            "--json",
+            WORKER_INSTRUCTIONS.format(prompt=ctx.prompt),
+        )
+        return AgentLaunch(argv, env, {f"{codex_home}/config.toml": self.config_toml(ctx)})
