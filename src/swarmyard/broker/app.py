@@ -1,0 +1,421 @@
+"""The broker's HTTP endpoints: authenticate the worker, reserve the worst case, call the provider, settle.
+
+Blocking store calls run in worker threads (``anyio.to_thread``); streams are passed on as each event arrives.
+A failure before the request leaves releases the hold; a lost answer after it marks the hold ``unknown`` and
+answers 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from swarmyard.broker import anthropic as messages_format
+from swarmyard.broker import ledger
+from swarmyard.broker.chat import (
+    ChatRequest,
+    ChatResponse,
+    Finished,
+    FinishReason,
+    StreamEvent,
+    StreamTally,
+    Usage,
+)
+from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiFormat
+from swarmyard.broker.jsonbody import parse_object
+from swarmyard.broker.providers.protocol import CallState, Provider
+from swarmyard.broker.settings import BrokerSettings, ModelRoute, Tokenizer
+from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.domain import Price, Reservation
+from swarmyard.errors import (
+    BudgetExceededError,
+    ConflictError,
+    DeadlinePassedError,
+    InvalidInputError,
+    InvalidTokenError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ProviderError,
+    SwarmyardError,
+    UpstreamLostError,
+    UpstreamUnknownError,
+)
+from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A request that passed auth and holds a reservation."""
+
+    reservation: Reservation
+    price: Price
+    counter: TokenCounter
+    input_tokens: int
+    max_tokens: int
+
+
+def _token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    if header[:7].lower() == "bearer " and header[7:].strip():
+        return header[7:].strip()
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        return key
+    raise InvalidTokenError("send the worker token as Authorization: Bearer or x-api-key")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError("request body", int(declared), limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError("request body", size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise InvalidInputError("the client went away while sending the body", field="body") from exc
+    return b"".join(chunks)
+
+
+class Broker:
+    """Holds the store, the token authority, the providers and the settings; serves the endpoints."""
+
+    def __init__(
+        self,
+        store: Store,
+        tokens: TokenAuthority,
+        providers: Mapping[str, Provider],
+        settings: BrokerSettings,
+        clock: Clock | None = None,
+    ) -> None:
+        missing = {route.provider for route in settings.routes} - set(providers)
+        if missing:
+            raise InvalidInputError(
+                f"routes name providers that are not configured: {sorted(missing)}", field="providers"
+            )
+        self.store = store
+        self.tokens = tokens
+        self.providers = dict(providers)
+        self.settings = settings
+        self.clock = clock or SystemClock()
+
+    # -- errors ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _error(exc: SwarmyardError, fmt: ApiFormat | None = None) -> JSONResponse:
+        body = exc.to_dict()
+        headers = {"x-should-retry": "true" if exc.retryable else "false"}
+        return JSONResponse(fmt.error_body(body) if fmt else body, status_code=exc.status, headers=headers)
+
+    # -- admission (runs in a worker thread) ----------------------------------------------------------------
+
+    def _route(self, model: str) -> ModelRoute:
+        route = self.settings.by_name.get(model)
+        if route is None:
+            raise NotFoundError("model", model)
+        return route
+
+    def _counter(self, route: ModelRoute) -> TokenCounter:
+        if route.tokenizer is Tokenizer.CL100K:
+            return cl100k()
+        if route.tokenizer is Tokenizer.PROVIDER:
+            own = self.providers[route.provider].counter(route.upstream)
+            if own is not None:
+                return own
+        return ByteBoundCounter()
+
+    def _price(self, route: ModelRoute) -> Price:
+        try:
+            return self.store.get_price(route.name)
+        except NotFoundError:
+            return route.default_price
+
+    def _admit(self, token: str, chat: ChatRequest, route: ModelRoute) -> _Admitted:
+        identity = self.tokens.verify(token)
+        claim = self.store.current_claim(identity.worker_id)
+        if claim is None:
+            raise ConflictError(f"worker {identity.worker_id} holds no live claim; claim a task first")
+        if chat.max_tokens is not None and chat.max_tokens > route.max_output_tokens:
+            raise InvalidInputError(
+                f"max_tokens {chat.max_tokens} is over {route.name}'s limit of {route.max_output_tokens}",
+                field="max_tokens",
+            )
+        price = self._price(route)
+        counter = self._counter(route)
+        inputs = input_bound(chat, counter)
+        task = claim.task
+        max_tokens = chat.max_tokens
+        if max_tokens is None:
+            goal = self.store.get_goal(task.goal_id)
+            if goal.deadline is not None and self.clock.now() >= goal.deadline:
+                raise DeadlinePassedError(goal.id, goal.deadline)
+            # the tighter envelope decides, and is the one a refusal names
+            envelopes = [
+                (f"task {task.id}", task.envelope.available),
+                (f"goal {goal.id}", goal.envelope.available),
+            ]
+            name, available = min(envelopes, key=lambda pair: pair[1])
+            max_tokens = ledger.largest_affordable(available, inputs, price, route.max_output_tokens)
+            if max_tokens < self.settings.min_output_tokens:
+                raise BudgetExceededError(
+                    name, ledger.worst_case(inputs, self.settings.min_output_tokens, price), available
+                )
+        amount = ledger.worst_case(inputs, max_tokens, price)
+        reservation = self.store.reserve(
+            task.id, claim.token, model=route.name, amount=amount, method=counter.method
+        )
+        return _Admitted(reservation, price, counter, inputs, max_tokens)
+
+    # -- settlement -----------------------------------------------------------------------------------------
+
+    def _settle(self, admitted: _Admitted, usage: Usage) -> None:
+        self.store.settle(
+            admitted.reservation.id,
+            ledger.actual_cost(usage.input_tokens, usage.output_tokens, admitted.price),
+        )
+
+    async def _lost(self, admitted: _Admitted, exc: BaseException) -> UpstreamUnknownError:
+        reservation_id = admitted.reservation.id
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.store.mark_unknown, reservation_id)
+        log.warning("reservation %s is unknown: %s", reservation_id, type(exc).__name__)
+        return UpstreamUnknownError(
+            f"the upstream answer was lost after the request was sent; reservation "
+            f"{reservation_id} is held until reconciled",
+            reservation_id=reservation_id,
+        )
+
+    async def _failed(self, admitted: _Admitted, state: CallState, exc: BaseException) -> SwarmyardError:
+        """Release or mark unknown, and say what to answer."""
+        if isinstance(exc, UpstreamLostError) or (state.sent and not isinstance(exc, ProviderError)):
+            return await self._lost(admitted, exc)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.store.release_reservation, admitted.reservation.id)
+        if isinstance(exc, ProviderError):
+            return exc
+        log.exception("provider failed before sending", exc_info=exc)
+        return ProviderError(
+            f"provider failed before the request was sent ({type(exc).__name__})", retryable=True
+        )
+
+    def _usage(self, admitted: _Admitted, reported: Usage | None, output_text: str) -> Usage:
+        if reported is not None:
+            return reported
+        # no usage record: bound the input as reserved and count what was streamed
+        return Usage(admitted.input_tokens, admitted.counter.count(output_text) if output_text else 0)
+
+    # -- endpoints ------------------------------------------------------------------------------------------
+
+    async def generate(self, request: Request, fmt: ApiFormat) -> Response:
+        """One generation endpoint (chat completions, responses or messages)."""
+        try:
+            raw = await _read_body(request, self.settings.max_body_bytes)
+            chat = fmt.parse(parse_object(raw))
+            route = self._route(chat.model)
+            token = _token(request)
+            admitted = await anyio.to_thread.run_sync(self._admit, token, chat, route)
+        except SwarmyardError as exc:
+            return self._error(exc, fmt)
+        provider = self.providers[route.provider]
+        upstream = replace(chat, model=route.upstream, max_tokens=admitted.max_tokens)
+        log.info(
+            "reservation %s: %s via %s, %d micro-USD held",
+            admitted.reservation.id,
+            route.name,
+            provider.name,
+            admitted.reservation.amount,
+        )
+        if chat.stream:
+            return await self._stream(provider, upstream, admitted, fmt, chat.model)
+        state = CallState()
+        try:
+            answer: ChatResponse = await provider.complete(upstream, state)
+        except Exception as exc:
+            return self._error(await self._failed(admitted, state, exc), fmt)
+        usage = self._usage(
+            admitted, answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls)
+        )
+        await anyio.to_thread.run_sync(self._settle, admitted, usage)
+        return JSONResponse(fmt.render(answer, chat.model, usage))
+
+    async def _stream(
+        self, provider: Provider, upstream: ChatRequest, admitted: _Admitted, fmt: ApiFormat, model: str
+    ) -> Response:
+        state = CallState()
+        events = provider.stream(upstream, state)
+        try:
+            # wait for the first event so that a failure before any data still gets a proper status
+            first: StreamEvent = await events.__anext__()
+        except StopAsyncIteration:
+            first = Finished(FinishReason.STOP, None)
+        except Exception as exc:
+            await events.aclose()
+            return self._error(await self._failed(admitted, state, exc), fmt)
+        return StreamingResponse(
+            self._frames(first, events, state, admitted, fmt, model),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
+    async def _frames(
+        self,
+        first: StreamEvent,
+        events: AsyncGenerator[StreamEvent, None],
+        state: CallState,
+        admitted: _Admitted,
+        fmt: ApiFormat,
+        model: str,
+    ) -> AsyncIterator[bytes]:
+        writer = fmt.writer(model, admitted.input_tokens)
+        tally = StreamTally()
+        finished: Finished | None = None
+        done = False
+        try:
+            yield writer.open()
+            event = first
+            while True:
+                if isinstance(event, Finished):
+                    finished = event
+                    break
+                tally.add(event)
+                yield writer.event(event)
+                try:
+                    event = await events.__anext__()
+                except StopAsyncIteration:
+                    # a stream that ends without its finish record lost its end
+                    raise UpstreamLostError("the upstream stream ended early") from None
+            usage = self._usage(admitted, finished.usage, tally.output_text())
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._settle, admitted, usage)
+            done = True
+            yield writer.close(finished.finish, usage)
+        except Exception as exc:
+            done = True
+            # bytes were streamed: whatever failed, the cost is unknown
+            state.sent = True
+            error = await self._failed(admitted, state, exc)
+            yield writer.error(fmt.error_body(error.to_dict()))
+        finally:
+            if not done:
+                # the worker went away mid-stream; the upstream call may go on costing
+                await self._lost(admitted, ConnectionAbortedError("worker disconnected"))
+            with anyio.CancelScope(shield=True):
+                await events.aclose()
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the input bound the broker would reserve for."""
+        try:
+            raw = await _read_body(request, self.settings.max_body_bytes)
+            chat = messages_format.parse_request(parse_object(raw), counting=True)
+            route = self._route(chat.model)
+            token = _token(request)
+
+            def count() -> int:
+                self.tokens.verify(token)
+                return input_bound(chat, self._counter(route))
+
+            total = await anyio.to_thread.run_sync(count)
+        except SwarmyardError as exc:
+            return self._error(exc, ANTHROPIC)
+        return JSONResponse({"input_tokens": total})
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models`` in a shape both SDKs read."""
+        try:
+            token = _token(request)
+            await anyio.to_thread.run_sync(self.tokens.verify, token)
+        except SwarmyardError as exc:
+            return self._error(exc)
+        data: list[dict[str, Any]] = [
+            {
+                "id": route.name,
+                "object": "model",
+                "type": "model",
+                "created": 0,
+                "created_at": "1970-01-01T00:00:00Z",
+                "owned_by": "swarmyard",
+                "display_name": route.name,
+            }
+            for route in self.settings.routes
+        ]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "has_more": False,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            }
+        )
+
+    async def aclose(self) -> None:
+        """Close every provider."""
+        for provider in self.providers.values():
+            await provider.aclose()
+
+
+def _routes_for(broker: Broker) -> list[BaseRoute]:
+    async def chat(request: Request) -> Response:
+        return await broker.generate(request, OPENAI_CHAT)
+
+    async def responses(request: Request) -> Response:
+        return await broker.generate(request, RESPONSES)
+
+    async def messages(request: Request) -> Response:
+        return await broker.generate(request, ANTHROPIC)
+
+    return [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", broker.count_tokens, methods=["POST"]),
+        Route("/v1/models", broker.models, methods=["GET"]),
+    ]
+
+
+def broker_routes(
+    store: Store,
+    tokens: TokenAuthority,
+    providers: Mapping[str, Provider],
+    settings: BrokerSettings,
+    clock: Clock | None = None,
+) -> list[BaseRoute]:
+    """The broker's routes, for the control plane to mount beside ``/v1/tools/*``."""
+    return _routes_for(Broker(store, tokens, providers, settings, clock))
+
+
+def create_broker_app(
+    store: Store,
+    tokens: TokenAuthority,
+    providers: Mapping[str, Provider],
+    settings: BrokerSettings,
+    clock: Clock | None = None,
+) -> Starlette:
+    """A Starlette app serving only the broker (``swarmyard broker serve``); closes providers on shutdown."""
+    broker = Broker(store, tokens, providers, settings, clock)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await broker.aclose()
+
+    return Starlette(routes=_routes_for(broker), lifespan=lifespan)

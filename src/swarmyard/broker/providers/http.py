@@ -1,0 +1,82 @@
+"""What the HTTP upstream providers share: timeouts, httpx error translation, SSE reading, scrubbing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from swarmyard.broker.keys import Secret
+from swarmyard.errors import ProviderError, UpstreamLostError
+
+_RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Upstream timeouts in seconds; ``read_s`` bounds each wait for bytes, ``total_s`` a whole call."""
+
+    connect_s: float = 5.0
+    read_s: float = 120.0
+    write_s: float = 30.0
+
+    def httpx(self) -> httpx.Timeout:
+        """As an httpx timeout."""
+        return httpx.Timeout(
+            connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.connect_s
+        )
+
+
+def scrub(text: str, key: Secret | None) -> str:
+    """``text`` with the provider key (if it appears) replaced, and cut to a readable length."""
+    if key is not None and key.reveal():
+        text = text.replace(key.reveal(), "***")
+    return text[:300]
+
+
+def translate(exc: httpx.HTTPError, provider: str) -> ProviderError:
+    """An httpx failure as a provider error: retryable before the bytes left, cost unknown after."""
+    if isinstance(
+        exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol
+    ):
+        return ProviderError(f"{provider}: could not connect upstream ({type(exc).__name__})", retryable=True)
+    return UpstreamLostError(
+        f"{provider}: upstream connection lost after the request was sent ({type(exc).__name__})"
+    )
+
+
+async def raise_for_status(response: httpx.Response, provider: str, key: Secret | None) -> None:
+    """Turn an upstream error status into ``ProviderError`` (the answer came back: nothing to bill)."""
+    if response.status_code < 400:
+        return
+    try:
+        raw = (await response.aread()).decode("utf-8", "replace")
+    except httpx.HTTPError:
+        raw = ""
+    raise ProviderError(
+        f"{provider}: upstream answered {response.status_code}: {scrub(raw, key)}",
+        retryable=response.status_code in _RETRYABLE_STATUS,
+        upstream_status=response.status_code,
+    )
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str | None, Any]]:
+    """``(event name, parsed data)`` for each SSE event; stops at ``[DONE]``."""
+    event: str | None = None
+    async for line in response.aiter_lines():
+        if not line:
+            event = None
+            continue
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                yield event, json.loads(data)
+            except ValueError as exc:
+                raise UpstreamLostError("upstream sent a malformed stream event") from exc

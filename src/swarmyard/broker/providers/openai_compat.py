@@ -1,0 +1,85 @@
+"""An OpenAI-compatible upstream: OpenAI, DeepSeek, vLLM, the llama.cpp server, Ollama."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+
+from swarmyard.broker import openai_chat
+from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
+from swarmyard.broker.keys import Secret
+from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events, translate
+from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.tokencount import TokenCounter
+from swarmyard.errors import ProviderError
+
+
+class OpenAICompatProvider:
+    """Speaks Chat Completions to ``base_url`` (which ends in ``/v1``) with the broker's key."""
+
+    def __init__(
+        self,
+        base_url: str,
+        key: Secret | None = None,
+        *,
+        name: str = "openai",
+        timeouts: Timeouts | None = None,
+        extra_body: dict[str, Any] | None = None,
+        max_connections: int = 1000,
+    ) -> None:
+        self.name = name
+        self._key = key
+        self._extra = extra_body or {}
+        headers = {"authorization": f"Bearer {key.reveal()}"} if key is not None else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=(timeouts or Timeouts()).httpx(),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    def counter(self, model: str) -> TokenCounter | None:
+        """No tokenizer of its own; the route chooses."""
+        return None
+
+    def _body(self, request: ChatRequest) -> dict[str, Any]:
+        return {**openai_chat.upstream_body(request), **self._extra}
+
+    async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
+        """One non-streaming call."""
+        http_request = self._client.build_request("POST", "/chat/completions", json=self._body(request))
+        try:
+            state.sent = True
+            response = await self._client.send(http_request)
+            await raise_for_status(response, self.name, self._key)
+            body = response.json()
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.name) from exc
+        except ValueError as exc:
+            raise ProviderError(f"{self.name}: upstream answer is not JSON", retryable=False) from exc
+        return openai_chat.parse_upstream_response(body)
+
+    async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
+        """One streaming call, events passed on as each chunk arrives."""
+        http_request = self._client.build_request("POST", "/chat/completions", json=self._body(request))
+        reader = openai_chat.ChunkReader()
+        try:
+            state.sent = True
+            response = await self._client.send(http_request, stream=True)
+            try:
+                await raise_for_status(response, self.name, self._key)
+                async for _, data in sse_events(response):
+                    if isinstance(data, dict):
+                        for event in reader.feed(data):
+                            yield event
+            finally:
+                await response.aclose()
+        except httpx.HTTPError as exc:
+            raise translate(exc, self.name) from exc
+        yield Finished(reader.finish, reader.usage)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()

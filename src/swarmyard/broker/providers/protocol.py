@@ -1,0 +1,44 @@
+"""The provider Protocol: one internal request in, one answer or a stream of events out.
+
+A provider sets ``CallState.sent`` just before its request bytes leave. It raises ``ProviderError`` when the
+upstream answered with an error or nothing was sent (the broker releases the hold), and ``UpstreamLostError``
+when the connection dropped or timed out after sending (the broker marks the hold unknown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+from swarmyard.broker.chat import ChatRequest, ChatResponse, StreamEvent
+from swarmyard.broker.tokencount import TokenCounter
+
+
+@dataclass(slots=True)
+class CallState:
+    """Mutable facts about one upstream call that the broker needs after it fails."""
+
+    sent: bool = False
+
+
+class Provider(Protocol):
+    """A source of model answers."""
+
+    name: str
+
+    def counter(self, model: str) -> TokenCounter | None:
+        """The provider's own verified tokenizer for ``model``, if it has one."""
+        ...
+
+    async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
+        """Answer a request whole."""
+        ...
+
+    def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
+        """Answer a request as events, ending with ``Finished``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and models."""
+        ...

@@ -1,0 +1,97 @@
+"""A provider that imitates a model for load benchmarks: configurable latency, sizes, speed and failures."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import anyio
+
+from swarmyard.broker.chat import (
+    ChatRequest,
+    ChatResponse,
+    Finished,
+    FinishReason,
+    StreamEvent,
+    TextDelta,
+    Usage,
+)
+from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.tokencount import TokenCounter
+from swarmyard.errors import ProviderError, UpstreamLostError
+from swarmyard.ids import new_id
+
+
+@dataclass
+class SimulatedProvider:
+    """Answers ``output_tokens`` words after ``latency_s``, streaming at ``tokens_per_s`` (0 = no pacing).
+
+    ``failure_rate`` of calls fail: half before the request is sent, half by a drop after it (seeded, so a
+    benchmark run is repeatable).
+    """
+
+    name: str = "simulated"
+    latency_s: float = 0.0
+    output_tokens: int = 16
+    input_tokens: int | None = None
+    tokens_per_s: float = 0.0
+    failure_rate: float = 0.0
+    report_usage: bool = True
+    seed: int = 0
+    _random: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
+
+    def counter(self, model: str) -> TokenCounter | None:
+        """No tokenizer of its own."""
+        return None
+
+    def _maybe_fail(self, state: CallState) -> None:
+        if self.failure_rate and self._random.random() < self.failure_rate:
+            if self._random.random() < 0.5:
+                raise ProviderError("simulated failure before send", retryable=True)
+            state.sent = True
+            raise UpstreamLostError("simulated drop after send")
+        state.sent = True
+
+    def _usage(self, request: ChatRequest, produced: int) -> Usage | None:
+        if not self.report_usage:
+            return None
+        words = sum(len(message.content.split()) for message in request.messages)
+        return Usage(self.input_tokens if self.input_tokens is not None else words, produced)
+
+    def _count(self, request: ChatRequest) -> int:
+        return min(self.output_tokens, request.max_tokens or self.output_tokens)
+
+    async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
+        """A whole simulated answer."""
+        self._maybe_fail(state)
+        produced = self._count(request)
+        delay = self.latency_s + (produced / self.tokens_per_s if self.tokens_per_s else 0.0)
+        if delay:
+            await anyio.sleep(delay)
+        return ChatResponse(
+            new_id("chatcmpl"),
+            request.model,
+            " ".join(["tok"] * produced),
+            (),
+            FinishReason.STOP,
+            self._usage(request, produced),
+        )
+
+    async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
+        """A simulated answer, one word per event."""
+        self._maybe_fail(state)
+        if self.latency_s:
+            await anyio.sleep(self.latency_s)
+        produced = self._count(request)
+        for index in range(produced):
+            if self.tokens_per_s:
+                await anyio.sleep(1 / self.tokens_per_s)
+            yield TextDelta("tok" if index == 0 else " tok")
+        yield Finished(FinishReason.STOP, self._usage(request, produced))
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
