@@ -1,0 +1,1 @@
+"""The swarm: coordinator, exploration policies and the lead step."""

@@ -1,0 +1,218 @@
+"""Exploration policies as pure logic: who shares a board with whom, how many rounds, what to broadcast.
+
+- ``independent`` (best@n): each worker its own group; nobody reads anybody.
+- ``team`` (team@n): one group, shared board and findings.
+- ``explore``: one group of slots with visible directions; a worker switches to a free direction after
+  ``patience`` attempts in a row without improvement, and adopts a peer's direction only when its score is
+  clearly better.
+- ``groups``: several groups explore apart for several rounds; after each round the best findings of every
+  group are broadcast to all groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from swarmyard.config import PolicyConfig, PolicyKind
+from swarmyard.domain import Finding
+
+
+class Policy(Protocol):
+    """How a policy partitions workers and tasks."""
+
+    @property
+    def kind(self) -> PolicyKind:
+        """Which policy this is."""
+        ...
+
+    @property
+    def rounds(self) -> int:
+        """How many rounds of tasks the run has."""
+        ...
+
+    def worker_group(self, worker_index: int) -> str:
+        """The group (board) of the ``worker_index``-th worker."""
+        ...
+
+    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+        """The groups that get a copy of the ``task_index``-th task (one task per group listed)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Independent:
+    """Each worker alone; task ``i`` goes to worker ``i mod n``'s group."""
+
+    kind: PolicyKind = PolicyKind.INDEPENDENT
+    rounds: int = 1
+
+    def worker_group(self, worker_index: int) -> str:
+        """``w0``, ``w1``, ...: one group per worker."""
+        return f"w{worker_index}"
+
+    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+        """The one worker group the task belongs to."""
+        return [self.worker_group(task_index % worker_count)]
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    """Everyone on one board."""
+
+    kind: PolicyKind = PolicyKind.TEAM
+    rounds: int = 1
+    group: str = "team"
+
+    def worker_group(self, worker_index: int) -> str:
+        """The one group."""
+        return self.group
+
+    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+        """The one group."""
+        return [self.group]
+
+
+@dataclass(frozen=True, slots=True)
+class Explore:
+    """One board of slots; every task is a slot whose direction workers post and read."""
+
+    kind: PolicyKind = PolicyKind.EXPLORE
+    rounds: int = 1
+    group: str = "explore"
+
+    def worker_group(self, worker_index: int) -> str:
+        """The one group: directions must be visible to every slot."""
+        return self.group
+
+    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+        """The one group."""
+        return [self.group]
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """``count`` groups apart, ``rounds`` rounds, every task copied into every group."""
+
+    count: int = 2
+    rounds: int = 2
+    kind: PolicyKind = PolicyKind.GROUPS
+
+    def worker_group(self, worker_index: int) -> str:
+        """``g0``, ``g1``, ...: workers dealt round-robin."""
+        return f"g{worker_index % self.count}"
+
+    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+        """Every group that has at least one worker works every task."""
+        return [f"g{i}" for i in range(min(self.count, worker_count))]
+
+
+def make_policy(config: PolicyConfig) -> Policy:
+    """The policy a swarm file names."""
+    match config.kind:
+        case PolicyKind.INDEPENDENT:
+            return Independent()
+        case PolicyKind.TEAM:
+            return Team()
+        case PolicyKind.EXPLORE:
+            return Explore()
+        case PolicyKind.GROUPS:
+            return Groups(count=config.groups, rounds=config.rounds)
+
+
+# -- explore: directions ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DirectionTracker:
+    """One slot's attempts at its current direction, to decide when to switch."""
+
+    direction: str
+    patience: int = 3
+    best: int | None = None
+    stale: int = 0
+    history: list[int | None] = field(default_factory=list)
+
+    def record(self, score: int | None) -> None:
+        """Count one attempt; only a strictly better score resets the count."""
+        self.history.append(score)
+        if score is not None and (self.best is None or score > self.best):
+            self.best = score
+            self.stale = 0
+        else:
+            self.stale += 1
+
+    @property
+    def should_switch(self) -> bool:
+        """``patience`` attempts in a row without improvement."""
+        return self.stale >= self.patience
+
+    def switch(self, direction: str) -> None:
+        """Start over on a new direction."""
+        self.direction, self.best, self.stale = direction, None, 0
+
+
+def free_direction(
+    offered: Sequence[str], held_by_active_peers: Sequence[str], tried: Sequence[str] = ()
+) -> str | None:
+    """The first offered direction no active peer holds, preferring ones this slot has not tried."""
+    held = set(held_by_active_peers)
+    free = [d for d in offered if d not in held]
+    fresh = [d for d in free if d not in set(tried)]
+    choices = fresh or free
+    return choices[0] if choices else None
+
+
+def direction_to_adopt(own_best: int | None, peer_best: Mapping[str, int], margin: int) -> str | None:
+    """A peer direction whose best score beats ours by at least ``margin`` (the best such), else ``None``."""
+    if not peer_best:
+        return None
+    direction, score = max(peer_best.items(), key=lambda item: (item[1], item[0]))
+    baseline = own_best if own_best is not None else -(2**62)
+    return direction if score >= baseline + margin and (own_best is None or score > own_best) else None
+
+
+def next_direction(
+    tracker: DirectionTracker,
+    offered: Sequence[str],
+    held_by_active_peers: Sequence[str],
+    peer_best: Mapping[str, int],
+    margin: int,
+) -> str:
+    """Where a slot goes next: adopt a clearly better peer direction, else switch when stale, else stay."""
+    adopt = direction_to_adopt(
+        tracker.best, {d: s for d, s in peer_best.items() if d != tracker.direction}, margin
+    )
+    if adopt is not None:
+        return adopt
+    if tracker.should_switch:
+        tried = [tracker.direction]
+        others = [d for d in held_by_active_peers if d != tracker.direction]
+        return free_direction(offered, others, tried) or tracker.direction
+    return tracker.direction
+
+
+# -- groups: consolidation ----------------------------------------------------------------------
+
+
+def best_findings(findings: Sequence[Finding], top: int) -> dict[str, list[Finding]]:
+    """Per group, its ``top`` best findings: highest score first, unscored last, newest first on ties."""
+    by_group: dict[str, list[Finding]] = {}
+    for finding in findings:
+        by_group.setdefault(finding.group, []).append(finding)
+
+    def rank(f: Finding) -> tuple[int, int, float]:
+        return (1 if f.score is not None else 0, f.score or 0, f.created_at)
+
+    return {group: sorted(items, key=rank, reverse=True)[:top] for group, items in sorted(by_group.items())}
+
+
+def consolidation_text(round_index: int, best: Mapping[str, Sequence[Finding]]) -> str:
+    """The broadcast post that carries every group's best findings into the next round."""
+    lines = [f"Consolidation after round {round_index + 1}: the best findings of every group."]
+    for group, items in best.items():
+        for f in items:
+            score = "" if f.score is None else f" (score {f.score})"
+            lines.append(f"- [{f.id}] group {group}{score}: {f.title}: {f.body[:400]}")
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""Policies as pure logic: groups per worker and task, direction switching, adoption and consolidation."""
+
+from __future__ import annotations
+
+from swarmyard.config import PolicyConfig, PolicyKind
+from swarmyard.domain import Finding, FindingStatus
+from swarmyard.swarm.policies import (
+    DirectionTracker,
+    best_findings,
+    consolidation_text,
+    direction_to_adopt,
+    free_direction,
+    make_policy,
+    next_direction,
+)
+
+
+def test_independent_gives_each_worker_its_own_group() -> None:
+    policy = make_policy(PolicyConfig(kind=PolicyKind.INDEPENDENT))
+    assert [policy.worker_group(i) for i in range(3)] == ["w0", "w1", "w2"]
+    assert [policy.task_groups(i, 3) for i in range(4)] == [["w0"], ["w1"], ["w2"], ["w0"]]
+    assert policy.rounds == 1
+
+
+def test_team_and_explore_share_one_board() -> None:
+    for kind in (PolicyKind.TEAM, PolicyKind.EXPLORE):
+        policy = make_policy(PolicyConfig(kind=kind))
+        assert len({policy.worker_group(i) for i in range(5)}) == 1
+        assert policy.task_groups(3, 5) == [policy.worker_group(0)]
+
+
+def test_groups_copy_every_task_into_every_manned_group() -> None:
+    policy = make_policy(PolicyConfig(kind=PolicyKind.GROUPS, groups=3, rounds=2))
+    assert [policy.worker_group(i) for i in range(4)] == ["g0", "g1", "g2", "g0"]
+    assert policy.task_groups(0, 4) == ["g0", "g1", "g2"]
+    assert policy.task_groups(0, 2) == ["g0", "g1"]  # a group with no worker gets no task
+    assert policy.rounds == 2
+
+
+def test_switch_after_k_attempts_without_improvement() -> None:
+    tracker = DirectionTracker("pruning", patience=3)
+    for score in (10, 12, 12, 11):
+        tracker.record(score)
+    assert not tracker.should_switch  # 12 was an improvement; two stale since
+    tracker.record(None)
+    assert tracker.should_switch
+    offered = ["pruning", "distillation", "quantisation"]
+    assert next_direction(tracker, offered, ["pruning", "distillation"], {}, margin=10) == "quantisation"
+    tracker.switch("quantisation")
+    assert (tracker.best, tracker.stale, tracker.should_switch) == (None, 0, False)
+
+
+def test_stays_when_everything_is_held() -> None:
+    tracker = DirectionTracker("a", patience=1)
+    tracker.record(None)
+    assert next_direction(tracker, ["a", "b"], ["a", "b"], {}, margin=5) == "a"
+
+
+def test_free_direction_prefers_untried() -> None:
+    assert free_direction(["a", "b", "c"], ["b"], tried=["a"]) == "c"
+    assert free_direction(["a", "b"], ["b"], tried=["a"]) == "a"
+    assert free_direction(["a"], ["a"]) is None
+
+
+def test_adopt_only_when_clearly_better() -> None:
+    assert direction_to_adopt(50, {"x": 55}, margin=10) is None
+    assert direction_to_adopt(50, {"x": 60, "y": 70}, margin=10) == "y"
+    assert direction_to_adopt(None, {"x": 1}, margin=10) == "x"
+    assert direction_to_adopt(50, {}, margin=0) is None
+    tracker = DirectionTracker("mine")
+    tracker.record(40)
+    assert (
+        next_direction(tracker, ["mine", "theirs"], ["theirs"], {"theirs": 80, "mine": 99}, margin=10)
+        == "theirs"
+    )
+
+
+def _finding(fid: str, group: str, score: int | None, at: float) -> Finding:
+    return Finding(
+        fid, "goal", "task", group, "w", f"title {fid}", f"body {fid}", (), FindingStatus.SUBMITTED, score, at
+    )
+
+
+def test_best_findings_per_group_and_broadcast_text() -> None:
+    findings = [
+        _finding("f1", "g0", 5, 1),
+        _finding("f2", "g0", 9, 2),
+        _finding("f3", "g1", None, 3),
+        _finding("f4", "g1", None, 4),
+        _finding("f5", "g0", None, 5),
+    ]
+    best = best_findings(findings, top=1)
+    assert {g: [f.id for f in items] for g, items in best.items()} == {"g0": ["f2"], "g1": ["f4"]}
+    text = consolidation_text(0, best)
+    assert "round 1" in text and "[f2] group g0 (score 9)" in text and "[f4] group g1" in text
