@@ -1,0 +1,37 @@
+"""Serve an ASGI app on a free loopback port in a background thread (tests, benchmarks, in-process runs)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+
+@contextmanager
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", startup_timeout_s: float = 10.0) -> Iterator[str]:
+    """Run ``app`` with uvicorn until the block ends; yields its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http="h11",
+                            timeout_graceful_shutdown=2, backlog=4096)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="loopback-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the loopback server did not start")
+        time.sleep(0.005)  # polling a flag uvicorn sets; there is no event to wait on
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(startup_timeout_s)
+        sock.close()
