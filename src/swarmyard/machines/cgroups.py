@@ -1,0 +1,170 @@
+"""Per-machine cgroups: v1 controllers (memory, pids, cpu) or v2 ones where present, and v2's ``cgroup.kill``.
+
+The backend's child writes ``0`` (itself) into every ``cgroup.procs`` before it execs bwrap, so the whole sandbox
+starts inside its limits with no window. Teardown uses ``cgroup.kill`` where the host has it, else kills each
+listed process until the groups are empty, then removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmyard.errors import SandboxError
+from swarmyard.machines.protocol import Limits
+
+_ROOT = Path("/sys/fs/cgroup")
+_CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """Where this host's cgroup controllers live, as seen from this process's own groups."""
+
+    v1: dict[str, Path] = field(default_factory=dict)
+    v2: Path | None = None
+    v2_controllers: frozenset[str] = frozenset()
+    v2_kill: bool = False
+
+    def controllers(self) -> set[str]:
+        """Resource controllers usable for limits: memory, pids, cpu."""
+        return {c for c in ("memory", "pids", "cpu") if c in self.v1 or c in self.v2_controllers}
+
+
+def discover(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/self/cgroup")) -> Hierarchy:
+    """Read the mount table and this process's cgroups; empty when there is nothing writable."""
+    paths: dict[str, str] = {}
+    for line in own.read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            paths[name] = path
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    for line in mounts.read_text().splitlines():
+        _, where, kind, options, *_ = line.split()
+        if kind == "cgroup2":
+            v2 = Path(where) / paths.get("", "/").lstrip("/")
+        elif kind == "cgroup":
+            for controller in ("memory", "pids", "cpu"):
+                if controller in options.split(",") and controller in paths:
+                    v1.setdefault(controller, Path(where) / paths[controller].lstrip("/"))
+    controllers: frozenset[str] = frozenset()
+    kill = False
+    if v2 is not None and os.access(v2, os.W_OK):
+        with contextlib.suppress(OSError):
+            controllers = frozenset((v2 / "cgroup.controllers").read_text().split()) - set(v1)
+        # The root cgroup has no cgroup.kill file; every child of it does on kernels >= 5.14.
+        kill = (v2 / "cgroup.kill").exists() or _kernel_at_least(5, 14)
+    else:
+        v2 = None
+    v1 = {k: p for k, p in v1.items() if os.access(p, os.W_OK)}
+    return Hierarchy(v1=v1, v2=v2, v2_controllers=controllers, v2_kill=kill)
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    parts = os.uname().release.split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+class MachineCgroups:
+    """The cgroups of one machine: created with its limits, joined by the sandbox, killed and removed at delete."""
+
+    def __init__(self, hierarchy: Hierarchy, name: str, limits: Limits) -> None:
+        self.name = name
+        self.dirs: list[Path] = []
+        self.kill_file: Path | None = None
+        self.enforced: set[str] = set()
+        try:
+            self._create(hierarchy, limits)
+        except OSError as exc:
+            self.remove()
+            raise SandboxError(f"cannot create cgroups for {name}: {exc}") from exc
+
+    def _create(self, hierarchy: Hierarchy, limits: Limits) -> None:
+        if hierarchy.v2 is not None:
+            group = self._mkdir(hierarchy.v2 / "swarmyard" / self.name)
+            if hierarchy.v2_kill:
+                self.kill_file = group / "cgroup.kill"
+            wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
+            for controller in hierarchy.v2_controllers & {k for k, v in wanted.items() if v is not None}:
+                (group.parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            if "memory" in hierarchy.v2_controllers and limits.memory_bytes is not None:
+                (group / "memory.max").write_text(str(limits.memory_bytes))
+                with contextlib.suppress(OSError):
+                    (group / "memory.swap.max").write_text("0")
+                self.enforced.add("memory")
+            if "pids" in hierarchy.v2_controllers and limits.pids is not None:
+                (group / "pids.max").write_text(str(limits.pids))
+                self.enforced.add("pids")
+            if "cpu" in hierarchy.v2_controllers and limits.cpus is not None:
+                (group / "cpu.max").write_text(f"{int(limits.cpus * _CPU_PERIOD_US)} {_CPU_PERIOD_US}")
+                self.enforced.add("cpu")
+        if "memory" in hierarchy.v1 and limits.memory_bytes is not None and "memory" not in self.enforced:
+            group = self._mkdir(hierarchy.v1["memory"] / "swarmyard" / self.name)
+            (group / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+            # Without a memsw limit the sandbox could spill past its limit into swap.
+            with contextlib.suppress(OSError):
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+            self.enforced.add("memory")
+        if "pids" in hierarchy.v1 and limits.pids is not None and "pids" not in self.enforced:
+            group = self._mkdir(hierarchy.v1["pids"] / "swarmyard" / self.name)
+            (group / "pids.max").write_text(str(limits.pids))
+            self.enforced.add("pids")
+        if "cpu" in hierarchy.v1 and limits.cpus is not None and "cpu" not in self.enforced:
+            group = self._mkdir(hierarchy.v1["cpu"] / "swarmyard" / self.name)
+            (group / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * _CPU_PERIOD_US)))
+            self.enforced.add("cpu")
+
+    def _mkdir(self, path: Path) -> Path:
+        path.parent.mkdir(exist_ok=True)
+        path.mkdir()
+        self.dirs.append(path)
+        return path
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files the sandbox's first process writes itself into."""
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        """Every process still in any of the machine's groups."""
+        found: set[int] = set()
+        for directory in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (directory / "cgroup.procs").read_text().split())
+        return found
+
+    def kill(self, deadline_s: float = 5.0) -> None:
+        """Kill every process in the groups and wait until they are empty."""
+        if self.kill_file is not None:
+            with contextlib.suppress(OSError):
+                self.kill_file.write_text("1")
+        end = time.monotonic() + deadline_s
+        while (left := self.pids()) and time.monotonic() < end:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)  # the kernel reaps asynchronously; this bounded wait is the teardown, not a test
+        if self.pids():
+            raise SandboxError(f"machine {self.name}: processes survived teardown")
+
+    def remove(self) -> None:
+        """Remove the (empty) groups."""
+        for directory in reversed(self.dirs):
+            for _ in range(100):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.002)  # an exiting task can hold the group for a moment after it left procs
+        self.dirs = []

@@ -1,0 +1,131 @@
+"""The host's side of a machine's control socket: exec, streamed exec and file transfer requests to its init."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from swarmyard.errors import SandboxError
+from swarmyard.machines import wire
+from swarmyard.machines.protocol import ExecEvent, ExecResult
+
+#: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.
+GRACE_S = 5.0
+
+
+class InitClient:
+    """Talks to one machine's init over its Unix socket (one connection per request)."""
+
+    def __init__(self, machine_id: str, socket_path: Path) -> None:
+        self.machine_id = machine_id
+        self.socket_path = socket_path
+
+    def _connect(self, timeout_s: float | None) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        # Reach the socket through an O_PATH descriptor of its folder: run folders under a deep temp dir can
+        # exceed the 108-byte sun_path limit.
+        dir_fd = os.open(self.socket_path.parent, os.O_PATH | os.O_CLOEXEC)
+        try:
+            sock.connect(f"/proc/self/fd/{dir_fd}/{self.socket_path.name}")
+        except OSError as exc:
+            sock.close()
+            raise SandboxError(f"machine {self.machine_id} is not reachable: {exc}",
+                               machine_id=self.machine_id) from exc
+        finally:
+            os.close(dir_fd)
+        return sock
+
+    def stream_exec(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+        """Run a command; yield ``stdout``/``stderr`` events and finally one ``exit`` event."""
+        started = time.monotonic()
+        host_timeout = None if timeout_s is None else timeout_s + GRACE_S
+        request = {"op": "exec", "argv": list(argv), "env": dict(env), "cwd": cwd, "timeout_s": timeout_s,
+                   "stdin": None if stdin is None else base64.b64encode(stdin).decode()}
+        sock = self._connect(host_timeout)
+        stdout: list[bytes] = []
+        stderr: list[bytes] = []
+        try:
+            wire.send_json(sock, b"q", request)
+            while True:
+                try:
+                    frame = wire.recv_frame(sock)
+                except TimeoutError:
+                    # Closing the connection makes the init kill the command's process tree.
+                    yield ExecEvent("exit", result=ExecResult(b"".join(stdout), b"".join(stderr), 137, True,
+                                                              time.monotonic() - started))
+                    return
+                if frame is None:
+                    raise SandboxError(f"machine {self.machine_id} went away during exec",
+                                       machine_id=self.machine_id)
+                kind, payload = frame
+                if kind in (b"o", b"e"):
+                    (stdout if kind == b"o" else stderr).append(payload)
+                    yield ExecEvent("stdout" if kind == b"o" else "stderr", data=payload)
+                elif kind == b"x":
+                    status = json.loads(payload)
+                    yield ExecEvent("exit", result=ExecResult(b"".join(stdout), b"".join(stderr),
+                                                              int(status["exit_code"]), bool(status["timed_out"]),
+                                                              time.monotonic() - started))
+                    return
+                else:
+                    raise self._error(payload)
+        except OSError as exc:
+            raise SandboxError(f"machine {self.machine_id}: exec failed: {exc}",
+                               machine_id=self.machine_id) from exc
+        finally:
+            sock.close()
+
+    def exec(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, timeout_s: float | None,
+             stdin: bytes | None) -> ExecResult:
+        """Run a command to completion."""
+        for event in self.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin):
+            if event.result is not None:
+                return event.result
+        raise SandboxError(f"machine {self.machine_id}: exec ended without a status", machine_id=self.machine_id)
+
+    def upload(self, path: str, data: bytes, mode: int) -> None:
+        """Write ``data`` to ``path`` inside the machine."""
+        with self._request({"op": "put", "path": path, "mode": mode}) as sock:
+            for start in range(0, len(data), wire.MAX_FRAME):
+                wire.send_frame(sock, b"d", data[start:start + wire.MAX_FRAME])
+            wire.send_frame(sock, b"d", b"")
+            self._finish(sock)
+
+    def download(self, path: str) -> bytes:
+        """Read ``path`` from inside the machine."""
+        chunks: list[bytes] = []
+        with self._request({"op": "get", "path": path}) as sock:
+            while True:
+                frame = wire.recv_frame(sock)
+                if frame is None:
+                    raise SandboxError(f"machine {self.machine_id} went away", machine_id=self.machine_id)
+                if frame[0] == b"d":
+                    chunks.append(frame[1])
+                    continue
+                if frame[0] == b"x":
+                    return b"".join(chunks)
+                raise self._error(frame[1])
+
+    def _request(self, request: dict[str, object]) -> socket.socket:
+        sock = self._connect(60.0)
+        wire.send_json(sock, b"q", request)
+        return sock
+
+    def _finish(self, sock: socket.socket) -> None:
+        frame = wire.recv_frame(sock)
+        if frame is None:
+            raise SandboxError(f"machine {self.machine_id} went away", machine_id=self.machine_id)
+        if frame[0] != b"x":
+            raise self._error(frame[1])
+
+    def _error(self, payload: bytes) -> SandboxError:
+        body = json.loads(payload)
+        return SandboxError(f"machine {self.machine_id}: {body.get('message')}", machine_id=self.machine_id,
+                            errno=body.get("errno"))

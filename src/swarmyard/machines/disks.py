@@ -1,0 +1,105 @@
+"""Machine disks: overlayfs over a read-only baseline where the host allows it, else a reflink-or-copy clone.
+
+A fork snapshots the source's upper layer (only what the source changed, usually small) into a new read-only
+layer, so neither machine sees the other's later writes while the baseline below them is shared, never copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmyard.errors import SandboxError
+
+_CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+def overlay_supported(scratch: Path) -> bool:
+    """Whether this process can mount overlayfs (tried for real in a throwaway folder)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="ovl-probe-", dir=scratch))
+    try:
+        for part in ("l", "u", "w", "m"):
+            (base / part).mkdir()
+        done = _run(["mount", "-t", "overlay", "overlay", "-o",
+                     f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}", str(base / "m")])
+        if done:
+            _run(["umount", str(base / "m")])
+        return done
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _run(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, env=_CLEAN_ENV, capture_output=True, check=False).returncode == 0
+    except OSError:
+        return False
+
+
+def clone_tree(source: Path, target: Path) -> None:
+    """Copy a tree with ``cp -a --reflink=auto``: shared blocks where the file system can, a full copy elsewhere."""
+    done = subprocess.run(["cp", "-a", "--reflink=auto", "--no-target-directory", str(source), str(target)],
+                          env=_CLEAN_ENV, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SandboxError(f"cannot copy {source.name}: {done.stderr.decode(errors='replace').strip()}")
+
+
+@dataclass(slots=True)
+class Disk:
+    """One machine's disk: the folder bound at the machine's home, plus the layers beneath it."""
+
+    root: Path
+    lowers: tuple[Path, ...]
+    overlay: bool
+
+    @property
+    def merged(self) -> Path:
+        """The folder the sandbox sees as its disk."""
+        return self.root / "disk"
+
+    @property
+    def upper(self) -> Path:
+        """Where the machine's own writes land (the disk itself without overlayfs)."""
+        return self.root / "upper" if self.overlay else self.merged
+
+    def mount(self) -> None:
+        """Create the folders and mount the overlay (without overlayfs the disk is a plain folder)."""
+        self.merged.mkdir(parents=True, exist_ok=True)
+        if not self.overlay:
+            return
+        (self.root / "upper").mkdir(exist_ok=True)
+        (self.root / "work").mkdir(exist_ok=True)
+        if not self.lowers:
+            # overlayfs needs at least one lower layer; an empty one costs nothing.
+            empty = self.root / "empty"
+            empty.mkdir(exist_ok=True)
+            self.lowers = (empty,)
+        options = (f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={self.root / 'upper'},"
+                   f"workdir={self.root / 'work'}")
+        done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(self.merged)],
+                              env=_CLEAN_ENV, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SandboxError(f"cannot mount the overlay disk: {done.stderr.decode(errors='replace').strip()}")
+
+    def snapshot(self, target: Path) -> tuple[Path, ...]:
+        """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers."""
+        if not self.overlay:
+            clone_tree(self.merged, target)
+            return ()
+        clone_tree(self.upper, target)
+        return (target, *self.lowers)
+
+    def unmount(self) -> None:
+        """Unmount the overlay (lazily if something still holds it) and remove the machine's folders."""
+        if self.overlay and self.merged.is_mount():
+            done = subprocess.run(["umount", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False)
+            if done.returncode != 0:
+                subprocess.run(["umount", "-l", str(self.merged)], env=_CLEAN_ENV, capture_output=True,
+                               check=False)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.root)

@@ -1,0 +1,114 @@
+"""What this host allows a sandbox to have, found by trying each thing for real (``swarmyard machines doctor``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmyard.machines import cgroups, disks, landlock, seccomp
+
+_CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+BWRAP_HINT = "install bubblewrap: apt-get install -y bubblewrap (or run with --sandbox process for development)"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One probed capability: whether it works and what it means."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class HostReport:
+    """Everything the ``local`` backend needs to know about the host."""
+
+    bwrap: str | None
+    bwrap_version: str | None
+    user_namespaces: bool
+    seccomp: bool
+    landlock_abi: int
+    overlayfs: bool
+    overlayfs_in_userns: bool
+    cgroup_v1: tuple[str, ...]
+    cgroup_v2: tuple[str, ...]
+    cgroup_kill: bool
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def cgroup_controllers(self) -> set[str]:
+        """Controllers usable for limits, either version."""
+        return set(self.cgroup_v1) | set(self.cgroup_v2)
+
+
+def _run(argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[bytes] | None:
+    try:
+        return subprocess.run(argv, env=_CLEAN_ENV, capture_output=True, check=False, timeout=20,
+                              pass_fds=pass_fds)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def seccomp_fd() -> int:
+    """A memfd holding the seccomp filter, positioned at its start (bwrap reads it once)."""
+    fd = os.memfd_create("swarmyard-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, seccomp.build_filter())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def probe(scratch: Path | None = None) -> HostReport:
+    """Try every capability and report what works; never raises for a missing one."""
+    bwrap = shutil.which("bwrap", path=_CLEAN_ENV["PATH"])
+    version = None
+    userns = seccomp_ok = False
+    if bwrap is not None:
+        done = _run([bwrap, "--version"])
+        version = done.stdout.decode().strip().split()[-1] if done and done.returncode == 0 else None
+        done = _run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"])
+        userns = done is not None and done.returncode == 0
+        if seccomp.supported_arch():
+            fd = seccomp_fd()
+            try:
+                done = _run([bwrap, "--ro-bind", "/", "/", "--seccomp", str(fd), "true"], pass_fds=(fd,))
+                seccomp_ok = done is not None and done.returncode == 0
+            finally:
+                os.close(fd)
+    abi = landlock.abi_version()
+    scratch = scratch or Path(tempfile.gettempdir())
+    overlay = os.geteuid() == 0 and disks.overlay_supported(scratch)
+    base = Path(tempfile.mkdtemp(prefix="ovl-userns-", dir=scratch))
+    try:
+        for part in ("l", "u", "w", "m"):
+            (base / part).mkdir()
+        done = _run(["unshare", "--user", "--map-root-user", "--mount", "mount", "-t", "overlay", "overlay", "-o",
+                     f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}", str(base / "m")])
+        overlay_userns = done is not None and done.returncode == 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    hierarchy = cgroups.discover()
+    v1 = tuple(sorted(hierarchy.v1))
+    v2 = tuple(sorted(hierarchy.v2_controllers & {"memory", "pids", "cpu"}))
+    checks = (
+        Check("bubblewrap", bwrap is not None, f"{bwrap} {version}" if bwrap else BWRAP_HINT),
+        Check("user namespaces", userns, "bwrap --unshare-all works" if userns else "bwrap --unshare-all failed"),
+        Check("seccomp", seccomp_ok, f"{len(seccomp.build_program())}-instruction filter loaded by bwrap"
+              if seccomp_ok else "bwrap --seccomp failed or the architecture is not x86_64"),
+        Check("landlock", abi >= 1, f"ABI {abi}" if abi else "not available (kernel or boot options)"),
+        Check("overlayfs", overlay, "mounted by the host for baselines and forks" if overlay
+              else "not mountable here: disks are reflink-or-copy clones"),
+        Check("overlayfs in a user namespace", overlay_userns, "works" if overlay_userns else "refused"),
+        Check("cgroup v1 controllers", bool(v1), ", ".join(v1) or "none writable"),
+        Check("cgroup v2 controllers", bool(v2), ", ".join(v2) or "none enabled"),
+        Check("cgroup.kill", hierarchy.v2_kill, "v2 teardown kills a whole machine at once" if hierarchy.v2_kill
+              else "teardown kills process by process"),
+        Check("rlimits", True, "last fallback for memory and pids"),
+    )
+    return HostReport(bwrap=bwrap, bwrap_version=version, user_namespaces=userns, seccomp=seccomp_ok,
+                      landlock_abi=abi, overlayfs=overlay, overlayfs_in_userns=overlay_userns, cgroup_v1=v1,
+                      cgroup_v2=v2, cgroup_kill=hierarchy.v2_kill, checks=checks)

@@ -1,0 +1,170 @@
+"""The ``local`` backend: each machine is a bubblewrap sandbox with seccomp, Landlock and cgroup limits.
+
+Inside, a machine sees a read-only view of only what an agent needs (/usr, a few /etc files, the Python that runs
+swarmyard), its own disk at ``/machine``, private /proc, /dev and /tmp, a tmpfs over /sys, and loopback only.
+Its uid is 1000 in a new user namespace with no capabilities; its init applies Landlock so writes land only on
+its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+from pathlib import Path
+
+from swarmyard.errors import SandboxUnavailableError
+from swarmyard.machines import doctor
+from swarmyard.machines.cgroups import MachineCgroups, discover
+from swarmyard.machines.protocol import MachineSpec
+from swarmyard.machines.supervised import SOURCE_ROOT, Launch, Machine, SupervisedBackend, init_argv
+
+HOME = "/machine"
+RUN_DIR = "/run/swarmyard"
+#: Where the control plane's socket appears inside every machine.
+PLANE_SOCKET = f"{RUN_DIR}/plane.sock"
+#: The relay's port inside every machine (each machine has its own network namespace).
+RELAY_PORT = 8484
+_ETC = ("ssl", "ca-certificates", "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
+        "nsswitch.conf", "mime.types")
+_PASSWD = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nagent:x:1000:1000:agent:/machine:/bin/sh\n" \
+          "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+_GROUP = "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
+
+
+def python_paths() -> list[str]:
+    """Host folders the in-sandbox Python needs, bound read-only at the same paths (so absolute RUNPATHs work)."""
+    wanted = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), SOURCE_ROOT}
+    for entry in sys.path:
+        real = os.path.realpath(entry) if entry else ""
+        if real and os.path.isdir(real) and not any(real.startswith(w + "/") or real == w for w in wanted):
+            wanted.add(real)
+    # Nothing under /usr is needed twice, and a parent folder makes its children redundant.
+    chosen = sorted(w for w in wanted if not w.startswith("/usr/"))
+    return [w for w in chosen if not any(w.startswith(o + "/") for o in chosen if o != w)]
+
+
+class LocalBackend(SupervisedBackend):
+    """Machines as bubblewrap sandboxes on this host."""
+
+    name = "local"
+
+    def __init__(self, root: Path | None = None, *, report: doctor.HostReport | None = None) -> None:
+        super().__init__(root)
+        self.report = report or _cached_probe(self.root)
+        if self.report.bwrap is None:
+            raise SandboxUnavailableError(f"bubblewrap is not installed: {doctor.BWRAP_HINT}")
+        self.overlay = self.report.overlayfs
+        self._hierarchy = discover()
+        self._python = os.path.realpath(sys.executable)
+        self._binds = python_paths()
+        etc = self.root / "etc"
+        etc.mkdir(exist_ok=True)
+        (etc / "passwd").write_text(_PASSWD)
+        (etc / "group").write_text(_GROUP)
+        (etc / "hostname").write_text("machine\n")
+
+    def sandbox_prefix(self) -> str:
+        """The machine's home folder as its commands see it."""
+        return HOME
+
+    def check(self, spec: MachineSpec) -> tuple[str, ...]:
+        """What this machine will have; raises when the host cannot give what ``spec.isolation`` requires."""
+        iso = spec.isolation
+        missing: list[str] = []
+        if iso.namespaces and not self.report.user_namespaces:
+            missing.append("namespaces (bwrap --unshare-all fails: are user namespaces disabled?)")
+        if iso.seccomp and not self.report.seccomp:
+            missing.append("seccomp")
+        if iso.landlock and self.report.landlock_abi < 1:
+            missing.append("landlock")
+        limits = {"memory": spec.limits.memory_bytes, "pids": spec.limits.pids, "cpu": spec.limits.cpus}
+        wanted = {k for k, v in limits.items() if v is not None}
+        lacking = wanted - self._hierarchy.controllers()
+        if iso.cgroups and lacking:
+            missing.append(f"cgroup controllers {sorted(lacking)}")
+        if missing and not iso.allow_weaker:
+            raise SandboxUnavailableError(
+                "this host cannot give the isolation asked for: " + "; ".join(missing)
+                + " (pass Isolation(allow_weaker=True) to accept a weaker sandbox; see swarmyard machines doctor)")
+        return tuple(missing)
+
+    def _make_cgroups(self, spec: MachineSpec) -> MachineCgroups | None:
+        self.check(spec)
+        if not (self._hierarchy.v1 or self._hierarchy.v2):
+            return None
+        return MachineCgroups(self._hierarchy, spec.id, spec.limits)
+
+    def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
+        have = ["namespaces"]
+        if self.report.seccomp and machine.spec.isolation.seccomp:
+            have.append("seccomp")
+        if landlock_abi:
+            have.append(f"landlock-abi{landlock_abi}")
+        if machine.cgroups is not None:
+            have += [f"cgroup-{c}" for c in sorted(machine.cgroups.enforced)]
+        if self.overlay:
+            have.append("overlayfs")
+        return tuple(have)
+
+    def _launch(self, machine: Machine, ready_w: int) -> Launch:
+        spec = machine.spec
+        argv = [self.report.bwrap or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--hostname", "machine",
+                "--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            path = Path("/") / name
+            if path.is_symlink():
+                argv += ["--symlink", os.readlink(path), f"/{name}"]
+            elif path.is_dir():
+                argv += ["--ro-bind", str(path), f"/{name}"]
+        for name in _ETC:
+            if (Path("/etc") / name).exists():
+                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hostname"):
+            argv += ["--ro-bind", str(self.root / "etc" / name), f"/etc/{name}"]
+        for path in self._binds:
+            argv += ["--ro-bind", path, path]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/sys", "--tmpfs", "/tmp", "--tmpfs", "/run",
+                 "--bind", str(machine.root / "ctl"), f"{RUN_DIR}/ctl",
+                 "--bind", str(machine.disk.merged), HOME, "--chdir", HOME]
+        config: dict[str, object] = {"ctl": f"{RUN_DIR}/ctl/init.sock", "ready_fd": ready_w, "cwd": HOME,
+                                     "landlock_required": spec.isolation.landlock
+                                     and not spec.isolation.allow_weaker}
+        if spec.control_socket is not None:
+            argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
+            config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
+        if spec.isolation.landlock and self.report.landlock_abi >= 1:
+            config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"]}
+        pass_fds: tuple[int, ...] = ()
+        if spec.isolation.seccomp and self.report.seccomp:
+            fd = doctor.seccomp_fd()
+            argv += ["--seccomp", str(fd)]
+            pass_fds = (fd,)
+        argv += init_argv(self._python, config)
+        rlimits: dict[int, int] = {}
+        enforced = machine.cgroups.enforced if machine.cgroups is not None else set()
+        if spec.limits.memory_bytes is not None and "memory" not in enforced:
+            rlimits[resource.RLIMIT_AS] = spec.limits.memory_bytes
+        return Launch(argv=argv, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, pass_fds=pass_fds,
+                      cgroup_procs=machine.cgroups.procs_files if machine.cgroups is not None else [],
+                      rlimits=rlimits, close_after=pass_fds)
+
+    def machine_env(self, machine_id: str) -> dict[str, str]:
+        """The variables every machine starts with."""
+        path = f"{os.path.dirname(self._python)}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+        return {"PATH": path, "HOME": HOME, "USER": "agent", "LOGNAME": "agent", "SHELL": "/bin/sh",
+                "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+
+
+_PROBES: dict[Path, doctor.HostReport] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def _cached_probe(root: Path) -> doctor.HostReport:
+    # Probing runs a few sandboxes (~0.1 s); once per process is enough.
+    with _PROBE_LOCK:
+        if not _PROBES:
+            _PROBES[root] = doctor.probe(root)
+        return next(iter(_PROBES.values()))

@@ -1,0 +1,167 @@
+"""The Machines API's data types and the Protocol every backend implements (local, process, later ray)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+
+class MachineState(StrEnum):
+    """Where a machine is in its life."""
+
+    BOOTING = "booting"
+    READY = "ready"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+
+#: Allowed state changes; anything else is a bug in a backend.
+TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
+    MachineState.BOOTING: frozenset({MachineState.READY, MachineState.FAILED, MachineState.DELETED}),
+    MachineState.READY: frozenset({MachineState.FAILED, MachineState.DELETED}),
+    MachineState.FAILED: frozenset({MachineState.DELETED}),
+    MachineState.DELETED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits of one machine; ``None`` means no limit of that kind."""
+
+    memory_bytes: int | None = 1 << 30
+    pids: int | None = 512
+    cpus: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """What a sandbox must have; a backend refuses to start one weaker unless ``allow_weaker`` is set."""
+
+    namespaces: bool = True
+    seccomp: bool = True
+    landlock: bool = True
+    cgroups: bool = True
+    allow_weaker: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of one command run in a machine; ``exit_code`` is ``128 + signal`` for a killed command."""
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the command exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True, slots=True)
+class ExecEvent:
+    """One piece of a streamed exec: ``stdout``/``stderr`` data, then one ``exit`` carrying the result."""
+
+    kind: str
+    data: bytes = b""
+    result: ExecResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSpec:
+    """Everything a backend needs to make a machine; built and validated by :class:`~swarmyard.machines.Machines`."""
+
+    id: str
+    name: str
+    env: Mapping[str, str]
+    limits: Limits
+    isolation: Isolation
+    group: str | None = None
+    baseline: str | None = None
+    control_socket: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    """What a caller may know about a machine."""
+
+    id: str
+    name: str
+    backend: str
+    state: MachineState
+    created_at: float
+    group: str | None = None
+    baseline: str | None = None
+    forked_from: str | None = None
+    relay_port: int | None = None
+    disk: str | None = None
+    enforced: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A prepared, read-only disk that machines start from without copying it."""
+
+    name: str
+    path: Path
+
+
+class Backend(Protocol):
+    """One way to run machines. Every call takes the machine id the backend returned from ``create``."""
+
+    name: str
+
+    def create(self, spec: MachineSpec) -> MachineInfo:
+        """Start booting a machine and return at once."""
+        ...
+
+    def fork(self, source_id: str, spec: MachineSpec) -> MachineInfo:
+        """Start a machine whose disk begins as a copy-on-write snapshot of ``source_id``'s."""
+        ...
+
+    def wait_until_ready(self, machine_id: str, timeout_s: float) -> MachineInfo:
+        """Block until the machine can run commands."""
+        ...
+
+    def exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+             timeout_s: float | None, stdin: bytes | None) -> ExecResult:
+        """Run a command to completion."""
+        ...
+
+    def stream_exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+        """Run a command, yielding output as it comes and the result last."""
+        ...
+
+    def upload(self, machine_id: str, path: str, data: bytes, mode: int) -> None:
+        """Write a file inside the machine (as the machine, so its own limits apply)."""
+        ...
+
+    def download(self, machine_id: str, path: str) -> bytes:
+        """Read a file from inside the machine."""
+        ...
+
+    def delete(self, machine_id: str) -> None:
+        """Kill every process of the machine and remove its disk and mounts."""
+        ...
+
+    def list(self) -> list[MachineInfo]:
+        """Machines this backend runs."""
+        ...
+
+    def prepare_baseline(self, name: str, source: Path) -> Baseline:
+        """Freeze a folder as a baseline that later machines see without copying."""
+        ...
+
+    def sandbox_prefix(self) -> str:
+        """The machine's home folder as its commands see it."""
+        ...
+
+    def close(self) -> None:
+        """Delete every machine and release the backend's resources."""
+        ...

@@ -1,0 +1,261 @@
+"""The machine's init: runs inside the sandbox, serves execs and file transfers on the control socket (stdlib only).
+
+Started by the backend as ``python -I -S`` with one JSON argument. It binds its control socket and (when the
+machine has a control plane) the relay, applies Landlock, reports ready on a pipe, and then runs each request on
+its own thread. A timed-out or abandoned exec has its whole process tree stopped and killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmyard.machines import landlock, wire
+from swarmyard.machines.relay import Relay
+
+_CHUNK = 65536
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _tree(root: int) -> set[int]:
+    children = _children_map()
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(leader: int) -> None:
+    """Stop the leader's process group and every descendant (so none can fork away), then kill them all."""
+    victims: set[int] = set()
+    for _ in range(8):
+        found = _tree(leader) | {leader}
+        for pid in found - victims:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        if found <= victims:
+            break
+        victims |= found
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
+    stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            req["argv"], env=req["env"], cwd=req.get("cwd"), start_new_session=True, close_fds=True,
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        wire.send_json(conn, b"!", {"message": f"{req['argv'][0]}: {exc.strerror}", "errno": exc.errno})
+        return
+    _RUNNING.add(proc.pid)
+    if stdin_data is not None and proc.stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
+    assert proc.stdout is not None and proc.stderr is not None
+    timeout_s = req.get("timeout_s")
+    deadline = None if timeout_s is None else started + float(timeout_s)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, b"o")
+    sel.register(proc.stderr, selectors.EVENT_READ, b"e")
+    sel.register(conn, selectors.EVENT_READ, b"c")
+    timed_out = False
+    streams = 2
+    try:
+        while streams:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                timed_out = True
+                kill_tree(proc.pid)
+                break
+            for key, _ in sel.select(wait):
+                if key.data == b"c":  # the host hung up (cancelled): nothing may outlive the exec
+                    kill_tree(proc.pid)
+                    proc.wait()
+                    return
+                data = os.read(key.fd, _CHUNK)
+                if data:
+                    wire.send_frame(conn, key.data, data)
+                else:
+                    sel.unregister(key.fileobj)
+                    streams -= 1
+        if deadline is None:
+            returncode = proc.wait()
+        else:
+            try:
+                returncode = proc.wait(max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                kill_tree(proc.pid)
+                returncode = proc.wait()
+        # The leader is gone; stragglers that kept no pipe open would still be its session's: end them too.
+        if timed_out:
+            kill_tree(proc.pid)
+        wire.send_json(conn, b"x", {"exit_code": _exit_code(returncode), "timed_out": timed_out,
+                                    "duration_s": time.monotonic() - started})
+    except OSError:
+        kill_tree(proc.pid)
+        proc.wait()
+    finally:
+        _RUNNING.discard(proc.pid)
+        sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass
+
+
+def _put(conn: socket.socket, req: dict[str, Any]) -> None:
+    path = Path(req["path"])
+    size = 0
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, int(req.get("mode", 0o644)))
+    except OSError as exc:
+        _drain_upload(conn)
+        wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
+        return
+    with os.fdopen(fd, "wb") as handle:
+        while (frame := wire.recv_frame(conn)) is not None and frame[1]:
+            handle.write(frame[1])
+            size += len(frame[1])
+    wire.send_json(conn, b"x", {"size": size})
+
+
+def _drain_upload(conn: socket.socket) -> None:
+    while (frame := wire.recv_frame(conn)) is not None and frame[1]:
+        pass
+
+
+def _get(conn: socket.socket, req: dict[str, Any]) -> None:
+    path = Path(req["path"])
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
+        return
+    size = 0
+    with handle:
+        while chunk := handle.read(wire.MAX_FRAME):
+            wire.send_frame(conn, b"d", chunk)
+            size += len(chunk)
+    wire.send_json(conn, b"x", {"size": size})
+
+
+def _serve_one(conn: socket.socket) -> None:
+    with conn:
+        try:
+            frame = wire.recv_frame(conn)
+            if frame is None or frame[0] != b"q":
+                return
+            req = json.loads(frame[1])
+            op = req.get("op")
+            if op == "exec":
+                _run_exec(conn, req)
+            elif op == "put":
+                _put(conn, req)
+            elif op == "get":
+                _get(conn, req)
+            elif op == "ping":
+                wire.send_json(conn, b"x", {"pid": os.getpid()})
+            else:
+                wire.send_json(conn, b"!", {"message": f"unknown op {op!r}", "errno": 0})
+        except (OSError, ValueError):
+            return
+
+
+_RUNNING: set[int] = set()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for pid in list(_RUNNING):
+        kill_tree(pid)
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Bind, restrict, report ready on ``ready_fd``, then serve forever."""
+    config: dict[str, Any] = json.loads((argv or sys.argv)[1])
+    signal.signal(signal.SIGTERM, _terminate)
+    # Bind by a relative name: a run folder deep under a temp dir can exceed the 108-byte socket path limit.
+    os.chdir(os.path.dirname(config["ctl"]))
+    name = os.path.basename(config["ctl"])
+    if os.path.exists(name):
+        os.unlink(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(256)
+    os.chdir(config.get("cwd", "/"))
+    ready: dict[str, Any] = {"pid": os.getpid(), "relay_port": None, "landlock_abi": 0}
+    if config.get("relay_target"):
+        relay = Relay(config["relay_target"], int(config.get("relay_port", 0)))
+        relay.start()
+        ready["relay_port"] = relay.port
+    if config.get("landlock") is not None:
+        try:
+            ready["landlock_abi"] = landlock.restrict_writes(config["landlock"]["writable"],
+                                                             device_paths=config["landlock"].get("devices", []))
+        except OSError as exc:
+            if config.get("landlock_required", True):
+                os.write(config["ready_fd"], json.dumps({"error": str(exc)}).encode() + b"\n")
+                raise SystemExit(3) from exc
+    os.write(config["ready_fd"], json.dumps(ready).encode() + b"\n")
+    os.close(config["ready_fd"])
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""A seccomp filter built by hand as classic BPF, in the byte layout bwrap's ``--seccomp FD`` reads.
+
+The filter checks the architecture first (a 32-bit or x32 syscall could otherwise reach a denied call under another
+number), then denies a fixed list of syscalls with ``EPERM``, namespace flags on ``clone``, and the terminal
+injection ioctls ``TIOCSTI`` and ``TIOCLINUX``. The kernel truncates an ioctl request to 32 bits, so only the low
+word of the argument is compared: ``TIOCSTI | 1 << 32`` (the "high-bit variant") is denied the same way.
+``clone3`` answers ``ENOSYS``: its flags sit in memory BPF cannot read, and libc falls back to ``clone``.
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+from dataclasses import dataclass
+
+# BPF opcodes (linux/filter.h) and seccomp constants (linux/seccomp.h, linux/audit.h).
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_SYSCALL_BIT = 0x40000000
+# seccomp_data: int nr; u32 arch; u64 ip; u64 args[6]  (little endian: the low word of args[i] is at 16 + 8 i)
+_OFF_NR = 0
+_OFF_ARCH = 4
+_OFF_ARG0_LO = 16
+_OFF_ARG1_LO = 24
+
+#: x86_64 syscall numbers denied with EPERM.
+DENIED_SYSCALLS: dict[str, int] = {
+    "ptrace": 101,
+    "mount": 165,
+    "umount2": 166,
+    "pivot_root": 155,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "acct": 163,
+    "init_module": 175,
+    "delete_module": 176,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+}
+_IOCTL = 16
+_CLONE = 56
+_CLONE3 = 435
+#: Terminal ioctls that push input into another process's terminal or console.
+DENIED_IOCTLS: dict[str, int] = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+#: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
+_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class _Insn:
+    code: int
+    jt: int
+    jf: int
+    k: int
+
+
+def _stmt(code: int, k: int) -> _Insn:
+    return _Insn(code, 0, 0, k)
+
+
+def _jump(code: int, k: int, jt: int, jf: int) -> _Insn:
+    return _Insn(code, jt, jf, k)
+
+
+def supported_arch() -> bool:
+    """Whether this filter knows the host's syscall numbers (x86_64 only for now)."""
+    return platform.machine() == "x86_64"
+
+
+def build_program() -> list[tuple[int, int, int, int]]:
+    """The filter as ``(code, jt, jf, k)`` instructions."""
+    deny = _stmt(_RET_K, _RET_ERRNO | errno.EPERM)
+    allow = _stmt(_RET_K, _RET_ALLOW)
+    prog: list[_Insn] = [
+        _stmt(_LD_W_ABS, _OFF_ARCH),
+        _jump(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
+        deny,
+        _stmt(_LD_W_ABS, _OFF_NR),
+        _jump(_JGE_K, _X32_SYSCALL_BIT, 0, 1),
+        deny,
+    ]
+    for nr in sorted(set(DENIED_SYSCALLS.values())):
+        prog += [_jump(_JEQ_K, nr, 0, 1), deny]
+    prog += [_jump(_JEQ_K, _CLONE3, 0, 1), _stmt(_RET_K, _RET_ERRNO | errno.ENOSYS)]
+    # clone(flags, ...): deny any namespace flag in the low word of arg0.
+    prog += [
+        _jump(_JEQ_K, _CLONE, 0, 3),
+        _stmt(_LD_W_ABS, _OFF_ARG0_LO),
+        _jump(_JSET_K, _CLONE_NS_FLAGS, 0, 1),
+        deny,
+        _stmt(_LD_W_ABS, _OFF_NR),
+    ]
+    # ioctl(fd, request, ...): compare only the low 32 bits of the request, as the kernel does.
+    ioctls = sorted(DENIED_IOCTLS.values())
+    prog += [_jump(_JEQ_K, _IOCTL, 0, 1 + 2 * len(ioctls)), _stmt(_LD_W_ABS, _OFF_ARG1_LO)]
+    for request in ioctls:
+        prog += [_jump(_JEQ_K, request, 0, 1), deny]
+    prog.append(allow)
+    return [(i.code, i.jt, i.jf, i.k) for i in prog]
+
+
+def build_filter() -> bytes:
+    """The filter as the array of ``struct sock_filter`` bytes bwrap's ``--seccomp`` expects."""
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_program())

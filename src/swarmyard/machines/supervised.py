@@ -1,0 +1,387 @@
+"""Machinery shared by backends whose machines run the swarmyard init: spawning, readiness, disks, teardown.
+
+A subclass says how to wrap the init (bubblewrap for ``local``, nothing for ``process``); everything a machine
+does after boot goes through :class:`~swarmyard.machines.client.InitClient`, so both backends behave alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import swarmyard
+from swarmyard.errors import NotFoundError, SandboxError, UserError
+from swarmyard.ids import new_id
+from swarmyard.machines.cgroups import MachineCgroups
+from swarmyard.machines.client import InitClient
+from swarmyard.machines.disks import Disk, clone_tree
+from swarmyard.machines.protocol import (
+    TRANSITIONS,
+    Baseline,
+    ExecEvent,
+    ExecResult,
+    MachineInfo,
+    MachineSpec,
+    MachineState,
+)
+
+_log = logging.getLogger(__name__)
+#: The package's import root, put on the init's ``sys.path`` (it runs with ``-I -S`` to start fast).
+SOURCE_ROOT = str(Path(swarmyard.__file__).resolve().parent.parent)
+_BOOT = "import sys;sys.path[:0]=[{root!r}];from swarmyard.machines.sandbox_init import main;main()"
+
+
+def default_root() -> Path:
+    """Where machines live unless told otherwise: a private folder under the temp dir."""
+    return Path(tempfile.gettempdir()) / f"swarmyard-machines-{os.getuid()}"
+
+
+def init_argv(python: str, config: Mapping[str, Any]) -> list[str]:
+    """The command that starts the init with its JSON config."""
+    return [python, "-I", "-S", "-c", _BOOT.format(root=SOURCE_ROOT), json.dumps(config)]
+
+
+@dataclass(slots=True)
+class Launch:
+    """How a subclass starts one machine's init."""
+
+    argv: list[str]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
+    cgroup_procs: list[str] = field(default_factory=list)
+    rlimits: dict[int, int] = field(default_factory=dict)
+    close_after: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Machine:
+    """A backend's record of one machine."""
+
+    info: MachineInfo
+    spec: MachineSpec
+    root: Path
+    disk: Disk
+    layers: tuple[str, ...]
+    client: InitClient
+    proc: subprocess.Popen[bytes] | None = None
+    ready_fd: int | None = None
+    cgroups: MachineCgroups | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def move(self, state: MachineState, **changes: Any) -> None:
+        """Change state along the transition table."""
+        if state is not self.info.state and state not in TRANSITIONS[self.info.state]:
+            raise SandboxError(f"machine {self.info.id}: cannot go from {self.info.state} to {state}")
+        self.info = replace(self.info, state=state, **changes)
+
+
+class _Spawner:
+    """Starts every child from one long-lived thread.
+
+    bwrap's ``--die-with-parent`` (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, so a machine
+    created from a short-lived worker thread would die with that thread.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]],
+                                            Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="machines-spawner", daemon=True)
+                self._thread.start()
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._jobs.put((start, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while True:
+            start, done = self._jobs.get()
+            try:
+                done.set_result(start())
+            except BaseException as exc:  # handed back to the caller's thread
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+def _join_cgroups_and_limits(procs: list[str], rlimits: dict[int, int]) -> Callable[[], None]:
+    def before_exec() -> None:
+        import resource
+
+        for path in procs:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")  # "0" is the writing process itself
+            finally:
+                os.close(fd)
+        for kind, value in rlimits.items():
+            resource.setrlimit(kind, (value, value))
+
+    return before_exec
+
+
+class SupervisedBackend:
+    """Base for backends that boot the swarmyard init in each machine; see :mod:`swarmyard.machines.protocol`."""
+
+    name = "supervised"
+    #: The init's control socket as the init sees it; subclasses bind a host folder there.
+    overlay = False
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or default_root()).resolve()
+        for part in ("m", "layers", "baselines"):
+            (self.root / part).mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._machines: dict[str, Machine] = {}
+        self._lock = threading.Lock()
+
+    # -- what a subclass provides -------------------------------------------------------------------------------
+
+    def _launch(self, machine: Machine, ready_w: int) -> Launch:
+        raise NotImplementedError
+
+    def _make_cgroups(self, spec: MachineSpec) -> MachineCgroups | None:
+        return None
+
+    def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
+        return ()
+
+    def sandbox_prefix(self) -> str:
+        """The machine's home folder as its commands see it."""
+        raise NotImplementedError
+
+    def machine_env(self, machine_id: str) -> dict[str, str]:
+        """The variables every machine starts with, before the caller's."""
+        raise NotImplementedError
+
+    def _socket_path(self, root: Path) -> Path:
+        return root / "ctl" / "init.sock"
+
+    # -- the Backend protocol -----------------------------------------------------------------------------------
+
+    def create(self, spec: MachineSpec) -> MachineInfo:
+        """Start booting a machine on a fresh disk, or on a baseline's."""
+        lowers: tuple[Path, ...] = ()
+        if spec.baseline is not None:
+            lowers = (self._baseline_path(spec.baseline),)
+        return self._boot(spec, lowers=lowers, layers=(), forked_from=None)
+
+    def fork(self, source_id: str, spec: MachineSpec) -> MachineInfo:
+        """Start a machine on a copy-on-write snapshot of ``source_id``'s disk."""
+        source = self._get(source_id)
+        layer_id = new_id("layer")
+        layer = self.root / "layers" / layer_id
+        lowers = source.disk.snapshot(layer)
+        if not self.overlay:
+            # Without overlayfs the snapshot is the whole disk; it becomes the fork's disk directly.
+            return self._boot(spec, lowers=(), layers=(), forked_from=source_id, seed=layer)
+        return self._boot(replace(spec, baseline=source.spec.baseline), lowers=lowers,
+                          layers=(layer_id, *source.layers), forked_from=source_id)
+
+    def _baseline_path(self, name: str) -> Path:
+        path = self.root / "baselines" / name
+        if not path.is_dir():
+            raise NotFoundError("baseline", name)
+        return path
+
+    def _boot(self, spec: MachineSpec, *, lowers: tuple[Path, ...], layers: tuple[str, ...],
+              forked_from: str | None, seed: Path | None = None) -> MachineInfo:
+        root = self.root / "m" / spec.id
+        root.mkdir(mode=0o700)
+        (root / "ctl").mkdir()
+        disk = Disk(root, lowers=lowers if self.overlay else (), overlay=self.overlay)
+        if not self.overlay and lowers:
+            clone_tree(lowers[0], disk.merged)
+        elif seed is not None:
+            seed.rename(disk.merged)
+        info = MachineInfo(id=spec.id, name=spec.name, backend=self.name, state=MachineState.BOOTING,
+                           created_at=time.time(), group=spec.group, baseline=spec.baseline,
+                           forked_from=forked_from, disk=str(disk.merged))
+        machine = Machine(info=info, spec=spec, root=root, disk=disk, layers=layers,
+                          client=InitClient(spec.id, self._socket_path(root)))
+        with self._lock:
+            self._machines[spec.id] = machine
+        try:
+            disk.mount()
+            (disk.merged / ".tmp").mkdir(exist_ok=True)
+            machine.cgroups = self._make_cgroups(spec)
+            ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+            machine.ready_fd = ready_r
+            launch: Launch | None = None
+            try:
+                launch = self._launch(machine, ready_w)
+                preexec = (_join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
+                           if launch.cgroup_procs or launch.rlimits else None)
+                spec_launch = launch
+                with open(root / "init.log", "wb") as log:
+                    machine.proc = _SPAWNER.spawn(lambda: subprocess.Popen(
+                        spec_launch.argv, env=spec_launch.env, pass_fds=(ready_w, *spec_launch.pass_fds),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=preexec,
+                        close_fds=True))
+            finally:
+                os.close(ready_w)
+                for fd in launch.close_after if launch is not None else ():
+                    os.close(fd)
+        except BaseException:
+            self._teardown(machine)
+            raise
+        return machine.info
+
+    def wait_until_ready(self, machine_id: str, timeout_s: float) -> MachineInfo:
+        """Block until the init has reported ready (or failed)."""
+        machine = self._get(machine_id)
+        with machine.lock:
+            if machine.info.state is MachineState.READY:
+                return machine.info
+            if machine.info.state is not MachineState.BOOTING or machine.ready_fd is None:
+                raise SandboxError(f"machine {machine_id} is {machine.info.state}", machine_id=machine_id)
+            readable, _, _ = select.select([machine.ready_fd], [], [], timeout_s)
+            if not readable:
+                raise SandboxError(f"machine {machine_id} did not become ready in {timeout_s} s",
+                                   machine_id=machine_id, retryable=True)
+            line = _read_line(machine.ready_fd)
+            os.close(machine.ready_fd)
+            machine.ready_fd = None
+            status = json.loads(line) if line else {"error": self._boot_log(machine)}
+            if "error" in status:
+                machine.move(MachineState.FAILED)
+                raise SandboxError(f"machine {machine_id} failed to boot: {status['error']}",
+                                   machine_id=machine_id)
+            machine.move(MachineState.READY, relay_port=status.get("relay_port"),
+                         enforced=self._enforced(machine, int(status.get("landlock_abi", 0))))
+            return machine.info
+
+    def _boot_log(self, machine: Machine) -> str:
+        try:
+            return (machine.root / "init.log").read_text(errors="replace").strip()[-2000:] or "init exited"
+        except OSError:
+            return "init exited"
+
+    def _ready(self, machine_id: str) -> Machine:
+        self.wait_until_ready(machine_id, 30.0)
+        return self._get(machine_id)
+
+    def exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+             timeout_s: float | None, stdin: bytes | None) -> ExecResult:
+        """Run a command in the machine."""
+        return self._ready(machine_id).client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
+
+    def stream_exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+        """Run a command, yielding its output as it comes."""
+        return self._ready(machine_id).client.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s,
+                                                          stdin=stdin)
+
+    def upload(self, machine_id: str, path: str, data: bytes, mode: int) -> None:
+        """Write a file inside the machine, as the machine."""
+        self._ready(machine_id).client.upload(path, data, mode)
+
+    def download(self, machine_id: str, path: str) -> bytes:
+        """Read a file from inside the machine, as the machine."""
+        return self._ready(machine_id).client.download(path)
+
+    def delete(self, machine_id: str) -> None:
+        """Kill everything the machine runs, then remove its cgroups, mounts and disk."""
+        machine = self._get(machine_id)
+        with self._lock:
+            self._machines.pop(machine_id, None)
+        self._teardown(machine)
+
+    def list(self) -> list[MachineInfo]:
+        """Every live machine of this backend."""
+        with self._lock:
+            return [m.info for m in self._machines.values()]
+
+    def prepare_baseline(self, name: str, source: Path) -> Baseline:
+        """Copy ``source`` once (reflinks where possible) into a read-only baseline named ``name``."""
+        target = self.root / "baselines" / name
+        if target.exists():
+            raise UserError(f"baseline {name!r} already exists")
+        if not source.is_dir():
+            raise UserError(f"baseline source {source} is not a folder")
+        staging = self.root / "baselines" / f".{name}.{new_id('tmp')}"
+        clone_tree(source, staging)
+        staging.rename(target)
+        return Baseline(name=name, path=target)
+
+    def baseline_from_machine(self, machine_id: str, name: str) -> Baseline:
+        """Freeze a machine's current disk as a baseline (after it checked out a repo, installed deps...)."""
+        return self.prepare_baseline(name, self._get(machine_id).disk.merged)
+
+    def close(self) -> None:
+        """Delete every machine."""
+        for info in self.list():
+            with contextlib.suppress(NotFoundError):
+                self.delete(info.id)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _get(self, machine_id: str) -> Machine:
+        with self._lock:
+            machine = self._machines.get(machine_id)
+        if machine is None:
+            raise NotFoundError("machine", machine_id)
+        return machine
+
+    def _teardown(self, machine: Machine) -> None:
+        if machine.cgroups is not None:
+            machine.cgroups.kill()
+        if machine.proc is not None:
+            # SIGTERM lets an init without a sandbox around it kill its commands' trees first.
+            with contextlib.suppress(ProcessLookupError):
+                machine.proc.send_signal(signal.SIGTERM)
+            try:
+                machine.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                machine.proc.kill()
+                machine.proc.wait()
+        if machine.cgroups is not None:
+            machine.cgroups.kill()
+            machine.cgroups.remove()
+        if machine.ready_fd is not None:
+            os.close(machine.ready_fd)
+            machine.ready_fd = None
+        machine.disk.unmount()
+        with contextlib.suppress(SandboxError):
+            machine.move(MachineState.DELETED)
+        self._release_layers(machine.layers)
+
+    def _release_layers(self, layers: tuple[str, ...]) -> None:
+        with self._lock:
+            in_use = {layer for m in self._machines.values() for layer in m.layers}
+        for layer in set(layers) - in_use:
+            path = self.root / "layers" / layer
+            with contextlib.suppress(FileNotFoundError):
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], env={"PATH": "/usr/bin:/bin"},
+                               check=False, capture_output=True)
+
+
+def _read_line(fd: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.strip()
+
+
+__all__ = ["Launch", "Machine", "SupervisedBackend", "default_root", "init_argv"]
