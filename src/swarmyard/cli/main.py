@@ -18,6 +18,8 @@ NOUNS: dict[str, str] = {
     "budget": "swarmyard.cli.budget",
     "bench": "swarmyard.cli.bench",
     "evaluator": "swarmyard.cli.evaluator",
+    "audit": "swarmyard.cli.audit",
+    "witness": "swarmyard.cli.witness",
 }
 
 app = typer.Typer(

@@ -1,0 +1,117 @@
+"""``audit verify``: recompute a run's tree from its events and check every checkpoint against it.
+
+Checked in order, stopping at the first failure (``LogMismatchError`` naming the event, checkpoint or
+cosignature and its index):
+
+1. every checkpoint note: the log's signature, its origin, the witness's cosignature where one is pinned, and
+   checkpoint numbering without gaps;
+2. every event: leaf indexes contiguous from 0, and its leaf hash equal to the one the log recorded;
+3. every checkpoint's root equal to the root recomputed from the events at its size, and a consistency proof
+   from the previous checkpoint that verifies;
+4. no event past the last checkpoint, and (with a witness) the last checkpoint cosigned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmyard.audit.checkpoint import SignedCheckpoint, open_checkpoint
+from swarmyard.audit.log import LEAVES, LOG_VKEY, READ_BATCH, WITNESS_VKEY, EventSource, list_checkpoints
+from swarmyard.audit.merkle import HASH_SIZE, leaf_hash, verify_consistency
+from swarmyard.audit.note import Verifier, parse_note
+from swarmyard.audit.tree import MerkleTree
+from swarmyard.errors import AuditError, InvalidProofError, InvalidSignatureError, LogMismatchError
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """A log that verified: its size and root, and how many checkpoints and cosignatures were checked."""
+
+    size: int
+    root_hash: bytes
+    origin: str
+    checkpoints: int
+    cosigned: int
+
+
+def _open_checkpoints(audit_dir: Path, log: Verifier,
+                      witness: Verifier | None) -> list[tuple[SignedCheckpoint, bool]]:
+    out: list[tuple[SignedCheckpoint, bool]] = []
+    for number, path in enumerate(list_checkpoints(audit_dir), start=1):
+        if path.name != f"{number:06d}.note":
+            raise LogMismatchError("checkpoint", number, f"missing (found {path.name} in its place)")
+        message = path.read_text()
+        try:
+            note = parse_note(message)
+        except InvalidSignatureError as exc:
+            raise LogMismatchError("checkpoint", number, exc.reason) from exc
+        # A line under the witness's name is a cosignature: a bad one is named as such, not as the checkpoint.
+        has_cosig = witness is not None and any(s.name == witness.name for s in note.signatures)
+        if witness is not None:
+            for sig in note.signatures:
+                if sig.name == witness.name and (sig.key_id != witness.key_id
+                                                 or not witness.verify(note.text, sig.signature)):
+                    raise LogMismatchError("cosignature", number, "the witness's cosignature does not verify")
+        try:
+            signed, _ = open_checkpoint(message, log, [witness] if witness else [], origin=log.name)
+        except InvalidSignatureError as exc:
+            raise LogMismatchError("checkpoint", number, exc.reason) from exc
+        if out and signed.checkpoint.size < out[-1][0].checkpoint.size:
+            raise LogMismatchError("checkpoint", number, "its size is smaller than the previous checkpoint's")
+        out.append((signed, has_cosig))
+    return out
+
+
+def verify_run(source: EventSource, audit_dir: Path) -> VerifyReport:
+    """Verify a run's audit log against its events; raise ``LogMismatchError`` at the first bad thing."""
+    vkey_path = audit_dir / LOG_VKEY
+    if not vkey_path.exists():
+        raise AuditError(f"no audit log in {audit_dir} ({LOG_VKEY} is missing)")
+    log = Verifier.parse(vkey_path.read_text())
+    witness_path = audit_dir / WITNESS_VKEY
+    witness = Verifier.parse(witness_path.read_text()) if witness_path.exists() else None
+    checkpoints = _open_checkpoints(audit_dir, log, witness)
+
+    leaves_path = audit_dir / LEAVES
+    recorded = leaves_path.read_bytes() if leaves_path.exists() else b""
+    count = source.sequence_events()
+    tree = MerkleTree()
+    for start in range(0, count, READ_BATCH):
+        end = min(start + READ_BATCH, count)
+        events = source.read_events(start, end)
+        for offset in range(end - start):
+            index = start + offset
+            if offset >= len(events) or events[offset].leaf_index != index:
+                raise LogMismatchError("event", index, "missing or out of order")
+            digest = leaf_hash(events[offset].body)
+            if recorded[index * HASH_SIZE:(index + 1) * HASH_SIZE] not in (b"", digest):
+                raise LogMismatchError("event", index, "its leaf hash differs from the one the log recorded")
+            tree.append_hash(digest)
+
+    previous: SignedCheckpoint | None = None
+    for number, (signed, _) in enumerate(checkpoints, start=1):
+        cp = signed.checkpoint
+        if cp.size > tree.size:
+            raise LogMismatchError("event", tree.size,
+                                   f"missing: checkpoint {number} covers {cp.size} events")
+        if tree.root(cp.size) != cp.root_hash:
+            low = previous.checkpoint.size if previous else 0
+            raise LogMismatchError("checkpoint", number,
+                                   f"root does not match the events; a bad event lies in [{low}, {cp.size})")
+        if previous is not None and previous.checkpoint.size > 0:
+            old = previous.checkpoint
+            try:
+                proof = tree.consistency_proof(old.size, cp.size)
+                verify_consistency(old.size, cp.size, proof, old.root_hash, cp.root_hash)
+            except InvalidProofError as exc:
+                raise LogMismatchError("checkpoint", number,
+                                       f"not consistent with the previous: {exc.reason}") from exc
+        previous = signed
+    if previous is None:
+        raise LogMismatchError("checkpoint", 1, "the run has no checkpoint")
+    if previous.checkpoint.size != tree.size:
+        raise LogMismatchError("event", previous.checkpoint.size, "not covered by any checkpoint")
+    if witness is not None and not checkpoints[-1][1]:
+        raise LogMismatchError("cosignature", len(checkpoints), "the last checkpoint is not cosigned")
+    return VerifyReport(tree.size, tree.root(), log.name, len(checkpoints), sum(c for _, c in checkpoints))

@@ -1,0 +1,314 @@
+"""The witness: cosigns a log's checkpoint only when a valid consistency proof shows that it extends the last
+one it cosigned, and refuses a fork or a rewrite (``WitnessRefusedError``, HTTP 409).
+
+It keeps, per origin, the log's verifier key (given with ``--log`` or pinned on first use), the size, root and
+text of the last checkpoint it cosigned, in one JSON file replaced atomically, so a restart forgets nothing.
+Over HTTP it speaks the C2SP tlog-witness ``add-checkpoint`` request body::
+
+    old <size>\\n
+    <base64 consistency proof hash>\\n ...
+    \\n
+    <signed checkpoint note>
+
+and answers with its cosignature line. ``GET /key`` answers its verifier key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from swarmyard.audit.checkpoint import open_checkpoint, read_checkpoint
+from swarmyard.audit.merkle import verify_consistency
+from swarmyard.audit.note import COSIGNATURE_V1, NoteSignature, Signer, Verifier, parse_note
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.errors import (
+    AuditError,
+    InvalidInputError,
+    InvalidProofError,
+    InvalidSignatureError,
+    NotFoundError,
+    SwarmyardError,
+    WitnessRefusedError,
+)
+from swarmyard.keys import load_or_create_ed25519
+
+log = logging.getLogger(__name__)
+
+LOG_KEY_HEADER = "x-swarmyard-log-key"
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+class WitnessClient(Protocol):
+    """Anything that cosigns checkpoints: the in-process ``Witness`` or an ``HttpWitnessClient``."""
+
+    def verifier(self) -> Verifier:
+        """The witness's cosignature verifier key."""
+        ...
+
+    def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: str, *,
+                       log_vkey: str | None = None) -> NoteSignature:
+        """Cosign ``note`` given a consistency proof from ``old_size``, the size the caller believes was last
+        cosigned; ``log_vkey`` pins an unknown log's key on first use."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """What the witness remembers of one log."""
+
+    vkey: str
+    size: int
+    root_hash: bytes | None
+    checkpoint: str | None
+
+
+class WitnessState:
+    """Per-origin ``LogState`` in one JSON file, rewritten atomically (temp file, fsync, rename)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._logs: dict[str, LogState] = {}
+        if path.exists():
+            try:
+                raw = json.loads(path.read_text())
+                for origin, item in raw["logs"].items():
+                    root = item["root"]
+                    self._logs[origin] = LogState(item["vkey"], int(item["size"]),
+                                                  None if root is None else base64.b64decode(root),
+                                                  item["checkpoint"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise AuditError(f"witness state {path.name} is unreadable: {exc}") from exc
+
+    def get(self, origin: str) -> LogState | None:
+        """The state of one log, if known."""
+        return self._logs.get(origin)
+
+    def put(self, origin: str, state: LogState) -> None:
+        """Record a log's new state durably before anyone is told about it."""
+        self._logs[origin] = state
+        body = {"logs": {o: {"vkey": s.vkey, "size": s.size, "checkpoint": s.checkpoint,
+                             "root": None if s.root_hash is None else base64.b64encode(s.root_hash).decode()}
+                         for o, s in self._logs.items()}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(body, handle, sort_keys=True, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+
+class Witness:
+    """Cosigns checkpoints that consistently extend what it cosigned before; refuses everything else."""
+
+    def __init__(self, signer: Signer, state: WitnessState, *, clock: Clock | None = None,
+                 logs: Sequence[Verifier] = (), trust_on_first_use: bool = True) -> None:
+        if signer.alg != COSIGNATURE_V1:
+            raise InvalidInputError("a witness signs with a cosignature (type 0x04) key", field="signer")
+        self.signer = signer
+        self.state = state
+        self.clock = clock or SystemClock()
+        self.trust_on_first_use = trust_on_first_use
+        self._configured = {v.name: v for v in logs}
+        # One request at a time: check-then-record must not interleave for the same origin.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_files(cls, name: str, key_path: Path, state_path: Path, **kwargs: Any) -> Witness:
+        """A witness whose key (created 0600 if absent) and state live in the given files."""
+        signer = Signer(name, load_or_create_ed25519(key_path), COSIGNATURE_V1)
+        return cls(signer, WitnessState(state_path), **kwargs)
+
+    def verifier(self) -> Verifier:
+        """The witness's cosignature verifier key."""
+        return self.signer.verifier
+
+    def _log_verifier(self, origin: str, log_vkey: str | None) -> Verifier:
+        configured = self._configured.get(origin)
+        known = self.state.get(origin)
+        pinned = configured or (Verifier.parse(known.vkey) if known else None)
+        if pinned is not None:
+            if log_vkey is not None and Verifier.parse(log_vkey) != pinned:
+                raise WitnessRefusedError(origin, "the log's key differs from the one pinned for this origin")
+            return pinned
+        if log_vkey is None or not self.trust_on_first_use:
+            raise NotFoundError("log", origin)
+        offered = Verifier.parse(log_vkey)
+        if offered.name != origin:
+            raise WitnessRefusedError(origin, f"the log key is named {offered.name!r}, not after the origin")
+        return offered
+
+    def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: str, *,
+                       log_vkey: str | None = None) -> NoteSignature:
+        """Check and cosign ``note``; record it as this origin's latest before returning the cosignature."""
+        origin = read_checkpoint(note).checkpoint.origin
+        with self._lock:
+            verifier = self._log_verifier(origin, log_vkey)
+            signed, _ = open_checkpoint(note, verifier, origin=origin)
+            new = signed.checkpoint
+            known = self.state.get(origin)
+            last_size = known.size if known else 0
+            last_root = known.root_hash if known else None
+            if old_size != last_size:
+                raise WitnessRefusedError(origin, f"old size {old_size} is not the last cosigned size",
+                                          witness_size=last_size)
+            if new.size < last_size:
+                raise WitnessRefusedError(origin, f"size {new.size} rolls back cosigned size {last_size}",
+                                          witness_size=last_size)
+            if last_root is None:
+                if proof:
+                    raise WitnessRefusedError(origin, "a first checkpoint takes no proof", witness_size=0)
+            else:
+                try:
+                    verify_consistency(last_size, new.size, proof, last_root, new.root_hash)
+                except InvalidProofError as exc:
+                    raise WitnessRefusedError(origin, f"fork or rewrite: {exc.reason}",
+                                              witness_size=last_size) from exc
+            cosignature = self.signer.signature(signed.note.text, timestamp=int(self.clock.now()))
+            self.state.put(origin, LogState(verifier.vkey, new.size, new.root_hash,
+                                            signed.note.with_signature(cosignature).render()))
+        log.info("cosigned %s at size %d", origin, new.size)
+        return cosignature
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------
+
+def parse_add_checkpoint(body: str) -> tuple[int, list[bytes], str]:
+    """Split a tlog-witness ``add-checkpoint`` body into old size, proof hashes and the checkpoint note."""
+    head, sep, note = body.partition("\n\n")
+    lines = head.split("\n")
+    if not sep or not lines[0].startswith("old "):
+        raise InvalidInputError("add-checkpoint body must start with 'old <size>' and a blank line",
+                                field="body")
+    size_text = lines[0][4:]
+    if not size_text.isdigit():
+        raise InvalidInputError(f"old size {size_text!r} is not a decimal number", field="old")
+    try:
+        proof = [base64.b64decode(line, validate=True) for line in lines[1:]]
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInputError("a proof line is not valid base64", field="proof") from exc
+    return int(size_text), proof, note
+
+
+def format_add_checkpoint(old_size: int, proof: Sequence[bytes], note: str) -> str:
+    """The ``add-checkpoint`` request body."""
+    return "".join([f"old {old_size}\n", *(base64.b64encode(h).decode() + "\n" for h in proof), "\n", note])
+
+
+def _error_response(exc: SwarmyardError) -> JSONResponse:
+    status = exc.status
+    if isinstance(exc, InvalidSignatureError):
+        status = 403  # the note is not signed by the log the witness knows under that origin
+    elif isinstance(exc, InvalidInputError):
+        status = 400
+    return JSONResponse(exc.to_dict(), status_code=status)
+
+
+def create_app(witness: Witness) -> Starlette:
+    """The witness's ASGI app; the state file is written in the thread pool, never on the event loop."""
+
+    async def add_checkpoint(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_REQUEST_BYTES:
+            return JSONResponse({"error": {"code": "payload_too_large"}}, status_code=413)
+        try:
+            old_size, proof, note = parse_add_checkpoint(body.decode("utf-8"))
+            cosignature = await run_in_threadpool(witness.add_checkpoint, old_size, proof, note,
+                                                  log_vkey=request.headers.get(LOG_KEY_HEADER))
+        except UnicodeDecodeError:
+            return JSONResponse({"error": {"code": "invalid_input", "message": "body is not UTF-8"}},
+                                status_code=400)
+        except SwarmyardError as exc:
+            return _error_response(exc)
+        return PlainTextResponse(cosignature.line)
+
+    def key(request: Request) -> Response:
+        return PlainTextResponse(witness.verifier().vkey + "\n")
+
+    return Starlette(routes=[Route("/add-checkpoint", add_checkpoint, methods=["POST"]),
+                             Route("/key", key, methods=["GET"])])
+
+
+class HttpWitnessClient:
+    """Talks to a witness over a Unix socket or a loopback port."""
+
+    def __init__(self, *, socket: Path | None = None, url: str | None = None,
+                 timeout_s: float = 10.0) -> None:
+        if (socket is None) == (url is None):
+            raise InvalidInputError("give the witness a socket or a url, not both", field="witness")
+        transport = httpx.HTTPTransport(uds=str(socket)) if socket is not None else None
+        self._http = httpx.Client(base_url=url or "http://witness", transport=transport, timeout=timeout_s)
+        self._verifier: Verifier | None = None
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise AuditError(f"witness unreachable: {exc}") from exc
+
+    def verifier(self) -> Verifier:
+        """The witness's verifier key, as it announces it."""
+        if self._verifier is None:
+            response = self._request("GET", "/key")
+            if response.status_code != 200:
+                raise AuditError(f"witness answered {response.status_code} for its key")
+            self._verifier = Verifier.parse(response.text)
+        return self._verifier
+
+    def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: str, *,
+                       log_vkey: str | None = None) -> NoteSignature:
+        """Ask for a cosignature; a refusal raises the witness's typed error."""
+        headers = {LOG_KEY_HEADER: log_vkey} if log_vkey else {}
+        body = format_add_checkpoint(old_size, proof, note)
+        response = self._request("POST", "/add-checkpoint", content=body, headers=headers)
+        if response.status_code == 200:
+            signature = parse_note("x\n\n" + response.text).signatures[0]
+            if not self.verifier().verify(parse_note(note).text, signature.signature):
+                raise InvalidSignatureError("the witness's cosignature does not verify",
+                                            key_name=signature.name)
+            return signature
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            error = {}
+        origin = read_checkpoint(note).checkpoint.origin
+        reason = str(error.get("reason") or error.get("message") or f"HTTP {response.status_code}")
+        if response.status_code == 409:
+            raise WitnessRefusedError(origin, reason, witness_size=error.get("witness_size"))
+        if response.status_code == 403:
+            raise InvalidSignatureError(reason)
+        raise AuditError(f"witness answered {response.status_code}: {reason}")
+
+
+def make_server(witness: Witness, *, socket: Path | None = None, port: int | None = None) -> uvicorn.Server:
+    """A uvicorn server for the witness on a Unix socket or a port on 127.0.0.1 (never another address)."""
+    if (socket is None) == (port is None):
+        raise InvalidInputError("serve the witness on a socket or a port, not both", field="socket")
+    app = create_app(witness)
+    if socket is not None:
+        config = uvicorn.Config(app, uds=str(socket), log_level="warning", lifespan="off")
+    else:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port or 0, log_level="warning", lifespan="off")
+    return uvicorn.Server(config)

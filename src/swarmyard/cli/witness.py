@@ -1,0 +1,35 @@
+"""``swarmyard witness serve``: run the witness that cosigns audit-log checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from swarmyard.cli import render
+
+app = typer.Typer(help="The witness that cosigns audit checkpoints.", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve(
+    key: Annotated[Path, typer.Option("--key", help="Ed25519 key file (made 0600 if absent).")],
+    state: Annotated[Path, typer.Option("--state", help="File of the last cosigned checkpoints.")],
+    socket: Annotated[Path | None, typer.Option("--socket", help="Listen on this Unix socket.")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Listen on this port of 127.0.0.1.")] = None,
+    name: Annotated[str, typer.Option("--name", help="The witness's key name.")] = "swarmyard-witness",
+    log: Annotated[list[str] | None, typer.Option("--log", help="A log verifier key to trust.")] = None,
+    pin_first: Annotated[bool, typer.Option("--pin-first/--known-only",
+                                            help="Pin the key an unknown log offers on first use.")] = True,
+) -> None:
+    """Serve the witness until interrupted."""
+    from swarmyard.audit.note import Verifier
+    from swarmyard.audit.witness import Witness, make_server
+
+    witness = Witness.from_files(name, key, state, logs=[Verifier.parse(v) for v in log or []],
+                                 trust_on_first_use=pin_first)
+    server = make_server(witness, socket=socket, port=port)
+    where = socket or f"127.0.0.1:{port}"
+    render.stderr.print(f"witness {witness.verifier().vkey} on {where}", highlight=False, markup=False)
+    server.run()
