@@ -1,0 +1,126 @@
+"""Writing ``runs/<id>/report.md`` and ``runs/<id>/report.html`` (charts as PNG files and inline images)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmyard.domain import Finding
+from swarmyard.money import format_usd
+from swarmyard.report.charts import spend_png, timeline_png
+from swarmyard.report.data import ReportData
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    """Where the report went."""
+
+    markdown: Path
+    html: Path
+    timeline: Path
+    spend: Path
+
+
+def _totals(data: ReportData) -> list[tuple[str, str]]:
+    rows = [
+        ("run", data.run_id),
+        ("goal", data.goal.id),
+        ("policy", data.goal.policy),
+        ("wall time", f"{data.wall_s:.1f} s"),
+        ("model calls", str(data.calls)),
+        ("tokens in / out", f"{data.input_tokens} / {data.output_tokens}"),
+        ("spend", f"{format_usd(data.spent_micro_usd)} of {format_usd(data.goal.budget_micro_usd)}"),
+        ("tasks", str(len(data.tasks))),
+        ("findings", str(len(data.findings))),
+    ]
+    if data.audit_root:
+        rows.append(("audit root", data.audit_root))
+    return rows
+
+
+def _cites(f: Finding) -> str:
+    return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
+
+
+def markdown(data: ReportData) -> str:
+    """The report as Markdown."""
+    out = [f"# Run {data.run_id}", "", "## Objective", "", data.goal.objective, "", "## Synthesis", ""]
+    out += [data.synthesis.body if data.synthesis else "_No synthesis was written._", ""]
+    if data.synthesis:
+        out += [f"Cites: {_cites(data.synthesis)}", ""]
+    out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
+    out += ["## Findings", ""]
+    for f in data.findings:
+        if data.synthesis and f.id == data.synthesis.id:
+            continue
+        out += [
+            f"### {f.title}",
+            "",
+            f"`{f.id}` by {f.author} (group {f.group}, task {f.task_id})",
+            "",
+            f.body,
+            "",
+            f"Citations: {_cites(f)}",
+            "",
+        ]
+    out += (
+        ["## Board", ""]
+        + [f"- **{p.seq}** [{p.kind.value}] {p.author} ({p.group}): {p.body}" for p in data.posts]
+        + [""]
+    )
+    out += ["## Charts", "", "![Worker timeline](timeline.png)", "", "![Spend per worker](spend.png)", ""]
+    return "\n".join(out)
+
+
+def _img(png: bytes, alt: str, ident: str) -> str:
+    return f'<img id="{ident}" alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
+    """The report as one self-contained HTML page (charts inline)."""
+    e = html.escape
+    findings = "".join(
+        f'<article class="finding" id="{e(f.id)}"><h3>{e(f.title)}</h3>'
+        f'<p class="meta">{e(f.id)} by {e(f.author)} (group {e(f.group)})</p>'
+        f"<pre>{e(f.body)}</pre><p>Citations: {e(_cites(f))}</p></article>"
+        for f in data.findings
+        if not (data.synthesis and f.id == data.synthesis.id)
+    )
+    board = "".join(
+        f"<li><b>{p.seq}</b> [{e(p.kind.value)}] {e(p.author)} ({e(p.group)}): {e(p.body)}</li>"
+        for p in data.posts
+    )
+    totals = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _totals(data))
+    synthesis = e(data.synthesis.body) if data.synthesis else "No synthesis was written."
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>swarmyard run {e(data.run_id)}</title>
+<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
+pre{{white-space:pre-wrap}} img{{max-width:100%}}
+table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
+.meta{{color:#555}}</style></head><body>
+<h1>Run {e(data.run_id)}</h1>
+<section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
+<section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
+<section id="totals"><h2>Totals</h2><table>{totals}</table></section>
+<section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
+{_img(spend, "Spend per worker", "spend")}</section>
+<section id="findings"><h2>Findings</h2>{findings}</section>
+<section id="board"><h2>Board</h2><ol>{board}</ol></section>
+</body></html>
+"""
+
+
+def write_report(data: ReportData, out_dir: Path) -> ReportFiles:
+    """Write the Markdown, the HTML and the two chart images into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timeline, spend = timeline_png(data), spend_png(data)
+    files = ReportFiles(
+        out_dir / "report.md", out_dir / "report.html", out_dir / "timeline.png", out_dir / "spend.png"
+    )
+    files.timeline.write_bytes(timeline)
+    files.spend.write_bytes(spend)
+    files.markdown.write_text(markdown(data), encoding="utf-8")
+    files.html.write_text(html_page(data, timeline, spend), encoding="utf-8")
+    return files

@@ -1,0 +1,137 @@
+"""The run report from a real SQLite store: Markdown and HTML written, HTML rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from swarmyard.clock import FakeClock
+from swarmyard.domain import Citation, CitationKind, GoalSpec, PostKind, Price, TaskSpec
+from swarmyard.report import ReportData, WorkerSpan, write_report
+from swarmyard.store import open_store
+
+
+def _run_data(tmp_path: Path, clock: FakeClock) -> ReportData:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    store.set_price(Price("m", 1_000_000, 2_000_000))
+    goal = store.create_goal(GoalSpec("Should we bet on <on-device> speech?", 500_000, 50, policy="team"))
+    spans, findings = [], []
+    for i, title in enumerate(["market size", "risks"]):
+        store.create_task(
+            goal.id, TaskSpec(title, f"look at {title}", group="team", budget_micro_usd=100_000, call_cap=10)
+        )
+        claim = store.claim(goal.id, f"wrk_{i}", 60, group="team")
+        assert claim is not None
+        post = store.post(
+            claim.task.id, claim.token, PostKind.PROGRESS, f"working on {title}", author=f"wrk_{i}"
+        )
+        rsv = store.reserve(claim.task.id, claim.token, model="m", amount=5_000, method="bytes")
+        store.settle(rsv.id, 1_200 * (i + 1))
+        findings.append(
+            store.submit_finding(
+                claim.task.id,
+                claim.token,
+                author=f"wrk_{i}",
+                title=title,
+                body=f"{title}: details",
+                citations=[Citation(CitationKind.POST, str(post.seq))],
+            )
+        )
+        store.complete(claim.task.id, claim.token)
+        spans.append(WorkerSpan(f"wrk_{i}", claim.task.id, clock.now(), clock.now() + 5 + i, "submitted", 3))
+        clock.advance(2)
+    lead_task = store.create_task(goal.id, TaskSpec("synthesis", group="lead"))
+    claim = store.claim(goal.id, "lead", 60, task_id=lead_task.id)
+    assert claim is not None
+    synthesis = store.submit_finding(
+        claim.task.id,
+        claim.token,
+        author="lead",
+        title="Recommendation",
+        body="Go, carefully.",
+        citations=[Citation(CitationKind.FINDING, f.id) for f in findings],
+    )
+    data = ReportData(
+        "run_test",
+        store.get_goal(goal.id),
+        tuple(store.list_tasks(goal.id)),
+        tuple(store.read_findings(goal.id)),
+        tuple(store.read_board(goal.id)),
+        tuple(store.list_reservations(goal.id)),
+        tuple(spans),
+        synthesis,
+        audit_root="ab" * 32,
+        wall_s=12.5,
+        input_tokens=100,
+        output_tokens=40,
+    )
+    store.close()
+    return data
+
+
+def test_report_files(tmp_path: Path, clock: FakeClock) -> None:
+    data = _run_data(tmp_path, clock)
+    assert data.spent_micro_usd == 3_600 and data.calls == 2
+    assert data.spend_by_worker() == {"wrk_0": 1_200, "wrk_1": 2_400}
+    files = write_report(data, tmp_path / "runs" / "run_test")
+    md = files.markdown.read_text()
+    for needle in (
+        "## Objective",
+        "## Synthesis",
+        "Go, carefully.",
+        "## Findings",
+        "### market size",
+        "Citations: post 1",
+        "## Board",
+        "working on risks",
+        "![Worker timeline](timeline.png)",
+        "| audit root | " + "ab" * 32,
+        "$0.003600 of $0.500000",
+    ):
+        assert needle in md
+    assert files.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = files.html.read_text()
+    assert "&lt;on-device&gt;" in page and "<on-device>" not in page  # escaped
+
+
+@pytest.mark.slow
+def test_report_html_renders_in_chromium(tmp_path: Path, clock: FakeClock) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "apt-get install -y chromium"
+    files = write_report(_run_data(tmp_path, clock), tmp_path / "out")
+    flags = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [*flags, "--dump-dom", files.html.as_uri()], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    for section in ("objective", "synthesis", "totals", "charts", "findings", "board"):
+        assert f'id="{section}"' in dom
+    assert dom.count('src="data:image/png;base64,') == 2
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*flags, f"--screenshot={shot}", "--window-size=1000,2600", files.html.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(shot))
+    # the spend bars are #1565c0: find that blue in the rendered page, so the chart images really painted
+    blue = (
+        (abs(pixels[..., 0] - 0x15 / 255) < 0.04)
+        & (abs(pixels[..., 1] - 0x65 / 255) < 0.04)
+        & (abs(pixels[..., 2] - 0xC0 / 255) < 0.04)
+    )
+    assert blue.sum() > 500
