@@ -20,6 +20,7 @@ NOUNS: dict[str, str] = {
     "evaluator": "swarmyard.cli.evaluator",
     "audit": "swarmyard.cli.audit",
     "witness": "swarmyard.cli.witness",
+    "machines": "swarmyard.cli.machines",
 }
 
 app = typer.Typer(

@@ -6,11 +6,10 @@ Agent CLIs speak HTTP to a base URL; the sandbox has no network but loopback, so
 
 from __future__ import annotations
 
-import logging
 import socket
+import sys
 import threading
 
-_log = logging.getLogger(__name__)
 _CHUNK = 65536
 
 
@@ -48,7 +47,8 @@ class Relay:
         try:
             upstream.connect(self.target)
         except OSError as exc:
-            _log.warning("relay: cannot reach %s: %s", self.target, exc)
+            # The init has no logging set up (it starts bare to boot fast); its stderr is the machine's boot log.
+            sys.stderr.write(f"relay: cannot reach {self.target}: {exc}\n")
             client.close()
             upstream.close()
             return

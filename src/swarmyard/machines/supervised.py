@@ -42,7 +42,12 @@ from swarmyard.machines.protocol import (
 _log = logging.getLogger(__name__)
 #: The package's import root, put on the init's ``sys.path`` (it runs with ``-I -S`` to start fast).
 SOURCE_ROOT = str(Path(swarmyard.__file__).resolve().parent.parent)
-_BOOT = "import sys;sys.path[:0]=[{root!r}];from swarmyard.machines.sandbox_init import main;main()"
+# The init needs only stdlib modules of this package: bare package objects skip the package __init__s (and the
+# typing-heavy error tree they import), which halves the init's start-up time.
+_BOOT = ("import sys,types\n"
+         "for n in ('swarmyard','swarmyard.machines'):\n"
+         " m=types.ModuleType(n);m.__path__=[{root!r}+'/'+n.replace('.','/')];sys.modules[n]=m\n"
+         "from swarmyard.machines.sandbox_init import main;main()")
 
 
 def default_root() -> Path:
