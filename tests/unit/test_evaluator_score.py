@@ -48,7 +48,7 @@ def test_a_fresh_score_verifies(signed: SignedScore, key: Ed25519PrivateKey) -> 
 ])
 def test_any_changed_field_fails(signed: SignedScore, key: Ed25519PrivateKey, field: str,
                                  value: object) -> None:
-    tampered = dataclasses.replace(signed, **{field: value})
+    tampered = SignedScore.from_dict({**signed.to_dict(), field: value})
     assert not verify_score(tampered, public_bytes(key))
 
 
