@@ -41,10 +41,26 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def _tree(root: int) -> set[int]:
-    children = _children_map()
+def _marked(marker: bytes) -> set[int]:
+    """Processes whose environment carries the exec's marker: descendants that setsid'd and double-forked away."""
     found: set[int] = set()
-    todo = [root]
+    if not marker:
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if marker in handle.read().split(b"\0"):
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _tree(root: int, marker: bytes = b"") -> set[int]:
+    children = _children_map()
+    found: set[int] = _marked(marker)
+    todo = [root, *found]
     while todo:
         pid = todo.pop()
         for child in children.get(pid, []):
@@ -54,11 +70,11 @@ def _tree(root: int) -> set[int]:
     return found
 
 
-def kill_tree(leader: int) -> None:
-    """Stop the leader's process group and every descendant (so none can fork away), then kill them all."""
+def kill_tree(leader: int, marker: bytes = b"") -> None:
+    """Stop the leader's process group, every descendant and every process carrying ``marker``, then kill them."""
     victims: set[int] = set()
     for _ in range(8):
-        found = _tree(leader) | {leader}
+        found = _tree(leader, marker) | {leader}
         for pid in found - victims:
             try:
                 os.kill(pid, signal.SIGSTOP)
@@ -85,16 +101,19 @@ def _exit_code(returncode: int) -> int:
 def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
     started = time.monotonic()
+    token = f"SWARMYARD_EXEC={os.urandom(8).hex()}"
+    marker = token.encode()
+    env = {**req["env"], "SWARMYARD_EXEC": token.partition("=")[2]}
     try:
         proc = subprocess.Popen(
-            req["argv"], env=req["env"], cwd=req.get("cwd"), start_new_session=True, close_fds=True,
+            req["argv"], env=env, cwd=req.get("cwd"), start_new_session=True, close_fds=True,
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
     except OSError as exc:
         wire.send_json(conn, b"!", {"message": f"{req['argv'][0]}: {exc.strerror}", "errno": exc.errno})
         return
-    _RUNNING.add(proc.pid)
+    _RUNNING[proc.pid] = marker
     if stdin_data is not None and proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
     assert proc.stdout is not None and proc.stderr is not None
@@ -111,11 +130,11 @@ def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 timed_out = True
-                kill_tree(proc.pid)
+                kill_tree(proc.pid, marker)
                 break
             for key, _ in sel.select(wait):
                 if key.data == b"c":  # the host hung up (cancelled): nothing may outlive the exec
-                    kill_tree(proc.pid)
+                    kill_tree(proc.pid, marker)
                     proc.wait()
                     return
                 data = os.read(key.fd, _CHUNK)
@@ -131,18 +150,18 @@ def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
                 returncode = proc.wait(max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_tree(proc.pid)
+                kill_tree(proc.pid, marker)
                 returncode = proc.wait()
         # The leader is gone; stragglers that kept no pipe open would still be its session's: end them too.
         if timed_out:
-            kill_tree(proc.pid)
+            kill_tree(proc.pid, marker)
         wire.send_json(conn, b"x", {"exit_code": _exit_code(returncode), "timed_out": timed_out,
                                     "duration_s": time.monotonic() - started})
     except OSError:
-        kill_tree(proc.pid)
+        kill_tree(proc.pid, marker)
         proc.wait()
     finally:
-        _RUNNING.discard(proc.pid)
+        _RUNNING.pop(proc.pid, None)
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
@@ -215,12 +234,12 @@ def _serve_one(conn: socket.socket) -> None:
             return
 
 
-_RUNNING: set[int] = set()
+_RUNNING: dict[int, bytes] = {}
 
 
 def _terminate(signum: int, frame: object) -> None:
-    for pid in list(_RUNNING):
-        kill_tree(pid)
+    for pid, marker in list(_RUNNING.items()):
+        kill_tree(pid, marker)
     os._exit(0)
 
 

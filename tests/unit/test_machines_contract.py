@@ -1,0 +1,192 @@
+"""The Machines contract, run against every backend: ``local`` (real bubblewrap) and ``process``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError
+from swarmyard.machines import AsyncMachines, Machines
+from swarmyard.machines.process import ProcessWarning
+
+
+@pytest.fixture(params=["local", "process"])
+def machines(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Machines]:
+    """A Machines API over each backend, closed (every machine deleted) after the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProcessWarning)
+        api = Machines(request.param, root=tmp_path / "run")
+        yield api
+        api.close()
+
+
+def test_create_exec_and_output(machines: Machines) -> None:
+    info = machines.create("one")
+    result = machines.exec(info.id, "echo out; echo err >&2; exit 3")
+    assert (result.stdout, result.stderr, result.exit_code, result.timed_out) == (b"out\n", b"err\n", 3, False)
+    assert result.duration_s > 0
+    assert [m.name for m in machines.list()] == ["one"]
+
+
+def test_env_is_allow_list_plus_caller(machines: Machines, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWARMYARD_SECRET_PROBE", "do-not-leak")
+    info = machines.create("env", env={"GREETING": "hi"})
+    out = machines.exec(info.id, ["env"], env={"EXTRA": "x"}).stdout.decode()
+    assert "GREETING=hi" in out and "EXTRA=x" in out
+    assert "do-not-leak" not in out
+
+
+def test_timeout_kills_the_whole_tree(machines: Machines) -> None:
+    info = machines.create("slow")
+    result = machines.exec(info.id, "sleep 300 & (setsid sleep 301 &) ; sleep 302", timeout=0.5)
+    assert result.timed_out and result.exit_code == 137
+    left = machines.exec(info.id, "ps -eo args 2>/dev/null || ls /proc").stdout.decode()
+    assert "sleep 30" not in left
+
+
+def test_stream_exec_yields_output_then_exit(machines: Machines) -> None:
+    info = machines.create("stream")
+    events = list(machines.stream_exec(info.id, "echo a; echo b >&2"))
+    assert [e.kind for e in events][-1] == "exit"
+    assert b"a\n" in b"".join(e.data for e in events if e.kind == "stdout")
+    last = events[-1].result
+    assert last is not None and last.exit_code == 0
+
+
+def test_files_roundtrip_and_missing(machines: Machines) -> None:
+    info = machines.create("files")
+    machines.files.upload(info.id, "dir/a.bin", bytes(range(256)) * 10)
+    assert machines.files.download(info.id, "dir/a.bin") == bytes(range(256)) * 10
+    assert machines.exec(info.id, "wc -c < dir/a.bin").stdout.strip() == b"2560"
+    with pytest.raises(SandboxError):
+        machines.files.download(info.id, "nope.txt")
+
+
+def test_fork_is_copy_on_write(machines: Machines) -> None:
+    source = machines.create("src")
+    machines.files.upload(source.id, "state.txt", b"v1")
+    fork = machines.fork(source.id, "fork")
+    assert machines.files.download(fork.id, "state.txt") == b"v1"
+    machines.files.upload(fork.id, "state.txt", b"fork")
+    machines.files.upload(source.id, "state.txt", b"v2")
+    assert machines.files.download(fork.id, "state.txt") == b"fork"
+    assert machines.files.download(source.id, "state.txt") == b"v2"
+    machines.delete(source.id)
+    assert machines.files.download(fork.id, "state.txt") == b"fork"
+
+
+def test_baseline_shared_without_copy(machines: Machines, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README").write_text("base")
+    machines.prepare_baseline("repo", repo)
+    a = machines.create("a", baseline="repo")
+    b = machines.create("b", baseline="repo")
+    machines.exec(a.id, "echo changed > README")
+    assert machines.files.download(b.id, "README") == b"base"
+    assert machines.files.download(a.id, "README") == b"changed\n"
+
+
+def test_delete_leaves_nothing(machines: Machines, tmp_path: Path) -> None:
+    info = machines.create("gone")
+    machines.exec(info.id, "sleep 300 >/dev/null 2>&1 &")
+    disk = Path(info.disk or "")
+    machines.delete(info.id)
+    assert not disk.exists()
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
+    assert machines.list() == []
+    with pytest.raises(NotFoundError):
+        machines.exec(info.id, "true")
+
+
+def test_bad_input_is_refused_and_changes_nothing(machines: Machines) -> None:
+    with pytest.raises(InvalidInputError):
+        machines.create("bad name!")
+    with pytest.raises(InvalidInputError):
+        machines.create("x", env={"BAD=NAME": "1"})
+    info = machines.create("ok")
+    with pytest.raises(InvalidInputError):
+        machines.create("ok")
+    with pytest.raises(InvalidInputError):
+        machines.exec(info.id, [])
+    with pytest.raises(InvalidInputError):
+        machines.exec(info.id, "true", timeout=-1)
+    assert [m.name for m in machines.list()] == ["ok"]
+
+
+def test_concurrency_cap_queues(tmp_path: Path) -> None:
+    with Machines("local", root=tmp_path / "run", max_concurrent=1, queue_timeout_s=0.2) as machines:
+        first = machines.create("first")
+        with pytest.raises(SandboxError):
+            machines.create("second")
+        done = threading.Event()
+        result: list[str] = []
+
+        def later() -> None:
+            result.append(machines.create("third").name)
+            done.set()
+
+        waiter = Machines.__new__(Machines)
+        del waiter
+        thread = threading.Thread(target=later)
+        machines._queue_timeout_s = 30.0  # the queued create waits for the delete below
+        thread.start()
+        assert not done.is_set()
+        machines.delete(first.id)
+        thread.join(30)
+        assert result == ["third"]
+
+
+def test_relay_reaches_control_socket(machines: Machines, tmp_path: Path) -> None:
+    sock_path = tmp_path / "plane.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    server.listen(4)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nplane")
+
+    threading.Thread(target=answer, daemon=True).start()
+    info = machines.create("relay", control_socket=sock_path)
+    port = machines.wait_until_ready(info.id).relay_port
+    assert port
+    script = (f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/v1/models')"
+              ".read().decode())")
+    result = machines.exec(info.id, ["python3", "-c", script], timeout=20)
+    assert result.stdout.strip() == b"plane", result.stderr
+    server.close()
+
+
+def test_python_m_swarmyard_runs_inside(machines: Machines) -> None:
+    info = machines.create("py")
+    result = machines.exec(info.id, ["python3", "-c", "import swarmyard.machines.wire as w; print(w.MAX_FRAME)"])
+    assert result.stdout.strip() == str(1 << 20).encode(), result.stderr
+
+
+def test_async_api(machines: Machines) -> None:
+    async def run() -> tuple[int, list[str]]:
+        api = AsyncMachines(machines)
+        info = await api.create("async")
+        result = await api.exec(info.id, "echo hi")
+        kinds = [event.kind async for event in api.stream_exec(info.id, "echo x")]
+        await api.delete(info.id)
+        return result.exit_code, kinds
+
+    code, kinds = asyncio.run(run())
+    assert code == 0 and kinds == ["stdout", "exit"]
+
+
+def test_process_backend_warns_loudly(tmp_path: Path) -> None:
+    with Machines("process", root=tmp_path / "p") as machines, pytest.warns(ProcessWarning, match="NO isolation"):
+        machines.create("dev")
+    assert os.environ.get("HOME") != str(tmp_path)
