@@ -162,6 +162,19 @@ def test_another_user_cannot_read_the_bundle_or_reach_the_socket(served: Served)
     assert result == {**{str(p): errno.EACCES for p in secrets_}, "socket": errno.EACCES}
 
 
+def test_a_worker_sandbox_that_sees_the_whole_host_still_cannot_read_the_bundle(served: Served) -> None:
+    # the worst case of a worker machine: the host's whole tree mounted inside, run as an unprivileged user
+    secrets_ = [served.bundle / "evaluator.toml", served.bundle / "search" / "cases.json",
+                served.state / "evaluator.key"]
+    probe = ["runuser", "-u", "nobody", "--", "bwrap", "--unshare-all", "--die-with-parent",
+             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--", "/usr/bin/python3", "-c", PROBE,
+             *map(str, secrets_), str(served.socket)]
+    done = subprocess.run(probe, capture_output=True, text=True, env=CHILD_ENV, check=True, timeout=30)
+    result = json.loads(done.stdout)
+    assert {k: v for k, v in result.items() if k != "socket"} == {str(p): errno.EACCES for p in secrets_}
+    assert result["socket"] != 0
+
+
 def test_scores_over_the_socket_verify_with_the_published_key(served: Served, tmp_path: Path) -> None:
     with EvaluatorClient(served.socket) as client:
         assert client.public_key() == served.public_key

@@ -128,3 +128,13 @@ def test_cli_verify_accepts_the_score_and_rejects_a_tampered_one(
     refused = runner.invoke(app, ["verify", str(bad), "--public-key", pub, "--json"])
     assert refused.exit_code == 1
     assert json.loads(refused.stdout)["valid"] is False
+
+
+def test_cli_keygen_creates_the_key_once(tmp_path: Path) -> None:
+    runner = CliRunner()
+    first = runner.invoke(app, ["keygen", "--state", str(tmp_path / "state")])
+    second = runner.invoke(app, ["keygen", "--state", str(tmp_path / "state")])
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout
+    assert len(base64.b64decode(first.stdout.strip())) == 32
+    assert (tmp_path / "state" / "evaluator.key").stat().st_mode & 0o777 == 0o600
