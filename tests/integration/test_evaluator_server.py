@@ -241,6 +241,21 @@ def test_a_malformed_bundle_stops_serve_naming_the_field(tmp_path: Path) -> None
     assert (bundle / "evaluator.toml").stat().st_uid == os.getuid()  # nothing was handed over
 
 
+def test_a_state_folder_holding_other_files_is_refused(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(EXAMPLE, bundle)
+    state = tmp_path / "not-state"
+    state.mkdir()
+    (state / "notes.txt").write_text("someone else's file")
+    argv = [sys.executable, "-c", CLI, "serve", str(bundle), "--socket", str(tmp_path / "s.sock"),
+            "--state", str(state)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=CHILD_ENV, timeout=60)
+    assert done.returncode == 1
+    assert "notes.txt" in done.stderr
+    assert (state / "notes.txt").stat().st_uid == os.getuid()
+    assert (bundle / "evaluator.toml").stat().st_uid == os.getuid()
+
+
 def test_the_holdout_stays_spent_after_a_server_restart() -> None:
     root = Path(tempfile.mkdtemp(prefix="swarmyard-eval-restart-"))
     root.chmod(0o755)

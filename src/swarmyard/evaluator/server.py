@@ -40,7 +40,7 @@ from swarmyard.evaluator.identity import (
     ensure_system_user,
     protect_tree,
 )
-from swarmyard.evaluator.service import Evaluator
+from swarmyard.evaluator.service import KEY_FILE, LEDGER_FILE, Evaluator
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,25 @@ def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> sock
     return sock
 
 
+#: What the state folder may already hold; anything else means it is not ours to hand to another user.
+_STATE_FILES = frozenset({KEY_FILE, LEDGER_FILE, f"{LEDGER_FILE}-wal", f"{LEDGER_FILE}-shm", "scratch"})
+
+
+def _check_state_dir(path: Path) -> None:
+    # serve changes the owner of everything in it, so a mistyped --state (/, a home folder) must never pass
+    if path.exists():
+        if not path.is_dir():
+            raise InvalidInputError(f"{path} is not a folder", field="state")
+        strangers = sorted(entry.name for entry in path.iterdir() if entry.name not in _STATE_FILES)
+        if strangers:
+            raise InvalidInputError(f"{path} holds {strangers[0]!r}, which is not evaluator state: "
+                                    "give an empty or evaluator-only folder", field="state")
+
+
 def prepare(options: ServeOptions) -> tuple[Bundle, socket.socket, Identity]:
     """Everything done with the starting user's rights: check the bundle, protect it, bind the socket."""
     bundle = load_bundle(options.bundle)
+    _check_state_dir(options.state_dir)
     options.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     me = current_identity()
     if me.uid == 0:
