@@ -138,3 +138,11 @@ def test_cli_keygen_creates_the_key_once(tmp_path: Path) -> None:
     assert first.stdout == second.stdout
     assert len(base64.b64decode(first.stdout.strip())) == 32
     assert (tmp_path / "state" / "evaluator.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_evaluator_noun_is_registered_in_the_cli() -> None:
+    from swarmyard.cli.main import app as root
+
+    shown = CliRunner().invoke(root, ["evaluator", "--help"])
+    assert shown.exit_code == 0, shown.output
+    assert "verify" in shown.stdout and "serve" in shown.stdout
