@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -199,14 +200,20 @@ class BuiltinAgent:
                 )
             )
         if self._settings.role is Role.LEAD:
+            # the coordinator may hand the lead every finding in its task; those ids count as seen too
+            self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
             findings = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
-            self._findings_seen = [str(f["id"]) for f in findings if "id" in f]
-            parts.append(
-                "Findings:\n"
-                + "\n\n".join(
-                    f"[{f.get('id')}] {f.get('title', '')}\n{str(f.get('body', ''))[:1500]}" for f in findings
+            self._findings_seen += [
+                str(f["id"]) for f in findings if "id" in f and f["id"] not in self._findings_seen
+            ]
+            if findings:
+                parts.append(
+                    "Findings:\n"
+                    + "\n\n".join(
+                        f"[{f.get('id')}] {f.get('title', '')}\n{str(f.get('body', ''))[:1500]}"
+                        for f in findings
+                    )
                 )
-            )
         return "\n\n".join(p for p in parts if p)
 
     async def _next_action(self, messages: list[dict[str, Any]]) -> tuple[Action | None, str]:

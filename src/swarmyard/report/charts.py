@@ -41,11 +41,11 @@ def _png(fig: Any) -> bytes:
 def timeline_png(data: ReportData) -> bytes:
     """One row per worker, one bar per agent run, coloured by how it ended."""
     plt = _pyplot()
-    workers = sorted({s.worker_id for s in data.spans})
+    workers = sorted({s.row for s in data.spans})
     start = min((s.started_at for s in data.spans), default=0.0)
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(workers))))
     for row, worker in enumerate(workers):
-        spans = [s for s in data.spans if s.worker_id == worker]
+        spans = [s for s in data.spans if s.row == worker]
         bars = [(s.started_at - start, max(s.ended_at - s.started_at, 0.01)) for s in spans]
         ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=[_COLOURS.get(s.ending, "#1565c0") for s in spans])
     ax.set_yticks(range(len(workers)), labels=workers)

@@ -17,6 +17,12 @@ class WorkerSpan:
     ended_at: float
     ending: str
     steps: int = 0
+    slot: str = ""
+
+    @property
+    def row(self) -> str:
+        """The timeline row: the worker slot (a slot runs several agents, each with its own worker id)."""
+        return self.slot or self.worker_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,263 @@
+"""The coordinator: the five steps of a run (DESIGN.md section 3), resumable from what the store holds.
+
+1. create the goal and its tasks; 2-3. run agents in machines, up to the concurrency cap, until every task of
+the round is done (a hung worker's lease expires and another worker takes its task); between rounds of the
+``groups`` policy, broadcast each group's best findings; 4. the lead writes the synthesis; 5. delete the
+machines (in ``finally``, so also on error and Ctrl-C) and write the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmyard.agents.builtin import Role
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.config import SwarmConfig
+from swarmyard.domain import Finding, Goal, PostKind, Task, TaskState
+from swarmyard.errors import FencingError, NotFoundError, UserError
+from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
+from swarmyard.store.protocol import Store
+from swarmyard.swarm.launcher import WorkerLauncher, WorkerSlot
+from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, make_policy
+from swarmyard.swarm.setup import LEAD_GROUP, create_goal, create_lead_task, create_round_tasks
+
+log = logging.getLogger(__name__)
+
+#: How often an idle worker slot looks again for a claimable task (a peer's lease may have expired).
+POLL_S = 0.2
+COORDINATOR = "coordinator"
+
+
+@dataclass(slots=True)
+class RunState:
+    """What ``runs/<id>/run.json`` keeps so that ``--resume`` can continue."""
+
+    run_id: str
+    goal_id: str
+    store_url: str
+    rounds_done: int = 0
+    lead_done: bool = False
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a crash leaves the old file or the new one)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {
+                    "run_id": self.run_id,
+                    "goal_id": self.goal_id,
+                    "store_url": self.store_url,
+                    "rounds_done": self.rounds_done,
+                    "lead_done": self.lead_done,
+                }
+            )
+        )
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> RunState:
+        """Read a saved state, or ``UserError`` if there is none."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"no run to resume at {path.parent}") from None
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The end of a run."""
+
+    run_id: str
+    goal_id: str
+    synthesis: Finding | None
+    report: ReportFiles | None
+    data: ReportData
+    spans: list[WorkerSpan] = field(default_factory=list)
+
+
+def _open(task: Task, now: float) -> bool:
+    return task.state in (TaskState.PENDING, TaskState.FAILED) or (
+        task.state is TaskState.CLAIMED and (task.lease_expires_at or 0) <= now
+    )
+
+
+class Coordinator:
+    """Runs one swarm file against a store with a worker launcher."""
+
+    def __init__(
+        self,
+        config: SwarmConfig,
+        store: Store,
+        launcher: WorkerLauncher,
+        *,
+        run_id: str,
+        run_dir: Path,
+        clock: Clock | None = None,
+        on_span: Callable[[WorkerSpan], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.launcher = launcher
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.clock = clock or SystemClock()
+        self.policy: Policy = make_policy(config.policy)
+        self.spans: list[WorkerSpan] = []
+        self._on_span = on_span
+        self._goal_id = ""
+
+    # -- claims the coordinator settles ---------------------------------------------------------------------
+    def _findings_for(self, goal_id: str, task_id: str) -> list[Finding]:
+        return [f for f in self.store.read_findings(goal_id, limit=10_000) if f.task_id == task_id]
+
+    def settle_task(self, task: Task) -> None:
+        """Complete a claimed task that already has a finding; a lapsed lease is taken back first."""
+        if task.state is not TaskState.CLAIMED or not self._findings_for(task.goal_id, task.id):
+            return
+        token = task.fencing_token
+        try:
+            if token is None:
+                raise FencingError("no claim", task_id=task.id, presented=0, current=None)
+            self.store.complete(task.id, token, "finding submitted")
+        except FencingError:
+            # the lease ran out after the finding landed: take the task back and close it, never redo it
+            claim = self.store.claim(task.goal_id, COORDINATOR, 60.0, task_id=task.id)
+            if claim is not None:
+                self.store.complete(task.id, claim.token, "finding submitted")
+
+    def settle_goal(self, goal_id: str) -> None:
+        """Settle every claimed task with a finding (after a crash, or a worker killed after submitting)."""
+        for task in self.store.list_tasks(goal_id, state=TaskState.CLAIMED):
+            self.settle_task(task)
+
+    # -- step 2-3: workers ----------------------------------------------------------------------------------
+    def _remaining(self, goal: Goal, group: str | None) -> tuple[int, int]:
+        """(open, unfinished) tasks of ``group`` outside the lead's."""
+        now = self.clock.now()
+        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group != LEAD_GROUP]
+        unfinished = [t for t in tasks if t.state not in (TaskState.DONE, TaskState.CANCELLED)]
+        return sum(1 for t in unfinished if _open(t, now)), len(unfinished)
+
+    def _past_deadline(self, goal: Goal) -> bool:
+        return goal.deadline is not None and self.clock.now() >= goal.deadline
+
+    async def _record(self, slot: WorkerSlot) -> WorkerSpan:
+        span = await self.launcher.run(slot)
+        self.spans.append(span)
+        if self._on_span is not None:
+            self._on_span(span)
+        for task in self.store.list_tasks(self._goal_id, state=TaskState.CLAIMED):
+            if task.worker_id == span.worker_id:
+                self.settle_task(task)
+        return span
+
+    async def _slot_loop(self, goal: Goal, slot: WorkerSlot, gate: asyncio.Semaphore) -> None:
+        while not self._past_deadline(goal):
+            open_now, unfinished = self._remaining(goal, slot.group)
+            if unfinished == 0:
+                return
+            if open_now == 0:
+                # a peer holds the last tasks; wait for them to finish or for a lease to lapse
+                await asyncio.sleep(POLL_S)
+                continue
+            async with gate:
+                await self._record(slot)
+
+    async def _work_round(self, goal: Goal) -> None:
+        gate = asyncio.Semaphore(self.config.workers.concurrency)
+        slots = [
+            WorkerSlot(f"worker-{i}", self.policy.worker_group(i)) for i in range(self.config.workers.count)
+        ]
+        await asyncio.gather(*(self._slot_loop(goal, slot, gate) for slot in slots))
+
+    def _consolidate(self, goal: Goal, round_index: int) -> None:
+        findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group != LEAD_GROUP]
+        best = best_findings(findings, self.config.policy.broadcast_top)
+        if not best:
+            return
+        text = consolidation_text(round_index, best)
+        for group in sorted({self.policy.worker_group(i) for i in range(self.config.workers.count)}):
+            self.store.post_as_operator(
+                goal.id, PostKind.CONSOLIDATION, text, author=COORDINATOR, group=group
+            )
+
+    # -- step 4: the lead -----------------------------------------------------------------------------------
+    async def _lead(self, goal: Goal) -> Finding | None:
+        lead_tasks = self.store.list_tasks(goal.id, group=LEAD_GROUP)
+        if lead_tasks:
+            task = lead_tasks[-1]
+        else:
+            findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group != LEAD_GROUP]
+            task = create_lead_task(self.store, goal, self.config, findings)
+        for _ in range(2):  # one retry: a lead whose exec timed out leaves its task for a second lead
+            if self._findings_for(goal.id, task.id) or self._past_deadline(goal):
+                break
+            while not _open(self.store.get_task(task.id), self.clock.now()):
+                await asyncio.sleep(POLL_S)
+            await self._record(WorkerSlot("lead", LEAD_GROUP, Role.LEAD, task.id))
+        synthesis = self._findings_for(goal.id, task.id)
+        return synthesis[-1] if synthesis else None
+
+    # -- the whole run --------------------------------------------------------------------------------------
+    def _start_or_resume(self, resume: bool) -> tuple[Goal, RunState]:
+        state_path = self.run_dir / "run.json"
+        if resume:
+            state = RunState.load(state_path)
+            try:
+                goal = self.store.get_goal(state.goal_id)
+            except NotFoundError:
+                raise UserError(f"run {self.run_id}: its goal {state.goal_id} is not in the store") from None
+            self.settle_goal(goal.id)
+            return goal, state
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        goal = create_goal(self.store, self.config, self.clock)
+        state = RunState(self.run_id, goal.id, self.store.url)
+        create_round_tasks(self.store, goal, self.config, self.policy, 0)
+        state.save(state_path)
+        return goal, state
+
+    async def run(self, *, resume: bool = False) -> RunResult:
+        """Run (or continue) the swarm; machines are deleted whatever happens."""
+        started = time.monotonic()
+        goal, state = self._start_or_resume(resume)
+        self._goal_id = goal.id
+        synthesis: Finding | None = None
+        try:
+            await self.launcher.start(goal)
+            for round_index in range(state.rounds_done, self.policy.rounds):
+                if round_index > 0 and not self.store.list_tasks(goal.id, state=TaskState.PENDING):
+                    self._consolidate(goal, round_index - 1)
+                    create_round_tasks(self.store, goal, self.config, self.policy, round_index)
+                await self._work_round(goal)
+                state.rounds_done = round_index + 1
+                state.save(self.run_dir / "run.json")
+            synthesis = await self._lead(goal)
+            state.lead_done = synthesis is not None
+            state.save(self.run_dir / "run.json")
+        finally:
+            await self.launcher.close()
+        data = self.report_data(goal, synthesis, time.monotonic() - started)
+        report = write_report(data, self.run_dir)
+        return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
+
+    def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
+        """Everything the report shows, read back from the store."""
+        return ReportData(
+            self.run_id,
+            self.store.get_goal(goal.id),
+            tuple(self.store.list_tasks(goal.id)),
+            tuple(self.store.read_findings(goal.id, limit=10_000)),
+            tuple(self.store.read_board(goal.id, limit=10_000)),
+            tuple(self.store.list_reservations(goal.id)),
+            tuple(self.spans),
+            synthesis,
+            wall_s=wall_s,
+        )
+

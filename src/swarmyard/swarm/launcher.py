@@ -1,0 +1,36 @@
+"""How the coordinator runs one agent for one worker slot; backends behind one Protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from swarmyard.agents.builtin import Role
+from swarmyard.domain import Goal
+from swarmyard.report.data import WorkerSpan
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlot:
+    """A worker place: its name, its group (board) and its role; the lead slot names the task it must take."""
+
+    name: str
+    group: str
+    role: Role = Role.WORKER
+    task_id: str | None = None
+
+
+class WorkerLauncher(Protocol):
+    """Starts agents in machines. ``close`` deletes every machine it made, on success, error and Ctrl-C."""
+
+    async def start(self, goal: Goal) -> None:
+        """Get ready to run workers for ``goal`` (control plane up, machines backend open)."""
+        ...
+
+    async def run(self, slot: WorkerSlot) -> WorkerSpan:
+        """Run one agent for ``slot`` to its end (or its exec timeout); return what it did."""
+        ...
+
+    async def close(self) -> None:
+        """Delete every machine and stop everything ``start`` started."""
+        ...

@@ -1,0 +1,91 @@
+"""Step 1 of a run: the goal and its tasks, laid out in the store by the policy."""
+
+from __future__ import annotations
+
+from swarmyard.clock import Clock
+from swarmyard.config import SwarmConfig
+from swarmyard.domain import Finding, Goal, GoalSpec, Task, TaskSpec
+from swarmyard.store.protocol import Store
+from swarmyard.swarm.policies import Policy
+
+LEAD_GROUP = "lead"
+
+
+def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
+    """The run's goal with its budget, call cap, deadline and depth."""
+    g = config.goal
+    spec = GoalSpec(
+        g.objective,
+        g.budget_micro_usd,
+        g.call_cap,
+        deadline=clock.now() + g.deadline_s,
+        max_depth=g.max_depth,
+        policy=config.policy.kind.value,
+    )
+    return store.create_goal(spec)
+
+
+def lenses(config: SwarmConfig, planned: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """(title, prompt) of every top-level task: from the file, or from a planning call's answer."""
+    if config.tasks.lenses:
+        return [(lens.title, lens.prompt or lens.title) for lens in config.tasks.lenses]
+    return list(planned or [])
+
+
+def create_round_tasks(
+    store: Store,
+    goal: Goal,
+    config: SwarmConfig,
+    policy: Policy,
+    round_index: int,
+    planned: list[tuple[str, str]] | None = None,
+) -> list[Task]:
+    """One round's tasks, each copied into the groups the policy names; budgets split evenly."""
+    items = lenses(config, planned)
+    layout = [
+        (title, prompt, group)
+        for i, (title, prompt) in enumerate(items)
+        for group in policy.task_groups(i, config.workers.count)
+    ]
+    # hold back a share for the lead and for later rounds, so the synthesis is never starved
+    shares = len(layout) * (policy.rounds - round_index) + 1
+    budget = goal.budget_micro_usd // (shares * policy.rounds) if shares else 0
+    calls = max(1, goal.call_cap // ((len(layout) + 1) * policy.rounds))
+    suffix = f" (round {round_index + 1})" if policy.rounds > 1 else ""
+    return [
+        store.create_task(
+            goal.id,
+            TaskSpec(
+                f"{title}{suffix}",
+                f"Objective: {goal.objective}\n\n{prompt}",
+                group=group,
+                budget_micro_usd=budget,
+                call_cap=calls,
+            ),
+        )
+        for title, prompt, group in layout
+    ]
+
+
+def lead_prompt(goal: Goal, prompt: str, findings: list[Finding]) -> str:
+    """The lead's task: the objective, its instructions and every finding with its id."""
+    parts = [f"Objective: {goal.objective}", prompt, "Findings:"]
+    parts += [f"[{f.id}] {f.title} (by {f.author}, group {f.group})\n{f.body[:1500]}" for f in findings]
+    return "\n\n".join(parts)
+
+
+def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding]) -> Task:
+    """The synthesis task, with what is left of the budget."""
+    unallocated = goal.budget_micro_usd - sum(t.envelope.limit for t in store.list_tasks(goal.id))
+    calls = max(1, goal.call_cap - sum(t.envelope.call_cap for t in store.list_tasks(goal.id)))
+    return store.create_task(
+        goal.id,
+        TaskSpec(
+            "synthesis",
+            lead_prompt(goal, config.lead.prompt, findings),
+            group=LEAD_GROUP,
+            budget_micro_usd=max(0, unallocated),
+            call_cap=calls,
+            priority=10,
+        ),
+    )
