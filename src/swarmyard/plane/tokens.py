@@ -9,6 +9,7 @@ tokens, and revocation is a store update that the next call sees. Operator token
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -52,10 +53,8 @@ def _unb64(text: str) -> bytes:
 def load_or_create_secret(path: Path) -> bytes:
     """The control plane's 32-byte token secret, created 0600 on first use."""
     if not path.exists():
-        try:
+        with contextlib.suppress(FileExistsError):  # another process created it first
             write_secret_file(path, secrets.token_bytes(32))
-        except FileExistsError:
-            pass
     secret = path.read_bytes()
     if len(secret) < 32:
         raise InvalidTokenError(f"token secret at {path.name} is too short")
@@ -92,17 +91,18 @@ class TokenAuthority:
             raise InvalidTokenError("token has expired")
         return payload
 
-    def issue(self, goal_id: str, group: str, *, ttl_s: float, worker_id: str | None = None) -> tuple[str, WorkerIdentity]:
+    def issue(self, goal_id: str, group: str, *, ttl_s: float,
+              worker_id: str | None = None) -> tuple[str, WorkerIdentity]:
         """Issue a worker token, register the worker and store the token's hash."""
         worker_id = worker_id or new_id("wrk")
         expires_ms = int((self._clock.now() + ttl_s) * 1000)
-        token = self._sign({"role": "worker", "wid": worker_id, "goal": goal_id, "group": group, "exp": expires_ms,
-                            "n": secrets.token_hex(8)})
+        token = self._sign({"role": "worker", "wid": worker_id, "goal": goal_id, "group": group,
+                            "exp": expires_ms, "n": secrets.token_hex(8)})
         self._store.add_worker(worker_id, goal_id, group, token_hash(token), expires_ms / 1000)
         return token, WorkerIdentity(worker_id, goal_id, group, expires_ms / 1000)
 
     def verify(self, token: str) -> WorkerIdentity:
-        """The identity behind a worker token; ``InvalidTokenError`` if forged, expired, revoked or unknown."""
+        """The identity behind a worker token; ``InvalidTokenError`` if forged, expired, revoked, unknown."""
         payload = self._open(token)
         if payload.get("role") != "worker":
             raise InvalidTokenError("not a worker token")
@@ -115,7 +115,8 @@ class TokenAuthority:
             raise InvalidTokenError(f"worker {worker_id} has been revoked")
         if not hmac.compare_digest(worker.token_hash, token_hash(token)):
             raise InvalidTokenError("token is not the worker's current token")
-        return WorkerIdentity(worker_id, str(payload["goal"]), str(payload["group"]), int(str(payload["exp"])) / 1000)
+        return WorkerIdentity(worker_id, str(payload["goal"]), str(payload["group"]),
+                              int(str(payload["exp"])) / 1000)
 
     def verify_for_goal(self, token: str, goal_id: str) -> WorkerIdentity:
         """Verify and require the token's goal to be ``goal_id`` (403 otherwise)."""

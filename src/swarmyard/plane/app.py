@@ -1,0 +1,178 @@
+"""The control plane's ASGI app: worker tools, operator API, OpenAPI schema, metrics, and mounted extras.
+
+Requests are validated with the pydantic models of ``swarmyard.plane.models`` (a failure is a 400 naming
+the field); every ``SwarmyardError`` becomes its typed JSON body with its ``status`` (plus ``Retry-After``
+on 429); anything else is logged and answered with a 500 that leaks nothing. Store calls run on worker
+threads behind a capacity limiter, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from swarmyard import __version__
+from swarmyard.clock import Clock, SystemClock
+from swarmyard.errors import InvalidInputError, InvalidTokenError, SwarmyardError
+from swarmyard.plane.limits import read_limited, retry_after_header
+from swarmyard.plane.metrics import PlaneMetrics
+from swarmyard.plane.openapi import build_openapi
+from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
+from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
+from swarmyard.store.protocol import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_JSON = "application/json"
+
+
+def error_response(exc: SwarmyardError) -> Response:
+    """The typed JSON answer for a swarmyard error."""
+    headers = {}
+    retry_after = getattr(exc, "retry_after_s", None)
+    if exc.status == 429 and isinstance(retry_after, int | float):
+        headers["Retry-After"] = retry_after_header(float(retry_after))
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+def _validation_error(exc: ValidationError) -> InvalidInputError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    message = f"{field}: {first['msg']}" if field else first["msg"]
+    return InvalidInputError(message, field=field)
+
+
+def bearer_token(request: Request) -> str:
+    """The bearer token of a request, or ``InvalidTokenError`` (401)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise InvalidTokenError("missing bearer token (Authorization: Bearer <token>)")
+    return token.strip()
+
+
+class _Plane:
+    """Everything the route handlers share."""
+
+    def __init__(self, store: Store, tokens: TokenAuthority, settings: PlaneSettings, clock: Clock,
+                 evaluator: Evaluator | None) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self.metrics = PlaneMetrics(store)
+        self.tools = WorkerTools(store, tokens, settings, clock, self.metrics, evaluator)
+        self.operator = OperatorApi(store, tokens, settings, on_revoke=self.tools.forget_worker)
+        self.limiter = anyio.CapacityLimiter(settings.store_concurrency)
+        self.openapi = build_openapi(__version__)
+
+    async def offload(self, fn: Callable[[], T]) -> T:
+        """Run a blocking store call on a worker thread."""
+        return await anyio.to_thread.run_sync(fn, limiter=self.limiter)
+
+    async def body(self, request: Request, model: type[BaseModel]) -> Any:
+        raw = await read_limited(request.stream(), request.headers.get("content-length"),
+                                 self.settings.max_body_bytes)
+        try:
+            return model.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            raise _validation_error(exc) from exc
+
+
+def _tool_endpoint(plane: _Plane, spec: ToolSpec) -> Callable[[Request], Awaitable[Response]]:
+    method = getattr(plane.tools, spec.name)
+
+    async def endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            token = bearer_token(request)
+            req = await plane.body(request, spec.request)
+            if spec.name == "submit_artifact":
+                result: BaseModel = await plane.tools.submit_artifact(token, req, plane.offload)
+            else:
+                result = await plane.offload(partial(method, token, req))
+            response = Response(result.model_dump_json(), media_type=_JSON)
+        except SwarmyardError as exc:
+            response = error_response(exc)
+        except Exception:
+            log.exception("tool %s failed", spec.name)
+            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
+                                               "retryable": True}}, status_code=500)
+        plane.metrics.observe(spec.name, response.status_code, time.perf_counter() - started)
+        return response
+
+    return endpoint
+
+
+def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            plane.tokens.verify_operator(bearer_token(request))
+            query = None
+            if ep.query is not None:
+                try:
+                    query = ep.query.model_validate(dict(request.query_params))
+                except ValidationError as exc:
+                    raise _validation_error(exc) from exc
+            body = await plane.body(request, ep.body) if ep.body is not None else None
+            call = Call(path=dict(request.path_params), query=query, body=body)
+            result = await plane.offload(partial(ep.handler, plane.operator, call))
+            response = Response(result.model_dump_json(), status_code=ep.status, media_type=_JSON)
+        except SwarmyardError as exc:
+            response = error_response(exc)
+        except Exception:
+            log.exception("operator %s failed", ep.name)
+            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
+                                               "retryable": True}}, status_code=500)
+        plane.metrics.operator_calls.labels(str(response.status_code)).inc()
+        return response
+
+    return endpoint
+
+
+def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | None = None,
+               extra_routes: Sequence[BaseRoute] = (), evaluator: Evaluator | None = None,
+               clock: Clock | None = None) -> Starlette:
+    """The control plane app over ``store``; ``extra_routes`` (the model broker's) are mounted beside it."""
+    plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(plane.openapi)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "version": __version__})
+
+    async def metrics(request: Request) -> Response:
+        try:
+            if not plane.settings.metrics_public:
+                plane.tokens.verify_operator(bearer_token(request))
+            text = await plane.offload(plane.metrics.exposition)
+        except SwarmyardError as exc:
+            return error_response(exc)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    routes: list[BaseRoute] = [
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    routes += [Route(f"/v1/tools/{spec.name}", _tool_endpoint(plane, spec), methods=["POST"])
+               for spec in TOOLS]
+    routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
+    routes += list(extra_routes)
+    app = Starlette(routes=routes)
+    app.state.plane = plane
+    return app

@@ -1,0 +1,67 @@
+"""Request limits: the body size cap and a per-worker token bucket that answers 429 with ``Retry-After``."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import AsyncIterator
+
+from swarmyard.clock import Clock
+from swarmyard.errors import PayloadTooLargeError, RateLimitedError
+
+
+async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """Read a request body, refusing (413) one that declares or turns out to be over ``limit`` bytes.
+
+    The declared ``Content-Length`` is checked first so an oversized upload is refused before it is read;
+    the running count covers chunked bodies that declare nothing.
+    """
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError("request body", int(declared), limit)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError("request body", size, limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class RateLimiter:
+    """A token bucket per key (a worker id): ``rate_per_s`` sustained, ``burst`` at once.
+
+    Time comes from the injected clock, so tests refill the bucket by advancing a ``FakeClock``.
+    """
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Clock, *, max_keys: int = 100_000) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be positive and burst at least 1")
+        self._rate = rate_per_s
+        self._burst = float(burst)
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, updated_at)
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> None:
+        """Take one token for ``key`` or raise ``RateLimitedError`` saying how long until one is free."""
+        now = self._clock.now()
+        with self._lock:
+            tokens, updated = self._buckets.get(key, (self._burst, now))
+            tokens = min(self._burst, tokens + max(0.0, now - updated) * self._rate)
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, now)
+                wait_s = (1.0 - tokens) / self._rate
+                raise RateLimitedError(f"{key} is over {self._rate:g} calls/s",
+                                       retry_after_s=round(wait_s, 3))
+            if len(self._buckets) >= self._max_keys and key not in self._buckets:
+                # Forget the fullest half: those buckets would be full again by now anyway.
+                for stale in sorted(self._buckets, key=lambda k: -self._buckets[k][0])[: self._max_keys // 2]:
+                    del self._buckets[stale]
+            self._buckets[key] = (tokens - 1.0, now)
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` is whole seconds; round up so a client that obeys it is never early."""
+    return str(max(1, math.ceil(seconds)))

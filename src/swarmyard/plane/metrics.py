@@ -1,0 +1,64 @@
+"""Prometheus metrics of one control plane, in a registry of its own (two apps in a process never clash).
+
+Counters and the latency histogram are updated on every call; the gauges that describe the run (live claims,
+workers, spend) are read from the store at scrape time, so they are right even with several replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from swarmyard.domain import TaskState
+from swarmyard.store.protocol import Store
+
+#: Tool latencies sit between a fraction of a millisecond and a slow PostgreSQL round trip.
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _StoreCollector(Collector):
+    """Gauges computed from the store at scrape time."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        claims = GaugeMetricFamily("swarmyard_live_claims", "Tasks currently claimed", labels=["goal"])
+        workers = GaugeMetricFamily("swarmyard_workers", "Workers with an unrevoked token", labels=["goal"])
+        spend = GaugeMetricFamily("swarmyard_spend_micro_usd", "Settled spend", labels=["goal"])
+        reserved = GaugeMetricFamily("swarmyard_reserved_micro_usd", "Spend held by open reservations",
+                                     labels=["goal"])
+        for goal in self._store.list_goals():
+            claims.add_metric([goal.id], len(self._store.list_tasks(goal.id, state=TaskState.CLAIMED)))
+            workers.add_metric([goal.id], sum(1 for w in self._store.list_workers(goal.id) if not w.revoked))
+            spend.add_metric([goal.id], goal.envelope.settled)
+            reserved.add_metric([goal.id], goal.envelope.reserved)
+        yield from (claims, workers, spend, reserved)
+
+
+class PlaneMetrics:
+    """The control plane's metrics and their exposition."""
+
+    def __init__(self, store: Store) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.tool_calls = Counter("swarmyard_tool_calls", "Worker tool calls by tool and HTTP status",
+                                  ["tool", "status"], registry=self.registry)
+        self.tool_latency = Histogram("swarmyard_tool_call_seconds", "Worker tool call latency", ["tool"],
+                                      buckets=_BUCKETS, registry=self.registry)
+        self.board_posts = Counter("swarmyard_board_posts", "Board posts made through this plane",
+                                   registry=self.registry)
+        self.operator_calls = Counter("swarmyard_operator_calls", "Operator API calls by HTTP status",
+                                      ["status"], registry=self.registry)
+        self.registry.register(_StoreCollector(store))
+
+    def observe(self, tool: str, status: int, seconds: float) -> None:
+        """Count one tool call and its latency."""
+        self.tool_calls.labels(tool, str(status)).inc()
+        self.tool_latency.labels(tool).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes (reads the store: call it off the event loop)."""
+        return generate_latest(self.registry)

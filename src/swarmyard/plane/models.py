@@ -1,0 +1,300 @@
+"""Request and response bodies of the worker tools and the operator API, as pydantic models.
+
+These models are the contract: requests are validated with them (a failure is a 400 naming the field) and
+the OpenAPI schema at ``/openapi.json`` is written from them, so the published schema cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarmyard.domain import (
+    Artifact,
+    CitationKind,
+    Finding,
+    Goal,
+    Post,
+    PostKind,
+    Reservation,
+    Task,
+    Worker,
+)
+
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Token = Annotated[int, Field(ge=0, le=2**62)]
+Limit = Annotated[int, Field(ge=1, le=500)]
+MicroUSDField = Annotated[int, Field(ge=0, le=10**15)]
+Group = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
+#: Post kinds a worker may use; ``consolidation`` is the coordinator's broadcast, from the operator only.
+WorkerPostKind = Annotated[PostKind, Field(description="note, direction, progress, failure or question")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClaimTaskRequest(_Body):
+    """Claim a task of the worker's goal and group (a named one, or the next claimable)."""
+
+    task_id: Id | None = None
+
+
+class _Fenced(_Body):
+    task_id: Id
+    fencing_token: Token
+
+
+class HeartbeatRequest(_Fenced):
+    """Renew the lease of the caller's claim."""
+
+
+class BoardReadRequest(_Fenced):
+    """Read the group's board after a cursor (a post sequence number)."""
+
+    after: Annotated[int, Field(ge=0, le=2**62)] = 0
+    limit: Limit = 100
+    kinds: list[PostKind] | None = Field(default=None, max_length=10)
+
+
+class BoardPostRequest(_Fenced):
+    """Append a post to the group's board."""
+
+    kind: WorkerPostKind = PostKind.NOTE
+    body: Annotated[str, Field(min_length=1)]
+
+
+class CitationModel(_Body):
+    """A reference to a post (its sequence number), an artifact (sha256) or a finding (id)."""
+
+    kind: CitationKind
+    ref: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class SubmitFindingRequest(_Fenced):
+    """Record a finding with its citations."""
+
+    title: Annotated[str, Field(min_length=1, max_length=500)]
+    body: Annotated[str, Field(min_length=1)]
+    citations: list[CitationModel] = Field(default_factory=list, max_length=200)
+
+
+class ReadFindingsRequest(_Fenced):
+    """Read the group's findings after a finding id, and the consolidations broadcast to every group."""
+
+    after: Id | None = None
+    limit: Limit = 100
+    broadcast_after: Annotated[int, Field(ge=0, le=2**62)] = 0
+
+
+class SubmitArtifactRequest(_Fenced):
+    """Submit a blob (base64) and, when an evaluator is configured, have it scored."""
+
+    data_base64: str
+    media_type: Annotated[str, Field(min_length=1, max_length=200)] = "application/octet-stream"
+    split: Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")] = "search"
+
+
+class DelegateRequest(_Fenced):
+    """Create a sub-task below the caller's task, its envelope carved from the caller's."""
+
+    title: Annotated[str, Field(min_length=1, max_length=500)]
+    prompt: Annotated[str, Field(max_length=100_000)] = ""
+    budget_micro_usd: MicroUSDField = 0
+    call_cap: Annotated[int, Field(ge=0, le=10**9)] = 0
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+
+
+# -- responses ---------------------------------------------------------------------------------------------
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=False)
+
+
+class ClaimResult(_Out):
+    """The claimed task with its fencing token, or ``task: null`` when nothing is claimable."""
+
+    task: Task | None
+    fencing_token: int | None
+    lease_expires_at: float | None
+
+
+class HeartbeatResult(_Out):
+    """The lease's new expiry."""
+
+    task_id: str
+    fencing_token: int
+    lease_expires_at: float
+
+
+class BoardReadResult(_Out):
+    """Posts in sequence order and the cursor to pass as ``after`` next time."""
+
+    posts: list[Post]
+    cursor: int
+
+
+class PostResult(_Out):
+    """The post as stored."""
+
+    post: Post
+
+
+class FindingResult(_Out):
+    """The finding as stored."""
+
+    finding: Finding
+
+
+class ReadFindingsResult(_Out):
+    """The group's findings, the consolidations broadcast to all groups, and both cursors."""
+
+    findings: list[Finding]
+    cursor: str | None
+    broadcasts: list[Post]
+    broadcast_cursor: int
+
+
+class ArtifactResult(_Out):
+    """The stored artifact and, with an evaluator, its signed score."""
+
+    artifact: Artifact
+    score: dict[str, Any] | None = None
+
+
+class TaskResult(_Out):
+    """One task."""
+
+    task: Task
+
+
+class ErrorBody(_Out):
+    """Every error: a stable ``code``, a message, whether a retry may help, and the ids involved."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    code: str
+    message: str
+    retryable: bool
+
+
+class ErrorResult(_Out):
+    """The JSON body of every error response."""
+
+    error: ErrorBody
+
+
+# -- operator API -------------------------------------------------------------------------------------------
+
+
+class CreateGoalRequest(_Body):
+    """A new goal."""
+
+    objective: Annotated[str, Field(min_length=1, max_length=100_000)]
+    budget_micro_usd: MicroUSDField
+    call_cap: Annotated[int, Field(ge=0, le=10**9)]
+    deadline: Annotated[float, Field(ge=0, le=1e11)] | None = None
+    max_depth: Annotated[int, Field(ge=0, le=32)] = 2
+    policy: Annotated[str, Field(pattern=r"^(independent|team|explore|groups)$")] = "team"
+    evaluator: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+
+
+class CreateTaskRequest(_Body):
+    """A new top-level task."""
+
+    title: Annotated[str, Field(min_length=1, max_length=500)]
+    prompt: Annotated[str, Field(max_length=100_000)] = ""
+    group: Group = "main"
+    budget_micro_usd: MicroUSDField = 0
+    call_cap: Annotated[int, Field(ge=0, le=10**9)] = 0
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+
+
+class IssueWorkerRequest(_Body):
+    """Register a worker of a goal and group and issue its capability token."""
+
+    group: Group = "main"
+    ttl_s: Annotated[float, Field(gt=0, le=30 * 86400)] = 86400.0
+
+
+class OperatorPostRequest(_Body):
+    """A post with no task: a consolidation broadcast to every group, or an operator note."""
+
+    kind: PostKind = PostKind.CONSOLIDATION
+    body: Annotated[str, Field(min_length=1)]
+    group: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^(\*|[A-Za-z0-9_.-]+)$",
+                                description="a group, or * for every group")] = "*"
+
+
+class ReconcileRequest(_Body):
+    """Settle an unknown reservation at ``actual_micro_usd``, or release it with ``null``."""
+
+    actual_micro_usd: MicroUSDField | None
+
+
+class GoalResult(_Out):
+    """One goal."""
+
+    goal: Goal
+
+
+class GoalsResult(_Out):
+    """Goals, oldest first."""
+
+    goals: list[Goal]
+
+
+class TasksResult(_Out):
+    """Tasks in creation order."""
+
+    tasks: list[Task]
+
+
+class WorkersResult(_Out):
+    """A goal's workers (token hashes omitted)."""
+
+    workers: list[WorkerView]
+
+
+class WorkerView(_Out):
+    """A worker as the operator sees it; the token hash never leaves the store."""
+
+    id: str
+    goal_id: str
+    group: str
+    expires_at: float
+    revoked: bool
+    created_at: float
+
+    @classmethod
+    def of(cls, worker: Worker) -> WorkerView:
+        """The view of a stored worker."""
+        return cls(id=worker.id, goal_id=worker.goal_id, group=worker.group, expires_at=worker.expires_at,
+                   revoked=worker.revoked, created_at=worker.created_at)
+
+
+class IssuedWorker(_Out):
+    """A new worker and its token (shown once; only its hash is stored)."""
+
+    worker: WorkerView
+    token: str
+
+
+class FindingsResult(_Out):
+    """Findings in submission order."""
+
+    findings: list[Finding]
+
+
+class ReservationResult(_Out):
+    """One reservation."""
+
+    reservation: Reservation
+
+
+class ReservationsResult(_Out):
+    """A goal's reservations."""
+
+    reservations: list[Reservation]
+

@@ -1,0 +1,27 @@
+"""The control plane's knobs, parsed once at the edge (CLI or coordinator) and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarmyard.store.protocol import DEFAULT_ARTIFACT_LIMIT_BYTES, DEFAULT_POST_LIMIT_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneSettings:
+    """Limits and timings of one control plane.
+
+    ``renew_min_interval_s`` lets a burst of tool calls from one worker share one lease renewal: a call within
+    that interval of the last renewal of the same claim does not write again. It is a small fraction of the
+    lease, so a worker that keeps calling never loses its lease; ``0`` renews on every call.
+    """
+
+    lease_s: float = 300.0
+    renew_min_interval_s: float = 0.0
+    max_body_bytes: int = DEFAULT_ARTIFACT_LIMIT_BYTES * 4 // 3 + 4096  # base64 of the largest artifact
+    max_post_bytes: int = DEFAULT_POST_LIMIT_BYTES
+    rate_per_s: float = 50.0
+    rate_burst: int = 100
+    store_concurrency: int = 8
+    metrics_public: bool = False
+    read_limit_max: int = 500

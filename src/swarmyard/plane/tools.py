@@ -1,0 +1,254 @@
+"""The worker tools: what a worker may do, checked against its token and its claim.
+
+Every tool runs as one blocking function on a worker thread (token check, rate limit, ownership, lease
+renewal and the store call together), so a call costs one hop off the event loop. Every tool but
+``claim_task`` names a task and its fencing token: the task must be the caller's own claim in the caller's
+goal and group (403 otherwise), and the claim must be current with a live lease (409 otherwise).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from swarmyard.clock import Clock
+from swarmyard.domain import Citation, Claim, PostKind, TaskSpec
+from swarmyard.errors import ForbiddenError, InvalidInputError, PayloadTooLargeError, StaleFencingTokenError
+from swarmyard.plane import models as m
+from swarmyard.plane.limits import RateLimiter
+from swarmyard.plane.metrics import PlaneMetrics
+from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.tokens import TokenAuthority, WorkerIdentity
+from swarmyard.store.protocol import Store
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+class Evaluator(Protocol):
+    """Anything that scores an artifact for a goal (the evaluator client, or a test double)."""
+
+    async def score(self, goal: str, data: bytes, split: str) -> Any:
+        """A signed score for ``data``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One worker tool: its name, request and response models and what it does."""
+
+    name: str
+    request: type[BaseModel]
+    response: type[BaseModel]
+    summary: str
+
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec("claim_task", m.ClaimTaskRequest, m.ClaimResult, "Claim a task of your goal and group."),
+    ToolSpec("heartbeat", m.HeartbeatRequest, m.HeartbeatResult, "Renew the lease on your claim."),
+    ToolSpec("board_read", m.BoardReadRequest, m.BoardReadResult, "Read your group's board after a cursor."),
+    ToolSpec("board_post", m.BoardPostRequest, m.PostResult,
+             "Post a note, direction, progress, failure or question."),
+    ToolSpec("submit_finding", m.SubmitFindingRequest, m.FindingResult, "Record a finding with citations."),
+    ToolSpec("read_findings", m.ReadFindingsRequest, m.ReadFindingsResult,
+             "Read your group's findings and the consolidations broadcast to all groups."),
+    ToolSpec("submit_artifact", m.SubmitArtifactRequest, m.ArtifactResult,
+             "Submit an artifact (base64); scored when an evaluator is configured."),
+    ToolSpec("delegate", m.DelegateRequest, m.TaskResult,
+             "Create a sub-task below yours, its budget carved from your task's envelope."),
+)
+TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
+
+_CACHE_CAP = 200_000
+_Stored = tuple[WorkerIdentity, bytes, m.ArtifactResult]
+
+
+def jsonable(value: Any) -> Any:
+    """A score (dataclass, pydantic model, dict) as plain JSON values; bytes become base64."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+class WorkerTools:
+    """The tool implementations over a store, a token authority and the plane's limits."""
+
+    def __init__(self, store: Store, tokens: TokenAuthority, settings: PlaneSettings, clock: Clock,
+                 metrics: PlaneMetrics, evaluator: Evaluator | None = None) -> None:
+        self._store = store
+        self._tokens = tokens
+        self._settings = settings
+        self._clock = clock
+        self._metrics = metrics
+        self._evaluator = evaluator
+        self._limiter = RateLimiter(settings.rate_per_s, settings.rate_burst, clock)
+        # (task_id, fencing token) -> worker id. A fencing token is issued once, to one worker, for one task,
+        # so this mapping never changes and may be cached without ever going stale.
+        self._owners: dict[tuple[str, int], str] = {}
+        self._renewed: dict[tuple[str, int], float] = {}
+        self._lock = threading.Lock()
+
+    # -- shared checks ------------------------------------------------------------------------------------
+    def authenticate(self, token: str) -> WorkerIdentity:
+        """Verify a worker token and take one rate-limit token for its worker."""
+        who = self._tokens.verify(token)
+        self._limiter.acquire(who.worker_id)
+        return who
+
+    def _own(self, who: WorkerIdentity, task_id: str, token: int) -> None:
+        key = (task_id, token)
+        owner = self._owners.get(key)
+        if owner is None:
+            task = self._store.get_task(task_id)
+            if task.goal_id != who.goal_id or task.group != who.group:
+                raise ForbiddenError(f"task {task_id} is outside worker {who.worker_id}'s goal and group",
+                                     task_id=task_id, worker_id=who.worker_id)
+            if task.fencing_token != token:
+                raise StaleFencingTokenError(task_id, token, task.fencing_token)
+            owner = task.worker_id or ""
+            self._remember(key, owner)
+        if owner != who.worker_id:
+            raise ForbiddenError(f"task {task_id} is not claimed by worker {who.worker_id}",
+                                 task_id=task_id, worker_id=who.worker_id)
+
+    def _remember(self, key: tuple[str, int], owner: str) -> None:
+        with self._lock:
+            if len(self._owners) >= _CACHE_CAP:
+                self._owners.clear()
+                self._renewed.clear()
+            self._owners[key] = owner
+
+    def _renew(self, task_id: str, token: int, *, force: bool = False) -> Claim | None:
+        """Renew the lease (every call does), or within ``renew_min_interval_s`` of the last renewal only
+        check that the claim is still current."""
+        key = (task_id, token)
+        now = self._clock.now()
+        interval = self._settings.renew_min_interval_s
+        last = self._renewed.get(key)
+        if not force and interval > 0 and last is not None and now - last < interval:
+            self._store.check_fence(task_id, token)
+            return None
+        claim = self._store.renew(task_id, token, self._settings.lease_s)
+        self._renewed[key] = now
+        return claim
+
+    def _fenced(self, token: str, task_id: str, fencing_token: int) -> WorkerIdentity:
+        who = self.authenticate(token)
+        self._own(who, task_id, fencing_token)
+        self._renew(task_id, fencing_token)
+        return who
+
+    # -- tools (blocking; the app runs them on a worker thread) -------------------------------------------
+    def claim_task(self, token: str, req: m.ClaimTaskRequest) -> m.ClaimResult:
+        """Claim the named task, or the next claimable one of the worker's goal and group."""
+        who = self.authenticate(token)
+        if req.task_id is not None:
+            task = self._store.get_task(req.task_id)
+            if task.goal_id != who.goal_id or task.group != who.group:
+                raise ForbiddenError(f"task {req.task_id} is outside worker {who.worker_id}'s goal and group",
+                                     task_id=req.task_id, worker_id=who.worker_id)
+        claim = self._store.claim(who.goal_id, who.worker_id, self._settings.lease_s, task_id=req.task_id,
+                                  group=who.group)
+        if claim is None:
+            return m.ClaimResult.model_construct(task=None, fencing_token=None, lease_expires_at=None)
+        self._remember((claim.task.id, claim.token), who.worker_id)
+        self._renewed[(claim.task.id, claim.token)] = self._clock.now()
+        return m.ClaimResult.model_construct(task=claim.task, fencing_token=claim.token,
+                                             lease_expires_at=claim.expires_at)
+
+    def heartbeat(self, token: str, req: m.HeartbeatRequest) -> m.HeartbeatResult:
+        """Renew the lease now (never skipped)."""
+        who = self.authenticate(token)
+        self._own(who, req.task_id, req.fencing_token)
+        claim = self._renew(req.task_id, req.fencing_token, force=True)
+        assert claim is not None  # a forced renewal always returns the claim
+        return m.HeartbeatResult.model_construct(task_id=req.task_id, fencing_token=req.fencing_token,
+                                                 lease_expires_at=claim.expires_at)
+
+    def board_read(self, token: str, req: m.BoardReadRequest) -> m.BoardReadResult:
+        """The worker's group's posts after ``after``."""
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        posts = self._store.read_board(who.goal_id, after=req.after, limit=req.limit, group=who.group,
+                                       kinds=req.kinds)
+        return m.BoardReadResult.model_construct(posts=posts, cursor=posts[-1].seq if posts else req.after)
+
+    def board_post(self, token: str, req: m.BoardPostRequest) -> m.PostResult:
+        """Append a post to the worker's group's board."""
+        if req.kind is PostKind.CONSOLIDATION:
+            raise ForbiddenError("consolidation posts come from the coordinator, not from workers")
+        size = len(req.body.encode())
+        if size > self._settings.max_post_bytes:
+            raise PayloadTooLargeError("post", size, self._settings.max_post_bytes)
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        post = self._store.post(req.task_id, req.fencing_token, req.kind, req.body, author=who.worker_id,
+                                group=who.group)
+        self._metrics.board_posts.inc()
+        return m.PostResult.model_construct(post=post)
+
+    def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
+        """Record a finding under the worker's claim."""
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        citations = tuple(Citation(c.kind, c.ref) for c in req.citations)
+        finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
+                                             title=req.title, body=req.body, citations=citations)
+        return m.FindingResult.model_construct(finding=finding)
+
+    def read_findings(self, token: str, req: m.ReadFindingsRequest) -> m.ReadFindingsResult:
+        """The group's findings plus the consolidations broadcast to every group."""
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        findings = self._store.read_findings(who.goal_id, group=who.group, after=req.after, limit=req.limit)
+        broadcasts = self._store.read_board(who.goal_id, after=req.broadcast_after, limit=req.limit,
+                                            kinds=[PostKind.CONSOLIDATION])
+        return m.ReadFindingsResult.model_construct(
+            findings=findings, cursor=findings[-1].id if findings else req.after, broadcasts=broadcasts,
+            broadcast_cursor=broadcasts[-1].seq if broadcasts else req.broadcast_after)
+
+    def put_artifact(self, token: str, req: m.SubmitArtifactRequest) -> _Stored:
+        """Store the artifact; the app then asks the evaluator (an async call) for its score."""
+        try:
+            data = base64.b64decode(req.data_base64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidInputError("data_base64 is not valid base64", field="data_base64") from exc
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
+                                            media_type=req.media_type)
+        return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
+
+    async def submit_artifact(self, token: str, req: m.SubmitArtifactRequest,
+                              offload: Offload[_Stored]) -> m.ArtifactResult:
+        """Store the artifact and, with an evaluator, return its signed score."""
+        who, data, result = await offload(lambda: self.put_artifact(token, req))
+        if self._evaluator is None:
+            return result
+        score = await self._evaluator.score(who.goal_id, data, req.split)
+        return m.ArtifactResult.model_construct(artifact=result.artifact, score=jsonable(score))
+
+    def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
+        """A sub-task one level below the caller's, in the caller's group."""
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        spec = TaskSpec(title=req.title, prompt=req.prompt, group=who.group,
+                        budget_micro_usd=req.budget_micro_usd, call_cap=req.call_cap, parent_id=req.task_id,
+                        priority=req.priority)
+        return m.TaskResult.model_construct(task=self._store.delegate(req.task_id, req.fencing_token, spec))
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Drop cached ownership of a revoked worker (its token is refused anyway; this frees memory)."""
+        with self._lock:
+            for key in [k for k, v in self._owners.items() if v == worker_id]:
+                del self._owners[key]
+                self._renewed.pop(key, None)
