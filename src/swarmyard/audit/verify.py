@@ -19,7 +19,7 @@ from pathlib import Path
 from swarmyard.audit.checkpoint import SignedCheckpoint, open_checkpoint
 from swarmyard.audit.log import LEAVES, LOG_VKEY, READ_BATCH, WITNESS_VKEY, EventSource, list_checkpoints
 from swarmyard.audit.merkle import HASH_SIZE, leaf_hash, verify_consistency
-from swarmyard.audit.note import Verifier, parse_note
+from swarmyard.audit.note import Verifier
 from swarmyard.audit.tree import MerkleTree
 from swarmyard.errors import AuditError, InvalidProofError, InvalidSignatureError, LogMismatchError
 
@@ -42,21 +42,20 @@ def _open_checkpoints(audit_dir: Path, log: Verifier,
         if path.name != f"{number:06d}.note":
             raise LogMismatchError("checkpoint", number, f"missing (found {path.name} in its place)")
         message = path.read_text()
+        # The log's own signature first (other lines are ignored here), so a rewritten body is named as the
+        # checkpoint; then the witness's lines, so a forged cosignature is named as such.
         try:
-            note = parse_note(message)
+            signed, _ = open_checkpoint(message, log, origin=log.name)
         except InvalidSignatureError as exc:
             raise LogMismatchError("checkpoint", number, exc.reason) from exc
-        # A line under the witness's name is a cosignature: a bad one is named as such, not as the checkpoint.
-        has_cosig = witness is not None and any(s.name == witness.name for s in note.signatures)
+        has_cosig = False
         if witness is not None:
-            for sig in note.signatures:
-                if sig.name == witness.name and (sig.key_id != witness.key_id
-                                                 or not witness.verify(note.text, sig.signature)):
+            for sig in signed.note.signatures:
+                if sig.name != witness.name:
+                    continue
+                if sig.key_id != witness.key_id or not witness.verify(signed.note.text, sig.signature):
                     raise LogMismatchError("cosignature", number, "the witness's cosignature does not verify")
-        try:
-            signed, _ = open_checkpoint(message, log, [witness] if witness else [], origin=log.name)
-        except InvalidSignatureError as exc:
-            raise LogMismatchError("checkpoint", number, exc.reason) from exc
+                has_cosig = True
         if out and signed.checkpoint.size < out[-1][0].checkpoint.size:
             raise LogMismatchError("checkpoint", number, "its size is smaller than the previous checkpoint's")
         out.append((signed, has_cosig))
