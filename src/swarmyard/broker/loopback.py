@@ -19,10 +19,19 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", startup_timeout_s: flo
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http="h11",
-                            timeout_graceful_shutdown=2, backlog=4096)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="on",
+        loop="asyncio",
+        http="h11",
+        timeout_graceful_shutdown=2,
+        backlog=4096,
+    )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="loopback-server", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="loopback-server", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:

