@@ -21,6 +21,7 @@ NOUNS: dict[str, str] = {
     "audit": "swarmyard.cli.audit",
     "witness": "swarmyard.cli.witness",
     "machines": "swarmyard.cli.machines",
+    "run": "swarmyard.cli.run",
 }
 
 app = typer.Typer(

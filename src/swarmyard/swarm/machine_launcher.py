@@ -1,0 +1,158 @@
+"""The real launcher: the control plane (tools + broker) on a Unix socket, one machine per worker slot.
+
+Each agent run gets a fresh capability token scoped to the goal and its slot's group; the machine sees the
+plane only through its in-sandbox relay. Every machine made is deleted in ``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmyard.agents.adapters import AdapterContext, get_adapter
+from swarmyard.agents.builtin import Role
+from swarmyard.config import AgentKind, SwarmConfig
+from swarmyard.domain import Goal
+from swarmyard.errors import SandboxError
+from swarmyard.ids import new_id
+from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
+from swarmyard.report.data import WorkerSpan
+from swarmyard.store.protocol import Store
+from swarmyard.swarm.launcher import WorkerSlot
+
+
+def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig) -> list[Any]:
+    import importlib
+
+    from swarmyard.broker.app import broker_routes
+    from swarmyard.broker.providers import KINDS
+    from swarmyard.broker.settings import BrokerSettings, ModelRoute
+
+    providers: dict[str, Any] = {}
+    routes: list[ModelRoute] = []
+    for name, provider in config.providers.items():
+        module, cls = KINDS[
+            provider.kind.value if provider.kind.value != "openai_compatible" else "openai"
+        ].split(":")
+        providers[name] = getattr(importlib.import_module(module), cls)()
+        routes += [ModelRoute(model, name) for model in provider.models]
+    return broker_routes(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
+
+
+class MachineLauncher:
+    """Runs agents in ``swarmyard.machines`` machines against an in-process control plane."""
+
+    def __init__(self, config: SwarmConfig, store: Store, run_dir: Path) -> None:
+        self.config = config
+        self.store = store
+        self.run_dir = run_dir
+        self.socket = run_dir / "plane.sock"
+        self._machines: Any = None
+        self._made: dict[str, str] = {}
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._tokens: TokenAuthority | None = None
+        self._goal: Goal | None = None
+
+    async def start(self, goal: Goal) -> None:
+        """Serve the plane on the run's socket and open the machines backend."""
+        import uvicorn
+
+        from swarmyard.machines.api import Machines
+        from swarmyard.plane.app import create_app
+        from swarmyard.plane.settings import PlaneSettings
+
+        self._goal = goal
+        self._tokens = TokenAuthority(load_or_create_secret(self.run_dir / "token.secret"), self.store)
+        app = create_app(
+            self.store,
+            self._tokens,
+            PlaneSettings(lease_s=self.config.workers.lease_s),
+            extra_routes=_broker_routes(self.store, self._tokens, self.config),
+        )
+        self.socket.unlink(missing_ok=True)
+        self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="swarmyard-plane")
+        self._thread.start()
+        while not self._server.started:
+            await asyncio.sleep(0.02)
+        self._machines = await asyncio.to_thread(Machines, self.config.run.sandbox.value)
+
+    def _machine(self, slot: WorkerSlot) -> str:
+        if slot.name not in self._made:
+            info = self._machines.create(
+                f"{slot.name}-{new_id('m')[-8:]}",
+                self.config.workers.baseline,
+                slot.group,
+                control_socket=self.socket,
+            )
+            self._machines.wait_until_ready(info.id)
+            self._made[slot.name] = info.id
+        return self._made[slot.name]
+
+    def _run_blocking(self, slot: WorkerSlot) -> WorkerSpan:
+        assert self._tokens is not None and self._goal is not None
+        started = time.time()
+        machine_id = self._machine(slot)
+        info = next(m for m in self._machines.list() if m.id == machine_id)
+        relay = f"http://127.0.0.1:{info.relay_port}"
+        token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
+        lead = slot.role is Role.LEAD
+        agent = self.config.lead.agent if lead else self.config.workers.agent
+        model = self.config.lead.model if lead else self.config.workers.model
+        steps = self.config.lead.max_steps if lead else self.config.workers.max_steps
+        if agent is AgentKind.BUILTIN:
+            argv: list[str] = [sys.executable, "-m", "swarmyard.agent"]
+            env = {
+                "SWARMYARD_PLANE_URL": relay,
+                "SWARMYARD_TOKEN": token,
+                "SWARMYARD_MODEL": model,
+                "SWARMYARD_ROLE": slot.role.value,
+                "SWARMYARD_MAX_STEPS": str(steps),
+                "SWARMYARD_EXEC_TIMEOUT_S": "60",
+                "SWARMYARD_WORKDIR": ".",
+            }
+            if slot.task_id:
+                env["SWARMYARD_TASK_ID"] = slot.task_id
+        else:
+            launch = get_adapter(agent.value).launch(
+                AdapterContext(relay, token, model, self._goal.objective)
+            )
+            for path, text in launch.files.items():
+                self._machines.files.upload(machine_id, path, text.encode(), mode=0o600)
+            argv, env = list(launch.argv), dict(launch.env)
+        result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
+        ending, task_id, steps_done = "timeout" if result.timed_out else "error", None, 0
+        if not result.timed_out and result.stdout:
+            try:
+                outcome = json.loads(result.stdout.strip().splitlines()[-1])
+                ending, task_id, steps_done = outcome["ending"], outcome["task_id"], int(outcome["steps"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                ending = "done" if result.exit_code == 0 else "error"
+        return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
+
+    async def run(self, slot: WorkerSlot) -> WorkerSpan:
+        """One agent run in the slot's machine (made on first use)."""
+        try:
+            return await asyncio.to_thread(self._run_blocking, slot)
+        except SandboxError:
+            raise
+
+    async def close(self) -> None:
+        """Delete every machine, then stop the plane."""
+        try:
+            if self._machines is not None:
+                for machine_id in list(self._made.values()):
+                    await asyncio.to_thread(self._machines.delete, machine_id)
+                self._made.clear()
+                await asyncio.to_thread(self._machines.close)
+        finally:
+            if self._server is not None:
+                self._server.should_exit = True
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join, 10)

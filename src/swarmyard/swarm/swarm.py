@@ -1,0 +1,57 @@
+"""``Swarm.from_file(path).run()``: the whole run from Python, as ``swarmyard run`` does it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from swarmyard.config import SandboxKind, SwarmConfig, load_config
+from swarmyard.ids import new_id
+from swarmyard.report.data import WorkerSpan
+from swarmyard.store import open_store
+from swarmyard.swarm.coordinator import Coordinator, RunResult, RunState
+
+
+class Swarm:
+    """A parsed swarm file, ready to run."""
+
+    def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None) -> None:
+        self.config = (
+            config
+            if sandbox is None
+            else config.model_copy(update={"run": config.run.model_copy(update={"sandbox": sandbox})})
+        )
+
+    @classmethod
+    def from_file(cls, path: Path | str, *, sandbox: SandboxKind | None = None) -> Swarm:
+        """Parse a swarm file (``ConfigError`` naming the field; nothing is started)."""
+        return cls(load_config(Path(path)), sandbox=sandbox)
+
+    def run(
+        self, *, resume: str | None = None, on_span: Callable[[WorkerSpan], None] | None = None
+    ) -> RunResult:
+        """Run to the synthesis (or continue run ``resume``); machines are deleted in every case."""
+        from swarmyard.swarm.machine_launcher import MachineLauncher
+
+        runs = Path(self.config.run.runs_dir)
+        run_id = resume or new_id("run")
+        run_dir = runs / run_id
+        if resume:
+            url = RunState.load(run_dir / "run.json").store_url
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            url = self.config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
+        store = open_store(url)
+        try:
+            coordinator = Coordinator(
+                self.config,
+                store,
+                MachineLauncher(self.config, store, run_dir),
+                run_id=run_id,
+                run_dir=run_dir,
+                on_span=on_span,
+            )
+            return asyncio.run(coordinator.run(resume=resume is not None))
+        finally:
+            store.close()
