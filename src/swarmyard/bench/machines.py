@@ -1,0 +1,89 @@
+"""``swarmyard bench machines``: create + first exec, exec on a ready machine, fork, and many machines at once.
+
+Baselines run in the same process: plain ``subprocess`` of ``true`` and plain ``bwrap --unshare-all true``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.machines.api import Machines
+
+
+def _ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def _timed(action: object, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        action()  # type: ignore[operator]
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def run(quick: bool = False, **options: object) -> BenchResult:
+    """Measure the ``local`` backend beside raw subprocess and raw bwrap."""
+    n = 5 if quick else 30
+    many = 10 if quick else 100
+    env = {"PATH": "/usr/bin:/bin"}
+    bwrap = shutil.which("bwrap", path=env["PATH"]) or "bwrap"
+    raw_sub = _ms(_timed(lambda: subprocess.run(["true"], env=env, check=True), n))
+    raw_bwrap = _ms(_timed(lambda: subprocess.run(
+        [bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+         "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "true"], env=env, check=True), n))
+    result = BenchResult(area="machines")
+    with tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp, \
+            Machines("local", root=Path(tmp), max_concurrent=many + 8) as machines:
+        counter = iter(range(10**6))
+
+        def create_exec() -> None:
+            info = machines.create(f"c{next(counter)}")
+            machines.exec(info.id, ["true"])
+
+        create_exec()  # the first machine pays for the host probe
+        create_exec_ms = _ms(_timed(create_exec, n))
+        for info in machines.list():
+            machines.delete(info.id)
+        ready = machines.create("ready")
+        machines.exec(ready.id, ["true"])
+        exec_ms = _ms(_timed(lambda: machines.exec(ready.id, ["true"]), n))
+
+        def fork() -> None:
+            info = machines.fork(ready.id, f"f{next(counter)}")
+            machines.wait_until_ready(info.id)
+
+        fork_ms = _ms(_timed(fork, n))
+        for info in machines.list():
+            if info.id != ready.id:
+                machines.delete(info.id)
+
+        def one(i: int) -> None:
+            info = machines.create(f"many{i}")
+            machines.exec(info.id, ["true"])
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(one, range(many)))
+        many_s = time.perf_counter() - started
+    result.add(BenchRow("create + first exec (true)", create_exec_ms, "ms", raw_bwrap, "raw bwrap", "<= 10 ms"))
+    result.add(BenchRow("exec on a ready machine", exec_ms, "ms", raw_sub, "raw subprocess"))
+    result.add(BenchRow("fork (ready)", fork_ms, "ms", raw_bwrap, "raw bwrap", "<= 20 ms"))
+    result.add(BenchRow(f"{many} machines at once (create + exec)", many_s * 1000, "ms",
+                        raw_bwrap * many, f"{many} x raw bwrap"))
+    result.add(BenchRow("raw bwrap --unshare-all true", raw_bwrap, "ms"))
+    result.add(BenchRow("raw subprocess true", raw_sub, "ms"))
+    result.summary.update(create_exec_ms_p50=round(create_exec_ms, 2), exec_ms_p50=round(exec_ms, 2),
+                          fork_ms_p50=round(fork_ms, 2), raw_bwrap_ms_p50=round(raw_bwrap, 2),
+                          raw_subprocess_ms_p50=round(raw_sub, 2), many_machines=many,
+                          many_machines_s=round(many_s, 3))
+    result.notes.append("each machine boots a Python init inside bwrap; its start-up dominates create and fork")
+    return result

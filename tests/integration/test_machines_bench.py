@@ -1,0 +1,27 @@
+"""The machines benchmark and the doctor, run for real (shape only, no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from swarmyard.bench.machines import run
+from swarmyard.cli.main import app
+
+
+@pytest.mark.slow
+def test_bench_quick_has_the_summary_keys() -> None:
+    result = run(quick=True)
+    for key in ("create_exec_ms_p50", "fork_ms_p50", "raw_bwrap_ms_p50", "exec_ms_p50"):
+        assert result.summary[key] > 0
+    assert any(row.baseline for row in result.rows)
+
+
+def test_doctor_json_reports_every_check() -> None:
+    out = CliRunner().invoke(app, ["machines", "doctor", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["landlock_abi"] >= 1 and report["user_namespaces"] is True
+    assert {c["name"] for c in report["checks"]} >= {"bubblewrap", "seccomp", "landlock", "overlayfs"}
