@@ -59,8 +59,9 @@ def start_plane(store_url: str, clock: FakeClock, settings: PlaneSettings | None
     tokens = TokenAuthority(b"k" * 32, store, clock)
     app = create_app(store, tokens, settings or PlaneSettings(lease_s=60), evaluator=evaluator, clock=clock)
     listen = Listen(socket_path=folder / "plane.sock")
-    with BackgroundServer(app, listen), httpx.Client(transport=httpx.HTTPTransport(uds=str(listen.socket_path)),
-                                                     base_url="http://plane", timeout=30) as http:
+    transport = httpx.HTTPTransport(uds=str(listen.socket_path))
+    with BackgroundServer(app, listen), \
+            httpx.Client(transport=transport, base_url="http://plane", timeout=30) as http:
         yield Plane(store, tokens, clock, http, tokens.issue_operator())
     store.close()
     shutil.rmtree(folder, ignore_errors=True)
