@@ -17,6 +17,7 @@ NOUNS: dict[str, str] = {
     "board": "swarmyard.cli.board",
     "budget": "swarmyard.cli.budget",
     "bench": "swarmyard.cli.bench",
+    "broker": "swarmyard.cli.broker",
     "evaluator": "swarmyard.cli.evaluator",
     "audit": "swarmyard.cli.audit",
     "witness": "swarmyard.cli.witness",
