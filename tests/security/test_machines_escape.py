@@ -43,20 +43,28 @@ def _py(machines: Machines, info: MachineInfo, code: str, timeout: float = 30) -
 
 
 def _errno_of(machines: Machines, info: MachineInfo, code: str) -> str:
-    return _py(machines, info, f"import errno\ntry:\n    {code}\n    print('ESCAPED')\n"
-                              "except OSError as e:\n    print(errno.errorcode.get(e.errno, e.errno))")
+    return _py(
+        machines,
+        info,
+        f"import errno\ntry:\n    {code}\n    print('ESCAPED')\n"
+        "except OSError as e:\n    print(errno.errorcode.get(e.errno, e.errno))",
+    )
 
 
 def test_no_provider_key_anywhere_inside(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, key_file = world
-    result = machines.exec(info.id, "env; cat /proc/*/environ 2>/dev/null; "
-                                    "grep -rsl sk-test /machine /tmp /run /etc 2>/dev/null | head",
-                           timeout=60)
+    result = machines.exec(
+        info.id,
+        "env; cat /proc/*/environ 2>/dev/null; grep -rsl sk-test /machine /tmp /run /etc 2>/dev/null | head",
+        timeout=60,
+    )
     assert FAKE_KEY.encode() not in result.stdout + result.stderr
     assert _errno_of(machines, info, f"open({str(key_file)!r})") == "ENOENT"
 
 
-def test_host_root_home_and_tmp_are_not_visible(world: tuple[Machines, MachineInfo, Path], tmp_path: Path) -> None:
+def test_host_root_home_and_tmp_are_not_visible(
+    world: tuple[Machines, MachineInfo, Path], tmp_path: Path
+) -> None:
     machines, info, _ = world
     probe = Path("/root") / f".swarmyard-escape-{os.getpid()}"
     probe.write_text("host")
@@ -71,8 +79,12 @@ def test_host_root_home_and_tmp_are_not_visible(world: tuple[Machines, MachineIn
 def test_proc_1_environ_is_the_sandbox_not_the_host(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
     environ = _py(machines, info, "print(open('/proc/1/environ','rb').read())")
-    assert FAKE_KEY not in environ and "bwrap" not in _py(machines, info, "import os;print(os.uname().nodename)")
-    assert int(_py(machines, info, "import os;print(len([p for p in os.listdir('/proc') if p.isdigit()]))")) < 10
+    assert FAKE_KEY not in environ and "bwrap" not in _py(
+        machines, info, "import os;print(os.uname().nodename)"
+    )
+    assert (
+        int(_py(machines, info, "import os;print(len([p for p in os.listdir('/proc') if p.isdigit()]))")) < 10
+    )
 
 
 def test_other_machines_disk_is_unreachable(world: tuple[Machines, MachineInfo, Path]) -> None:
@@ -94,9 +106,18 @@ def test_no_network_but_loopback(world: tuple[Machines, MachineInfo, Path]) -> N
     machines, info, _ = world
     for target in ("('10.0.2.2', 80)", "('1.1.1.1', 53)", "('127.0.0.1', 22)"):
         assert _errno_of(machines, info, f"import socket;socket.create_connection({target}, timeout=2)") in {
-            "ENETUNREACH", "ECONNREFUSED", "EHOSTUNREACH"}
-    assert _errno_of(machines, info, "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
-                                     "s.sendto(b'x',('8.8.8.8',53))") == "ENETUNREACH"
+            "ENETUNREACH",
+            "ECONNREFUSED",
+            "EHOSTUNREACH",
+        }
+    assert (
+        _errno_of(
+            machines,
+            info,
+            "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.sendto(b'x',('8.8.8.8',53))",
+        )
+        == "ENETUNREACH"
+    )
     assert _py(machines, info, "import socket;print(sorted(n for _,n in socket.if_nameindex()))") == "['lo']"
 
 
@@ -106,8 +127,10 @@ def test_cannot_signal_or_ptrace_host_processes(world: tuple[Machines, MachineIn
     try:
         # The host pid does not exist in the machine's pid namespace.
         assert _errno_of(machines, info, f"import os;os.kill({host.pid}, 9)") == "ESRCH"
-        ptrace = ("import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.ptrace(16,1,0,0);"
-                  "import os;raise OSError(ctypes.get_errno(),'') if r else None")
+        ptrace = (
+            "import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.ptrace(16,1,0,0);"
+            "import os;raise OSError(ctypes.get_errno(),'') if r else None"
+        )
         assert _errno_of(machines, info, ptrace) == "EPERM"
         assert host.poll() is None
     finally:
@@ -116,21 +139,29 @@ def test_cannot_signal_or_ptrace_host_processes(world: tuple[Machines, MachineIn
 
 
 @pytest.mark.parametrize("request_code", [0x5412, 0x5412 | (1 << 32), 0x541C, 0x541C | (1 << 32)])
-def test_tiocsti_and_tioclinux_are_denied(world: tuple[Machines, MachineInfo, Path], request_code: int) -> None:
+def test_tiocsti_and_tioclinux_are_denied(
+    world: tuple[Machines, MachineInfo, Path], request_code: int
+) -> None:
     machines, info, _ = world
-    code = ("import ctypes,os;l=ctypes.CDLL(None,use_errno=True);fd=os.open('/dev/null',os.O_RDWR);"
-            f"r=l.ioctl(fd,ctypes.c_ulong({request_code}),ctypes.c_char_p(b'x'));"
-            "raise OSError(ctypes.get_errno(),'') if r else None")
+    code = (
+        "import ctypes,os;l=ctypes.CDLL(None,use_errno=True);fd=os.open('/dev/null',os.O_RDWR);"
+        f"r=l.ioctl(fd,ctypes.c_ulong({request_code}),ctypes.c_char_p(b'x'));"
+        "raise OSError(ctypes.get_errno(),'') if r else None"
+    )
     assert _errno_of(machines, info, code) == "EPERM"
 
 
 def test_namespace_and_mount_syscalls_denied(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
-    code = ("import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.unshare(0x10000000);"
-            "raise OSError(ctypes.get_errno(),'') if r else None")
+    code = (
+        "import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.unshare(0x10000000);"
+        "raise OSError(ctypes.get_errno(),'') if r else None"
+    )
     assert _errno_of(machines, info, code) == "EPERM"
-    code = ("import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.mount(b'none',b'/tmp',b'tmpfs',0,None);"
-            "raise OSError(ctypes.get_errno(),'') if r else None")
+    code = (
+        "import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.mount(b'none',b'/tmp',b'tmpfs',0,None);"
+        "raise OSError(ctypes.get_errno(),'') if r else None"
+    )
     assert _errno_of(machines, info, code) == "EPERM"
 
 
@@ -142,9 +173,11 @@ def test_memory_limit_kills(world: tuple[Machines, MachineInfo, Path]) -> None:
 
 def test_pids_limit_stops_fork_bomb(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
-    code = ("import subprocess\nps=[]\ntry:\n    for _ in range(200): ps.append(subprocess.Popen(['sleep','30']))\n"
-            "    print('ESCAPED')\nexcept OSError as e:\n    print('EAGAIN' if e.errno==11 else e)\n"
-            "finally:\n    [p.kill() for p in ps]")
+    code = (
+        "import subprocess\nps=[]\ntry:\n    for _ in range(200): ps.append(subprocess.Popen(['sleep','30']))\n"
+        "    print('ESCAPED')\nexcept OSError as e:\n    print('EAGAIN' if e.errno==11 else e)\n"
+        "finally:\n    [p.kill() for p in ps]"
+    )
     assert _py(machines, info, code) == "EAGAIN"
 
 
@@ -157,7 +190,9 @@ def test_no_orphan_after_delete(world: tuple[Machines, MachineInfo, Path]) -> No
     assert b"sleep 1000" not in procs and b"sleep 1001" not in procs
 
 
-def test_control_plane_database_is_not_visible(world: tuple[Machines, MachineInfo, Path], tmp_path: Path) -> None:
+def test_control_plane_database_is_not_visible(
+    world: tuple[Machines, MachineInfo, Path], tmp_path: Path
+) -> None:
     machines, info, _ = world
     db = tmp_path / "store.db"
     db.write_bytes(b"SQLite format 3\0")

@@ -30,7 +30,12 @@ def machines(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Machine
 def test_create_exec_and_output(machines: Machines) -> None:
     info = machines.create("one")
     result = machines.exec(info.id, "echo out; echo err >&2; exit 3")
-    assert (result.stdout, result.stderr, result.exit_code, result.timed_out) == (b"out\n", b"err\n", 3, False)
+    assert (result.stdout, result.stderr, result.exit_code, result.timed_out) == (
+        b"out\n",
+        b"err\n",
+        3,
+        False,
+    )
     assert result.duration_s > 0
     assert [m.name for m in machines.list()] == ["one"]
 
@@ -45,10 +50,11 @@ def test_env_is_allow_list_plus_caller(machines: Machines, monkeypatch: pytest.M
 
 def test_timeout_kills_the_whole_tree(machines: Machines) -> None:
     info = machines.create("slow")
-    result = machines.exec(info.id, "sleep 300 & (setsid sleep 301 &) ; sleep 302", timeout=0.5)
+    tag = f"{300 + os.getpid() % 1000}.{threading.get_ident() % 977}"  # unique: the process backend sees host ps
+    result = machines.exec(info.id, f"sleep {tag}1 & (setsid sleep {tag}2 &) ; sleep {tag}3", timeout=0.5)
     assert result.timed_out and result.exit_code == 137
-    left = machines.exec(info.id, "ps -eo args 2>/dev/null || ls /proc").stdout.decode()
-    assert "sleep 30" not in left
+    left = machines.exec(info.id, "ps -eo args").stdout.decode()
+    assert f"sleep {tag}" not in left
 
 
 def test_stream_exec_yields_output_then_exit(machines: Machines) -> None:
@@ -160,8 +166,10 @@ def test_relay_reaches_control_socket(machines: Machines, tmp_path: Path) -> Non
     info = machines.create("relay", control_socket=sock_path)
     port = machines.wait_until_ready(info.id).relay_port
     assert port
-    script = (f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/v1/models')"
-              ".read().decode())")
+    script = (
+        f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/v1/models')"
+        ".read().decode())"
+    )
     result = machines.exec(info.id, ["python3", "-c", script], timeout=20)
     assert result.stdout.strip() == b"plane", result.stderr
     server.close()
@@ -169,7 +177,9 @@ def test_relay_reaches_control_socket(machines: Machines, tmp_path: Path) -> Non
 
 def test_python_m_swarmyard_runs_inside(machines: Machines) -> None:
     info = machines.create("py")
-    result = machines.exec(info.id, ["python3", "-c", "import swarmyard.machines.wire as w; print(w.MAX_FRAME)"])
+    result = machines.exec(
+        info.id, ["python3", "-c", "import swarmyard.machines.wire as w; print(w.MAX_FRAME)"]
+    )
     assert result.stdout.strip() == str(1 << 20).encode(), result.stderr
 
 
@@ -187,6 +197,9 @@ def test_async_api(machines: Machines) -> None:
 
 
 def test_process_backend_warns_loudly(tmp_path: Path) -> None:
-    with Machines("process", root=tmp_path / "p") as machines, pytest.warns(ProcessWarning, match="NO isolation"):
+    with (
+        Machines("process", root=tmp_path / "p") as machines,
+        pytest.warns(ProcessWarning, match="NO isolation"),
+    ):
         machines.create("dev")
     assert os.environ.get("HOME") != str(tmp_path)

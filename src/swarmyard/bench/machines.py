@@ -37,12 +37,37 @@ def run(quick: bool = False, **options: object) -> BenchResult:
     env = {"PATH": "/usr/bin:/bin"}
     bwrap = shutil.which("bwrap", path=env["PATH"]) or "bwrap"
     raw_sub = _ms(_timed(lambda: subprocess.run(["true"], env=env, check=True), n))
-    raw_bwrap = _ms(_timed(lambda: subprocess.run(
-        [bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-         "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "true"], env=env, check=True), n))
+    raw_bwrap = _ms(
+        _timed(
+            lambda: subprocess.run(
+                [
+                    bwrap,
+                    "--unshare-all",
+                    "--ro-bind",
+                    "/usr",
+                    "/usr",
+                    "--symlink",
+                    "usr/lib",
+                    "/lib",
+                    "--symlink",
+                    "usr/lib64",
+                    "/lib64",
+                    "--symlink",
+                    "usr/bin",
+                    "/bin",
+                    "true",
+                ],
+                env=env,
+                check=True,
+            ),
+            n,
+        )
+    )
     result = BenchResult(area="machines")
-    with tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp, \
-            Machines("local", root=Path(tmp), max_concurrent=many + 8) as machines:
+    with (
+        tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp,
+        Machines("local", root=Path(tmp), max_concurrent=many + 8) as machines,
+    ):
         counter = iter(range(10**6))
 
         def create_exec() -> None:
@@ -74,16 +99,32 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(one, range(many)))
         many_s = time.perf_counter() - started
-    result.add(BenchRow("create + first exec (true)", create_exec_ms, "ms", raw_bwrap, "raw bwrap", "<= 10 ms"))
+    result.add(
+        BenchRow("create + first exec (true)", create_exec_ms, "ms", raw_bwrap, "raw bwrap", "<= 10 ms")
+    )
     result.add(BenchRow("exec on a ready machine", exec_ms, "ms", raw_sub, "raw subprocess"))
     result.add(BenchRow("fork (ready)", fork_ms, "ms", raw_bwrap, "raw bwrap", "<= 20 ms"))
-    result.add(BenchRow(f"{many} machines at once (create + exec)", many_s * 1000, "ms",
-                        raw_bwrap * many, f"{many} x raw bwrap"))
+    result.add(
+        BenchRow(
+            f"{many} machines at once (create + exec)",
+            many_s * 1000,
+            "ms",
+            raw_bwrap * many,
+            f"{many} x raw bwrap",
+        )
+    )
     result.add(BenchRow("raw bwrap --unshare-all true", raw_bwrap, "ms"))
     result.add(BenchRow("raw subprocess true", raw_sub, "ms"))
-    result.summary.update(create_exec_ms_p50=round(create_exec_ms, 2), exec_ms_p50=round(exec_ms, 2),
-                          fork_ms_p50=round(fork_ms, 2), raw_bwrap_ms_p50=round(raw_bwrap, 2),
-                          raw_subprocess_ms_p50=round(raw_sub, 2), many_machines=many,
-                          many_machines_s=round(many_s, 3))
-    result.notes.append("each machine boots a Python init inside bwrap; its start-up dominates create and fork")
+    result.summary.update(
+        create_exec_ms_p50=round(create_exec_ms, 2),
+        exec_ms_p50=round(exec_ms, 2),
+        fork_ms_p50=round(fork_ms, 2),
+        raw_bwrap_ms_p50=round(raw_bwrap, 2),
+        raw_subprocess_ms_p50=round(raw_sub, 2),
+        many_machines=many,
+        many_machines_s=round(many_s, 3),
+    )
+    result.notes.append(
+        "each machine boots a Python init inside bwrap; its start-up dominates create and fork"
+    )
     return result

@@ -20,8 +20,11 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if as_json:
         render.print_json(report)
         return
-    render.print_table("machines doctor", ["check", "ok", "detail"],
-                       [(c.name, "yes" if c.ok else "NO", c.detail) for c in report.checks])
+    render.print_table(
+        "machines doctor",
+        ["check", "ok", "detail"],
+        [(c.name, "yes" if c.ok else "NO", c.detail) for c in report.checks],
+    )
 
 
 @app.command("list")
@@ -33,9 +36,17 @@ def list_(
     from swarmyard.machines.supervised import default_root
 
     base = (root or default_root()) / "m"
-    rows = [{"id": p.name, "disk": str(p / "disk"), "mounted": (p / "disk").is_mount()}
-            for p in sorted(base.iterdir())] if base.is_dir() else []
+    rows = (
+        [
+            {"id": p.name, "disk": str(p / "disk"), "mounted": (p / "disk").is_mount()}
+            for p in sorted(base.iterdir())
+        ]
+        if base.is_dir()
+        else []
+    )
     if as_json:
         render.print_json(rows)
         return
-    render.print_table("machines", ["id", "disk", "mounted"], [(r["id"], r["disk"], r["mounted"]) for r in rows])
+    render.print_table(
+        "machines", ["id", "disk", "mounted"], [(r["id"], r["disk"], r["mounted"]) for r in rows]
+    )

@@ -47,7 +47,9 @@ def load_backend(name: str, root: Path | None = None) -> Backend:
     try:
         target = BACKENDS[name]
     except KeyError:
-        raise UserError(f"unknown machines backend {name!r}; choose from {', '.join(sorted(BACKENDS))}") from None
+        raise UserError(
+            f"unknown machines backend {name!r}; choose from {', '.join(sorted(BACKENDS))}"
+        ) from None
     module_name, _, class_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -95,9 +97,16 @@ class Files:
 class Machines:
     """The synchronous Machines API over one backend."""
 
-    def __init__(self, backend: str | Backend = "local", *, root: Path | None = None, max_concurrent: int = 128,
-                 queue_timeout_s: float | None = None, isolation: Isolation | None = None,
-                 boot_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        backend: str | Backend = "local",
+        *,
+        root: Path | None = None,
+        max_concurrent: int = 128,
+        queue_timeout_s: float | None = None,
+        isolation: Isolation | None = None,
+        boot_timeout_s: float = 30.0,
+    ) -> None:
         if max_concurrent < 1:
             raise InvalidInputError("max_concurrent must be at least 1", field="max_concurrent")
         self.backend: Backend = load_backend(backend, root) if isinstance(backend, str) else backend
@@ -123,18 +132,36 @@ class Machines:
         # Relative paths resolve against the init's working folder, which is the machine's home.
         return path
 
-    def _spec(self, name: str, *, baseline: str | None, group: str | None, env: Mapping[str, str] | None,
-              limits: Limits | None, isolation: Isolation | None, control_socket: Path | None) -> MachineSpec:
+    def _spec(
+        self,
+        name: str,
+        *,
+        baseline: str | None,
+        group: str | None,
+        env: Mapping[str, str] | None,
+        limits: Limits | None,
+        isolation: Isolation | None,
+        control_socket: Path | None,
+    ) -> MachineSpec:
         if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidInputError("machine name must be 1-63 letters, digits, '.', '_' or '-'", field="name")
+            raise InvalidInputError(
+                "machine name must be 1-63 letters, digits, '.', '_' or '-'", field="name"
+            )
         if control_socket is not None and not Path(control_socket).exists():
             raise InvalidInputError(f"control socket {control_socket} does not exist", field="control_socket")
         machine_id = new_id("m")
         backend = cast(_EnvBackend, self.backend)
         full_env = environment.build(backend.machine_env(machine_id), environment.validate(env or {}))
-        return MachineSpec(id=machine_id, name=name, env=full_env, limits=_check_limits(limits or Limits()),
-                           isolation=isolation or self.isolation, group=group, baseline=baseline,
-                           control_socket=Path(control_socket) if control_socket else None)
+        return MachineSpec(
+            id=machine_id,
+            name=name,
+            env=full_env,
+            limits=_check_limits(limits or Limits()),
+            isolation=isolation or self.isolation,
+            group=group,
+            baseline=baseline,
+            control_socket=Path(control_socket) if control_socket else None,
+        )
 
     def _claim(self, name: str, machine_id: str) -> None:
         with self._lock:
@@ -152,12 +179,27 @@ class Machines:
             self._envs.pop(self._names.pop(name, ""), None)
         self._slots.release()
 
-    def create(self, name: str, baseline: str | None = None, group: str | None = None, *,
-               env: Mapping[str, str] | None = None, limits: Limits | None = None,
-               isolation: Isolation | None = None, control_socket: Path | None = None) -> MachineInfo:
+    def create(
+        self,
+        name: str,
+        baseline: str | None = None,
+        group: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | None = None,
+        isolation: Isolation | None = None,
+        control_socket: Path | None = None,
+    ) -> MachineInfo:
         """Create a machine and start it booting; waits in the queue while the concurrency cap is reached."""
-        spec = self._spec(name, baseline=baseline, group=group, env=env, limits=limits, isolation=isolation,
-                          control_socket=control_socket)
+        spec = self._spec(
+            name,
+            baseline=baseline,
+            group=group,
+            env=env,
+            limits=limits,
+            isolation=isolation,
+            control_socket=control_socket,
+        )
         self._claim(name, spec.id)
         self._envs[spec.id] = spec.env
         try:
@@ -166,11 +208,25 @@ class Machines:
             self._unclaim(name)
             raise
 
-    def fork(self, source: str, name: str, *, env: Mapping[str, str] | None = None,
-             limits: Limits | None = None, control_socket: Path | None = None) -> MachineInfo:
+    def fork(
+        self,
+        source: str,
+        name: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        limits: Limits | None = None,
+        control_socket: Path | None = None,
+    ) -> MachineInfo:
         """A new machine whose disk starts as a copy-on-write snapshot of ``source``'s."""
-        spec = self._spec(name, baseline=None, group=None, env=env, limits=limits, isolation=None,
-                          control_socket=control_socket)
+        spec = self._spec(
+            name,
+            baseline=None,
+            group=None,
+            env=env,
+            limits=limits,
+            isolation=None,
+            control_socket=control_socket,
+        )
         self._claim(name, spec.id)
         self._envs[spec.id] = spec.env
         try:
@@ -183,30 +239,55 @@ class Machines:
         """Block until the machine can run commands."""
         return self.backend.wait_until_ready(machine_id, timeout_s or self.boot_timeout_s)
 
-    def exec(self, machine_id: str, cmd: Command, *, timeout: float | None = None,
-             env: Mapping[str, str] | None = None, cwd: str | None = None, stdin: bytes | None = None) -> ExecResult:
+    def exec(
+        self,
+        machine_id: str,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
         """Run ``cmd`` (a shell string or an argv list); a timeout kills the command's whole process tree."""
         argv, kwargs = self._exec_args(machine_id, cmd, timeout, env, cwd)
         return self.backend.exec(machine_id, argv, stdin=stdin, **kwargs)
 
-    def stream_exec(self, machine_id: str, cmd: Command, *, timeout: float | None = None,
-                    env: Mapping[str, str] | None = None, cwd: str | None = None,
-                    stdin: bytes | None = None) -> Iterator[ExecEvent]:
+    def stream_exec(
+        self,
+        machine_id: str,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> Iterator[ExecEvent]:
         """Run ``cmd``, yielding ``stdout``/``stderr`` events as they come and one ``exit`` event last."""
         argv, kwargs = self._exec_args(machine_id, cmd, timeout, env, cwd)
         return self.backend.stream_exec(machine_id, argv, stdin=stdin, **kwargs)
 
-    def _exec_kwargs(self, machine_id: str, timeout: float | None, env: Mapping[str, str] | None,
-                     cwd: str | None) -> dict[str, Any]:
+    def _exec_kwargs(
+        self, machine_id: str, timeout: float | None, env: Mapping[str, str] | None, cwd: str | None
+    ) -> dict[str, Any]:
         if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidInputError("timeout must be a positive number of seconds", field="timeout")
         base = self._machine_env(machine_id)
         merged = {**base, **environment.validate(env or {})}
-        return {"env": merged, "cwd": None if cwd is None else self.path(cwd),
-                "timeout_s": None if timeout is None else float(timeout)}
+        return {
+            "env": merged,
+            "cwd": None if cwd is None else self.path(cwd),
+            "timeout_s": None if timeout is None else float(timeout),
+        }
 
-    def _exec_args(self, machine_id: str, cmd: Command, timeout: float | None, env: Mapping[str, str] | None,
-                   cwd: str | None) -> tuple[list[str], dict[str, Any]]:
+    def _exec_args(
+        self,
+        machine_id: str,
+        cmd: Command,
+        timeout: float | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+    ) -> tuple[list[str], dict[str, Any]]:
         argv = _argv(cmd)
         return argv, self._exec_kwargs(machine_id, timeout, env, cwd)
 
@@ -231,7 +312,9 @@ class Machines:
     def prepare_baseline(self, name: str, source: Path) -> Baseline:
         """Freeze a folder (a checked-out repo with its dependencies) as a baseline for ``create(baseline=)``."""
         if not _NAME.match(name):
-            raise InvalidInputError("baseline name must be 1-63 letters, digits, '.', '_' or '-'", field="name")
+            raise InvalidInputError(
+                "baseline name must be 1-63 letters, digits, '.', '_' or '-'", field="name"
+            )
         return self.backend.prepare_baseline(name, Path(source))
 
     def close(self) -> None:
@@ -247,8 +330,9 @@ class AsyncMachines:
     def __init__(self, machines: Machines) -> None:
         self.sync = machines
 
-    async def create(self, name: str, baseline: str | None = None, group: str | None = None,
-                     **kwargs: Any) -> MachineInfo:
+    async def create(
+        self, name: str, baseline: str | None = None, group: str | None = None, **kwargs: Any
+    ) -> MachineInfo:
         """See :meth:`Machines.create`."""
         return await asyncio.to_thread(self.sync.create, name, baseline, group, **kwargs)
 

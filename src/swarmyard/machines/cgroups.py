@@ -152,7 +152,9 @@ class MachineCgroups:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.002)  # the kernel reaps asynchronously; this bounded wait is the teardown, not a test
+            time.sleep(
+                0.002
+            )  # the kernel reaps asynchronously; this bounded wait is the teardown, not a test
         if self.pids():
             raise SandboxError(f"machine {self.name}: processes survived teardown")
 

@@ -35,19 +35,33 @@ class InitClient:
             sock.connect(f"/proc/self/fd/{dir_fd}/{self.socket_path.name}")
         except OSError as exc:
             sock.close()
-            raise SandboxError(f"machine {self.machine_id} is not reachable: {exc}",
-                               machine_id=self.machine_id) from exc
+            raise SandboxError(
+                f"machine {self.machine_id} is not reachable: {exc}", machine_id=self.machine_id
+            ) from exc
         finally:
             os.close(dir_fd)
         return sock
 
-    def stream_exec(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
-                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+    def stream_exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> Iterator[ExecEvent]:
         """Run a command; yield ``stdout``/``stderr`` events and finally one ``exit`` event."""
         started = time.monotonic()
         host_timeout = None if timeout_s is None else timeout_s + GRACE_S
-        request = {"op": "exec", "argv": list(argv), "env": dict(env), "cwd": cwd, "timeout_s": timeout_s,
-                   "stdin": None if stdin is None else base64.b64encode(stdin).decode()}
+        request = {
+            "op": "exec",
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": cwd,
+            "timeout_s": timeout_s,
+            "stdin": None if stdin is None else base64.b64encode(stdin).decode(),
+        }
         sock = self._connect(host_timeout)
         stdout: list[bytes] = []
         stderr: list[bytes] = []
@@ -58,43 +72,65 @@ class InitClient:
                     frame = wire.recv_frame(sock)
                 except TimeoutError:
                     # Closing the connection makes the init kill the command's process tree.
-                    yield ExecEvent("exit", result=ExecResult(b"".join(stdout), b"".join(stderr), 137, True,
-                                                              time.monotonic() - started))
+                    yield ExecEvent(
+                        "exit",
+                        result=ExecResult(
+                            b"".join(stdout), b"".join(stderr), 137, True, time.monotonic() - started
+                        ),
+                    )
                     return
                 if frame is None:
-                    raise SandboxError(f"machine {self.machine_id} went away during exec",
-                                       machine_id=self.machine_id)
+                    raise SandboxError(
+                        f"machine {self.machine_id} went away during exec", machine_id=self.machine_id
+                    )
                 kind, payload = frame
                 if kind in (b"o", b"e"):
                     (stdout if kind == b"o" else stderr).append(payload)
                     yield ExecEvent("stdout" if kind == b"o" else "stderr", data=payload)
                 elif kind == b"x":
                     status = json.loads(payload)
-                    yield ExecEvent("exit", result=ExecResult(b"".join(stdout), b"".join(stderr),
-                                                              int(status["exit_code"]), bool(status["timed_out"]),
-                                                              time.monotonic() - started))
+                    yield ExecEvent(
+                        "exit",
+                        result=ExecResult(
+                            b"".join(stdout),
+                            b"".join(stderr),
+                            int(status["exit_code"]),
+                            bool(status["timed_out"]),
+                            time.monotonic() - started,
+                        ),
+                    )
                     return
                 else:
                     raise self._error(payload)
         except OSError as exc:
-            raise SandboxError(f"machine {self.machine_id}: exec failed: {exc}",
-                               machine_id=self.machine_id) from exc
+            raise SandboxError(
+                f"machine {self.machine_id}: exec failed: {exc}", machine_id=self.machine_id
+            ) from exc
         finally:
             sock.close()
 
-    def exec(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, timeout_s: float | None,
-             stdin: bytes | None) -> ExecResult:
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
         """Run a command to completion."""
         for event in self.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin):
             if event.result is not None:
                 return event.result
-        raise SandboxError(f"machine {self.machine_id}: exec ended without a status", machine_id=self.machine_id)
+        raise SandboxError(
+            f"machine {self.machine_id}: exec ended without a status", machine_id=self.machine_id
+        )
 
     def upload(self, path: str, data: bytes, mode: int) -> None:
         """Write ``data`` to ``path`` inside the machine."""
         with self._request({"op": "put", "path": path, "mode": mode}) as sock:
             for start in range(0, len(data), wire.MAX_FRAME):
-                wire.send_frame(sock, b"d", data[start:start + wire.MAX_FRAME])
+                wire.send_frame(sock, b"d", data[start : start + wire.MAX_FRAME])
             wire.send_frame(sock, b"d", b"")
             self._finish(sock)
 
@@ -127,5 +163,8 @@ class InitClient:
 
     def _error(self, payload: bytes) -> SandboxError:
         body = json.loads(payload)
-        return SandboxError(f"machine {self.machine_id}: {body.get('message')}", machine_id=self.machine_id,
-                            errno=body.get("errno"))
+        return SandboxError(
+            f"machine {self.machine_id}: {body.get('message')}",
+            machine_id=self.machine_id,
+            errno=body.get("errno"),
+        )

@@ -25,8 +25,17 @@ def overlay_supported(scratch: Path) -> bool:
     try:
         for part in ("l", "u", "w", "m"):
             (base / part).mkdir()
-        done = _run(["mount", "-t", "overlay", "overlay", "-o",
-                     f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}", str(base / "m")])
+        done = _run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}",
+                str(base / "m"),
+            ]
+        )
         if done:
             _run(["umount", str(base / "m")])
         return done
@@ -43,8 +52,12 @@ def _run(argv: list[str]) -> bool:
 
 def clone_tree(source: Path, target: Path) -> None:
     """Copy a tree with ``cp -a --reflink=auto``: shared blocks where the file system can, a full copy elsewhere."""
-    done = subprocess.run(["cp", "-a", "--reflink=auto", "--no-target-directory", str(source), str(target)],
-                          env=_CLEAN_ENV, capture_output=True, check=False)
+    done = subprocess.run(
+        ["cp", "-a", "--reflink=auto", "--no-target-directory", str(source), str(target)],
+        env=_CLEAN_ENV,
+        capture_output=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SandboxError(f"cannot copy {source.name}: {done.stderr.decode(errors='replace').strip()}")
 
@@ -79,12 +92,20 @@ class Disk:
             empty = self.root / "empty"
             empty.mkdir(exist_ok=True)
             self.lowers = (empty,)
-        options = (f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={self.root / 'upper'},"
-                   f"workdir={self.root / 'work'}")
-        done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(self.merged)],
-                              env=_CLEAN_ENV, capture_output=True, check=False)
+        options = (
+            f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={self.root / 'upper'},"
+            f"workdir={self.root / 'work'}"
+        )
+        done = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", options, str(self.merged)],
+            env=_CLEAN_ENV,
+            capture_output=True,
+            check=False,
+        )
         if done.returncode != 0:
-            raise SandboxError(f"cannot mount the overlay disk: {done.stderr.decode(errors='replace').strip()}")
+            raise SandboxError(
+                f"cannot mount the overlay disk: {done.stderr.decode(errors='replace').strip()}"
+            )
 
     def snapshot(self, target: Path) -> tuple[Path, ...]:
         """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers."""
@@ -97,9 +118,12 @@ class Disk:
     def unmount(self) -> None:
         """Unmount the overlay (lazily if something still holds it) and remove the machine's folders."""
         if self.overlay and self.merged.is_mount():
-            done = subprocess.run(["umount", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False)
+            done = subprocess.run(
+                ["umount", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False
+            )
             if done.returncode != 0:
-                subprocess.run(["umount", "-l", str(self.merged)], env=_CLEAN_ENV, capture_output=True,
-                               check=False)
+                subprocess.run(
+                    ["umount", "-l", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False
+                )
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.root)

@@ -12,7 +12,9 @@ from pathlib import Path
 from swarmyard.machines import cgroups, disks, landlock, seccomp
 
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-BWRAP_HINT = "install bubblewrap: apt-get install -y bubblewrap (or run with --sandbox process for development)"
+BWRAP_HINT = (
+    "install bubblewrap: apt-get install -y bubblewrap (or run with --sandbox process for development)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +50,9 @@ class HostReport:
 
 def _run(argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[bytes] | None:
     try:
-        return subprocess.run(argv, env=_CLEAN_ENV, capture_output=True, check=False, timeout=20,
-                              pass_fds=pass_fds)
+        return subprocess.run(
+            argv, env=_CLEAN_ENV, capture_output=True, check=False, timeout=20, pass_fds=pass_fds
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -86,8 +89,21 @@ def probe(scratch: Path | None = None) -> HostReport:
     try:
         for part in ("l", "u", "w", "m"):
             (base / part).mkdir()
-        done = _run(["unshare", "--user", "--map-root-user", "--mount", "mount", "-t", "overlay", "overlay", "-o",
-                     f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}", str(base / "m")])
+        done = _run(
+            [
+                "unshare",
+                "--user",
+                "--map-root-user",
+                "--mount",
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={base / 'l'},upperdir={base / 'u'},workdir={base / 'w'}",
+                str(base / "m"),
+            ]
+        )
         overlay_userns = done is not None and done.returncode == 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -96,19 +112,46 @@ def probe(scratch: Path | None = None) -> HostReport:
     v2 = tuple(sorted(hierarchy.v2_controllers & {"memory", "pids", "cpu"}))
     checks = (
         Check("bubblewrap", bwrap is not None, f"{bwrap} {version}" if bwrap else BWRAP_HINT),
-        Check("user namespaces", userns, "bwrap --unshare-all works" if userns else "bwrap --unshare-all failed"),
-        Check("seccomp", seccomp_ok, f"{len(seccomp.build_program())}-instruction filter loaded by bwrap"
-              if seccomp_ok else "bwrap --seccomp failed or the architecture is not x86_64"),
+        Check(
+            "user namespaces", userns, "bwrap --unshare-all works" if userns else "bwrap --unshare-all failed"
+        ),
+        Check(
+            "seccomp",
+            seccomp_ok,
+            f"{len(seccomp.build_program())}-instruction filter loaded by bwrap"
+            if seccomp_ok
+            else "bwrap --seccomp failed or the architecture is not x86_64",
+        ),
         Check("landlock", abi >= 1, f"ABI {abi}" if abi else "not available (kernel or boot options)"),
-        Check("overlayfs", overlay, "mounted by the host for baselines and forks" if overlay
-              else "not mountable here: disks are reflink-or-copy clones"),
+        Check(
+            "overlayfs",
+            overlay,
+            "mounted by the host for baselines and forks"
+            if overlay
+            else "not mountable here: disks are reflink-or-copy clones",
+        ),
         Check("overlayfs in a user namespace", overlay_userns, "works" if overlay_userns else "refused"),
         Check("cgroup v1 controllers", bool(v1), ", ".join(v1) or "none writable"),
         Check("cgroup v2 controllers", bool(v2), ", ".join(v2) or "none enabled"),
-        Check("cgroup.kill", hierarchy.v2_kill, "v2 teardown kills a whole machine at once" if hierarchy.v2_kill
-              else "teardown kills process by process"),
+        Check(
+            "cgroup.kill",
+            hierarchy.v2_kill,
+            "v2 teardown kills a whole machine at once"
+            if hierarchy.v2_kill
+            else "teardown kills process by process",
+        ),
         Check("rlimits", True, "last fallback for memory and pids"),
     )
-    return HostReport(bwrap=bwrap, bwrap_version=version, user_namespaces=userns, seccomp=seccomp_ok,
-                      landlock_abi=abi, overlayfs=overlay, overlayfs_in_userns=overlay_userns, cgroup_v1=v1,
-                      cgroup_v2=v2, cgroup_kill=hierarchy.v2_kill, checks=checks)
+    return HostReport(
+        bwrap=bwrap,
+        bwrap_version=version,
+        user_namespaces=userns,
+        seccomp=seccomp_ok,
+        landlock_abi=abi,
+        overlayfs=overlay,
+        overlayfs_in_userns=overlay_userns,
+        cgroup_v1=v1,
+        cgroup_v2=v2,
+        cgroup_kill=hierarchy.v2_kill,
+        checks=checks,
+    )

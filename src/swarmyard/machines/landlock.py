@@ -54,8 +54,18 @@ def abi_version() -> int:
 
 def write_access(abi: int) -> int:
     """Every write-like access right the given ABI knows."""
-    access = (_WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE_CHAR | _MAKE_DIR | _MAKE_REG | _MAKE_SOCK
-              | _MAKE_FIFO | _MAKE_BLOCK | _MAKE_SYM)
+    access = (
+        _WRITE_FILE
+        | _REMOVE_DIR
+        | _REMOVE_FILE
+        | _MAKE_CHAR
+        | _MAKE_DIR
+        | _MAKE_REG
+        | _MAKE_SOCK
+        | _MAKE_FIFO
+        | _MAKE_BLOCK
+        | _MAKE_SYM
+    )
     if abi >= 2:
         access |= _REFER
     if abi >= 3:
@@ -84,8 +94,10 @@ def restrict_writes(writable: Sequence[str], *, device_paths: Sequence[str] = ()
         err = ctypes.get_errno()
         raise LandlockUnavailable(err, f"landlock_create_ruleset: {os.strerror(err)}")
     try:
-        for path, access in [*((p, handled) for p in writable),
-                             *((p, handled & (_WRITE_FILE | _TRUNCATE | _IOCTL_DEV)) for p in device_paths)]:
+        for path, access in [
+            *((p, handled) for p in writable),
+            *((p, handled & (_WRITE_FILE | _TRUNCATE | _IOCTL_DEV)) for p in device_paths),
+        ]:
             _add_path_rule(libc, ruleset, path, access)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             err = ctypes.get_errno()

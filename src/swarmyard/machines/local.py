@@ -26,10 +26,21 @@ RUN_DIR = "/run/swarmyard"
 PLANE_SOCKET = f"{RUN_DIR}/plane.sock"
 #: The relay's port inside every machine (each machine has its own network namespace).
 RELAY_PORT = 8484
-_ETC = ("ssl", "ca-certificates", "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
-        "nsswitch.conf", "mime.types")
-_PASSWD = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nagent:x:1000:1000:agent:/machine:/bin/sh\n" \
-          "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+_ETC = (
+    "ssl",
+    "ca-certificates",
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "nsswitch.conf",
+    "mime.types",
+)
+_PASSWD = (
+    "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nagent:x:1000:1000:agent:/machine:/bin/sh\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
 _GROUP = "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
 
 
@@ -86,8 +97,10 @@ class LocalBackend(SupervisedBackend):
             missing.append(f"cgroup controllers {sorted(lacking)}")
         if missing and not iso.allow_weaker:
             raise SandboxUnavailableError(
-                "this host cannot give the isolation asked for: " + "; ".join(missing)
-                + " (pass Isolation(allow_weaker=True) to accept a weaker sandbox; see swarmyard machines doctor)")
+                "this host cannot give the isolation asked for: "
+                + "; ".join(missing)
+                + " (pass Isolation(allow_weaker=True) to accept a weaker sandbox; see swarmyard machines doctor)"
+            )
         return tuple(missing)
 
     def _make_cgroups(self, spec: MachineSpec) -> MachineCgroups | None:
@@ -110,9 +123,23 @@ class LocalBackend(SupervisedBackend):
 
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         spec = machine.spec
-        argv = [self.report.bwrap or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000", "--hostname", "machine",
-                "--ro-bind", "/usr", "/usr"]
+        argv = [
+            self.report.bwrap or "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            "1000",
+            "--gid",
+            "1000",
+            "--hostname",
+            "machine",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = Path("/") / name
             if path.is_symlink():
@@ -124,14 +151,34 @@ class LocalBackend(SupervisedBackend):
                 argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         for name in ("passwd", "group", "hostname"):
             argv += ["--ro-bind", str(self.root / "etc" / name), f"/etc/{name}"]
-        for path in self._binds:
-            argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/sys", "--tmpfs", "/tmp", "--tmpfs", "/run",
-                 "--bind", str(machine.root / "ctl"), f"{RUN_DIR}/ctl",
-                 "--bind", str(machine.disk.merged), HOME, "--chdir", HOME]
-        config: dict[str, object] = {"ctl": f"{RUN_DIR}/ctl/init.sock", "ready_fd": ready_w, "cwd": HOME,
-                                     "landlock_required": spec.isolation.landlock
-                                     and not spec.isolation.allow_weaker}
+        for bind in self._binds:
+            argv += ["--ro-bind", bind, bind]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/sys",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/run",
+            "--bind",
+            str(machine.root / "ctl"),
+            f"{RUN_DIR}/ctl",
+            "--bind",
+            str(machine.disk.merged),
+            HOME,
+            "--chdir",
+            HOME,
+        ]
+        config: dict[str, object] = {
+            "ctl": f"{RUN_DIR}/ctl/init.sock",
+            "ready_fd": ready_w,
+            "cwd": HOME,
+            "landlock_required": spec.isolation.landlock and not spec.isolation.allow_weaker,
+        }
         if spec.control_socket is not None:
             argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
             config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
@@ -147,15 +194,27 @@ class LocalBackend(SupervisedBackend):
         enforced = machine.cgroups.enforced if machine.cgroups is not None else set()
         if spec.limits.memory_bytes is not None and "memory" not in enforced:
             rlimits[resource.RLIMIT_AS] = spec.limits.memory_bytes
-        return Launch(argv=argv, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, pass_fds=pass_fds,
-                      cgroup_procs=machine.cgroups.procs_files if machine.cgroups is not None else [],
-                      rlimits=rlimits, close_after=pass_fds)
+        return Launch(
+            argv=argv,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            pass_fds=pass_fds,
+            cgroup_procs=machine.cgroups.procs_files if machine.cgroups is not None else [],
+            rlimits=rlimits,
+            close_after=pass_fds,
+        )
 
     def machine_env(self, machine_id: str) -> dict[str, str]:
         """The variables every machine starts with."""
         path = f"{os.path.dirname(self._python)}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-        return {"PATH": path, "HOME": HOME, "USER": "agent", "LOGNAME": "agent", "SHELL": "/bin/sh",
-                "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+        return {
+            "PATH": path,
+            "HOME": HOME,
+            "USER": "agent",
+            "LOGNAME": "agent",
+            "SHELL": "/bin/sh",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+        }
 
 
 _PROBES: dict[Path, doctor.HostReport] = {}

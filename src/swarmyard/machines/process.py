@@ -16,8 +16,10 @@ from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import Launch, Machine, SupervisedBackend, init_argv
 
 _log = logging.getLogger(__name__)
-WARNING = ("swarmyard machines: the 'process' backend gives NO isolation: commands run as you, see your files, "
-           "your network and your other processes. Use it for development only.")
+WARNING = (
+    "swarmyard machines: the 'process' backend gives NO isolation: commands run as you, see your files, "
+    "your network and your other processes. Use it for development only."
+)
 
 
 class ProcessWarning(UserWarning):
@@ -40,8 +42,11 @@ class ProcessBackend(SupervisedBackend):
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         warnings.warn(WARNING, ProcessWarning, stacklevel=4)
         _log.warning("%s (machine %s)", WARNING, machine.info.id)
-        config: dict[str, object] = {"ctl": str(machine.root / "ctl" / "init.sock"), "ready_fd": ready_w,
-                                     "cwd": str(machine.disk.merged)}
+        config: dict[str, object] = {
+            "ctl": str(machine.root / "ctl" / "init.sock"),
+            "ready_fd": ready_w,
+            "cwd": str(machine.disk.merged),
+        }
         spec: MachineSpec = machine.spec
         if spec.control_socket is not None:
             config.update(relay_target=str(spec.control_socket), relay_port=0)
@@ -51,5 +56,11 @@ class ProcessBackend(SupervisedBackend):
         """The variables every machine starts with: HOME and TMPDIR are on its disk folder."""
         home = self.root / "m" / machine_id / "disk"
         path = f"{os.path.dirname(self._python)}:/usr/local/bin:/usr/bin:/bin"
-        return {"PATH": path, "HOME": str(home), "TMPDIR": str(home / ".tmp"), "USER": "agent",
-                "SHELL": "/bin/sh", "LANG": "C.UTF-8"}
+        return {
+            "PATH": path,
+            "HOME": str(home),
+            "TMPDIR": str(home / ".tmp"),
+            "USER": "agent",
+            "SHELL": "/bin/sh",
+            "LANG": "C.UTF-8",
+        }

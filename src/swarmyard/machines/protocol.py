@@ -128,13 +128,29 @@ class Backend(Protocol):
         """Block until the machine can run commands."""
         ...
 
-    def exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
-             timeout_s: float | None, stdin: bytes | None) -> ExecResult:
+    def exec(
+        self,
+        machine_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
         """Run a command to completion."""
         ...
 
-    def stream_exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
-                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+    def stream_exec(
+        self,
+        machine_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> Iterator[ExecEvent]:
         """Run a command, yielding output as it comes and the result last."""
         ...
 

@@ -36,7 +36,7 @@ def _children_map() -> dict[int, list[int]]:
                 stat = handle.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
     return children
 
@@ -106,9 +106,14 @@ def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
     env = {**req["env"], "SWARMYARD_EXEC": token.partition("=")[2]}
     try:
         proc = subprocess.Popen(
-            req["argv"], env=env, cwd=req.get("cwd"), start_new_session=True, close_fds=True,
+            req["argv"],
+            env=env,
+            cwd=req.get("cwd"),
+            start_new_session=True,
+            close_fds=True,
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
     except OSError as exc:
         wire.send_json(conn, b"!", {"message": f"{req['argv'][0]}: {exc.strerror}", "errno": exc.errno})
@@ -155,8 +160,15 @@ def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
         # The leader is gone; stragglers that kept no pipe open would still be its session's: end them too.
         if timed_out:
             kill_tree(proc.pid, marker)
-        wire.send_json(conn, b"x", {"exit_code": _exit_code(returncode), "timed_out": timed_out,
-                                    "duration_s": time.monotonic() - started})
+        wire.send_json(
+            conn,
+            b"x",
+            {
+                "exit_code": _exit_code(returncode),
+                "timed_out": timed_out,
+                "duration_s": time.monotonic() - started,
+            },
+        )
     except OSError:
         kill_tree(proc.pid, marker)
         proc.wait()
@@ -263,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
         ready["relay_port"] = relay.port
     if config.get("landlock") is not None:
         try:
-            ready["landlock_abi"] = landlock.restrict_writes(config["landlock"]["writable"],
-                                                             device_paths=config["landlock"].get("devices", []))
+            ready["landlock_abi"] = landlock.restrict_writes(
+                config["landlock"]["writable"], device_paths=config["landlock"].get("devices", [])
+            )
         except OSError as exc:
             if config.get("landlock_required", True):
                 os.write(config["ready_fd"], json.dumps({"error": str(exc)}).encode() + b"\n")

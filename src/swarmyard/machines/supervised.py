@@ -44,10 +44,12 @@ _log = logging.getLogger(__name__)
 SOURCE_ROOT = str(Path(swarmyard.__file__).resolve().parent.parent)
 # The init needs only stdlib modules of this package: bare package objects skip the package __init__s (and the
 # typing-heavy error tree they import), which halves the init's start-up time.
-_BOOT = ("import sys,types\n"
-         "for n in ('swarmyard','swarmyard.machines'):\n"
-         " m=types.ModuleType(n);m.__path__=[{root!r}+'/'+n.replace('.','/')];sys.modules[n]=m\n"
-         "from swarmyard.machines.sandbox_init import main;main()")
+_BOOT = (
+    "import sys,types\n"
+    "for n in ('swarmyard','swarmyard.machines'):\n"
+    " m=types.ModuleType(n);m.__path__=[{root!r}+'/'+n.replace('.','/')];sys.modules[n]=m\n"
+    "from swarmyard.machines.sandbox_init import main;main()"
+)
 
 
 def default_root() -> Path:
@@ -102,8 +104,9 @@ class _Spawner:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]],
-                                            Future[subprocess.Popen[bytes]]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
+        ] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -198,8 +201,12 @@ class SupervisedBackend:
         if not self.overlay:
             # Without overlayfs the snapshot is the whole disk; it becomes the fork's disk directly.
             return self._boot(spec, lowers=(), layers=(), forked_from=source_id, seed=layer)
-        return self._boot(replace(spec, baseline=source.spec.baseline), lowers=lowers,
-                          layers=(layer_id, *source.layers), forked_from=source_id)
+        return self._boot(
+            replace(spec, baseline=source.spec.baseline),
+            lowers=lowers,
+            layers=(layer_id, *source.layers),
+            forked_from=source_id,
+        )
 
     def _baseline_path(self, name: str) -> Path:
         path = self.root / "baselines" / name
@@ -207,8 +214,15 @@ class SupervisedBackend:
             raise NotFoundError("baseline", name)
         return path
 
-    def _boot(self, spec: MachineSpec, *, lowers: tuple[Path, ...], layers: tuple[str, ...],
-              forked_from: str | None, seed: Path | None = None) -> MachineInfo:
+    def _boot(
+        self,
+        spec: MachineSpec,
+        *,
+        lowers: tuple[Path, ...],
+        layers: tuple[str, ...],
+        forked_from: str | None,
+        seed: Path | None = None,
+    ) -> MachineInfo:
         root = self.root / "m" / spec.id
         root.mkdir(mode=0o700)
         (root / "ctl").mkdir()
@@ -217,11 +231,25 @@ class SupervisedBackend:
             clone_tree(lowers[0], disk.merged)
         elif seed is not None:
             seed.rename(disk.merged)
-        info = MachineInfo(id=spec.id, name=spec.name, backend=self.name, state=MachineState.BOOTING,
-                           created_at=time.time(), group=spec.group, baseline=spec.baseline,
-                           forked_from=forked_from, disk=str(disk.merged))
-        machine = Machine(info=info, spec=spec, root=root, disk=disk, layers=layers,
-                          client=InitClient(spec.id, self._socket_path(root)))
+        info = MachineInfo(
+            id=spec.id,
+            name=spec.name,
+            backend=self.name,
+            state=MachineState.BOOTING,
+            created_at=time.time(),
+            group=spec.group,
+            baseline=spec.baseline,
+            forked_from=forked_from,
+            disk=str(disk.merged),
+        )
+        machine = Machine(
+            info=info,
+            spec=spec,
+            root=root,
+            disk=disk,
+            layers=layers,
+            client=InitClient(spec.id, self._socket_path(root)),
+        )
         with self._lock:
             self._machines[spec.id] = machine
         try:
@@ -233,14 +261,25 @@ class SupervisedBackend:
             launch: Launch | None = None
             try:
                 launch = self._launch(machine, ready_w)
-                preexec = (_join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
-                           if launch.cgroup_procs or launch.rlimits else None)
+                preexec = (
+                    _join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
+                    if launch.cgroup_procs or launch.rlimits
+                    else None
+                )
                 spec_launch = launch
                 with open(root / "init.log", "wb") as log:
-                    machine.proc = _SPAWNER.spawn(lambda: subprocess.Popen(
-                        spec_launch.argv, env=spec_launch.env, pass_fds=(ready_w, *spec_launch.pass_fds),
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=preexec,
-                        close_fds=True))
+                    machine.proc = _SPAWNER.spawn(
+                        lambda: subprocess.Popen(
+                            spec_launch.argv,
+                            env=spec_launch.env,
+                            pass_fds=(ready_w, *spec_launch.pass_fds),
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=log,
+                            preexec_fn=preexec,
+                            close_fds=True,
+                        )
+                    )
             finally:
                 os.close(ready_w)
                 for fd in launch.close_after if launch is not None else ():
@@ -260,18 +299,25 @@ class SupervisedBackend:
                 raise SandboxError(f"machine {machine_id} is {machine.info.state}", machine_id=machine_id)
             readable, _, _ = select.select([machine.ready_fd], [], [], timeout_s)
             if not readable:
-                raise SandboxError(f"machine {machine_id} did not become ready in {timeout_s} s",
-                                   machine_id=machine_id, retryable=True)
+                raise SandboxError(
+                    f"machine {machine_id} did not become ready in {timeout_s} s",
+                    machine_id=machine_id,
+                    retryable=True,
+                )
             line = _read_line(machine.ready_fd)
             os.close(machine.ready_fd)
             machine.ready_fd = None
             status = json.loads(line) if line else {"error": self._boot_log(machine)}
             if "error" in status:
                 machine.move(MachineState.FAILED)
-                raise SandboxError(f"machine {machine_id} failed to boot: {status['error']}",
-                                   machine_id=machine_id)
-            machine.move(MachineState.READY, relay_port=status.get("relay_port"),
-                         enforced=self._enforced(machine, int(status.get("landlock_abi", 0))))
+                raise SandboxError(
+                    f"machine {machine_id} failed to boot: {status['error']}", machine_id=machine_id
+                )
+            machine.move(
+                MachineState.READY,
+                relay_port=status.get("relay_port"),
+                enforced=self._enforced(machine, int(status.get("landlock_abi", 0))),
+            )
             return machine.info
 
     def _boot_log(self, machine: Machine) -> str:
@@ -284,16 +330,33 @@ class SupervisedBackend:
         self.wait_until_ready(machine_id, 30.0)
         return self._get(machine_id)
 
-    def exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
-             timeout_s: float | None, stdin: bytes | None) -> ExecResult:
+    def exec(
+        self,
+        machine_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
         """Run a command in the machine."""
         return self._ready(machine_id).client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
 
-    def stream_exec(self, machine_id: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
-                    timeout_s: float | None, stdin: bytes | None) -> Iterator[ExecEvent]:
+    def stream_exec(
+        self,
+        machine_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout_s: float | None,
+        stdin: bytes | None,
+    ) -> Iterator[ExecEvent]:
         """Run a command, yielding its output as it comes."""
-        return self._ready(machine_id).client.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s,
-                                                          stdin=stdin)
+        return self._ready(machine_id).client.stream_exec(
+            argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin
+        )
 
     def upload(self, machine_id: str, path: str, data: bytes, mode: int) -> None:
         """Write a file inside the machine, as the machine."""
@@ -375,8 +438,12 @@ class SupervisedBackend:
         for layer in set(layers) - in_use:
             path = self.root / "layers" / layer
             with contextlib.suppress(FileNotFoundError):
-                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], env={"PATH": "/usr/bin:/bin"},
-                               check=False, capture_output=True)
+                subprocess.run(
+                    ["rm", "-rf", "--one-file-system", str(path)],
+                    env={"PATH": "/usr/bin:/bin"},
+                    check=False,
+                    capture_output=True,
+                )
 
 
 def _read_line(fd: int) -> bytes:
