@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import threading
 import time
@@ -24,6 +25,8 @@ from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
+
+log = logging.getLogger(__name__)
 
 
 def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig) -> list[Any]:
@@ -51,9 +54,11 @@ class MachineLauncher:
         self.config = config
         self.store = store
         self.run_dir = run_dir
-        self.socket = run_dir / "plane.sock"
+        # absolute: the relay inside the machine resolves the path from its own working folder
+        self.socket = (run_dir / "plane.sock").resolve()
         self._machines: Any = None
         self._made: dict[str, str] = {}
+        self._relays: dict[str, str] = {}
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
@@ -91,16 +96,16 @@ class MachineLauncher:
                 slot.group,
                 control_socket=self.socket,
             )
-            self._machines.wait_until_ready(info.id)
+            ready = self._machines.wait_until_ready(info.id)
             self._made[slot.name] = info.id
+            self._relays[slot.name] = f"http://127.0.0.1:{ready.relay_port}"
         return self._made[slot.name]
 
     def _run_blocking(self, slot: WorkerSlot) -> WorkerSpan:
         assert self._tokens is not None and self._goal is not None
         started = time.time()
         machine_id = self._machine(slot)
-        info = next(m for m in self._machines.list() if m.id == machine_id)
-        relay = f"http://127.0.0.1:{info.relay_port}"
+        relay = self._relays[slot.name]
         token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
         lead = slot.role is Role.LEAD
         agent = self.config.lead.agent if lead else self.config.workers.agent
@@ -134,6 +139,14 @@ class MachineLauncher:
                 ending, task_id, steps_done = outcome["ending"], outcome["task_id"], int(outcome["steps"])
             except (ValueError, KeyError, IndexError, TypeError):
                 ending = "done" if result.exit_code == 0 else "error"
+        if ending in ("error", "timeout"):
+            log.warning(
+                "%s: agent %s (exit %s): %s",
+                slot.name,
+                ending,
+                result.exit_code,
+                result.stderr[-500:],
+            )
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
 
     async def run(self, slot: WorkerSlot) -> WorkerSpan:
