@@ -21,7 +21,8 @@ class _State:
 
 
 state = _State()
-stdout = Console(soft_wrap=True)
+# Off a terminal rich would wrap tables at 80 columns; data piped to a file reads better unwrapped.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True, soft_wrap=True)
 
 

@@ -23,13 +23,13 @@ def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = 
     """
     from swarmyard.store.engine import PostgresEngine, SqliteEngine
 
+    pool_size = int(limits.pop("pool_size", 16))
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if not path.is_absolute() and url.startswith("sqlite:////"):
             path = Path("/" + str(path))
         return SqlStore(url, SqliteEngine(path), clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
     if url.startswith(("postgresql://", "postgres://")):
-        pool_size = int(limits.pop("pool_size", 16))
         default_blobs = Path(os.environ.get("SWARMYARD_BLOBS", "blobs"))
         return SqlStore(url, PostgresEngine(url, max_size=pool_size), clock=clock, blob_dir=blob_dir or default_blobs,
                         **limits)

@@ -1,0 +1,182 @@
+"""``swarmyard bench store``: claims/s and board posts/s with 1, 8 and 64 claimer processes, on SQLite and
+PostgreSQL, beside the same claim pattern written as raw SQL in the same run; duplicates counted.
+
+The raw baseline is the bare minimum a queue needs: bump a counter (or ``nextval``), one conditional
+``UPDATE ... RETURNING``, commit; no audit event, no domain objects. The ratio shows what the store's extra
+guarantees cost.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.domain import GoalSpec, PostKind, TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRun:
+    """What one measured run produced."""
+
+    claims: list[tuple[str, int]]
+    posts: int
+    wall_s: float
+
+
+def _claimer(url: str, goal_id: str, raw: bool, posts_per_claim: int, ready: Any, start: Any, out: Any) -> None:
+    """Claim until nothing is left; report (task, token) pairs. Runs in its own process."""
+    got: list[tuple[str, int]] = []
+    posts = 0
+    if raw:
+        claim = _raw_claimer(url, goal_id)
+        ready.put(os.getpid())
+        start.wait()
+        while (pair := claim()) is not None:
+            got.append(pair)
+    else:
+        from swarmyard.store import open_store
+
+        store = open_store(url, pool_size=2)
+        worker = f"w{os.getpid()}"
+        ready.put(os.getpid())
+        start.wait()
+        while (c := store.claim(goal_id, worker, 300)) is not None:
+            got.append((c.task.id, c.token))
+            for _ in range(posts_per_claim):
+                store.post(c.task.id, c.token, PostKind.PROGRESS, "bench", author=worker)
+                posts += 1
+        store.close()
+    out.put((got, posts))
+
+
+def _raw_claimer(url: str, goal_id: str) -> Any:
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, timeout=60)
+        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA synchronous = NORMAL")  # the same durability setting the store uses
+
+        def claim_sqlite() -> tuple[str, int] | None:
+            conn.execute("BEGIN IMMEDIATE")
+            token = conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fencing' "
+                                 "RETURNING value").fetchone()[0]
+            row = conn.execute("UPDATE tasks SET state = 'claimed', fencing_token = ?, worker_id = 'raw', "
+                               "lease_expires_at = ? WHERE id = (SELECT id FROM tasks WHERE goal_id = ? AND "
+                               "state = 'pending' ORDER BY priority DESC, n LIMIT 1) RETURNING id",
+                               (token, time.time() + 300, goal_id)).fetchone()
+            conn.execute("COMMIT")
+            return None if row is None else (row[0], token)
+
+        return claim_sqlite
+    import psycopg
+
+    pg = psycopg.connect(url, autocommit=True)
+
+    def claim_pg() -> tuple[str, int] | None:
+        row = pg.execute("UPDATE tasks SET state = 'claimed', fencing_token = nextval('fencing_seq'), "
+                         "worker_id = 'raw', lease_expires_at = %s WHERE id = (SELECT id FROM tasks WHERE "
+                         "goal_id = %s AND state = 'pending' ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP "
+                         "LOCKED) RETURNING id, fencing_token", (time.time() + 300, goal_id)).fetchone()
+        return None if row is None else (row[0], int(row[1]))
+
+    return claim_pg
+
+
+def measure(url: str, *, processes: int, tasks: int, raw: bool, posts_per_claim: int = 0) -> ClaimRun:
+    """Create a goal with ``tasks`` tasks and let ``processes`` claimers drain it; time the drain."""
+    from swarmyard.store import open_store
+
+    store = open_store(url)
+    goal = store.create_goal(GoalSpec("bench", 0, 0)).id
+    for i in range(tasks):
+        store.create_task(goal, TaskSpec(f"t{i}"))
+    store.close()
+    ctx = mp.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_claimer, args=(url, goal, raw, posts_per_claim, ready, start, out))
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    began = time.perf_counter()
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - began
+    for p in procs:
+        p.join(timeout=60)
+    claims = [pair for got, _ in results for pair in got]
+    return ClaimRun(claims=claims, posts=sum(n for _, n in results), wall_s=wall)
+
+
+def duplicates(claims: list[tuple[str, int]]) -> int:
+    """Claims of a task beyond its first (there must be none: every lease here outlives the run)."""
+    return sum(n - 1 for n in Counter(task for task, _ in claims).values() if n > 1)
+
+
+def _pg_url() -> str | None:
+    url = os.environ.get("SWARMYARD_BENCH_PG_URL") or os.environ.get("SWARMYARD_TEST_PG_URL")
+    if not url:
+        return None
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
+            conn.execute("DROP SCHEMA IF EXISTS swarmyard_bench CASCADE")
+            conn.execute("CREATE SCHEMA swarmyard_bench")
+    except Exception:  # noqa: BLE001 - any failure means "not reachable", reported in the notes
+        return None
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3Dswarmyard_bench"
+
+
+def run(quick: bool = False, **options: object) -> BenchResult:
+    """Measure both engines (PostgreSQL when ``SWARMYARD_BENCH_PG_URL`` or ``SWARMYARD_TEST_PG_URL`` reaches one)."""
+    result = BenchResult(area="store")
+    levels = [1, 8] if quick else [1, 8, 64]
+    tasks = 300 if quick else 2000
+    tmp = Path(tempfile.mkdtemp(prefix="swarmyard-bench-"))
+    engines: list[tuple[str, str]] = [("sqlite", f"sqlite:///{tmp / 'bench.db'}")]
+    pg = _pg_url()
+    if pg:
+        engines.append(("postgres", pg))
+    else:
+        result.notes.append("PostgreSQL not reachable (set SWARMYARD_BENCH_PG_URL): measured SQLite only")
+    total_dupes = 0
+    try:
+        for name, url in engines:
+            best: dict[str, float] = {}
+            for n in levels:
+                ours = measure(url, processes=n, tasks=tasks, raw=False)
+                raw = measure(url, processes=n, tasks=tasks, raw=True)
+                dupes = duplicates(ours.claims) + duplicates(raw.claims)
+                total_dupes += dupes
+                ours_rate, raw_rate = len(ours.claims) / ours.wall_s, len(raw.claims) / raw.wall_s
+                result.add(BenchRow(f"{name} claims/s, {n} proc", ours_rate, "claims/s", raw_rate,
+                                    "raw SQL", ">= 0.5 x raw"))
+                best["claims"] = max(best.get("claims", 0.0), ours_rate)
+                best["raw"] = max(best.get("raw", 0.0), raw_rate)
+                result.summary[f"{name}.claims_per_s_{n}"] = round(ours_rate, 1)
+                result.summary[f"{name}.raw_claims_per_s_{n}"] = round(raw_rate, 1)
+                if len(ours.claims) != tasks or len(raw.claims) != tasks:
+                    result.notes.append(f"{name} {n} proc: {len(ours.claims)}/{len(raw.claims)} of {tasks} claimed")
+            posting = measure(url, processes=levels[-1], tasks=tasks // 4, raw=False, posts_per_claim=4)
+            total_dupes += duplicates(posting.claims)
+            post_rate = posting.posts / posting.wall_s
+            result.add(BenchRow(f"{name} board posts/s, {levels[-1]} proc (with claims)", post_rate, "posts/s"))
+            result.summary[f"{name}.claims_per_s"] = round(best["claims"], 1)
+            result.summary[f"{name}.raw_claims_per_s"] = round(best["raw"], 1)
+            result.summary[f"{name}.posts_per_s"] = round(post_rate, 1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result.summary["duplicates"] = total_dupes
+    result.add(BenchRow("duplicate claims", total_dupes, "claims", target="0"))
+    return result

@@ -1,0 +1,44 @@
+"""``swarmyard bench <area>``: run a benchmark area and print its table (or JSON with ``--json``)."""
+
+from __future__ import annotations
+
+import typer
+
+from swarmyard.bench import AREAS, BenchResult, run_area
+from swarmyard.cli import render
+
+app = typer.Typer(help="Measure performance against same-process baselines.", no_args_is_help=True)
+
+
+def show(result: BenchResult, as_json: bool) -> None:
+    """Print a benchmark result."""
+    if as_json:
+        render.print_json({"area": result.area, **result.summary, "notes": result.notes})
+        return
+    rows = []
+    for row in result.rows:
+        ratio = row.ratio
+        rows.append([row.name, f"{row.value:,.3f}".rstrip("0").rstrip("."), row.unit,
+                     "" if row.baseline is None else f"{row.baseline:,.3f}".rstrip("0").rstrip("."),
+                     row.baseline_name or "", "" if ratio is None else f"{ratio:.2f}", row.target or ""])
+    render.print_table(f"swarmyard bench {result.area}", ["measure", "value", "unit", "baseline", "baseline is",
+                                                          "ratio", "target"], rows)
+    for note in result.notes:
+        render.stderr.print(f"note: {note}")
+
+
+def _make(area: str) -> None:
+    def command(
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        quick: bool = typer.Option(False, "--quick", help="A smaller, faster run."),
+        workers: int = typer.Option(0, "--workers", help="Worker count (areas that take one)."),
+    ) -> None:
+        options: dict[str, object] = {"workers": workers} if workers else {}
+        show(run_area(area, quick=quick, **options), as_json)
+
+    command.__doc__ = f"Benchmark the {area} area."
+    app.command(name=area)(command)
+
+
+for _area in AREAS:
+    _make(_area)

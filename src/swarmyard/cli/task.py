@@ -1,0 +1,48 @@
+"""``swarmyard task list|create``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from swarmyard.cli import render
+from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.domain import TaskSpec, TaskState
+from swarmyard.money import format_usd, usd_to_micro
+
+app = typer.Typer(help="Create and inspect tasks.", no_args_is_help=True)
+
+
+@app.command(name="list")
+def list_(
+    goal_id: str,
+    state: Optional[TaskState] = typer.Option(None, "--state"),  # noqa: UP007
+    group: Optional[str] = typer.Option(None, "--group"),  # noqa: UP007
+    store: str = StoreOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """List a goal's tasks."""
+    tasks = store_at(store).list_tasks(goal_id, state=state, group=group)
+    if as_json:
+        render.print_json(tasks)
+        return
+    render.print_table(None, ["id", "state", "group", "depth", "worker", "token", "budget", "spent", "calls", "title"],
+                       [[t.id, t.state.value, t.group, t.depth, t.worker_id, t.fencing_token,
+                         format_usd(t.envelope.limit), format_usd(t.envelope.settled), t.envelope.calls, t.title[:50]]
+                        for t in tasks])
+
+
+@app.command()
+def create(
+    goal_id: str,
+    title: str,
+    prompt: str = typer.Option("", "--prompt"),
+    group: str = typer.Option("main", "--group"),
+    budget_usd: str = typer.Option("0", "--budget-usd"),
+    call_cap: int = typer.Option(0, "--call-cap", min=0, help="0: only the goal's cap applies."),
+    store: str = StoreOption,
+) -> None:
+    """Create a top-level task, its envelope carved from the goal's."""
+    task = store_at(store).create_task(goal_id, TaskSpec(title, prompt, group, usd_to_micro(budget_usd), call_cap))
+    render.stdout.print(task.id)
