@@ -23,6 +23,10 @@ NOUNS: dict[str, str] = {
     "witness": "swarmyard.cli.witness",
     "machines": "swarmyard.cli.machines",
     "run": "swarmyard.cli.run",
+    "serve": "swarmyard.cli.serve",
+    "worker": "swarmyard.cli.worker",
+    "certs": "swarmyard.cli.certs",
+    "mcp": "swarmyard.cli.mcp",
 }
 
 app = typer.Typer(

@@ -35,7 +35,7 @@ Offload = Callable[[Callable[[], T]], Awaitable[T]]
 class Evaluator(Protocol):
     """Anything that scores an artifact for a goal (the evaluator client, or a test double)."""
 
-    async def score(self, goal: str, data: bytes, split: str) -> Any:
+    async def score(self, goal: str, data: bytes, split: str, /) -> Any:
         """A signed score for ``data``."""
         ...
 

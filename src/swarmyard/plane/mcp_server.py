@@ -1,0 +1,90 @@
+"""``swarmyard mcp``: the worker tools as a stdio MCP server, relaying each call to the control plane.
+
+It runs inside the worker's machine with only its capability token (``SWARMYARD_TOKEN``) and the plane's
+address; it holds no state of its own but the current claim, which it fills into later calls so an agent
+need not copy ``task_id`` and ``fencing_token`` around (an agent may still pass them explicitly).
+Tool errors come back as results with ``is_error`` and the plane's typed error JSON, so the agent sees them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from swarmyard import __version__
+from swarmyard.errors import UserError
+from swarmyard.plane.client import PlaneAddress, decode
+from swarmyard.plane.tools import TOOL_NAMES, TOOLS
+
+_FENCE = ("task_id", "fencing_token")
+
+
+def tool_definitions() -> list[types.Tool]:
+    """The MCP tool list: the plane's request schemas, with the claim fields optional (filled in for you)."""
+    out = []
+    for spec in TOOLS:
+        schema = spec.request.model_json_schema()
+        schema["required"] = [f for f in schema.get("required", []) if f not in _FENCE]
+        out.append(types.Tool(name=spec.name, description=spec.summary, input_schema=schema))
+    return out
+
+
+class Relay:
+    """Forwards tool calls to the plane and remembers the claim."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+        self.claim: dict[str, Any] | None = None
+
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(ok, json)`` of one tool call."""
+        if name not in TOOL_NAMES:
+            return False, {"error": {"code": "unknown_tool", "message": f"no tool named {name!r}",
+                                     "retryable": False}}
+        body = dict(arguments)
+        if name != "claim_task" and self.claim is not None:
+            for key in _FENCE:
+                body.setdefault(key, self.claim[key])
+        try:
+            response = await self._http.post(f"/v1/tools/{name}", json=body)
+        except httpx.HTTPError as exc:
+            return False, {"error": {"code": "plane_unreachable", "message": str(exc) or type(exc).__name__,
+                                     "retryable": True}}
+        result = decode(response)
+        ok = response.status_code == 200
+        if ok and name == "claim_task" and isinstance(result, dict) and result.get("task"):
+            self.claim = {"task_id": result["task"]["id"], "fencing_token": result["fencing_token"]}
+        return ok, result
+
+
+def build_server(relay: Relay) -> Server[Any]:
+    """An MCP server whose tools are the plane's."""
+
+    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tool_definitions())
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        ok, result = await relay.call(params.name, params.arguments or {})
+        return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(result))],
+                                    structured_content=result if isinstance(result, dict) else None,
+                                    is_error=not ok)
+
+    return Server("swarmyard", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def run_stdio(env: Mapping[str, str]) -> None:
+    """Serve MCP on stdin/stdout until the client closes it."""
+    token = env.get("SWARMYARD_TOKEN")
+    if not token:
+        raise UserError("SWARMYARD_TOKEN is not set: the MCP server needs the worker's capability token")
+    address = PlaneAddress.from_env(env)
+    async with address.async_client(token) as http:
+        server = build_server(Relay(http))
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
