@@ -31,6 +31,7 @@ class Plane:
     clock: FakeClock
     http: httpx.Client
     operator: str
+    socket: str
 
     def call(self, tool: str, token: str | None, **body: Any) -> httpx.Response:
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -62,7 +63,7 @@ def start_plane(store_url: str, clock: FakeClock, settings: PlaneSettings | None
     transport = httpx.HTTPTransport(uds=str(listen.socket_path))
     with BackgroundServer(app, listen), \
             httpx.Client(transport=transport, base_url="http://plane", timeout=30) as http:
-        yield Plane(store, tokens, clock, http, tokens.issue_operator())
+        yield Plane(store, tokens, clock, http, tokens.issue_operator(), str(listen.socket_path))
     store.close()
     shutil.rmtree(folder, ignore_errors=True)
 
