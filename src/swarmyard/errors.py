@@ -55,7 +55,7 @@ class SwarmyardError(Exception):
 
     code: ClassVar[str] = "swarmyard_error"
     status: ClassVar[int] = 500
-    retryable: ClassVar[bool] = False
+    retryable: bool = False  # an instance may say otherwise (a provider's 429 may be retried, a drop never)
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -321,18 +321,7 @@ class ProviderError(SwarmyardError):
     def __init__(self, message: str, *, retryable: bool = False, upstream_status: int | None = None) -> None:
         super().__init__(message, upstream_status=upstream_status)
         self.upstream_status = upstream_status
-        self._retryable = retryable
-
-    @property  # type: ignore[override]
-    def retryable(self) -> bool:  # noqa: D401 - mirrors the class attribute
-        """Whether the same request may succeed if sent again."""
-        return self._retryable
-
-    def to_dict(self) -> dict[str, Any]:
-        """The error as JSON, with the per-instance ``retryable``."""
-        body = super().to_dict()
-        body["error"]["retryable"] = self._retryable
-        return body
+        self.retryable = retryable
 
 
 class UpstreamUnknownError(ProviderError):

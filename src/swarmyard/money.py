@@ -23,7 +23,7 @@ def micro_usd(value: object, *, field: str = "amount") -> MicroUSD:
 
 def usd_to_micro(usd: str | int | Decimal, *, field: str = "budget_usd") -> MicroUSD:
     """Convert dollars (a decimal string, int or Decimal; never a float) to micro-USD, rounding up."""
-    if isinstance(usd, bool) or isinstance(usd, float):
+    if isinstance(usd, bool | float):
         raise InvalidInputError(f"{field} must be a decimal string or integer, not {type(usd).__name__}", field=field)
     try:
         amount = Decimal(usd)

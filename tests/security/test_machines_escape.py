@@ -182,7 +182,7 @@ def test_pids_limit_stops_fork_bomb(world: tuple[Machines, MachineInfo, Path]) -
 
 
 def test_no_orphan_after_delete(world: tuple[Machines, MachineInfo, Path]) -> None:
-    machines, info, _ = world
+    machines, _info, _ = world
     other = machines.create("bomb")
     machines.exec(other.id, "setsid sh -c 'sleep 1000 & sleep 1001' >/dev/null 2>&1 &")
     machines.delete(other.id)

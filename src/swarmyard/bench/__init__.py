@@ -32,7 +32,7 @@ def run_area(area: str, *, quick: bool = False, **options: object) -> BenchResul
         path = AREAS[area]
     except KeyError:
         raise UserError(f"unknown benchmark area {area!r}; choose from {', '.join(sorted(AREAS))}") from None
-    module: _Area = importlib.import_module(path)  # type: ignore[assignment]
+    module: _Area = importlib.import_module(path)
     return module.run(quick=quick, **options)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from swarmyard.cli import render
@@ -18,8 +16,8 @@ def read(
     goal_id: str,
     after: int = typer.Option(0, "--after", min=0, help="Cursor: the last sequence number already read."),
     limit: int = typer.Option(100, "--limit", min=1),
-    group: Optional[str] = typer.Option(None, "--group"),  # noqa: UP007
-    kind: Optional[list[PostKind]] = typer.Option(None, "--kind"),  # noqa: UP007
+    group: str | None = typer.Option(None, "--group"),
+    kind: list[PostKind] | None = typer.Option(None, "--kind"),
     store: str = StoreOption,
     as_json: bool = JsonOption,
 ) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from swarmyard.cli import render
@@ -41,7 +39,7 @@ def show(goal_id: str, store: str = StoreOption, as_json: bool = JsonOption) -> 
 @app.command()
 def reconcile(
     reservation_id: str,
-    actual: Optional[int] = typer.Option(None, "--actual", min=0, help="The real cost in micro-USD."),  # noqa: UP007
+    actual: int | None = typer.Option(None, "--actual", min=0, help="The real cost in micro-USD."),
     release: bool = typer.Option(False, "--release", help="Nothing was spent: drop the hold."),
     store: str = StoreOption,
     as_json: bool = JsonOption,

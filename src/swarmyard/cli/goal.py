@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from swarmyard.cli import render
@@ -28,7 +26,7 @@ def create(
     objective: str = typer.Argument(..., help="What the swarm should achieve."),
     budget_usd: str = typer.Option(..., "--budget-usd", help="Budget ceiling in USD, e.g. 2.50."),
     call_cap: int = typer.Option(..., "--call-cap", min=0, help="Most model calls for the whole goal."),
-    deadline_s: Optional[float] = typer.Option(None, "--deadline-s", min=0, help="Seconds from now."),  # noqa: UP007
+    deadline_s: float | None = typer.Option(None, "--deadline-s", min=0, help="Seconds from now."),
     max_depth: int = typer.Option(2, "--max-depth", min=0, help="Deepest delegation allowed."),
     policy: str = typer.Option("team", "--policy", help="independent, team, explore or groups."),
     store: str = StoreOption,

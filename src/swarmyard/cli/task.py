@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from swarmyard.cli import render
@@ -17,8 +15,8 @@ app = typer.Typer(help="Create and inspect tasks.", no_args_is_help=True)
 @app.command(name="list")
 def list_(
     goal_id: str,
-    state: Optional[TaskState] = typer.Option(None, "--state"),  # noqa: UP007
-    group: Optional[str] = typer.Option(None, "--group"),  # noqa: UP007
+    state: TaskState | None = typer.Option(None, "--state"),
+    group: str | None = typer.Option(None, "--group"),
     store: str = StoreOption,
     as_json: bool = JsonOption,
 ) -> None:

@@ -40,4 +40,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'swarmyard.machines' has no attribute {name!r}")
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # noqa: RUF022 - grouped as in _EXPORTS
+    "BACKENDS", "AsyncMachines", "Machines", "Backend", "ExecEvent", "ExecResult", "Isolation", "Limits",
+    "MachineInfo", "MachineState",
+]

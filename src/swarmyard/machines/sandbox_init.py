@@ -8,6 +8,7 @@ its own thread. A timed-out or abandoned exec has its whole process tree stopped
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import selectors
@@ -76,22 +77,16 @@ def kill_tree(leader: int, marker: bytes = b"") -> None:
     for _ in range(8):
         found = _tree(leader, marker) | {leader}
         for pid in found - victims:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
         if found <= victims:
             break
         victims |= found
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(leader, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for pid in victims:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _exit_code(returncode: int) -> int:

@@ -18,8 +18,8 @@ from swarmyard.store.sql import BROADCAST_GROUP, SqlStore
 def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = None, **limits: Any) -> SqlStore:
     """Open (and migrate) the store at ``url``: ``sqlite:///path`` or ``postgresql://...``.
 
-    Artifacts go to ``blob_dir``: by default ``blobs/`` beside a SQLite file, or ``$SWARMYARD_BLOBS`` (else
-    ``./blobs``) for PostgreSQL, which must then be a folder every host shares.
+    Artifacts go to ``blob_dir``: by default ``blobs/`` beside a SQLite file; for PostgreSQL ``$SWARMYARD_BLOBS``,
+    else ``$XDG_DATA_HOME/swarmyard/blobs`` (a folder every host of a shared run must see).
     """
     from swarmyard.store.engine import PostgresEngine, SqliteEngine
 
@@ -30,7 +30,8 @@ def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = 
             path = Path("/" + str(path))
         return SqlStore(url, SqliteEngine(path), clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
     if url.startswith(("postgresql://", "postgres://")):
-        default_blobs = Path(os.environ.get("SWARMYARD_BLOBS", "blobs"))
+        data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+        default_blobs = Path(os.environ.get("SWARMYARD_BLOBS") or data_home / "swarmyard" / "blobs")
         return SqlStore(url, PostgresEngine(url, max_size=pool_size), clock=clock, blob_dir=blob_dir or default_blobs,
                         **limits)
     raise UserError(f"unknown store URL {url!r}: use sqlite:///path or postgresql://...")

@@ -17,11 +17,11 @@ Row = tuple[Any, ...]
 class Cursor(Protocol):
     """The DB-API cursor subset both engines share."""
 
-    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...  # noqa: D102
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
 
-    def fetchone(self) -> Any: ...  # noqa: D102
+    def fetchone(self) -> Any: ...
 
-    def fetchall(self) -> list[Any]: ...  # noqa: D102
+    def fetchall(self) -> list[Any]: ...
 
 
 class Engine(Protocol):

@@ -71,7 +71,7 @@ _MAX_TEXT = 1_000_000
 
 
 def _ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
+    return round(seconds * 1000)
 
 
 def _int(value: object, field: str, *, minimum: int = 0) -> int:
