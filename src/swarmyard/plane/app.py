@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -48,6 +49,14 @@ def error_response(exc: SwarmyardError) -> Response:
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 as the same typed JSON as every other error."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse({"error": {"code": code, "message": exc.detail, "retryable": False}},
+                        status_code=exc.status_code, headers=exc.headers)
 
 
 def _validation_error(exc: ValidationError) -> InvalidInputError:
@@ -173,6 +182,6 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
                for spec in TOOLS]
     routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
     routes += list(extra_routes)
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.plane = plane
     return app
