@@ -316,6 +316,7 @@ class ChunkReader:
 
     def __init__(self) -> None:
         self.finish: FinishReason = FinishReason.STOP
+        self.finished = False
         self.usage: Usage | None = None
         self._seen_calls: set[int] = set()
 
@@ -342,5 +343,6 @@ class ChunkReader:
                 if function.get("arguments"):
                     events.append(ToolCallDelta(index, str(function["arguments"])))
             if choice.get("finish_reason"):
+                self.finished = True
                 self.finish = _finish(choice["finish_reason"])
         return events

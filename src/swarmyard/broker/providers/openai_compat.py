@@ -13,7 +13,7 @@ from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events, translate
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.tokencount import TokenCounter
-from swarmyard.errors import ProviderError
+from swarmyard.errors import ProviderError, UpstreamLostError
 
 
 class OpenAICompatProvider:
@@ -82,6 +82,9 @@ class OpenAICompatProvider:
                 await response.aclose()
         except httpx.HTTPError as exc:
             raise translate(exc, self.name) from exc
+        if not reader.finished:
+            # a clean close without a finish reason still lost the end of the answer
+            raise UpstreamLostError(f"{self.name}: the stream ended without a finish reason")
         yield Finished(reader.finish, reader.usage)
 
     async def aclose(self) -> None:
