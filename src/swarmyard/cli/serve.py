@@ -22,6 +22,8 @@ _OperatorFile = typer.Option(Path("operator-token"), "--operator-token-file",
 _Lease = typer.Option(300.0, "--lease-s", min=1.0, help="Lease length of a claim, in seconds.")
 _Rate = typer.Option(50.0, "--rate", min=0.1, help="Tool calls per second per worker.")
 _Burst = typer.Option(100, "--burst", min=1, help="Tool calls a worker may make at once.")
+_Renew = typer.Option(0.0, "--renew-interval-s", min=0.0,
+                      help="Calls within this many seconds of a claim's last renewal skip renewing it.")
 _Evaluator = typer.Option(None, "--evaluator-socket", help="Score submitted artifacts with this evaluator.")
 
 
@@ -39,6 +41,7 @@ def command(
     lease_s: float = _Lease,
     rate: float = _Rate,
     burst: int = _Burst,
+    renew_interval_s: float = _Renew,
     evaluator_socket: Path | None = _Evaluator,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics) until Ctrl-C."""
@@ -64,7 +67,8 @@ def command(
         from swarmyard.evaluator.client import AsyncEvaluatorClient
 
         evaluator = AsyncEvaluatorClient(evaluator_socket)
-    app = create_app(opened, tokens, PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst),
+    app = create_app(opened, tokens, PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
+                                                   renew_min_interval_s=renew_interval_s),
                      evaluator=evaluator)
     where = [f"unix:{socket}"] if listen.socket_path else []
     if host:
