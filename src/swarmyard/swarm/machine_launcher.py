@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +31,24 @@ from swarmyard.swarm.launcher import WorkerSlot
 log = logging.getLogger(__name__)
 
 
-def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig) -> list[Any]:
-    import importlib
-
+def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig, run_dir: Path,
+                   given: Mapping[str, Any] | None = None) -> list[Any]:
     from swarmyard.broker.app import broker_routes
-    from swarmyard.broker.providers import KINDS
-    from swarmyard.broker.settings import BrokerSettings, ModelRoute
+    from swarmyard.broker.providers.configured import build
+    from swarmyard.broker.settings import BrokerSettings
 
-    providers: dict[str, Any] = {}
-    routes: list[ModelRoute] = []
-    for name, provider in config.providers.items():
-        module, cls = KINDS[
-            provider.kind.value if provider.kind.value != "openai_compatible" else "openai"
-        ].split(":")
-        providers[name] = getattr(importlib.import_module(module), cls)()
-        routes += [ModelRoute(model, name) for model in provider.models]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
+    providers, routes = build(config.providers, cache_dir=cache, env=os.environ, given=given)
     return broker_routes(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
 
 
 class MachineLauncher:
     """Runs agents in ``swarmyard.machines`` machines against an in-process control plane."""
 
-    def __init__(self, config: SwarmConfig, store: Store, run_dir: Path) -> None:
+    def __init__(self, config: SwarmConfig, store: Store, run_dir: Path,
+                 providers: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        self._given_providers = providers
         self.store = store
         self.run_dir = run_dir
         # absolute: the relay inside the machine resolves the path from its own working folder
@@ -78,7 +75,7 @@ class MachineLauncher:
             self.store,
             self._tokens,
             PlaneSettings(lease_s=self.config.workers.lease_s),
-            extra_routes=_broker_routes(self.store, self._tokens, self.config),
+            extra_routes=_broker_routes(self.store, self._tokens, self.config, self.run_dir, self._given_providers),
         )
         self.socket.unlink(missing_ok=True)
         self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from swarmyard.config import SandboxKind, SwarmConfig, load_config
 from swarmyard.ids import new_id
@@ -16,7 +17,10 @@ from swarmyard.swarm.coordinator import Coordinator, RunResult, RunState
 class Swarm:
     """A parsed swarm file, ready to run."""
 
-    def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None) -> None:
+    def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None,
+                 providers: Mapping[str, Any] | None = None) -> None:
+        #: provider objects that replace the file's entries of the same name (a scripted provider in a test)
+        self.providers = providers
         self.config = (
             config
             if sandbox is None
@@ -24,9 +28,10 @@ class Swarm:
         )
 
     @classmethod
-    def from_file(cls, path: Path | str, *, sandbox: SandboxKind | None = None) -> Swarm:
+    def from_file(cls, path: Path | str, *, sandbox: SandboxKind | None = None,
+                  providers: Mapping[str, Any] | None = None) -> Swarm:
         """Parse a swarm file (``ConfigError`` naming the field; nothing is started)."""
-        return cls(load_config(Path(path)), sandbox=sandbox)
+        return cls(load_config(Path(path)), sandbox=sandbox, providers=providers)
 
     def run(
         self, *, resume: str | None = None, on_span: Callable[[WorkerSpan], None] | None = None
@@ -47,7 +52,7 @@ class Swarm:
             coordinator = Coordinator(
                 self.config,
                 store,
-                MachineLauncher(self.config, store, run_dir),
+                MachineLauncher(self.config, store, run_dir, self.providers),
                 run_id=run_id,
                 run_dir=run_dir,
                 on_span=on_span,
