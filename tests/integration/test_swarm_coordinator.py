@@ -154,6 +154,12 @@ def test_policies_end_to_end(tmp_path: Path, policy: str, tasks: int) -> None:
     }
     _check_run(coordinator, launcher, result.goal_id, tasks)
     assert result.report is not None and "Pick a speech model" in result.report.markdown.read_text()
+    # The run ends with a signed checkpoint over every event, and the report shows its root.
+    from swarmyard.audit.verify import verify_run
+
+    verified = verify_run(coordinator.store, coordinator.run_dir / "audit")
+    assert verified.size > 0 and result.data.audit_root is not None
+    assert result.data.audit_root in result.report.markdown.read_text()
     groups = {t.group for t in coordinator.store.list_tasks(result.goal_id)} - {"lead"}
     assert groups == (
         {"w0", "w1", "w2"} if policy == "independent" else {policy if policy != "team" else "team"}

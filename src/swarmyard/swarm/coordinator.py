@@ -9,11 +9,12 @@ machines (in ``finally``, so also on error and Ctrl-C) and write the report.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from swarmyard.agents.builtin import Role
@@ -243,9 +244,21 @@ class Coordinator:
             state.save(self.run_dir / "run.json")
         finally:
             await self.launcher.close()
-        data = self.report_data(goal, synthesis, time.monotonic() - started)
+        audit_root = self._checkpoint_audit()
+        data = replace(self.report_data(goal, synthesis, time.monotonic() - started), audit_root=audit_root)
         report = write_report(data, self.run_dir)
         return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
+
+    def _checkpoint_audit(self) -> str:
+        """Sign a checkpoint of every event so far into ``audit/``; return its base64 root hash."""
+        from swarmyard.audit.log import AuditLog
+
+        audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}")
+        try:
+            signed = audit.checkpoint()
+        finally:
+            audit.close()
+        return base64.b64encode(signed.checkpoint.root_hash).decode()
 
     def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
         """Everything the report shows, read back from the store."""

@@ -94,6 +94,8 @@ class MachineLauncher:
                 control_socket=self.socket,
             )
             ready = self._machines.wait_until_ready(info.id)
+            self.store.record_event("machine.created", {"goal": self._goal.id if self._goal else None,
+                                                        "machine": info.id, "slot": slot.name, "group": slot.group})
             self._made[slot.name] = info.id
             self._relays[slot.name] = f"http://127.0.0.1:{ready.relay_port}"
         return self._made[slot.name]
@@ -159,6 +161,7 @@ class MachineLauncher:
             if self._machines is not None:
                 for machine_id in list(self._made.values()):
                     await asyncio.to_thread(self._machines.delete, machine_id)
+                    await asyncio.to_thread(self.store.record_event, "machine.deleted", {"machine": machine_id})
                 self._made.clear()
                 await asyncio.to_thread(self._machines.close)
         finally:
