@@ -106,6 +106,9 @@ def test_each_tool_round_trip(plane: Plane) -> None:
     assert art["score"] == {"goal": goal_id, "artifact_sha256": sha, "split": "search", "score": 8,
                             "signature": base64.b64encode(b"sig").decode()}
     assert plane.store.read_artifact(goal_id, sha) == b"patch v1"
+    plane.store.sequence_events()
+    scored = [e for e in plane.store.read_events(0, 10_000) if e.kind == "score.issued"]
+    assert len(scored) == 1 and b'"score":8' in scored[0].body
 
     finding = plane.ok("submit_finding", token, **fence, title="cache misses", body="hit rate 3%",
                        citations=[{"kind": "post", "ref": str(posted["post"]["seq"])},

@@ -235,8 +235,16 @@ class WorkerTools:
         who, data, result = await offload(lambda: self.put_artifact(token, req))
         if self._evaluator is None:
             return result
-        score = await self._evaluator.score(who.goal_id, data, req.split)
-        return m.ArtifactResult.model_construct(artifact=result.artifact, score=jsonable(score))
+        score = jsonable(await self._evaluator.score(who.goal_id, data, req.split))
+
+        def record() -> _Stored:
+            # A signed score is a state change of the run: it goes into the audit log like every other.
+            self._store.record_event("score.issued", {"goal": who.goal_id, "task": req.task_id,
+                                                      "worker": who.worker_id, "score": score})
+            return who, data, result
+
+        await offload(record)
+        return m.ArtifactResult.model_construct(artifact=result.artifact, score=score)
 
     def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
         """A sub-task one level below the caller's, in the caller's group."""
