@@ -170,8 +170,15 @@ def test_groups_policy_broadcasts_between_rounds(tmp_path: Path) -> None:
     coordinator, launcher = _coordinator(
         tmp_path, _config("groups", workers=4, extra="groups = 2\nrounds = 2")
     )
+    coordinator.audit_every_n = 5
     result = asyncio.run(coordinator.run())
     _check_run(coordinator, launcher, result.goal_id, 3 * 2 * 2)
+    from swarmyard.audit.log import checkpoint_path
+    from swarmyard.audit.verify import verify_run
+
+    # one checkpoint after each of the two rounds (each brings more than 5 events), one at the end
+    assert checkpoint_path(coordinator.run_dir / "audit", 3).exists()
+    assert verify_run(coordinator.store, coordinator.run_dir / "audit").size > 0
     board = coordinator.store.read_board(result.goal_id, limit=1000, kinds=[PostKind.CONSOLIDATION])
     assert {p.group for p in board} == {"g0", "g1"}
     assert all("round 1" in p.body for p in board)

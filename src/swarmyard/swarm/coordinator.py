@@ -108,6 +108,8 @@ class Coordinator:
         self.launcher = launcher
         self.run_id = run_id
         self.run_dir = run_dir
+        #: checkpoint the audit log after a round once this many events arrived since the last checkpoint
+        self.audit_every_n = 1000
         self.clock = clock or SystemClock()
         self.policy: Policy = make_policy(config.policy)
         self.spans: list[WorkerSpan] = []
@@ -230,6 +232,10 @@ class Coordinator:
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
         synthesis: Finding | None = None
+        from swarmyard.audit.log import AuditLog
+
+        audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
+                         every_n=self.audit_every_n)
         try:
             await self.launcher.start(goal)
             for round_index in range(state.rounds_done, self.policy.rounds):
@@ -237,6 +243,7 @@ class Coordinator:
                     self._consolidate(goal, round_index - 1)
                     create_round_tasks(self.store, goal, self.config, self.policy, round_index)
                 await self._work_round(goal)
+                audit.maybe_checkpoint()  # every ``every_n`` events, as the run goes
                 state.rounds_done = round_index + 1
                 state.save(self.run_dir / "run.json")
             synthesis = await self._lead(goal)
@@ -244,21 +251,13 @@ class Coordinator:
             state.save(self.run_dir / "run.json")
         finally:
             await self.launcher.close()
-        audit_root = self._checkpoint_audit()
+        try:
+            audit_root = base64.b64encode(audit.checkpoint().checkpoint.root_hash).decode()
+        finally:
+            audit.close()
         data = replace(self.report_data(goal, synthesis, time.monotonic() - started), audit_root=audit_root)
         report = write_report(data, self.run_dir)
         return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
-
-    def _checkpoint_audit(self) -> str:
-        """Sign a checkpoint of every event so far into ``audit/``; return its base64 root hash."""
-        from swarmyard.audit.log import AuditLog
-
-        audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}")
-        try:
-            signed = audit.checkpoint()
-        finally:
-            audit.close()
-        return base64.b64encode(signed.checkpoint.root_hash).decode()
 
     def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
         """Everything the report shows, read back from the store."""
