@@ -72,7 +72,18 @@ def test_host_root_home_and_tmp_are_not_visible(
         assert _errno_of(machines, info, f"open({str(probe)!r})") == "ENOENT"
     finally:
         probe.unlink()
-    assert _py(machines, info, "import os;print(os.path.exists('/home'), os.listdir('/tmp'))") == "False []"
+    # The sandbox's /tmp is its own tmpfs; the only host folders in it are read-only binds of where this Python
+    # and swarmyard live, when those happen to be under /tmp (a checkout in /tmp, say).
+    from swarmyard.machines.local import python_paths
+
+    allowed = sorted({p.split("/")[2] for p in python_paths() if p.startswith("/tmp/")})
+    planted = Path("/tmp") / f"swarmyard-escape-{os.getpid()}"
+    planted.write_text("host")
+    try:
+        seen = _py(machines, info, "import os;print(os.path.exists('/home'), sorted(os.listdir('/tmp')))")
+    finally:
+        planted.unlink()
+    assert seen == f"False {allowed}"
     assert _errno_of(machines, info, f"open({str(tmp_path / 'run' / 'etc' / 'passwd')!r})") == "ENOENT"
 
 

@@ -151,8 +151,6 @@ class LocalBackend(SupervisedBackend):
                 argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         for name in ("passwd", "group", "hostname"):
             argv += ["--ro-bind", str(self.root / "etc" / name), f"/etc/{name}"]
-        for bind in self._binds:
-            argv += ["--ro-bind", bind, bind]
         argv += [
             "--proc",
             "/proc",
@@ -164,6 +162,11 @@ class LocalBackend(SupervisedBackend):
             "/tmp",
             "--tmpfs",
             "/run",
+        ]
+        # After the tmpfs mounts: a Python or a checkout that lives under /tmp must not be hidden by them.
+        for bind in self._binds:
+            argv += ["--ro-bind", bind, bind]
+        argv += [
             "--bind",
             str(machine.root / "ctl"),
             f"{RUN_DIR}/ctl",
