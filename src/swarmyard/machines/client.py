@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -54,19 +53,12 @@ class InitClient:
         """Run a command; yield ``stdout``/``stderr`` events and finally one ``exit`` event."""
         started = time.monotonic()
         host_timeout = None if timeout_s is None else timeout_s + GRACE_S
-        request = {
-            "op": "exec",
-            "argv": list(argv),
-            "env": dict(env),
-            "cwd": cwd,
-            "timeout_s": timeout_s,
-            "stdin": None if stdin is None else base64.b64encode(stdin).decode(),
-        }
+        request = wire.encode_request("exec", argv=argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
         sock = self._connect(host_timeout)
         stdout: list[bytes] = []
         stderr: list[bytes] = []
         try:
-            wire.send_json(sock, b"q", request)
+            wire.send_frame(sock, b"q", request)
             while True:
                 try:
                     frame = wire.recv_frame(sock)
@@ -128,7 +120,7 @@ class InitClient:
 
     def upload(self, path: str, data: bytes, mode: int) -> None:
         """Write ``data`` to ``path`` inside the machine."""
-        with self._request({"op": "put", "path": path, "mode": mode}) as sock:
+        with self._request(wire.encode_request("put", path=path, mode=mode)) as sock:
             for start in range(0, len(data), wire.MAX_FRAME):
                 wire.send_frame(sock, b"d", data[start : start + wire.MAX_FRAME])
             wire.send_frame(sock, b"d", b"")
@@ -137,7 +129,7 @@ class InitClient:
     def download(self, path: str) -> bytes:
         """Read ``path`` from inside the machine."""
         chunks: list[bytes] = []
-        with self._request({"op": "get", "path": path}) as sock:
+        with self._request(wire.encode_request("get", path=path)) as sock:
             while True:
                 frame = wire.recv_frame(sock)
                 if frame is None:
@@ -149,9 +141,9 @@ class InitClient:
                     return b"".join(chunks)
                 raise self._error(frame[1])
 
-    def _request(self, request: dict[str, object]) -> socket.socket:
+    def _request(self, request: bytes) -> socket.socket:
         sock = self._connect(60.0)
-        wire.send_json(sock, b"q", request)
+        wire.send_frame(sock, b"q", request)
         return sock
 
     def _finish(self, sock: socket.socket) -> None:

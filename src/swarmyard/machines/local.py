@@ -13,9 +13,10 @@ import resource
 import sys
 import threading
 from pathlib import Path
+from typing import Literal
 
 from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import doctor
+from swarmyard.machines import doctor, native
 from swarmyard.machines.cgroups import MachineCgroups, discover
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import SOURCE_ROOT, Launch, Machine, SupervisedBackend, init_argv
@@ -26,6 +27,11 @@ RUN_DIR = "/run/swarmyard"
 PLANE_SOCKET = f"{RUN_DIR}/plane.sock"
 #: The relay's port inside every machine (each machine has its own network namespace).
 RELAY_PORT = 8484
+#: Where the compiled init appears inside every machine (read-only).
+NATIVE_INIT = f"{RUN_DIR}/init"
+#: Which init boots each machine: ``native`` (the C one, compiled at first use), ``python``, or ``auto`` (the C one
+#: when this host can compile it, else the Python one).
+InitKind = Literal["auto", "native", "python"]
 _ETC = (
     "ssl",
     "ca-certificates",
@@ -61,7 +67,9 @@ class LocalBackend(SupervisedBackend):
 
     name = "local"
 
-    def __init__(self, root: Path | None = None, *, report: doctor.HostReport | None = None) -> None:
+    def __init__(
+        self, root: Path | None = None, *, report: doctor.HostReport | None = None, init: InitKind = "auto"
+    ) -> None:
         super().__init__(root)
         self.report = report or _cached_probe(self.root)
         if self.report.bwrap is None:
@@ -70,6 +78,11 @@ class LocalBackend(SupervisedBackend):
         self._hierarchy = discover()
         self._python = os.path.realpath(sys.executable)
         self._binds = python_paths()
+        self.native_init: Path | None = None
+        if init == "native":
+            self.native_init = native.build()
+        elif init == "auto":
+            self.native_init = native.native_init()
         etc = self.root / "etc"
         etc.mkdir(exist_ok=True)
         (etc / "passwd").write_text(_PASSWD)
@@ -176,23 +189,36 @@ class LocalBackend(SupervisedBackend):
             "--chdir",
             HOME,
         ]
-        config: dict[str, object] = {
-            "ctl": f"{RUN_DIR}/ctl/init.sock",
-            "ready_fd": ready_w,
-            "cwd": HOME,
-            "landlock_required": spec.isolation.landlock and not spec.isolation.allow_weaker,
-        }
+        landlock = spec.isolation.landlock and self.report.landlock_abi >= 1
+        landlock_required = spec.isolation.landlock and not spec.isolation.allow_weaker
         if spec.control_socket is not None:
             argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
-            config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
-        if spec.isolation.landlock and self.report.landlock_abi >= 1:
-            config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"]}
         pass_fds: tuple[int, ...] = ()
         if spec.isolation.seccomp and self.report.seccomp:
             fd = doctor.seccomp_fd()
             argv += ["--seccomp", str(fd)]
             pass_fds = (fd,)
-        argv += init_argv(self._python, config)
+        if self.native_init is not None:
+            argv += ["--ro-bind", str(self.native_init), NATIVE_INIT, NATIVE_INIT]
+            argv += ["--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w), "--cwd", HOME]
+            if spec.control_socket is not None:
+                argv += ["--relay-target", PLANE_SOCKET, "--relay-port", str(RELAY_PORT)]
+            if landlock:
+                argv += ["--landlock", "--writable", HOME, "--writable", "/tmp", "--device", "/dev"]
+            if landlock_required:
+                argv.append("--landlock-required")
+        else:
+            config: dict[str, object] = {
+                "ctl": f"{RUN_DIR}/ctl/init.sock",
+                "ready_fd": ready_w,
+                "cwd": HOME,
+                "landlock_required": landlock_required,
+            }
+            if spec.control_socket is not None:
+                config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
+            if landlock:
+                config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"]}
+            argv += init_argv(self._python, config)
         rlimits: dict[int, int] = {}
         enforced = machine.cgroups.enforced if machine.cgroups is not None else set()
         if spec.limits.memory_bytes is not None and "memory" not in enforced:

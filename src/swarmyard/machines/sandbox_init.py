@@ -7,7 +7,6 @@ its own thread. A timed-out or abandoned exec has its whole process tree stopped
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -94,7 +93,7 @@ def _exit_code(returncode: int) -> int:
 
 
 def _run_exec(conn: socket.socket, req: dict[str, Any]) -> None:
-    stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
+    stdin_data: bytes | None = req.get("stdin")
     started = time.monotonic()
     token = f"SWARMYARD_EXEC={os.urandom(8).hex()}"
     marker = token.encode()
@@ -225,7 +224,7 @@ def _serve_one(conn: socket.socket) -> None:
             frame = wire.recv_frame(conn)
             if frame is None or frame[0] != b"q":
                 return
-            req = json.loads(frame[1])
+            req = wire.decode_request(frame[1])
             op = req.get("op")
             if op == "exec":
                 _run_exec(conn, req)
