@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 
 import pytest
 
+from swarmyard.canonical import canonical_json
 from swarmyard.clock import FakeClock
 from swarmyard.domain import (
     Citation,
@@ -337,6 +339,11 @@ def test_every_write_is_an_audit_event_in_order(store: SqlStore) -> None:
     assert kinds == ["goal.created", "task.created", "task.claimed", "board.posted", "reservation.held",
                      "reservation.settled", "machine.created"]
     assert [e.leaf_index for e in store.read_events(2, 4)] == [2, 3]
+    # Every leaf is canonical JSON, including the claim event PostgreSQL splices together in SQL.
+    for event in store.read_events(0, 100):
+        assert canonical_json(json.loads(event.body)) == event.body
+    claimed = json.loads(store.read_events(2, 3)[0].body)
+    assert (claimed["task"], claimed["token"], claimed["worker"]) == (task.id, claim.token, "w")
     assert store.sequence_events() == 7  # idempotent
 
 

@@ -64,14 +64,20 @@ def _raw_claimer(url: str, goal_id: str) -> Any:
         conn.execute("PRAGMA busy_timeout = 60000")
         conn.execute("PRAGMA synchronous = NORMAL")  # the same durability setting the store uses
 
+        from swarmyard.store.sql import claim_pick
+
+        # The same logical claim as the store (pending, or claimed with an expired lease; the same index-served
+        # pick), minus what the store adds: the audit event, validation, the writer queue, domain objects.
+        sql = (f"UPDATE tasks SET state = 'claimed', fencing_token = ?, worker_id = 'raw', lease_expires_at = ? "
+               f"WHERE id = ({claim_pick()}) AND (state = 'pending' OR (state = 'claimed' AND "
+               f"lease_expires_at <= ?)) RETURNING id")
+
         def claim_sqlite() -> tuple[str, int] | None:
+            now = time.time()
             conn.execute("BEGIN IMMEDIATE")
             token = conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fencing' "
                                  "RETURNING value").fetchone()[0]
-            row = conn.execute("UPDATE tasks SET state = 'claimed', fencing_token = ?, worker_id = 'raw', "
-                               "lease_expires_at = ? WHERE id = (SELECT id FROM tasks WHERE goal_id = ? AND "
-                               "state = 'pending' ORDER BY priority DESC, n LIMIT 1) RETURNING id",
-                               (token, time.time() + 300, goal_id)).fetchone()
+            row = conn.execute(sql, (token, now + 300, goal_id, goal_id, now, now)).fetchone()
             conn.execute("COMMIT")
             return None if row is None else (row[0], token)
 
@@ -81,10 +87,12 @@ def _raw_claimer(url: str, goal_id: str) -> Any:
     pg = psycopg.connect(url, autocommit=True)
 
     def claim_pg() -> tuple[str, int] | None:
+        now = time.time()
         row = pg.execute("UPDATE tasks SET state = 'claimed', fencing_token = nextval('fencing_seq'), "
                          "worker_id = 'raw', lease_expires_at = %s WHERE id = (SELECT id FROM tasks WHERE "
-                         "goal_id = %s AND state = 'pending' ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP "
-                         "LOCKED) RETURNING id, fencing_token", (time.time() + 300, goal_id)).fetchone()
+                         "goal_id = %s AND (state = 'pending' OR (state = 'claimed' AND lease_expires_at <= %s)) "
+                         "ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, fencing_token",
+                         (now + 300, goal_id, now)).fetchone()
         return None if row is None else (row[0], int(row[1]))
 
     return claim_pg

@@ -80,7 +80,19 @@ def _m001_initial(t: Types, postgres: bool) -> list[str]:
     return [s.format(b=t.bigint, r=t.real, blob=t.blob, serial=t.serial_pk) for s in statements]
 
 
+def _m002_claim_indexes(t: Types, postgres: bool) -> list[str]:
+    # Serve "best pending task by priority" with and without a group, and "expired leases", from indexes.
+    return [
+        "DROP INDEX IF EXISTS tasks_claimable",
+        "CREATE INDEX tasks_pick ON tasks (goal_id, state, priority DESC, n)",
+        "CREATE INDEX tasks_pick_group ON tasks (goal_id, group_name, state, priority DESC, n)",
+        "CREATE INDEX tasks_leases ON tasks (goal_id, state, lease_expires_at)",
+        # The unique index on leaf_index already finds unsequenced (NULL) events; one index less per write.
+        "DROP INDEX IF EXISTS events_unsequenced",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
-MIGRATIONS: list[Migration] = [_m001_initial]
+MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes]

@@ -100,6 +100,19 @@ def _enum(kind: type[E], value: object, field: str) -> E:
         raise InvalidInputError(f"{field} has no value {value!r}", field=field) from None
 
 
+def claim_pick(filters: str = "") -> str:
+    """SQLite: the best claimable task id, as the better of two index-served picks (pending, expired).
+
+    Why not one ``state = 'pending' OR (... lease_expires_at <= ?)``: SQLite cannot serve that OR with an
+    index in priority order, so it would read every claimed row of the goal on every claim. Parameters:
+    goal, *filters, goal, now, *filters.
+    """
+    best = "ORDER BY priority DESC, n LIMIT 1"
+    return (f"SELECT id FROM (SELECT * FROM (SELECT id, priority, n FROM tasks WHERE goal_id = ? AND "
+            f"state = 'pending'{filters} {best}) UNION ALL SELECT * FROM (SELECT id, priority, n FROM tasks "
+            f"WHERE goal_id = ? AND state = 'claimed' AND lease_expires_at <= ?{filters} {best})) {best}")
+
+
 class SqlStore:
     """The Store protocol on SQLite or PostgreSQL."""
 
@@ -309,24 +322,25 @@ class SqlStore:
         now = self._now()
         expires = now + lease_s
         claimable = "(state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?))"
-        where, params = f"goal_id = ? AND {claimable}", [goal_id, now]
+        filters, fparams = "", []
         if task_id is not None:
-            where += " AND id = ?"
-            params.append(task_id)
+            filters += " AND id = ?"
+            fparams.append(task_id)
         if group is not None:
-            where += " AND group_name = ?"
-            params.append(group)
-        pick = f"SELECT id FROM tasks WHERE {where} ORDER BY priority DESC, n LIMIT 1"
+            filters += " AND group_name = ?"
+            fparams.append(group)
+        if self._e.postgres:
+            # SKIP LOCKED must see the whole claimable set in one scan (it cannot be split by UNION).
+            pick = (f"SELECT id FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
+                    "ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP LOCKED")
+            return self._claim_pg(goal_id, worker_id, now, expires, claimable, pick, [goal_id, now, *fparams],
+                                  task_id)
+        pick = claim_pick(filters)
+        params = [goal_id, *fparams, goal_id, now, *fparams]
         with self._e.write() as cur:
-            if self._e.postgres:
-                token_sql = "nextval('fencing_seq')"
-                pick += " FOR UPDATE SKIP LOCKED"
-                token_params: list[Any] = []
-            else:
-                token_sql = "?"
-                token_params = [self._one(cur, "UPDATE counters SET value = value + 1 WHERE name = 'fencing' "
-                                               "RETURNING value", ())[0]]
-            cur.execute(f"UPDATE tasks SET state = 'claimed', fencing_token = {token_sql}, worker_id = ?, "
+            token_params = [self._one(cur, "UPDATE counters SET value = value + 1 WHERE name = 'fencing' "
+                                           "RETURNING value", ())[0]]
+            cur.execute(f"UPDATE tasks SET state = 'claimed', fencing_token = ?, worker_id = ?, "
                         f"lease_expires_at = ?, revision = revision + 1, attempts = attempts + 1 "
                         f"WHERE id = ({pick}) AND {claimable} RETURNING {rows.TASK_COLS}",
                         [*token_params, worker_id, expires, *params, now])
@@ -340,6 +354,35 @@ class SqlStore:
             self._event(cur, "task.claimed", now, {"goal": goal_id, "task": task.id, "worker": worker_id,
                                                    "token": task.fencing_token, "expires_ms": _ms(expires)})
             return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
+
+    def _claim_pg(self, goal_id: str, worker_id: str, now: float, expires: float, claimable: str, pick: str,
+                  params: list[Any], task_id: str | None) -> Claim | None:
+        """The claim and its audit event as ONE statement: one round trip, atomic on its own.
+
+        The event body is spliced from canonical JSON fragments made here (``canonical_json`` of every value
+        known before the statement) around the two values only the statement knows: the task id (ours, so plain
+        ``[a-z0-9_]``) and the fencing token (an integer). Keys are in sorted order, so the bytes are exactly
+        what ``canonical_json`` would give for the whole object; a contract test checks it.
+        """
+        head = canonical_json({"at_ms": _ms(now), "expires_ms": _ms(expires), "goal": goal_id,
+                               "kind": "task.claimed"}).decode()[:-1] + ',"task":"'
+        tail = ',"worker":' + canonical_json(worker_id).decode() + "}"
+        sql = (f"WITH c AS (UPDATE tasks SET state = 'claimed', fencing_token = nextval('fencing_seq'), "
+               f"worker_id = ?, lease_expires_at = ?, revision = revision + 1, attempts = attempts + 1 "
+               f"WHERE id = ({pick}) AND {claimable} RETURNING {rows.TASK_COLS}), "
+               f"e AS (INSERT INTO events (kind, body, created_at) SELECT 'task.claimed', "
+               f"convert_to(?::text || c.id || '\",\"token\":' || c.fencing_token::text || ?::text, 'UTF8'), ? FROM c) "
+               f"SELECT * FROM c")
+        with self._e.read() as cur:  # autocommit: the single statement is its own transaction
+            cur.execute(sql, [worker_id, expires, *params, now, head, tail, now])
+            row = cur.fetchone()
+            if row is None:
+                if task_id is not None:
+                    self._task_row(cur, task_id)  # NotFoundError for an unknown id
+                return None
+        task = rows.task(row)
+        assert task.fencing_token is not None
+        return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
 
     def _claim_update(self, task_id: str, token: object, set_sql: str, set_params: Sequence[Any],
                       target: TaskState, event: str, data: dict[str, Any]) -> Task:
