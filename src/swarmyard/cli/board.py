@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swarmyard.cli import render
-from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption
+from swarmyard.cli.target import target_at
 from swarmyard.domain import PostKind
 
 app = typer.Typer(help="Read a goal's board.", no_args_is_help=True)
@@ -19,10 +22,12 @@ def read(
     group: str | None = typer.Option(None, "--group"),
     kind: list[PostKind] | None = typer.Option(None, "--kind"),
     store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Read posts after a cursor."""
-    posts = store_at(store).read_board(goal_id, after=after, limit=limit, group=group, kinds=kind)
+    posts = target_at(store, server, token_file).read_board(goal_id, after=after, limit=limit, group=group, kinds=kind)
     if as_json:
         render.print_json(posts)
         return

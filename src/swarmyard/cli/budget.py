@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swarmyard.cli import render
-from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption
+from swarmyard.cli.target import target_at
 from swarmyard.errors import UserError
 from swarmyard.money import format_usd
 
@@ -13,9 +16,10 @@ app = typer.Typer(help="Inspect envelopes and settle reservations.", no_args_is_
 
 
 @app.command()
-def show(goal_id: str, store: str = StoreOption, as_json: bool = JsonOption) -> None:
+def show(goal_id: str, store: str = StoreOption, server: str | None = ServerOption,
+         token_file: Path = TokenFileOption, as_json: bool = JsonOption) -> None:
     """Show a goal's envelope, its tasks' envelopes and its open reservations."""
-    s = store_at(store)
+    s = target_at(store, server, token_file)
     goal = s.get_goal(goal_id)
     tasks = s.list_tasks(goal_id)
     reservations = s.list_reservations(goal_id)
@@ -42,12 +46,14 @@ def reconcile(
     actual: int | None = typer.Option(None, "--actual", min=0, help="The real cost in micro-USD."),
     release: bool = typer.Option(False, "--release", help="Nothing was spent: drop the hold."),
     store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Settle an ``unknown`` reservation at its real cost, or release it."""
     if (actual is None) == (not release):
         raise UserError("give exactly one of --actual N or --release")
-    r = store_at(store).reconcile(reservation_id, None if release else actual)
+    r = target_at(store, server, token_file).reconcile(reservation_id, None if release else actual)
     if as_json:
         render.print_json(r)
     else:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swarmyard.cli import render
-from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption
+from swarmyard.cli.target import target_at
 from swarmyard.domain import Goal, GoalSpec
 from swarmyard.money import format_usd, usd_to_micro
 
@@ -30,12 +33,14 @@ def create(
     max_depth: int = typer.Option(2, "--max-depth", min=0, help="Deepest delegation allowed."),
     policy: str = typer.Option("team", "--policy", help="independent, team, explore or groups."),
     store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a goal."""
     import time
 
-    s = store_at(store)
+    s = target_at(store, server, token_file)
     goal = s.create_goal(GoalSpec(objective, usd_to_micro(budget_usd), call_cap,
                                   None if deadline_s is None else time.time() + deadline_s, max_depth, policy))
     if as_json:
@@ -45,9 +50,10 @@ def create(
 
 
 @app.command(name="list")
-def list_(store: str = StoreOption, as_json: bool = JsonOption) -> None:
+def list_(store: str = StoreOption, server: str | None = ServerOption,
+         token_file: Path = TokenFileOption, as_json: bool = JsonOption) -> None:
     """List goals."""
-    goals = store_at(store).list_goals()
+    goals = target_at(store, server, token_file).list_goals()
     if as_json:
         render.print_json(goals)
     else:
@@ -55,9 +61,10 @@ def list_(store: str = StoreOption, as_json: bool = JsonOption) -> None:
 
 
 @app.command()
-def show(goal_id: str, store: str = StoreOption, as_json: bool = JsonOption) -> None:
+def show(goal_id: str, store: str = StoreOption, server: str | None = ServerOption,
+         token_file: Path = TokenFileOption, as_json: bool = JsonOption) -> None:
     """Show one goal."""
-    goal = store_at(store).get_goal(goal_id)
+    goal = target_at(store, server, token_file).get_goal(goal_id)
     if as_json:
         render.print_json(goal)
     else:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swarmyard.cli import render
-from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption
+from swarmyard.cli.target import target_at
 from swarmyard.domain import TaskSpec, TaskState
 from swarmyard.money import format_usd, usd_to_micro
 
@@ -18,10 +21,12 @@ def list_(
     state: TaskState | None = typer.Option(None, "--state"),
     group: str | None = typer.Option(None, "--group"),
     store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List a goal's tasks."""
-    tasks = store_at(store).list_tasks(goal_id, state=state, group=group)
+    tasks = target_at(store, server, token_file).list_tasks(goal_id, state=state, group=group)
     if as_json:
         render.print_json(tasks)
         return
@@ -40,7 +45,9 @@ def create(
     budget_usd: str = typer.Option("0", "--budget-usd"),
     call_cap: int = typer.Option(0, "--call-cap", min=0, help="0: only the goal's cap applies."),
     store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
 ) -> None:
     """Create a top-level task, its envelope carved from the goal's."""
-    task = store_at(store).create_task(goal_id, TaskSpec(title, prompt, group, usd_to_micro(budget_usd), call_cap))
+    task = target_at(store, server, token_file).create_task(goal_id, TaskSpec(title, prompt, group, usd_to_micro(budget_usd), call_cap))
     render.stdout.print(task.id)

@@ -9,6 +9,7 @@ import typer
 
 from swarmyard.cli import render
 from swarmyard.cli.options import JsonOption, StoreOption, store_at
+from swarmyard.cli.target import operator_request
 
 app = typer.Typer(help="List and revoke workers (capability tokens).", no_args_is_help=True)
 
@@ -21,25 +22,7 @@ _COLUMNS = ["id", "group", "revoked", "expires_at"]
 
 
 def _operator(server: str, token_file: Path, method: str, path: str) -> dict[str, Any]:
-    from swarmyard.errors import SwarmyardError, UserError
-    from swarmyard.plane.client import PlaneAddress, decode
-
-    try:
-        token = token_file.read_text().strip()
-    except OSError as exc:
-        raise UserError(f"cannot read the operator token at {token_file}: {exc.strerror}") from exc
-    with PlaneAddress.parse(server).client(token) as http:
-        try:
-            response = http.request(method, path)
-        except Exception as exc:  # an unreachable server is a usage problem, not a crash
-            raise UserError(f"cannot reach the control plane at {server}: {exc}") from exc
-    body: dict[str, Any] = decode(response)
-    if response.status_code >= 400:
-        err = body.get("error", {})
-        failure = SwarmyardError(str(err.get("message", response.text)))
-        failure.code = str(err.get("code", "error"))  # type: ignore[misc]
-        raise failure
-    return body
+    return operator_request(server, token_file, method, path)
 
 
 def _print(workers: list[dict[str, Any]], as_json: bool) -> None:
