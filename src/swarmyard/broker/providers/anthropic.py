@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
-
-import httpx
 
 from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events, translate
+from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.upstream import UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import ProviderError, UpstreamLostError
 
@@ -34,11 +34,8 @@ class AnthropicProvider:
         headers = {"anthropic-version": API_VERSION}
         if key is not None:
             headers["x-api-key"] = key.reveal()
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=(timeouts or Timeouts()).httpx(),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        self._client = UpstreamClient(
+            base_url, headers, timeouts or Timeouts(), name=name, max_connections=max_connections
         )
 
     def counter(self, model: str) -> TokenCounter | None:
@@ -47,39 +44,30 @@ class AnthropicProvider:
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One non-streaming call."""
-        http_request = self._client.build_request(
-            "POST", "/v1/messages", json=messages_format.upstream_body(request)
-        )
+        payload = json.dumps(messages_format.upstream_body(request), separators=(",", ":")).encode()
+        state.sent = True
+        response = await self._client.post("/v1/messages", payload)
+        await raise_for_status(response, self.name, self._key)
         try:
-            state.sent = True
-            response = await self._client.send(http_request)
-            await raise_for_status(response, self.name, self._key)
-            body = response.json()
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.name) from exc
+            body = json.loads(await response.read())
         except ValueError as exc:
             raise ProviderError(f"{self.name}: upstream answer is not JSON", retryable=False) from exc
         return messages_format.parse_upstream_response(body)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as they arrive."""
-        http_request = self._client.build_request(
-            "POST", "/v1/messages", json=messages_format.upstream_body(request)
-        )
+        payload = json.dumps(messages_format.upstream_body(request), separators=(",", ":")).encode()
         reader = messages_format.EventReader()
+        state.sent = True
+        response = await self._client.post("/v1/messages", payload)
         try:
-            state.sent = True
-            response = await self._client.send(http_request, stream=True)
-            try:
-                await raise_for_status(response, self.name, self._key)
-                async for _, data in sse_events(response):
-                    if isinstance(data, dict):
-                        for event in reader.feed(data):
-                            yield event
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.name) from exc
+            await raise_for_status(response, self.name, self._key)
+            async for _, data in sse_events(response):
+                if isinstance(data, dict):
+                    for event in reader.feed(data):
+                        yield event
+        finally:
+            await response.aclose()
         if not reader.stopped:
             raise UpstreamLostError(f"{self.name}: the stream ended without message_stop")
         yield Finished(reader.finish, reader.usage)

@@ -1,16 +1,19 @@
-"""What the HTTP upstream providers share: timeouts, httpx error translation, SSE reading, scrubbing."""
+"""What the HTTP upstream providers share: timeouts, status checks, SSE reading, scrubbing."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from swarmyard.broker.keys import Secret
 from swarmyard.errors import ProviderError, UpstreamLostError
+
+if TYPE_CHECKING:
+    from swarmyard.broker.providers.upstream import UpstreamResponse
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -37,36 +40,25 @@ def scrub(text: str, key: Secret | None) -> str:
     return text[:300]
 
 
-def translate(exc: httpx.HTTPError, provider: str) -> ProviderError:
-    """An httpx failure as a provider error: retryable before the bytes left, cost unknown after."""
-    if isinstance(
-        exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol
-    ):
-        return ProviderError(f"{provider}: could not connect upstream ({type(exc).__name__})", retryable=True)
-    return UpstreamLostError(
-        f"{provider}: upstream connection lost after the request was sent ({type(exc).__name__})"
-    )
-
-
-async def raise_for_status(response: httpx.Response, provider: str, key: Secret | None) -> None:
+async def raise_for_status(response: UpstreamResponse, provider: str, key: Secret | None) -> None:
     """Turn an upstream error status into ``ProviderError`` (the answer came back: nothing to bill)."""
-    if response.status_code < 400:
+    if response.status < 400:
         return
     try:
-        raw = (await response.aread()).decode("utf-8", "replace")
-    except httpx.HTTPError:
+        raw = (await response.read()).decode("utf-8", "replace")
+    except UpstreamLostError:
         raw = ""
     raise ProviderError(
-        f"{provider}: upstream answered {response.status_code}: {scrub(raw, key)}",
-        retryable=response.status_code in _RETRYABLE_STATUS,
-        upstream_status=response.status_code,
+        f"{provider}: upstream answered {response.status}: {scrub(raw, key)}",
+        retryable=response.status in _RETRYABLE_STATUS,
+        upstream_status=response.status,
     )
 
 
-async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str | None, Any]]:
+async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | None, Any]]:
     """``(event name, parsed data)`` for each SSE event; stops at ``[DONE]``."""
     event: str | None = None
-    async for line in response.aiter_lines():
+    async for line in response.lines():
         if not line:
             event = None
             continue

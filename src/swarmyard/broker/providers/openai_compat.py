@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from typing import Any
-
-import httpx
 
 from swarmyard.broker import openai_chat
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events, translate
+from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.upstream import UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import ProviderError, UpstreamLostError
 
@@ -33,11 +33,8 @@ class OpenAICompatProvider:
         self._key = key
         self._extra = extra_body or {}
         headers = {"authorization": f"Bearer {key.reveal()}"} if key is not None else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=(timeouts or Timeouts()).httpx(),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        self._client = UpstreamClient(
+            base_url, headers, timeouts or Timeouts(), name=name, max_connections=max_connections
         )
 
     def counter(self, model: str) -> TokenCounter | None:
@@ -53,35 +50,30 @@ class OpenAICompatProvider:
 
     async def complete_body(self, body: dict[str, Any], state: CallState) -> ChatResponse:
         """One non-streaming call with a ready Chat Completions body (for providers that add fields)."""
-        http_request = self._client.build_request("POST", "/chat/completions", json=body)
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        state.sent = True
+        response = await self._client.post("/chat/completions", payload)
+        await raise_for_status(response, self.name, self._key)
         try:
-            state.sent = True
-            response = await self._client.send(http_request)
-            await raise_for_status(response, self.name, self._key)
-            body = response.json()
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.name) from exc
+            body = json.loads(await response.read())
         except ValueError as exc:
             raise ProviderError(f"{self.name}: upstream answer is not JSON", retryable=False) from exc
         return openai_chat.parse_upstream_response(body)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as each chunk arrives."""
-        http_request = self._client.build_request("POST", "/chat/completions", json=self._body(request))
+        payload = json.dumps(self._body(request), separators=(",", ":")).encode()
         reader = openai_chat.ChunkReader()
+        state.sent = True
+        response = await self._client.post("/chat/completions", payload)
         try:
-            state.sent = True
-            response = await self._client.send(http_request, stream=True)
-            try:
-                await raise_for_status(response, self.name, self._key)
-                async for _, data in sse_events(response):
-                    if isinstance(data, dict):
-                        for event in reader.feed(data):
-                            yield event
-            finally:
-                await response.aclose()
-        except httpx.HTTPError as exc:
-            raise translate(exc, self.name) from exc
+            await raise_for_status(response, self.name, self._key)
+            async for _, data in sse_events(response):
+                if isinstance(data, dict):
+                    for event in reader.feed(data):
+                        yield event
+        finally:
+            await response.aclose()
         if not reader.finished:
             # a clean close without a finish reason still lost the end of the answer
             raise UpstreamLostError(f"{self.name}: the stream ended without a finish reason")
