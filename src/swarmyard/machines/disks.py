@@ -7,6 +7,8 @@ layer, so neither machine sees the other's later writes while the baseline below
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +18,33 @@ from pathlib import Path
 from swarmyard.errors import SandboxError
 
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+_MNT_DETACH = 2
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def mount_overlay(lowers: tuple[Path, ...], upper: Path, work: Path, target: Path) -> None:
+    """Mount overlayfs with mount(2) directly: running mount(8) costs a process and ~3 ms per machine."""
+    options = f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}"
+    if _libc().mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"cannot mount the overlay disk at {target}: {os.strerror(err)}")
+
+
+def unmount(target: Path) -> None:
+    """Unmount ``target``, lazily if something still holds it."""
+    path = os.fsencode(target)
+    if _libc().umount2(path, 0) != 0 and _libc().umount2(path, _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"cannot unmount {target}: {os.strerror(err)}")
 
 
 def overlay_supported(scratch: Path) -> bool:
@@ -92,20 +121,7 @@ class Disk:
             empty = self.root / "empty"
             empty.mkdir(exist_ok=True)
             self.lowers = (empty,)
-        options = (
-            f"lowerdir={':'.join(str(p) for p in self.lowers)},upperdir={self.root / 'upper'},"
-            f"workdir={self.root / 'work'}"
-        )
-        done = subprocess.run(
-            ["mount", "-t", "overlay", "overlay", "-o", options, str(self.merged)],
-            env=_CLEAN_ENV,
-            capture_output=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SandboxError(
-                f"cannot mount the overlay disk: {done.stderr.decode(errors='replace').strip()}"
-            )
+        mount_overlay(self.lowers, self.root / "upper", self.root / "work", self.merged)
 
     def snapshot(self, target: Path) -> tuple[Path, ...]:
         """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers."""
@@ -118,12 +134,6 @@ class Disk:
     def unmount(self) -> None:
         """Unmount the overlay (lazily if something still holds it) and remove the machine's folders."""
         if self.overlay and self.merged.is_mount():
-            done = subprocess.run(
-                ["umount", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False
-            )
-            if done.returncode != 0:
-                subprocess.run(
-                    ["umount", "-l", str(self.merged)], env=_CLEAN_ENV, capture_output=True, check=False
-                )
+            unmount(self.merged)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.root)

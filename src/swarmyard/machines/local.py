@@ -83,6 +83,7 @@ class LocalBackend(SupervisedBackend):
             self.native_init = native.build()
         elif init == "auto":
             self.native_init = native.native_init()
+        self.launcher = self.native_init
         etc = self.root / "etc"
         etc.mkdir(exist_ok=True)
         (etc / "passwd").write_text(_PASSWD)

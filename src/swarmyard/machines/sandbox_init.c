@@ -775,6 +775,40 @@ static int landlock_restrict(char **writable, int nwritable, char **devices, int
 
 /* ---------------------------------------------------------------- main ------------------------------------ */
 
+#include <sys/resource.h>
+
+/* `init --launch [--join FILE]... [--rlimit-as BYTES] -- ARGV...`: on the host, before bwrap, so the whole
+ * sandbox starts inside its cgroups with no window. Spawned without a Python preexec hook, which would force a
+ * full fork of the host process (~3 ms) instead of vfork. */
+static int launch(int argc, char **argv) {
+    int i = 2;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (i + 1 < argc && strcmp(argv[i], "--join") == 0) {
+            const char *file = argv[++i];
+            int fd = open(file, O_WRONLY | O_CLOEXEC);
+            if (fd < 0 || write(fd, "0", 1) != 1) {  /* "0" is the writing process itself */
+                fprintf(stderr, "launch: cannot join %s: %s\n", file, strerror(errno));
+                return 126;
+            }
+            close(fd);
+        } else if (i + 1 < argc && strcmp(argv[i], "--rlimit-as") == 0) {
+            rlim_t limit = (rlim_t)strtoull(argv[++i], NULL, 10);
+            struct rlimit rl = {limit, limit};
+            if (setrlimit(RLIMIT_AS, &rl) != 0) {
+                fprintf(stderr, "launch: setrlimit: %s\n", strerror(errno));
+                return 126;
+            }
+        } else {
+            fprintf(stderr, "launch: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (i + 1 >= argc) return 2;
+    execv(argv[i + 1], argv + i + 1);
+    fprintf(stderr, "launch: %s: %s\n", argv[i + 1], strerror(errno));
+    return 127;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: init --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
@@ -783,6 +817,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--launch") == 0) return launch(argc, argv);
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
     char *writable[16], *devices[16];
