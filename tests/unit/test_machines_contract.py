@@ -203,3 +203,57 @@ def test_process_backend_warns_loudly(tmp_path: Path) -> None:
     ):
         machines.create("dev")
     assert os.environ.get("HOME") != str(tmp_path)
+
+
+def test_local_python_init_fallback_keeps_isolation(tmp_path: Path) -> None:
+    """Without a C compiler the Python init boots local machines: same protocol, same Landlock."""
+    from swarmyard.machines.local import LocalBackend
+
+    with Machines(LocalBackend(tmp_path / "run", init="python")) as machines:
+        info = machines.wait_until_ready(machines.create("py-init").id)
+        assert any(e.startswith("landlock-abi") for e in info.enforced)
+        result = machines.exec(info.id, "cat; echo err >&2; touch /run/evil", stdin=b"in", timeout=20)
+        assert (result.stdout, result.exit_code) == (b"in", 1)
+        assert b"err" in result.stderr and b"Permission denied" in result.stderr
+        init = machines.exec(info.id, "cat /proc/2/cmdline").stdout
+        assert b"sandbox_init" in init
+
+
+def test_local_boots_the_compiled_init(tmp_path: Path) -> None:
+    """The C init serves the same requests: stdin, a missing program, a missing cwd."""
+    from swarmyard.machines.local import NATIVE_INIT, LocalBackend
+
+    with Machines(LocalBackend(tmp_path / "run", init="native")) as machines:
+        info = machines.create("c-init")
+        assert machines.exec(info.id, "cat /proc/2/cmdline").stdout.split(b"\0")[0] == NATIVE_INIT.encode()
+        assert machines.exec(info.id, ["cat"], stdin=b"x" * 200_000).stdout == b"x" * 200_000
+        with pytest.raises(SandboxError, match="No such file"):
+            machines.exec(info.id, ["no-such-program"])
+        with pytest.raises(SandboxError, match="No such file"):
+            machines.exec(info.id, ["true"], cwd="/nope")
+
+
+def test_wire_request_roundtrip() -> None:
+    from swarmyard.machines import wire
+
+    payload = wire.encode_request(
+        "exec", argv=["a", "b c", "ü"], env={"K": "v=1", "E": ""}, cwd="/x", timeout_s=1.5, stdin=b"\0\1"
+    )
+    assert wire.decode_request(payload) == {
+        "op": "exec",
+        "argv": ["a", "b c", "ü"],
+        "env": {"K": "v=1", "E": ""},
+        "cwd": "/x",
+        "timeout_s": 1.5,
+        "stdin": b"\0\1",
+    }
+
+
+def test_native_init_refuses_a_shared_cache_folder(tmp_path: Path) -> None:
+    from swarmyard.machines import native
+
+    shared = tmp_path / "cache"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(SandboxError, match="not a private folder"):
+        native.build(shared)
