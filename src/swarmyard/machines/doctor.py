@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmyard.machines import cgroups, disks, landlock, seccomp
+from swarmyard.machines import cgroups, disks, landlock, native, seccomp
 
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 BWRAP_HINT = (
@@ -141,6 +141,13 @@ def probe(scratch: Path | None = None) -> HostReport:
             else "teardown kills process by process",
         ),
         Check("rlimits", True, "last fallback for memory and pids"),
+        Check(
+            "C compiler",
+            (cc := native.compiler()) is not None,
+            f"{cc} builds the fast machine init at first use"
+            if cc
+            else "none: machines boot the Python init (~40 ms slower); apt-get install gcc",
+        ),
     )
     return HostReport(
         bwrap=bwrap,
