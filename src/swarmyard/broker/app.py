@@ -1,17 +1,23 @@
 """The broker's HTTP endpoints: authenticate the worker, reserve the worst case, call the provider, settle.
 
-Blocking store calls run in worker threads (``anyio.to_thread``); streams are passed on as each event arrives.
-A failure before the request leaves releases the hold; a lost answer after it marks the hold ``unknown`` and
-answers 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
+Blocking store calls run on the broker's own thread pool, one hop per step (admission is one hop: token,
+claim, price and the reservation together); streams are passed on as each event arrives. A failure before the
+request leaves releases the hold; a lost answer after it marks the hold ``unknown`` and answers 502 with
+``x-should-retry: false`` so the SDKs do not pay twice.
+
+Settlement is awaited before the answer goes out, so a worker's next call (and anyone reading the store)
+sees it settled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.applications import Starlette
@@ -54,6 +60,11 @@ from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store.protocol import Store
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# Enough threads for reads to overlap (SQLite writers queue on one lock anyway; a PostgreSQL pool has 16)
+_STORE_THREADS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +126,12 @@ class Broker:
         self.providers = dict(providers)
         self.settings = settings
         self.clock = clock or SystemClock()
+        # Why not anyio.to_thread: its limiter and cancel scopes cost more per hop than the store call itself
+        self._pool = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="broker-store")
+
+    async def _in_pool(self, call: Callable[..., _T], *args: Any) -> _T:
+        """Run a blocking store call on the broker's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call, *args)
 
     # -- errors ---------------------------------------------------------------------------------------------
 
@@ -230,7 +247,7 @@ class Broker:
             chat = fmt.parse(parse_object(raw))
             route = self._route(chat.model)
             token = _token(request)
-            admitted = await anyio.to_thread.run_sync(self._admit, token, chat, route)
+            admitted = await self._in_pool(self._admit, token, chat, route)
         except SwarmyardError as exc:
             return self._error(exc, fmt)
         provider = self.providers[route.provider]
@@ -252,7 +269,7 @@ class Broker:
         usage = self._usage(
             admitted, answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls)
         )
-        await anyio.to_thread.run_sync(self._settle, admitted, usage)
+        await self._in_pool(self._settle, admitted, usage)
         return JSONResponse(fmt.render(answer, chat.model, usage))
 
     async def _stream(
@@ -303,7 +320,7 @@ class Broker:
                     raise UpstreamLostError("the upstream stream ended early") from None
             usage = self._usage(admitted, finished.usage, tally.output_text())
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._settle, admitted, usage)
+                await self._in_pool(self._settle, admitted, usage)
             done = True
             yield writer.close(finished.finish, usage)
         except Exception as exc:
@@ -331,7 +348,7 @@ class Broker:
                 self.tokens.verify(token)
                 return input_bound(chat, self._counter(route))
 
-            total = await anyio.to_thread.run_sync(count)
+            total = await self._in_pool(count)
         except SwarmyardError as exc:
             return self._error(exc, ANTHROPIC)
         return JSONResponse({"input_tokens": total})
@@ -340,7 +357,7 @@ class Broker:
         """``GET /v1/models`` in a shape both SDKs read."""
         try:
             token = _token(request)
-            await anyio.to_thread.run_sync(self.tokens.verify, token)
+            await self._in_pool(self.tokens.verify, token)
         except SwarmyardError as exc:
             return self._error(exc)
         data: list[dict[str, Any]] = [
@@ -366,9 +383,10 @@ class Broker:
         )
 
     async def aclose(self) -> None:
-        """Close every provider."""
+        """Close every provider and the store threads."""
         for provider in self.providers.values():
             await provider.aclose()
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
 
 
 def _routes_for(broker: Broker) -> list[BaseRoute]:
