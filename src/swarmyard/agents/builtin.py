@@ -30,6 +30,7 @@ class Role(StrEnum):
 
     WORKER = "worker"
     LEAD = "lead"
+    PLANNER = "planner"  # one call that splits the objective into lenses (``swarmyard.agents.planner``)
 
 
 class Ending(StrEnum):
@@ -57,6 +58,8 @@ class AgentSettings:
     mode: OutputMode = OutputMode.TOOLS
     task_id: str | None = None
     max_tokens: int = 512
+    #: planner: how many lenses to ask for
+    plan_count: int = 3
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -90,6 +93,7 @@ class AgentSettings:
             mode=mode,
             task_id=env.get("SWARMYARD_TASK_ID") or None,
             max_tokens=int(number("SWARMYARD_MAX_TOKENS", 512)),
+            plan_count=max(1, int(number("SWARMYARD_PLAN_COUNT", 3))),
         )
 
 
@@ -246,9 +250,14 @@ class BuiltinAgent:
                 case "write_file":
                     return self._local.write_file(str(args["path"]), str(args["content"]))
                 case "board_post":
-                    return await self._plane.call(
+                    posted = await self._plane.call(
                         "board_post", {"kind": "progress", "body": str(args["body"])}
                     )
+                    # the agent's own post is citable too: a finding often rests on the notes it posted
+                    post = posted.get("post") if isinstance(posted, dict) else None
+                    if isinstance(post, dict) and post.get("seq") is not None:
+                        self._posts_seen.append(str(post["seq"]))
+                    return posted
                 case "board_read" | "read_findings":
                     return await self._plane.call(action.tool, {"limit": 20})
                 case _:
