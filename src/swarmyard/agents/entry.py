@@ -11,8 +11,9 @@ from collections.abc import Mapping
 
 import httpx
 
-from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent
+from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
 from swarmyard.agents.model import BrokerChatModel
+from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.errors import SwarmyardError
 
@@ -33,6 +34,15 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         return await BuiltinAgent(model, PlaneTools(client), local, settings).run()
 
 
+async def run_planner(settings: AgentSettings, env: Mapping[str, str]) -> dict[str, object]:
+    """Run the planner: one schema-constrained call (one re-ask), the plan submitted as a finding."""
+    async with _client(settings, env) as client:
+        tools = {PLAN_TOOL: plan_tool(settings.plan_count)}
+        model = BrokerChatModel(client, settings.model, max_tokens=settings.max_tokens, tools=tools)
+        planner = PlannerAgent(model, PlaneTools(client), count=settings.plan_count, task_id=settings.task_id)
+        return await planner.run()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: prints the outcome as one JSON line on stdout; exit 0 ok, 1 a swarmyard error."""
     del argv
@@ -40,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         settings = AgentSettings.from_env(env)
+        if settings.role is Role.PLANNER:
+            sys.stdout.write(json.dumps(asyncio.run(run_planner(settings, env))) + "\n")
+            return 0
         outcome = asyncio.run(run_agent(settings, env))
     except SwarmyardError as exc:
         sys.stderr.write(f"agent error ({exc.code}): {exc.message}\n")

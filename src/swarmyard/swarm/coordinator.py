@@ -25,11 +25,14 @@ from swarmyard.errors import FencingError, NotFoundError, UserError
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerLauncher, WorkerSlot
+from swarmyard.swarm.planning import PLANNER_GROUP, create_planning_task, lenses_from_plan
 from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, make_policy
 from swarmyard.swarm.setup import LEAD_GROUP, create_goal, create_lead_task, create_round_tasks
 
 log = logging.getLogger(__name__)
 
+#: Groups whose tasks are steps of the coordinator's own (planning, synthesis), not the rounds' work.
+SIDE_GROUPS = frozenset({LEAD_GROUP, PLANNER_GROUP})
 #: How often an idle worker slot looks again for a claimable task (a peer's lease may have expired).
 POLL_S = 0.2
 COORDINATOR = "coordinator"
@@ -44,6 +47,8 @@ class RunState:
     store_url: str
     rounds_done: int = 0
     lead_done: bool = False
+    #: ``plan = N``: the (title, prompt) pairs the planning step settled on, so later rounds and a resume reuse them
+    planned: list[tuple[str, str]] | None = None
 
     def save(self, path: Path) -> None:
         """Write atomically (a crash leaves the old file or the new one)."""
@@ -56,6 +61,7 @@ class RunState:
                     "store_url": self.store_url,
                     "rounds_done": self.rounds_done,
                     "lead_done": self.lead_done,
+                    "planned": self.planned,
                 }
             )
         )
@@ -68,7 +74,8 @@ class RunState:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise UserError(f"no run to resume at {path.parent}") from None
-        return cls(**data)
+        planned = data.pop("planned", None)
+        return cls(**data, planned=[(str(t), str(p)) for t, p in planned] if planned is not None else None)
 
 
 @dataclass(slots=True)
@@ -144,7 +151,7 @@ class Coordinator:
     def _remaining(self, goal: Goal, group: str | None) -> tuple[int, int]:
         """(open, unfinished) tasks of ``group`` outside the lead's."""
         now = self.clock.now()
-        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group != LEAD_GROUP]
+        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group not in SIDE_GROUPS]
         unfinished = [t for t in tasks if t.state not in (TaskState.DONE, TaskState.CANCELLED)]
         return sum(1 for t in unfinished if _open(t, now)), len(unfinished)
 
@@ -181,7 +188,7 @@ class Coordinator:
         await asyncio.gather(*(self._slot_loop(goal, slot, gate) for slot in slots))
 
     def _consolidate(self, goal: Goal, round_index: int) -> None:
-        findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group != LEAD_GROUP]
+        findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS]
         best = best_findings(findings, self.config.policy.broadcast_top)
         if not best:
             return
@@ -191,13 +198,29 @@ class Coordinator:
                 goal.id, PostKind.CONSOLIDATION, text, author=COORDINATOR, group=group
             )
 
+    # -- step 1 with ``plan = N``: the planning call ----------------------------------------------------------
+    async def _plan(self, goal: Goal, count: int) -> list[tuple[str, str]]:
+        """Run the planner on its own task (made once), then read its plan; unusable parts fall back."""
+        planning = self.store.list_tasks(goal.id, group=PLANNER_GROUP)
+        task = planning[-1] if planning else create_planning_task(self.store, goal, count)
+        if (not self._findings_for(goal.id, task.id) and not self._past_deadline(goal)
+                and _open(self.store.get_task(task.id), self.clock.now())):
+            await self._record(WorkerSlot("planner", PLANNER_GROUP, Role.PLANNER, task.id))
+        found = self._findings_for(goal.id, task.id)
+        return lenses_from_plan(found[-1].body if found else None, count)
+
+    def _round_tasks_exist(self, goal: Goal) -> bool:
+        return any(t.group not in SIDE_GROUPS for t in self.store.list_tasks(goal.id))
+
     # -- step 4: the lead -----------------------------------------------------------------------------------
     async def _lead(self, goal: Goal) -> Finding | None:
         lead_tasks = self.store.list_tasks(goal.id, group=LEAD_GROUP)
         if lead_tasks:
             task = lead_tasks[-1]
         else:
-            findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group != LEAD_GROUP]
+            findings = [
+                f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS
+            ]
             task = create_lead_task(self.store, goal, self.config, findings)
         for _ in range(2):  # one retry: a lead whose exec timed out leaves its task for a second lead
             if self._findings_for(goal.id, task.id) or self._past_deadline(goal):
@@ -222,7 +245,8 @@ class Coordinator:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         goal = create_goal(self.store, self.config, self.clock)
         state = RunState(self.run_id, goal.id, self.store.url)
-        create_round_tasks(self.store, goal, self.config, self.policy, 0)
+        if self.config.tasks.plan is None:
+            create_round_tasks(self.store, goal, self.config, self.policy, 0)
         state.save(state_path)
         return goal, state
 
@@ -238,10 +262,15 @@ class Coordinator:
                          every_n=self.audit_every_n)
         try:
             await self.launcher.start(goal)
+            if self.config.tasks.plan is not None and state.planned is None:
+                state.planned = await self._plan(goal, self.config.tasks.plan)
+                state.save(self.run_dir / "run.json")
+            if not self._round_tasks_exist(goal):
+                create_round_tasks(self.store, goal, self.config, self.policy, 0, state.planned)
             for round_index in range(state.rounds_done, self.policy.rounds):
                 if round_index > 0 and not self.store.list_tasks(goal.id, state=TaskState.PENDING):
                     self._consolidate(goal, round_index - 1)
-                    create_round_tasks(self.store, goal, self.config, self.policy, round_index)
+                    create_round_tasks(self.store, goal, self.config, self.policy, round_index, state.planned)
                 await self._work_round(goal)
                 audit.maybe_checkpoint()  # every ``every_n`` events, as the run goes
                 state.rounds_done = round_index + 1

@@ -21,7 +21,7 @@ from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
 from swarmyard.config import AgentKind, SwarmConfig
 from swarmyard.domain import Goal
-from swarmyard.errors import SandboxError
+from swarmyard.errors import ConfigError, SandboxError
 from swarmyard.ids import new_id
 from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.report.data import WorkerSpan
@@ -29,6 +29,9 @@ from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
 
 log = logging.getLogger(__name__)
+
+#: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
+_MAX_SOCKET_PATH = 107
 
 
 def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig, run_dir: Path,
@@ -77,11 +80,18 @@ class MachineLauncher:
             PlaneSettings(lease_s=self.config.workers.lease_s),
             extra_routes=_broker_routes(self.store, self._tokens, self.config, self.run_dir, self._given_providers),
         )
+        if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
+            # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
+            raise ConfigError(f"the run folder {self.run_dir.resolve()} is too deep for the plane's Unix socket "
+                              f"({len(os.fsencode(self.socket))} bytes, at most {_MAX_SOCKET_PATH})",
+                              field="run.runs_dir")
         self.socket.unlink(missing_ok=True)
         self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True, name="swarmyard-plane")
         self._thread.start()
         while not self._server.started:
+            if not self._thread.is_alive():
+                raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
             await asyncio.sleep(0.02)
         self._machines = await asyncio.to_thread(Machines, self.config.run.sandbox.value)
 
@@ -110,6 +120,8 @@ class MachineLauncher:
         agent = self.config.lead.agent if lead else self.config.workers.agent
         model = self.config.lead.model if lead else self.config.workers.model
         steps = self.config.lead.max_steps if lead else self.config.workers.max_steps
+        if slot.role is Role.PLANNER:
+            agent = AgentKind.BUILTIN  # the planning call is always the built-in one: an external CLI cannot
         if agent is AgentKind.BUILTIN:
             argv: list[str] = [sys.executable, "-m", "swarmyard.agent"]
             env = {
@@ -123,6 +135,10 @@ class MachineLauncher:
             }
             if slot.task_id:
                 env["SWARMYARD_TASK_ID"] = slot.task_id
+            if slot.role is Role.PLANNER:
+                env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
+                # room for N lenses with their instructions in one answer
+                env["SWARMYARD_MAX_TOKENS"] = str(min(2048, 160 * (self.config.tasks.plan or 1) + 128))
         else:
             launch = get_adapter(agent.value).launch(
                 AdapterContext(relay, token, model, self._goal.objective)
