@@ -9,18 +9,23 @@ left: no process and no mount that names the run folder, no machine folder on di
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from swarmyard.broker.providers.scripted import CallTools, ScriptedProvider
 from swarmyard.domain import CitationKind, TaskState
+from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
 from swarmyard.swarm.coordinator import RunResult
 from swarmyard.swarm.swarm import Swarm
@@ -45,8 +50,8 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def swarm_file(tmp_path: Path, policy: str, *, workers: int = 3, extra_policy: str = "",
-               extra_workers: str = "", lenses: tuple[str, ...] = LENSES) -> Path:
+def swarm_file(tmp_path: Path, policy: str, *, workers: int = 3, extra_policy: str = "", concurrency: int = 1,
+               exec_timeout_s: int = 60, lease_s: int = 120, lenses: tuple[str, ...] = LENSES) -> Path:
     """A swarm file on the scripted provider whose runs folder is under ``tmp_path``."""
     lens_tables = "".join(f'[[tasks.lenses]]\ntitle = "{t}"\nprompt = "Look at {t}."\n' for t in lenses)
     text = f"""
@@ -61,11 +66,11 @@ kind = "{policy}"
 {extra_policy}
 [workers]
 count = {workers}
-concurrency = 1
-exec_timeout_s = 60
+concurrency = {concurrency}
+exec_timeout_s = {exec_timeout_s}
+lease_s = {lease_s}
 max_steps = 6
 model = "{WORKER_MODEL}"
-{extra_workers}
 [lead]
 model = "{LEAD_MODEL}"
 [providers.script]
@@ -179,3 +184,70 @@ def test_each_policy_runs_to_a_synthesis_in_real_sandboxes(
     assert groups == expected
     # every model call went through the broker with a worker's token: the ledger names a worker per call
     assert len(provider.requests) == 2 * tasks + 1
+
+
+
+def stuck_then_done(marker: str) -> ScriptedProvider:
+    """The first agent runs a shell command that never ends (``marker`` names it); the next posts and submits."""
+    stuck = CallTools((("shell", {"command": f"sleep 600 # {marker}"}),))
+    synthesis = CallTools((("submit_finding", {"title": "synthesis", "body": "Go: the scouts agree."}),))
+    return ScriptedProvider({WORKER_MODEL: [stuck, *worker_replies(1)], LEAD_MODEL: [synthesis]}, name="script")
+
+
+def check_taken_over(result: RunResult, run_dir: Path, stuck: WorkerSpan) -> None:
+    """The stuck worker's task was completed once, by another worker; the run finished clean."""
+    (task,) = [t for t in result.data.tasks if t.group != "lead"]
+    # (a killed agent prints no outcome, so its span cannot name the task it held: stuck.task_id is None)
+    assert task.state is TaskState.DONE and task.attempts == 2 and task.worker_id != stuck.worker_id
+    findings = [f for f in result.data.findings if f.task_id == task.id]
+    assert len(findings) == 1 and findings[0].author != stuck.worker_id
+    assert result.synthesis is not None and len(result.synthesis.citations) == 1
+    assert leftovers(run_dir, machine_ids(result, run_dir)) == []
+
+
+def test_a_hung_worker_times_out_and_another_completes_its_task(short_tmp: Path) -> None:
+    # one lens, two workers at once, a 2 s lease: the stuck worker's task goes to the other one
+    path = swarm_file(short_tmp, "team", workers=2, concurrency=2, exec_timeout_s=5, lease_s=2,
+                      lenses=("market size",))
+    result = Swarm.from_file(path, providers={"script": stuck_then_done("hang")}).run()
+    (hung,) = [s for s in result.spans if s.ending == "timeout"]
+    check_taken_over(result, short_tmp / "runs" / result.run_id, hung)
+
+
+def kill_agent_running(marker: str, stop: threading.Event) -> list[int]:
+    """Wait for the shell command naming ``marker``, then SIGKILL the agent that started it (its parent).
+
+    Runs in a thread beside the run; it waits on the process table, not on time. Returns the killed pids.
+    """
+    killed: list[int] = []
+    while not stop.is_set() and not killed:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if marker.encode() in cmdline and b"/bin/sh" in cmdline:
+                os.kill(ppid, signal.SIGKILL)
+                killed.append(ppid)
+                break
+        stop.wait(0.05)
+    return killed
+
+
+def test_a_worker_killed_mid_run_loses_its_task_to_another(short_tmp: Path) -> None:
+    marker = f"kill-me-{short_tmp.name}"
+    path = swarm_file(short_tmp, "team", workers=2, concurrency=2, exec_timeout_s=60, lease_s=2,
+                      lenses=("market size",))
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        killer = pool.submit(kill_agent_running, marker, stop)
+        try:
+            result = Swarm.from_file(path, providers={"script": stuck_then_done(marker)}).run()
+        finally:
+            stop.set()
+        assert len(killer.result()) == 1
+    (killed,) = [s for s in result.spans if s.ending == "error"]
+    check_taken_over(result, short_tmp / "runs" / result.run_id, killed)
