@@ -9,9 +9,11 @@ left: no process and no mount that names the run folder, no machine folder on di
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -251,3 +253,64 @@ def test_a_worker_killed_mid_run_loses_its_task_to_another(short_tmp: Path) -> N
         assert len(killer.result()) == 1
     (killed,) = [s for s in result.spans if s.ending == "error"]
     check_taken_over(result, short_tmp / "runs" / result.run_id, killed)
+
+
+def cli_swarm_file(folder: Path, lenses: int) -> Path:
+    """A swarm file the CLI can run on its own: the simulated provider (it answers text the agent turns into
+    partial findings), one agent at a time, so a kill lands between findings."""
+    path = swarm_file(folder, "team", workers=2, lenses=tuple(f"lens {i}" for i in range(lenses)))
+    text = path.read_text().replace('kind = "scripted"', 'kind = "simulated"').replace("max_steps = 6",
+                                                                                       "max_steps = 1")
+    path.write_text(text)
+    return path
+
+
+def findings_in(db: Path) -> list[tuple[str, str]]:
+    """(finding id, task id) straight from the run's SQLite file, read-only, while the runner writes."""
+    if not db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+        try:
+            return [(str(a), str(b)) for a, b in conn.execute("SELECT id, task_id FROM findings")]
+        except sqlite3.OperationalError:
+            return []  # the schema is not there yet
+
+
+def test_a_runner_killed_mid_run_resumes_without_loss_or_duplicates(short_tmp: Path) -> None:
+    path = cli_swarm_file(short_tmp, lenses=5)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
+    runner = subprocess.Popen([sys.executable, "-c", CLI, "run", str(path), "--quiet"], cwd=short_tmp, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # wait, on the store itself, for the first finding; then kill the runner with no chance to clean up
+        before: list[tuple[str, str]] = []
+        while not before and runner.poll() is None:
+            dbs = list((short_tmp / "runs").glob("*/store.db"))
+            before = findings_in(dbs[0]) if dbs else []
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                runner.wait(timeout=0.02)  # a pause between looks, and an early exit if the run ends
+        assert runner.poll() is None, "the run ended before it could be killed"
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+    (run_dir,) = (short_tmp / "runs").iterdir()
+    before = findings_in(run_dir / "store.db")
+    assert before and len(before) < 5 + 1
+    resumed = subprocess.run([sys.executable, "-c", CLI, "run", str(path), "--resume", run_dir.name], cwd=short_tmp,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = findings_in(run_dir / "store.db")
+    assert set(before) <= set(after)  # nothing lost
+    per_task = Counter(task for _, task in after)
+    assert len(per_task) == 5 + 1 and max(per_task.values()) == 1  # every task once, the lead's included
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        (goal,) = store.list_goals()
+        assert all(t.state is TaskState.DONE for t in store.list_tasks(goal.id))
+    finally:
+        store.close()
+    assert resumed.stdout.strip() and "(no synthesis was written)" not in resumed.stdout
+    assert leftovers(run_dir, []) == []
