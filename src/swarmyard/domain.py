@@ -248,6 +248,11 @@ class Reservation:
     created_at: float
     updated_at: float
     overage: int = 0
+    #: the provider's reported (or the broker's counted) tokens, set when the call is settled
+    input_tokens: int = 0
+    output_tokens: int = 0
+    #: the worker that held the task's claim when the call was reserved
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,8 +216,13 @@ def test_ledger_reserve_settle_release_unknown_reconcile(store: SqlStore) -> Non
     with pytest.raises(BudgetExceededError) as info:
         store.reserve(task.id, claim.token, model="m", amount=2_001, method="bytes")
     assert info.value.envelope.startswith("task") and info.value.available == 2_000
-    settled = store.settle(r1.id, 1_500)
+    assert r1.worker_id == "w" and (r1.input_tokens, r1.output_tokens) == (0, 0)
+    settled = store.settle(r1.id, 1_500, input_tokens=1_000, output_tokens=250)
     assert settled.state is ReservationState.SETTLED and settled.actual == 1_500
+    assert (settled.input_tokens, settled.output_tokens, settled.worker_id) == (1_000, 250, "w")
+    assert store.list_reservations(goal)[0].input_tokens == 1_000
+    with pytest.raises(InvalidInputError):
+        store.settle(r1.id, 1, input_tokens=-1)
     env = store.get_task(task.id).envelope
     assert (env.reserved, env.settled, env.available) == (0, 1_500, 4_500)
     r2 = store.reserve(task.id, claim.token, model="m", amount=1_000, method="bytes")

@@ -71,6 +71,11 @@ def _run(tmp_path: Path, *plan_replies: CallTools | Say) -> tuple[list[str], dic
     )
     result = Swarm(loads_config(_config(tmp_path)), providers={"script": provider}).run()
     assert result.synthesis is not None and result.synthesis.body == "Go."
+    # every call's tokens reached the store through the broker's settle, and the report's totals
+    per_worker = result.data.by_worker()
+    assert result.data.input_tokens > 0 and result.data.output_tokens > 0
+    assert set(per_worker) >= {"planner", "lead"} and per_worker["planner"].calls >= 1
+    assert sum(t.tokens for t in per_worker.values()) == result.data.input_tokens + result.data.output_tokens
     store = open_store(f"sqlite:///{tmp_path / 'runs' / result.run_id / 'store.db'}")
     try:
         tasks = store.list_tasks(result.goal_id)

@@ -29,7 +29,7 @@ def _run_data(tmp_path: Path, clock: FakeClock) -> ReportData:
             claim.task.id, claim.token, PostKind.PROGRESS, f"working on {title}", author=f"wrk_{i}"
         )
         rsv = store.reserve(claim.task.id, claim.token, model="m", amount=5_000, method="bytes")
-        store.settle(rsv.id, 1_200 * (i + 1))
+        store.settle(rsv.id, 1_200 * (i + 1), input_tokens=50 * (i + 1), output_tokens=20 * (i + 1))
         findings.append(
             store.submit_finding(
                 claim.task.id,
@@ -65,8 +65,6 @@ def _run_data(tmp_path: Path, clock: FakeClock) -> ReportData:
         synthesis,
         audit_root="ab" * 32,
         wall_s=12.5,
-        input_tokens=100,
-        output_tokens=40,
     )
     store.close()
     return data
@@ -76,6 +74,10 @@ def test_report_files(tmp_path: Path, clock: FakeClock) -> None:
     data = _run_data(tmp_path, clock)
     assert data.spent_micro_usd == 3_600 and data.calls == 2
     assert data.spend_by_worker() == {"wrk_0": 1_200, "wrk_1": 2_400}
+    # tokens come from the store's settled reservations, per worker and in total
+    assert (data.input_tokens, data.output_tokens) == (150, 60)
+    assert {w: (t.calls, t.input_tokens, t.output_tokens) for w, t in data.by_worker().items()} == {
+        "wrk_0": (1, 50, 20), "wrk_1": (1, 100, 40)}
     files = write_report(data, tmp_path / "runs" / "run_test")
     md = files.markdown.read_text()
     for needle in (
@@ -90,6 +92,10 @@ def test_report_files(tmp_path: Path, clock: FakeClock) -> None:
         "![Worker timeline](timeline.png)",
         "| audit root | " + "ab" * 32,
         "$0.003600 of $0.500000",
+        "| tokens in / out | 150 / 60 |",
+        "## Per worker",
+        "| wrk_1 | 1 | 100 | 40 | $0.002400 |",
+        "| total | 2 | 150 | 60 | $0.003600 |",
     ):
         assert needle in md
     assert files.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -206,6 +206,8 @@ class Broker:
         self.store.settle(
             admitted.reservation.id,
             ledger.actual_cost(usage.input_tokens, usage.output_tokens, admitted.price),
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
         )
 
     async def _lost(self, admitted: _Admitted, exc: BaseException) -> UpstreamUnknownError:

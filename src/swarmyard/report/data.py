@@ -26,6 +26,48 @@ class WorkerSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerTotals:
+    """What one worker row used: model calls, tokens in and out, and spend (settled, plus held or unknown)."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    spent_micro_usd: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+
+def reservation_cost(r: Reservation) -> int:
+    """What a reservation counts as spent: its actual cost when settled, its hold while held or unknown."""
+    if r.state is ReservationState.SETTLED and r.actual is not None:
+        return r.actual
+    return r.amount if r.state in (ReservationState.HELD, ReservationState.UNKNOWN) else 0
+
+
+def worker_totals(
+    reservations: tuple[Reservation, ...] | list[Reservation],
+    rows: dict[str, str],
+    task_owner: dict[str, str],
+) -> dict[str, WorkerTotals]:
+    """Totals per row: a call counts for the worker that held its task when it was reserved (``rows`` maps a
+    worker id to its row, a worker slot); calls reserved before that was recorded fall back to the task's
+    last claimant. Released calls never reached a provider and are not counted."""
+    out: dict[str, WorkerTotals] = {}
+    for r in reservations:
+        if r.state is ReservationState.RELEASED:
+            continue
+        worker = r.worker_id or task_owner.get(r.task_id) or "unclaimed"
+        key = rows.get(worker, worker)
+        t = out.get(key, WorkerTotals())
+        out[key] = WorkerTotals(t.calls + 1, t.input_tokens + r.input_tokens, t.output_tokens + r.output_tokens,
+                                t.spent_micro_usd + reservation_cost(r))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     """Everything the report renders."""
 
@@ -39,31 +81,34 @@ class ReportData:
     synthesis: Finding | None = None
     audit_root: str | None = None
     wall_s: float = 0.0
-    input_tokens: int = 0
-    output_tokens: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def spent_micro_usd(self) -> int:
         """Settled spend plus what is still held or unknown (the honest upper bound)."""
-        return sum(
-            r.actual
-            if r.state is ReservationState.SETTLED and r.actual is not None
-            else (r.amount if r.state in (ReservationState.HELD, ReservationState.UNKNOWN) else 0)
-            for r in self.reservations
-        )
+        return sum(reservation_cost(r) for r in self.reservations)
+
+    @property
+    def input_tokens(self) -> int:
+        """Input tokens of every settled call, as the provider reported them (or the broker counted)."""
+        return sum(r.input_tokens for r in self.reservations)
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens of every settled call."""
+        return sum(r.output_tokens for r in self.reservations)
 
     @property
     def calls(self) -> int:
         """Model calls that were reserved (released ones never reached a provider)."""
         return sum(1 for r in self.reservations if r.state is not ReservationState.RELEASED)
 
+    def by_worker(self) -> dict[str, WorkerTotals]:
+        """Calls, tokens and spend per timeline row (worker slot), sorted by row."""
+        rows = {s.worker_id: s.row for s in self.spans}
+        owner = {t.id: t.worker_id for t in self.tasks if t.worker_id}
+        return dict(sorted(worker_totals(self.reservations, rows, owner).items()))
+
     def spend_by_worker(self) -> dict[str, int]:
-        """Settled micro-USD per worker, attributed through the task each reservation was made under."""
-        owner = {t.id: t.worker_id or "unclaimed" for t in self.tasks}
-        out: dict[str, int] = {}
-        for r in self.reservations:
-            if r.state is ReservationState.SETTLED and r.actual is not None:
-                key = owner.get(r.task_id, "unclaimed")
-                out[key] = out.get(key, 0) + r.actual
-        return out
+        """Micro-USD per timeline row (settled, plus held or unknown)."""
+        return {row: t.spent_micro_usd for row, t in self.by_worker().items() if t.spent_micro_usd}

@@ -40,6 +40,16 @@ def _totals(data: ReportData) -> list[tuple[str, str]]:
     return rows
 
 
+_WORKER_HEAD = ("worker", "calls", "tokens in", "tokens out", "spend")
+
+
+def _worker_rows(data: ReportData) -> list[tuple[str, ...]]:
+    rows = [(name, str(t.calls), str(t.input_tokens), str(t.output_tokens), format_usd(t.spent_micro_usd))
+            for name, t in data.by_worker().items()]
+    total = (str(data.calls), str(data.input_tokens), str(data.output_tokens), format_usd(data.spent_micro_usd))
+    return [*rows, ("total", *total)]
+
+
 def _cites(f: Finding) -> str:
     return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
 
@@ -51,6 +61,8 @@ def markdown(data: ReportData) -> str:
     if data.synthesis:
         out += [f"Cites: {_cites(data.synthesis)}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
+    out += ["## Per worker", "", "| " + " | ".join(_WORKER_HEAD) + " |", "|---|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(row) + " |" for row in _worker_rows(data)] + [""]
     out += ["## Findings", ""]
     for f in data.findings:
         if data.synthesis and f.id == data.synthesis.id:
@@ -93,6 +105,8 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
         for p in data.posts
     )
     totals = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _totals(data))
+    per_worker = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _WORKER_HEAD) + "</tr>" + "".join(
+        "<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _worker_rows(data))
     synthesis = e(data.synthesis.body) if data.synthesis else "No synthesis was written."
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>swarmyard run {e(data.run_id)}</title>
@@ -104,6 +118,7 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
 <section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
+<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
 {_img(spend, "Spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>

@@ -166,8 +166,9 @@ class Store(Protocol):
         """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
         ...
 
-    def settle(self, reservation_id: str, actual: int) -> Reservation:
-        """Replace a hold by the actual cost (a held or unknown reservation)."""
+    def settle(self, reservation_id: str, actual: int, *, input_tokens: int = 0,
+               output_tokens: int = 0) -> Reservation:
+        """Replace a hold by the actual cost (a held or unknown reservation), recording the tokens used."""
         ...
 
     def release_reservation(self, reservation_id: str) -> Reservation:

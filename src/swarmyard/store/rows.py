@@ -32,7 +32,8 @@ TASK_COLS = ("id, goal_id, parent_id, depth, group_name, title, prompt, state, r
 POST_COLS = "goal_id, seq, kind, group_name, author, task_id, fencing_token, body, created_at"
 ARTIFACT_COLS = "sha256, goal_id, task_id, size, media_type, author, created_at"
 FINDING_COLS = "id, goal_id, task_id, group_name, author, title, body, citations, status, score, created_at"
-RESERVATION_COLS = "id, goal_id, task_id, model, amount, actual, state, method, created_at, updated_at, overage"
+RESERVATION_COLS = ("id, goal_id, task_id, model, amount, actual, state, method, created_at, updated_at, overage, "
+                    "input_tokens, output_tokens, worker_id")
 WORKER_COLS = "id, goal_id, group_name, token_hash, expires_at, revoked, created_at"
 EVENT_COLS = "id, leaf_index, kind, body, created_at"
 
@@ -79,7 +80,8 @@ def finding(r: Row) -> Finding:
 def reservation(r: Row) -> Reservation:
     """A ``reservations`` row as a Reservation."""
     return Reservation(id=r[0], goal_id=r[1], task_id=r[2], model=r[3], amount=r[4], actual=r[5],
-                       state=ReservationState(r[6]), method=r[7], created_at=r[8], updated_at=r[9], overage=r[10])
+                       state=ReservationState(r[6]), method=r[7], created_at=r[8], updated_at=r[9], overage=r[10],
+                       input_tokens=r[11], output_tokens=r[12], worker_id=r[13])
 
 
 def worker(r: Row) -> Worker:

@@ -92,7 +92,16 @@ def _m002_claim_indexes(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m003_reservation_usage(t: Types, postgres: bool) -> list[str]:
+    # Tokens a settled call used and the worker that held the task, so a run can report them per worker.
+    return [
+        f"ALTER TABLE reservations ADD COLUMN input_tokens {t.bigint} NOT NULL DEFAULT 0",
+        f"ALTER TABLE reservations ADD COLUMN output_tokens {t.bigint} NOT NULL DEFAULT 0",
+        "ALTER TABLE reservations ADD COLUMN worker_id TEXT",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
-MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes]
+MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage]

@@ -93,6 +93,12 @@ def _text(value: object, field: str, *, allow_empty: bool = False, limit: int = 
     return value
 
 
+def _tokens(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"{field} must be a whole number of tokens, zero or more, got {value!r}", field=field)
+    return value
+
+
 def _enum(kind: type[E], value: object, field: str) -> E:
     try:
         return kind(value)  # type: ignore[call-arg]
@@ -716,16 +722,17 @@ class SqlStore:
             # The task row is locked by the fence above, so this cannot fail after the checks.
             cur.execute("UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ?",
                         (amount, task_id))
-            cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (reservation_id, goal.id, task_id, model, amount, None, ReservationState.HELD.value,
-                         method, now, now, 0))
+                         method, now, now, 0, 0, 0, task.worker_id))
             self._event(cur, "reservation.held", now, {"goal": goal.id, "task": task_id,
                                                        "reservation": reservation_id, "model": model,
                                                        "amount": amount, "method": method, "token": token})
             return self._reservation_row(cur, reservation_id)
 
     def _finish(self, reservation_id: str, target: ReservationState, actual: int | None,
-                allowed_from: frozenset[ReservationState]) -> Reservation:
+                allowed_from: frozenset[ReservationState], tokens: tuple[int, int] = (0, 0)) -> Reservation:
         now = self._now()
         with self._e.write() as cur:
             current = self._reservation_row(cur, reservation_id)
@@ -736,9 +743,10 @@ class SqlStore:
             if overage:
                 log.warning("reservation %s: actual cost %d exceeds the held worst case %d; charged %d",
                             reservation_id, actual, current.amount, charged)
-            cur.execute("UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ? "
-                        "WHERE id = ? AND state = ?",
-                        (target.value, actual, overage, now, reservation_id, current.state.value))
+            cur.execute("UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
+                        "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ?",
+                        (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
+                         current.state.value))
             if target is not ReservationState.UNKNOWN:
                 for table, key in (("tasks", current.task_id), ("goals", current.goal_id)):
                     cur.execute(f"UPDATE {table} SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
@@ -746,15 +754,20 @@ class SqlStore:
             self._event(cur, f"reservation.{target.value}", now, {
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
-                "from": current.state.value})
+                "from": current.state.value, "input_tokens": tokens[0], "output_tokens": tokens[1]})
             return self._reservation_row(cur, reservation_id)
 
     _OPEN = frozenset({ReservationState.HELD, ReservationState.UNKNOWN})
 
-    def settle(self, reservation_id: str, actual: int) -> Reservation:
-        """Replace a hold by the actual cost (charged up to the hold; any excess is recorded as overage)."""
+    def settle(self, reservation_id: str, actual: int, *, input_tokens: int = 0,
+               output_tokens: int = 0) -> Reservation:
+        """Replace a hold by the actual cost (charged up to the hold; any excess is recorded as overage).
+
+        ``input_tokens`` and ``output_tokens`` are what the call used, kept for the run's report.
+        """
         actual = micro_usd(actual, field="actual")
-        return self._finish(reservation_id, ReservationState.SETTLED, actual, self._OPEN)
+        tokens = (_tokens(input_tokens, "input_tokens"), _tokens(output_tokens, "output_tokens"))
+        return self._finish(reservation_id, ReservationState.SETTLED, actual, self._OPEN, tokens)
 
     def release_reservation(self, reservation_id: str) -> Reservation:
         """Drop a hold; nothing is spent."""
