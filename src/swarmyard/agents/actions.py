@@ -55,6 +55,11 @@ TOOLS: dict[str, ToolSpec] = {
             _obj({"path": _STR, "content": _STR}, ("path", "content")),
         ),
         ToolSpec(
+            "submit_artifact",
+            "Submit one attempt (text) to be stored and, where an evaluator is configured, scored.",
+            _obj({"content": _STR}, ("content",)),
+        ),
+        ToolSpec(
             "submit_finding",
             "Submit your result and finish. Cite board posts or findings by id.",
             _obj({"title": _STR, "body": _STR, "cite": {"type": "array", "items": _STR}}, ("title", "body")),

@@ -8,6 +8,7 @@ has, so every claimed task ends with a finding.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call
+from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
 from swarmyard.agents.model import ChatModel, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.errors import BudgetError, ConfigError, FencingError, InvalidInputError, SwarmyardError
@@ -60,6 +62,11 @@ class AgentSettings:
     max_tokens: int = 512
     #: planner: how many lenses to ask for
     plan_count: int = 3
+    #: explore: the policy, the directions on offer, attempts before a switch, the margin to adopt a peer's
+    policy: str = ""
+    directions: tuple[str, ...] = ()
+    patience: int = 3
+    adopt_margin: int = 10
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -94,7 +101,21 @@ class AgentSettings:
             task_id=env.get("SWARMYARD_TASK_ID") or None,
             max_tokens=int(number("SWARMYARD_MAX_TOKENS", 512)),
             plan_count=max(1, int(number("SWARMYARD_PLAN_COUNT", 3))),
+            policy=env.get("SWARMYARD_POLICY", ""),
+            directions=_directions(env.get("SWARMYARD_DIRECTIONS", "")),
+            patience=max(1, int(number("SWARMYARD_PATIENCE", 3))),
+            adopt_margin=max(0, int(number("SWARMYARD_ADOPT_MARGIN", 10))),
         )
+
+
+def _directions(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text) if text else []
+    except json.JSONDecodeError:
+        raise ConfigError("is not a JSON list of strings", field="SWARMYARD_DIRECTIONS") from None
+    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+        raise ConfigError("is not a JSON list of strings", field="SWARMYARD_DIRECTIONS")
+    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +169,14 @@ class BuiltinAgent:
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
+        self._board: list[dict[str, Any]] = []
+        self._me = ""
         self.malformed = 0
+        self.explorer = (
+            Explorer(settings.directions, settings.patience, settings.adopt_margin)
+            if settings.policy == "explore" and settings.role is Role.WORKER
+            else None
+        )
 
     async def run(self) -> AgentOutcome:
         """Claim, work, submit; never raises for a model's mistakes."""
@@ -159,6 +187,13 @@ class BuiltinAgent:
             {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(TOOLS))},
             {"role": "user", "content": await self._brief(task)},
         ]
+        if self.explorer is not None:
+            direction = self.explorer.choose(BoardView.read(self._board), self._me, task.title)
+            await self._post_direction(direction)
+            messages[-1]["content"] += (
+                f"\n\nYour direction: {direction}. Submit each attempt with submit_artifact; you will be told "
+                "its score and when to change direction."
+            )
         last_text = ""
         ending = Ending.STEP_CAP
         steps = 0
@@ -195,6 +230,7 @@ class BuiltinAgent:
         except SwarmyardError as exc:
             posts = []
             log.info("board_read failed: %s", exc.message)
+        self._board = posts
         if posts:
             self._posts_seen = [str(p.get("seq")) for p in posts if p.get("seq") is not None]
             parts.append(
@@ -260,6 +296,8 @@ class BuiltinAgent:
                     return posted
                 case "board_read" | "read_findings":
                     return await self._plane.call(action.tool, {"limit": 20})
+                case "submit_artifact":
+                    return await self._submit_artifact(str(args["content"]))
                 case _:
                     return f"unknown tool {action.tool}"
         except (BudgetError, FencingError):
@@ -267,6 +305,33 @@ class BuiltinAgent:
         except SwarmyardError as exc:
             # a tool's refusal is information for the model, not the end of the run
             return f"error ({exc.code}): {exc.message}"
+
+    async def _post_direction(self, direction: str) -> None:
+        post = await self._plane.call("board_post", {"kind": "direction", "body": direction_post(direction)})
+        if isinstance(post, dict):
+            inner = post.get("post", post)
+            self._me = str(inner.get("author") or self._me) if isinstance(inner, dict) else self._me
+            if isinstance(inner, dict) and inner.get("seq") is not None:
+                self._posts_seen.append(str(inner["seq"]))
+
+    async def _submit_artifact(self, content: str) -> Any:
+        """Store one attempt; under ``explore`` its score drives staying, switching or adopting."""
+        result = await self._plane.call(
+            "submit_artifact",
+            {"data_base64": base64.b64encode(content.encode()).decode(), "media_type": "text/plain"},
+        )
+        if self.explorer is None:
+            return result
+        score, current = score_of(result), self.explorer.tracker.direction
+        if score is not None:
+            await self._plane.call("board_post", {"kind": "progress", "body": score_post(score, current)})
+        board = _items(await self._plane.call("board_read", {"limit": 200}), "posts")
+        target = self.explorer.attempt(score, BoardView.read(board), self._me)
+        if target is None:
+            return {"score": score, "direction": current}
+        await self._post_direction(target)
+        return {"score": score, "direction": target,
+                "note": f"Change of direction: work on {target!r} from now on (was {current!r})."}
 
     def _citations(self, cite: object) -> list[dict[str, str]]:
         refs = [str(c) for c in cite] if isinstance(cite, list) else []

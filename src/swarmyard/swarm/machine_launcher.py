@@ -19,7 +19,7 @@ from typing import Any
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
-from swarmyard.config import AgentKind, SwarmConfig
+from swarmyard.config import AgentKind, PolicyKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError
 from swarmyard.ids import new_id
@@ -135,6 +135,12 @@ class MachineLauncher:
             }
             if slot.task_id:
                 env["SWARMYARD_TASK_ID"] = slot.task_id
+            policy = self.config.policy
+            env["SWARMYARD_POLICY"] = policy.kind.value
+            if policy.kind is PolicyKind.EXPLORE:
+                env["SWARMYARD_DIRECTIONS"] = json.dumps(list(policy.directions))
+                env["SWARMYARD_PATIENCE"] = str(policy.patience)
+                env["SWARMYARD_ADOPT_MARGIN"] = str(policy.adopt_margin)
             if slot.role is Role.PLANNER:
                 env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
                 # room for N lenses with their instructions in one answer
