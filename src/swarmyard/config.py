@@ -77,6 +77,8 @@ class SandboxKind(StrEnum):
 
 #: The embedded default model name, served by the ``local`` provider.
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+#: Embedded model names a ``local`` provider knows without a ``model_file``, and which packaged file each is.
+EMBEDDED_MODELS = {DEFAULT_MODEL: "qwen", "smollm2-135m-instruct": "smollm2"}
 
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
@@ -191,6 +193,12 @@ class ProviderConfig(_Frozen):
             raise ValueError("an openai_compatible provider needs base_url")
         if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
             raise ValueError("base_url must start with http:// or https://")
+        # checked here, not when the broker starts: by then the run folder and its goal already exist
+        if self.kind is ProviderKind.LOCAL and len(self.models) != 1:
+            raise ValueError("a local provider serves exactly one model")
+        if self.kind is ProviderKind.LOCAL and not self.model_file and self.models[0] not in EMBEDDED_MODELS:
+            raise ValueError(f"unknown embedded model {self.models[0]!r}: choose one of "
+                             f"{sorted(EMBEDDED_MODELS)} or give model_file")
         return self
 
 
@@ -228,6 +236,11 @@ class SwarmConfig(_Frozen):
             raise ValueError("tasks: list lenses or set plan = N")
         if not self.providers:
             raise ValueError("providers: at least one provider is needed")
+        # a model no provider serves would start the run and fail every agent with a 404
+        served = {model for provider in self.providers.values() for model in provider.models}
+        for where, model in (("workers.model", self.workers.model), ("lead.model", self.lead.model)):
+            if model not in served:
+                raise ValueError(f"{where}: no provider serves {model!r} (served: {', '.join(sorted(served))})")
         return self
 
     @property

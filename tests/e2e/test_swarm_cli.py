@@ -37,6 +37,18 @@ def _run(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
         (GOOD + '[policy]\nkind = "anarchy"\n', "policy.kind"),
         (GOOD + '[workers]\nagent = "clippy"\n', "workers.agent"),
         (GOOD + "[workers]\ncount = 0\n", "workers.count"),
+        (GOOD.replace('"1"', '"1"\ncall_cap = -3'), "goal.call_cap"),
+        (GOOD.replace('"1"', '"1"\ndeadline_s = -60'), "goal.deadline_s"),
+        (GOOD.replace('"1"', '"1"\nmax_depth = -1'), "goal.max_depth"),
+        (GOOD.replace('"1"', "0.5"), "goal.budget_usd"),
+        (GOOD + '[workers]\ncount = "three"\n', "workers.count"),
+        (GOOD + "[workers]\nexec_timeout_s = -1\n", "workers.exec_timeout_s"),
+        (GOOD + "[workers]\nconut = 3\n", "workers.conut"),
+        (GOOD + '[lead]\nagent = "clippy"\n', "lead.agent"),
+        ('[goal]\nobjective = "x"\nbudget_usd = "1"\n[[tasks.lenses]]\nprompt = "p"\n', "tasks.lenses.0.title"),
+        (GOOD + '[providers.local]\nkind = "local"\nmodels = ["gpt-9"]\n', "providers.local"),
+        (GOOD + '[workers]\nmodel = "nope"\n', "workers.model"),
+        (GOOD + '[providers.x]\nkind = "telepathy"\nmodels = ["m"]\n', "providers.x.kind"),
     ],
 )
 def test_bad_swarm_file_exits_1_naming_the_field(tmp_path: Path, text: str, field: str) -> None:

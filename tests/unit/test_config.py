@@ -55,7 +55,8 @@ def test_models_are_frozen() -> None:
 
 
 def test_providers_table() -> None:
-    config = loads_config(MINIMAL + '[providers.vllm]\nkind = "openai_compatible"\n'
+    config = loads_config(MINIMAL + '[workers]\nmodel = "m"\n[lead]\nmodel = "m"\n'
+                          '[providers.vllm]\nkind = "openai_compatible"\n'
                           'base_url = "http://127.0.0.1:8000/v1"\nmodels = ["m"]\n'
                           '[providers.oai]\nkind = "openai"\napi_key_env = "OPENAI_API_KEY"\n')
     assert config.providers["vllm"].base_url == "http://127.0.0.1:8000/v1"

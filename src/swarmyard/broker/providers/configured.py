@@ -16,7 +16,7 @@ from typing import Any
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.settings import ModelRoute, Tokenizer
-from swarmyard.config import ProviderConfig, ProviderKind
+from swarmyard.config import EMBEDDED_MODELS, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError
 
 #: Default upstream base URLs of the hosted kinds.
@@ -24,7 +24,7 @@ BASE_URLS = {ProviderKind.OPENAI: "https://api.openai.com/v1", ProviderKind.ANTH
 #: Default key variables of the hosted kinds.
 KEY_VARS = {ProviderKind.OPENAI: "OPENAI_API_KEY", ProviderKind.ANTHROPIC: "ANTHROPIC_API_KEY"}
 #: Embedded model names the ``local`` kind knows, and how each is found.
-LOCAL_MODELS = {"qwen2.5-coder-0.5b-instruct": "qwen", "smollm2-135m-instruct": "smollm2"}
+LOCAL_MODELS = EMBEDDED_MODELS
 
 
 def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[ModelRoute]]:
