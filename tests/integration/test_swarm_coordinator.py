@@ -49,6 +49,9 @@ class StoreLauncher:
     async def start(self, goal: Goal) -> None:
         self.goal = goal
 
+    def worker_of(self, slot: str) -> str | None:
+        return None
+
     async def run(self, slot: WorkerSlot) -> WorkerSpan:
         assert self.goal is not None
         self.runs += 1

@@ -12,41 +12,51 @@ from swarmyard.cli import render
 from swarmyard.config import SandboxKind, load_config
 from swarmyard.money import format_usd
 from swarmyard.report.data import WorkerSpan
+from swarmyard.swarm.coordinator import ProgressRow
 
 
 class WorkerSpanPrinter:
-    """Progress on stderr: a rich live table on a terminal, else plain lines; nothing with ``--quiet``."""
+    """Progress on stderr: a rich live table on a terminal, else plain lines; nothing with ``--quiet``.
 
-    def __init__(self, quiet: bool) -> None:
+    The table (worker, task, state, steps, tokens, spend, last board post) is refreshed from the coordinator's
+    progress rows; plain lines report each finished agent run.
+    """
+
+    COLUMNS = ("worker", "task", "state", "steps", "tokens", "spend", "last board post")
+
+    def __init__(self, quiet: bool, *, live: bool | None = None) -> None:
         self.quiet = quiet
-        self.rows: dict[str, list[str]] = {}
+        self.rows: list[ProgressRow] = []
         self.live: Any = None
-        if not quiet and sys.stderr.isatty():
+        if not quiet and (sys.stderr.isatty() if live is None else live):
             from rich.live import Live
 
-            self.live = Live(self._table(), console=render.stderr, refresh_per_second=4)
+            self.live = Live(self.table(), console=render.stderr, refresh_per_second=4)
 
-    def _table(self) -> Any:
+    def table(self) -> Any:
+        """The live table as a rich ``Table``."""
         from rich.table import Table
 
         table = Table(title="swarm")
-        for column in ("worker", "task", "state", "steps"):
-            table.add_column(column)
-        for row in self.rows.values():
-            table.add_row(*row)
+        for column in self.COLUMNS:
+            table.add_column(column, justify="right" if column in ("steps", "tokens", "spend") else "left")
+        for r in self.rows:
+            table.add_row(r.worker, r.task, r.state, str(r.steps), str(r.tokens), format_usd(r.spent_micro_usd),
+                          r.last_post)
         return table
 
-    def __call__(self, span: WorkerSpan) -> None:
-        """Show one finished agent run."""
-        if self.quiet:
-            return
-        row = [span.row, span.task_id or "-", span.ending, str(span.steps)]
-        self.rows[span.row] = row
+    def progress(self, rows: list[ProgressRow]) -> None:
+        """New rows for the live table."""
+        self.rows = rows
         if self.live is not None:
-            self.live.update(self._table())
-        else:
-            render.stderr.print(f"{span.row} {span.ending} task={span.task_id or '-'} steps={span.steps} "
-                                f"({span.ended_at - span.started_at:.1f} s)", highlight=False)
+            self.live.update(self.table())
+
+    def __call__(self, span: WorkerSpan) -> None:
+        """Show one finished agent run (as a line when there is no live table)."""
+        if self.quiet or self.live is not None:
+            return
+        render.stderr.print(f"{span.row} {span.ending} task={span.task_id or '-'} steps={span.steps} "
+                            f"({span.ended_at - span.started_at:.1f} s)", highlight=False)
 
 
 def command(
@@ -68,7 +78,8 @@ def command(
     if live is not None:
         live.start()
     try:
-        result = Swarm(config, sandbox=sandbox).run(resume=resume, on_span=printer)
+        result = Swarm(config, sandbox=sandbox).run(
+            resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None)
     finally:
         if live is not None:
             live.stop()

@@ -78,6 +78,19 @@ class RunState:
         return cls(**data, planned=[(str(t), str(p)) for t, p in planned] if planned is not None else None)
 
 
+@dataclass(frozen=True, slots=True)
+class ProgressRow:
+    """One line of the live table: a worker slot, its task, its state and what it used so far."""
+
+    worker: str
+    task: str
+    state: str
+    steps: int
+    tokens: int
+    spent_micro_usd: int
+    last_post: str
+
+
 @dataclass(slots=True)
 class RunResult:
     """The end of a run."""
@@ -109,6 +122,7 @@ class Coordinator:
         run_dir: Path,
         clock: Clock | None = None,
         on_span: Callable[[WorkerSpan], None] | None = None,
+        on_progress: Callable[[list[ProgressRow]], None] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -121,6 +135,8 @@ class Coordinator:
         self.policy: Policy = make_policy(config.policy)
         self.spans: list[WorkerSpan] = []
         self._on_span = on_span
+        self._on_progress = on_progress
+        self._running: dict[str, str] = {}  # slot -> task id it was started for ("" when any)
         self._goal_id = ""
 
     # -- claims the coordinator settles ---------------------------------------------------------------------
@@ -159,7 +175,11 @@ class Coordinator:
         return goal.deadline is not None and self.clock.now() >= goal.deadline
 
     async def _record(self, slot: WorkerSlot) -> WorkerSpan:
-        span = await self.launcher.run(slot)
+        self._running[slot.name] = slot.task_id or ""
+        try:
+            span = await self.launcher.run(slot)
+        finally:
+            self._running.pop(slot.name, None)
         self.spans.append(span)
         if self._on_span is not None:
             self._on_span(span)
@@ -231,6 +251,46 @@ class Coordinator:
         synthesis = self._findings_for(goal.id, task.id)
         return synthesis[-1] if synthesis else None
 
+    # -- progress -------------------------------------------------------------------------------------------
+    def progress(self) -> list[ProgressRow]:
+        """The live table's rows, read from the store: finished runs by their spans, running ones as such."""
+        from swarmyard.report.data import worker_totals
+
+        if not self._goal_id:
+            return []
+        tasks = {t.id: t for t in self.store.list_tasks(self._goal_id)}
+        rows = {s.worker_id: s.row for s in self.spans}
+        rows.update({w: slot for slot in self._running if (w := self.launcher.worker_of(slot))})
+        owner = {t.id: t.worker_id for t in tasks.values() if t.worker_id}
+        totals = worker_totals(self.store.list_reservations(self._goal_id), rows, owner)
+        last_post: dict[str, str] = {}
+        for post in self.store.read_board(self._goal_id, limit=10_000):
+            last_post[rows.get(post.author, post.author)] = post.body
+        last_span = {s.row: s for s in self.spans}
+        out = []
+        for slot in sorted(set(last_span) | set(self._running)):
+            worker = next((w for w, r in rows.items() if r == slot and r in self._running), None)
+            task = next((t for t in tasks.values() if worker and t.worker_id == worker), None)
+            span = last_span.get(slot)
+            if slot in self._running:
+                state = "running"
+                title = task.title if task else "-"
+            else:
+                state = span.ending if span else "-"
+                title = tasks[span.task_id].title if span and span.task_id in tasks else "-"
+            used = totals.get(slot)
+            steps = span.steps if span and slot not in self._running else (used.calls if used else 0)
+            out.append(ProgressRow(slot, title, state, steps, used.tokens if used else 0,
+                                   used.spent_micro_usd if used else 0, last_post.get(slot, "")[:60]))
+        return out
+
+    async def _report_progress(self) -> None:
+        """Every second, hand the live table a fresh set of rows (read off the event loop)."""
+        assert self._on_progress is not None
+        while True:
+            self._on_progress(await asyncio.to_thread(self.progress))
+            await asyncio.sleep(1.0)
+
     # -- the whole run --------------------------------------------------------------------------------------
     def _start_or_resume(self, resume: bool) -> tuple[Goal, RunState]:
         state_path = self.run_dir / "run.json"
@@ -260,6 +320,7 @@ class Coordinator:
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
                          every_n=self.audit_every_n)
+        ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
         try:
             await self.launcher.start(goal)
             if self.config.tasks.plan is not None and state.planned is None:
@@ -279,6 +340,8 @@ class Coordinator:
             state.lead_done = synthesis is not None
             state.save(self.run_dir / "run.json")
         finally:
+            if ticker is not None:
+                ticker.cancel()
             await self.launcher.close()
         try:
             audit_root = base64.b64encode(audit.checkpoint().checkpoint.root_hash).decode()

@@ -31,6 +31,10 @@ class WorkerLauncher(Protocol):
         """Run one agent for ``slot`` to its end (or its exec timeout); return what it did."""
         ...
 
+    def worker_of(self, slot: str) -> str | None:
+        """The worker id of the agent running in ``slot`` now (for the live table), or ``None``."""
+        ...
+
     async def close(self) -> None:
         """Delete every machine and stop everything ``start`` started."""
         ...

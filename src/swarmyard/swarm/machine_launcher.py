@@ -63,6 +63,7 @@ class MachineLauncher:
         self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
+        self._running: dict[str, str] = {}
 
     async def start(self, goal: Goal) -> None:
         """Serve the plane on the run's socket and open the machines backend."""
@@ -116,6 +117,7 @@ class MachineLauncher:
         machine_id = self._machine(slot)
         relay = self._relays[slot.name]
         token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
+        self._running[slot.name] = who.worker_id
         lead = slot.role is Role.LEAD
         agent = self.config.lead.agent if lead else self.config.workers.agent
         model = self.config.lead.model if lead else self.config.workers.model
@@ -170,12 +172,16 @@ class MachineLauncher:
             )
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
 
+    def worker_of(self, slot: str) -> str | None:
+        """The worker id of the agent running in ``slot`` now."""
+        return self._running.get(slot)
+
     async def run(self, slot: WorkerSlot) -> WorkerSpan:
         """One agent run in the slot's machine (made on first use)."""
         try:
             return await asyncio.to_thread(self._run_blocking, slot)
-        except SandboxError:
-            raise
+        finally:
+            self._running.pop(slot.name, None)
 
     async def close(self) -> None:
         """Delete every machine, then stop the plane."""

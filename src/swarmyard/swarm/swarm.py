@@ -11,7 +11,7 @@ from swarmyard.config import SandboxKind, SwarmConfig, load_config
 from swarmyard.ids import new_id
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
-from swarmyard.swarm.coordinator import Coordinator, RunResult, RunState
+from swarmyard.swarm.coordinator import Coordinator, ProgressRow, RunResult, RunState
 
 
 class Swarm:
@@ -34,7 +34,11 @@ class Swarm:
         return cls(load_config(Path(path)), sandbox=sandbox, providers=providers)
 
     def run(
-        self, *, resume: str | None = None, on_span: Callable[[WorkerSpan], None] | None = None
+        self,
+        *,
+        resume: str | None = None,
+        on_span: Callable[[WorkerSpan], None] | None = None,
+        on_progress: Callable[[list[ProgressRow]], None] | None = None,
     ) -> RunResult:
         """Run to the synthesis (or continue run ``resume``); machines are deleted in every case."""
         from swarmyard.swarm.machine_launcher import MachineLauncher
@@ -56,6 +60,7 @@ class Swarm:
                 run_id=run_id,
                 run_dir=run_dir,
                 on_span=on_span,
+                on_progress=on_progress,
             )
             return asyncio.run(coordinator.run(resume=resume is not None))
         finally:
