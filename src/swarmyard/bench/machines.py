@@ -158,6 +158,6 @@ def run(quick: bool = False, **options: object) -> BenchResult:
     result.notes.append(
         "every figure is a cold boot (no warm pool); machines boot the "
         + ("C init (compiled at first use)" if native else "Python init (no C compiler found)")
-        + "; the cgroup joins (one per v1 controller, each an RCU grace period) are most of what remains"
+        + "; compare the no-cgroup-limits row for the cost of joining the cgroups (an RCU grace period each)"
     )
     return result
