@@ -1,10 +1,26 @@
-"""``swarmyard serve``: the control plane on a Unix socket and optionally TCP (mTLS off loopback)."""
+"""``swarmyard serve``: the control plane on a Unix socket and optionally TCP (mTLS off loopback).
+
+With ``--providers FILE`` (a swarm file, or any TOML with a ``[providers]`` table) or ``--provider`` flags,
+the model broker is mounted on the same socket (``/v1/chat/completions``, ``/v1/responses``, ``/v1/messages``,
+``/v1/models``), so a worker's agent reaches its model and its tools through one address. Provider keys are
+read from this process's environment by the variable each entry names; they never leave it.
+"""
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+    from swarmyard.config import ProviderConfig
+    from swarmyard.plane.tokens import TokenAuthority
+    from swarmyard.store.protocol import Store
 
 from swarmyard.cli.options import StoreOption, store_at
 
@@ -25,6 +41,57 @@ _Burst = typer.Option(100, "--burst", min=1, help="Tool calls a worker may make 
 _Renew = typer.Option(0.0, "--renew-interval-s", min=0.0,
                       help="Calls within this many seconds of a claim's last renewal skip renewing it.")
 _Evaluator = typer.Option(None, "--evaluator-socket", help="Score submitted artifacts with this evaluator.")
+_Providers = typer.Option(None, "--providers",
+                          help="Mount the model broker with this file's [providers] table (a swarm file works).")
+_Provider = typer.Option(None, "--provider",
+                         help="Mount the model broker with NAME=KIND:MODEL[,MODEL...] (repeatable), e.g. "
+                              "sim=simulated:sim-1 or oa=openai:gpt-4.1-mini.")
+_CacheDir = typer.Option(None, "--cache-dir", help="Where embedded models are assembled.")
+
+
+def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, ProviderConfig]:
+    """The providers named by ``--providers`` and ``--provider`` (flags override the file's entry)."""
+    from pydantic import ValidationError
+
+    from swarmyard.config import ProviderConfig
+    from swarmyard.errors import ConfigError
+
+    raw: dict[str, Any] = {}
+    if providers_file is not None:
+        try:
+            data = tomllib.loads(providers_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {providers_file}: {exc}", field="--providers") from exc
+        table = data.get("providers")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"{providers_file} has no [providers] table", field="--providers")
+        raw.update(table)
+    for flag in flags:
+        name, _, rest = flag.partition("=")
+        kind, _, models = rest.partition(":")
+        if not name or not kind or not models:
+            raise ConfigError(f"--provider {flag!r} is not NAME=KIND:MODEL[,MODEL...]", field="--provider")
+        raw[name] = {"kind": kind, "models": [m for m in models.split(",") if m]}
+    table_out: dict[str, ProviderConfig] = {}
+    for name, entry in raw.items():
+        try:
+            table_out[name] = ProviderConfig.model_validate(entry)
+        except ValidationError as exc:
+            message = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
+            raise ConfigError(message, field=f"providers.{name}") from exc
+    return table_out
+
+
+def _broker(store: Store, tokens: TokenAuthority, table: dict[str, ProviderConfig],
+            cache_dir: Path | None) -> list[BaseRoute]:
+    from swarmyard.broker.app import broker_routes
+    from swarmyard.broker.providers.configured import build
+    from swarmyard.broker.settings import BrokerSettings
+
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
+    # Keys come from this process's own environment (the broker holds them); nothing here starts a child.
+    providers, routes = build(table, cache_dir=cache, env=os.environ)
+    return broker_routes(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
 
 
 def command(
@@ -43,8 +110,11 @@ def command(
     burst: int = _Burst,
     renew_interval_s: float = _Renew,
     evaluator_socket: Path | None = _Evaluator,
+    providers: Path | None = _Providers,
+    provider: list[str] | None = _Provider,
+    cache_dir: Path | None = _CacheDir,
 ) -> None:
-    """Serve the control plane (worker tools, operator API, /metrics) until Ctrl-C."""
+    """Serve the control plane (worker tools, operator API, /metrics, and the model broker) until Ctrl-C."""
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
     from swarmyard.plane.app import create_app
@@ -58,6 +128,7 @@ def command(
     tls = TlsFiles(tls_cert, tls_key, tls_ca) if tls_cert and tls_key and tls_ca else None
     listen = Listen(socket_path=None if no_socket else socket, tcp_host=host, tcp_port=port, tls=tls)
     check_listen(listen)  # before touching the store: a refused setup changes nothing
+    table = provider_table(providers, provider or [])
     opened = store_at(store)
     tokens = TokenAuthority(load_or_create_secret(secret_file), opened)
     if not operator_token_file.exists():
@@ -69,11 +140,14 @@ def command(
         evaluator = AsyncEvaluatorClient(evaluator_socket)
     app = create_app(opened, tokens, PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
                                                    renew_min_interval_s=renew_interval_s),
-                     evaluator=evaluator)
+                     evaluator=evaluator,
+                     extra_routes=_broker(opened, tokens, table, cache_dir) if table else ())
     where = [f"unix:{socket}"] if listen.socket_path else []
     if host:
         where.append(f"{'https' if tls else 'http'}://{host}:{port}")
-    typer.echo(f"control plane on {', '.join(where)}; operator token in {operator_token_file}", err=True)
+    models = sorted({m for cfg in table.values() for m in cfg.models})
+    broker = f"model broker serving {', '.join(models)}" if models else "no model broker (see --providers)"
+    typer.echo(f"control plane on {', '.join(where)}; {broker}; operator token in {operator_token_file}", err=True)
     try:
         serve(app, listen)
     finally:

@@ -14,6 +14,7 @@ class PlaneSettings:
     ``renew_min_interval_s`` lets a burst of tool calls from one worker share one lease renewal: a call within
     that interval of the last renewal of the same claim does not write again. It is a small fraction of the
     lease, so a worker that keeps calling never loses its lease; ``0`` renews on every call.
+    ``store_concurrency`` is the number of threads that run store calls.
     """
 
     lease_s: float = 300.0

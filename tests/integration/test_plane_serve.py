@@ -1,0 +1,96 @@
+"""``swarmyard serve`` as a real process: worker tools and the mounted model broker on one Unix socket."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
+from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
+from swarmyard.store import open_store
+
+
+def _env() -> dict[str, str]:
+    # Only what a Python child needs: never the whole environment (it may hold provider keys).
+    return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``swarmyard serve`` with a simulated provider; yields (socket, folder)."""
+    sock = tmp_path / "plane.sock"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    open_store(store_url).close()  # migrated before the server opens it
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from swarmyard.cli.main import main; main()", "serve", "--store", store_url,
+         "--socket", str(sock), "--secret-file", str(tmp_path / "token-secret"),
+         "--operator-token-file", str(tmp_path / "operator-token"), "--provider", "sim=simulated:sim-1"],
+        env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # readiness poll, bounded; the test itself never waits on a race
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "swarmyard serve did not start"
+            if sock.exists():
+                try:
+                    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))) as c:
+                        if c.get("http://plane/healthz").status_code == 200:
+                            break
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.05)
+        yield sock, tmp_path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_model_call_and_tools_share_the_serve_socket(served: tuple[Path, Path]) -> None:
+    sock, folder = served
+    store = open_store(f"sqlite:///{folder / 'store.db'}")
+    try:
+        goal = store.create_goal(GoalSpec("serve", budget_micro_usd=10_000_000, call_cap=100))
+        store.create_task(goal.id, TaskSpec("t", budget_micro_usd=5_000_000, call_cap=50))
+        tokens = TokenAuthority(load_or_create_secret(folder / "token-secret"), store)
+        token, _ = tokens.issue(goal.id, "main", ttl_s=3600)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://plane",
+                          headers={"authorization": f"Bearer {token}"}) as http:
+            claimed = http.post("/v1/tools/claim_task", json={})
+            assert claimed.status_code == 200 and claimed.json()["task"] is not None
+            sdk = openai.OpenAI(base_url="http://plane/v1", api_key=token, max_retries=0, http_client=http)
+            reply = sdk.chat.completions.create(model="sim-1", max_tokens=64,
+                                                messages=[{"role": "user", "content": "hi"}])
+            assert reply.choices[0].message.content
+            assert [m.id for m in sdk.models.list()] == ["sim-1"]
+        # the call went through the broker's ledger in the same store: reserved, then settled
+        [reservation] = store.list_reservations(goal.id)
+        assert reservation.state is ReservationState.SETTLED
+    finally:
+        store.close()
+
+
+def test_provider_flags_and_file_make_one_table(tmp_path: Path) -> None:
+    from swarmyard.cli.serve import provider_table
+    from swarmyard.config import ProviderKind
+    from swarmyard.errors import ConfigError
+
+    file = tmp_path / "swarm.toml"
+    file.write_text('[providers.sim]\nkind = "simulated"\nmodels = ["a"]\n'
+                    '[providers.s2]\nkind = "scripted"\nmodels = ["b"]\n')
+    table = provider_table(file, ["sim=scripted:c,d"])
+    assert table["sim"].kind is ProviderKind.SCRIPTED and table["sim"].models == ("c", "d")
+    assert table["s2"].models == ("b",)
+    with pytest.raises(ConfigError, match="NAME=KIND:MODEL"):
+        provider_table(None, ["nokind"])
+    with pytest.raises(ConfigError) as bad:
+        provider_table(None, ["x=martian:m"])
+    assert bad.value.field == "providers.x"
