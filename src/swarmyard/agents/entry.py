@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
+from swarmyard.agents.actions import TOOLS
 from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
 from swarmyard.agents.model import BrokerChatModel
 from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
@@ -29,7 +30,10 @@ def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClien
 async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOutcome:
     """Run one agent to its end."""
     async with _client(settings, env) as client:
-        model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens)
+        # submit_artifact only matters where scores steer the work; a smaller tool schema keeps small models fast
+        tools = TOOLS if settings.policy == "explore" else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
+        model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
+                                tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)
         return await BuiltinAgent(model, PlaneTools(client), local, settings).run()
 
