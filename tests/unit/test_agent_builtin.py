@@ -27,9 +27,11 @@ class ScriptedModel:
     def __init__(self, replies: list[ModelReply | str | Exception]) -> None:
         self.replies = list(replies)
         self.seen: list[list[dict[str, Any]]] = []
+        self.only: list[frozenset[str] | None] = []
 
-    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
-        self.seen.append(messages)
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+        self.seen.append(list(messages))
+        self.only.append(only)
         item = self.replies.pop(0) if self.replies else "not json at all"
         if isinstance(item, Exception):
             raise item
@@ -161,6 +163,17 @@ def test_reasks_are_bounded_and_the_step_cap_still_submits(tmp_path: Path) -> No
     assert len(model.seen) == 3 * 3
     assert plane.calls[-1][0] == "submit_finding"
     assert plane.calls[-1][1]["title"] == "risks (partial)"
+
+
+def test_the_last_step_may_only_submit(tmp_path: Path) -> None:
+    submit = ModelReply("", (("submit_finding", json.dumps({"title": "Risks", "body": "Licences, cost."})),))
+    model = ScriptedModel([_action("board_post", body="a"), _action("board_post", body="b"), submit])
+    plane = FakePlane()
+    outcome = asyncio.run(_agent(tmp_path, model, plane, max_steps=3).run())
+    assert outcome.ending is Ending.SUBMITTED and outcome.steps == 3
+    assert model.only == [None, None, frozenset({"submit_finding"})]
+    assert "last step" in model.seen[-1][-1]["content"]
+    assert plane.calls[-1][1]["body"] == "Licences, cost."
 
 
 def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path) -> None:

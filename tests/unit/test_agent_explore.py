@@ -25,7 +25,7 @@ class ScriptedModel:
         self.replies = list(replies)
         self.seen: list[list[dict[str, Any]]] = []
 
-    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
         self.seen.append(messages)
         return ModelReply(self.replies.pop(0))
 

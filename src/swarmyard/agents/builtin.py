@@ -8,6 +8,7 @@ has, so every claimed task ends with a finding.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -20,7 +21,7 @@ from typing import Any
 
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call
 from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
-from swarmyard.agents.model import ChatModel, OutputMode
+from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.errors import BudgetError, ConfigError, FencingError, InvalidInputError, SwarmyardError
 
@@ -67,6 +68,8 @@ class AgentSettings:
     directions: tuple[str, ...] = ()
     patience: int = 3
     adopt_margin: int = 10
+    #: seconds between lease renewals while a model call is in flight (well inside the plane's lease)
+    heartbeat_s: float = 20.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -105,6 +108,7 @@ class AgentSettings:
             directions=_directions(env.get("SWARMYARD_DIRECTIONS", "")),
             patience=max(1, int(number("SWARMYARD_PATIENCE", 3))),
             adopt_margin=max(0, int(number("SWARMYARD_ADOPT_MARGIN", 10))),
+            heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
         )
 
 
@@ -139,6 +143,11 @@ _SYSTEM = {
         "that answers the objective; cite the finding ids you rely on in cite. Tools: {tools}."
     ),
 }
+
+_LAST_STEP = (
+    "This is your last step. Call submit_finding now: a short title and a body with everything you have "
+    "worked out, citing what you used."
+)
 
 _REASK = (
     "That reply could not be used ({error}). Reply with exactly one JSON object like "
@@ -199,7 +208,12 @@ class BuiltinAgent:
         steps = 0
         try:
             for steps in range(1, self._settings.max_steps + 1):
-                action, text = await self._next_action(messages)
+                last = steps == self._settings.max_steps
+                if last and steps > 1:
+                    # Small models wander; the last step may only submit, so the finding carries what the
+                    # model worked out rather than a placeholder.
+                    messages.append({"role": "user", "content": _LAST_STEP})
+                action, text = await self._next_action(messages, only=frozenset({FINISH}) if last else None)
                 last_text = text or last_text
                 if action is None:
                     continue
@@ -256,12 +270,30 @@ class BuiltinAgent:
                 )
         return "\n\n".join(p for p in parts if p)
 
-    async def _next_action(self, messages: list[dict[str, Any]]) -> tuple[Action | None, str]:
+    async def _keep_claim(self) -> None:
+        """Renew the lease while a (possibly slow) model call is in flight: the worker is alive, just waiting."""
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_s)
+            try:
+                await self._plane.call("heartbeat", {})
+            except SwarmyardError as exc:
+                log.info("heartbeat failed: %s", exc.message)
+                return
+
+    async def _reply(self, messages: list[dict[str, Any]], only: frozenset[str] | None) -> ModelReply:
+        keeper = asyncio.create_task(self._keep_claim())
+        try:
+            return await self._model.reply(messages, only=only)
+        finally:
+            keeper.cancel()
+
+    async def _next_action(self, messages: list[dict[str, Any]],
+                           only: frozenset[str] | None = None) -> tuple[Action | None, str]:
         """Ask the model; re-ask on malformed output at most ``max_reasks`` times (then ``None``)."""
         extra: list[dict[str, Any]] = []
         text = ""
         for _ in range(self._settings.max_reasks + 1):
-            reply = await self._model.reply(messages + extra)
+            reply = await self._reply(messages + extra, only)
             text = reply.text
             try:
                 if reply.tool_calls:

@@ -43,8 +43,8 @@ class Usage:
 class ChatModel(Protocol):
     """Anything that answers a conversation with one reply."""
 
-    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
-        """One completion for ``messages``."""
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+        """One completion for ``messages``; ``only`` narrows the tools offered for this one call."""
         ...
 
 
@@ -67,7 +67,8 @@ class BrokerChatModel:
         self._tools = tools
         self.usage = Usage()
 
-    def _body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def _body(self, messages: list[dict[str, Any]], only: frozenset[str] | None = None) -> dict[str, Any]:
+        tools = self._tools if only is None else {k: v for k, v in self._tools.items() if k in only}
         body: dict[str, Any] = {
             "model": self._model,
             "messages": messages,
@@ -75,16 +76,16 @@ class BrokerChatModel:
             "temperature": 0.2,
         }
         if self._mode is OutputMode.TOOLS:
-            body["tools"] = openai_tools(self._tools)
+            body["tools"] = openai_tools(tools)
             body["tool_choice"] = "required"
         elif self._mode is OutputMode.JSON_SCHEMA:
-            body["response_format"] = response_format(self._tools)
+            body["response_format"] = response_format(tools)
         return body
 
-    async def reply(self, messages: list[dict[str, Any]]) -> ModelReply:
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
         """Ask once; a budget refusal (402/429/403) ends the agent, other failures are ``ProviderError``."""
         try:
-            response = await self._client.post("/v1/chat/completions", json=self._body(messages))
+            response = await self._client.post("/v1/chat/completions", json=self._body(messages, only))
         except httpx.HTTPError as exc:
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
         if response.status_code in (402, 403, 429):

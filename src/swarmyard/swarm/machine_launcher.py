@@ -134,6 +134,8 @@ class MachineLauncher:
                 "SWARMYARD_MAX_STEPS": str(steps),
                 "SWARMYARD_EXEC_TIMEOUT_S": "60",
                 "SWARMYARD_WORKDIR": ".",
+                # renew the claim four times a lease while waiting on a slow model
+                "SWARMYARD_HEARTBEAT_S": str(max(1.0, self.config.workers.lease_s / 4)),
             }
             if slot.task_id:
                 env["SWARMYARD_TASK_ID"] = slot.task_id
