@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from swarmyard import __version__
 from swarmyard.clock import Clock, SystemClock
@@ -156,6 +157,30 @@ def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Await
     return endpoint
 
 
+class _PlaneApp(Starlette):
+    """Starlette, with a direct path for ``POST /v1/tools/<name>``.
+
+    A tool call is the hot path (thousands a second from a swarm): it goes straight to its endpoint, past
+    the router's route-by-route matching and the error middlewares, which it does not need because every
+    tool endpoint turns every exception into its typed JSON answer itself. Everything else (other methods
+    on a tool path, too) goes through Starlette as usual.
+    """
+
+    def __init__(self, tools: dict[str, Callable[[Request], Awaitable[Response]]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._tools = tools
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._tools.get(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self
+                response = await endpoint(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | None = None,
                extra_routes: Sequence[BaseRoute] = (), evaluator: Evaluator | None = None,
                clock: Clock | None = None) -> Starlette:
@@ -182,10 +207,10 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    routes += [Route(f"/v1/tools/{spec.name}", _tool_endpoint(plane, spec), methods=["POST"])
-               for spec in TOOLS]
+    tools = {f"/v1/tools/{spec.name}": _tool_endpoint(plane, spec) for spec in TOOLS}
+    routes += [Route(path, endpoint, methods=["POST"]) for path, endpoint in tools.items()]
     routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
     routes += list(extra_routes)
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = _PlaneApp(tools, routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.plane = plane
     return app
