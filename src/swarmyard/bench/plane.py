@@ -1,10 +1,12 @@
 """``swarmyard bench plane``: worker tool calls per second over the Unix socket.
 
-The plane runs as ``swarmyard serve`` in a child process on a fresh SQLite store; simulated workers (one
-async httpx client each, like real workers) claim a task each, then alternate ``board_post`` and
-``board_read``. The baseline is a bare Starlette echo endpoint served by the same uvicorn setup over the
-same kind of socket, measured with the same clients in the same run. ``duplicates`` counts tasks that two
-workers both hold (it must be 0).
+The plane runs as ``swarmyard serve`` would, in a child process on a fresh SQLite store; simulated workers
+(one async httpx client each, like real workers, over swarmyard's lean Unix-socket transport) claim a task
+each, then alternate ``board_post`` and ``board_read``. The workers are spread over several client
+processes, each with its own event loop, so the client side is not one Python thread. The baseline is a
+bare Starlette echo endpoint served by the same uvicorn setup over the same kind of socket, driven by the
+very same client processes in the same run. ``duplicates`` counts tasks that two workers both hold (it
+must be 0).
 """
 
 from __future__ import annotations
