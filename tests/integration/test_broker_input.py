@@ -64,13 +64,12 @@ def _msg(**extra: Any) -> dict[str, Any]:
     ("/v1/chat/completions", {"model": 3, "messages": []}, 400, "invalid_input"),
     ("/v1/chat/completions", _msg(max_tokens="ten"), 400, "invalid_input"),
     ("/v1/chat/completions", _msg(max_tokens=10**12), 400, "invalid_input"),
-    ("/v1/chat/completions", _msg(max_tokens=5000), 400, "invalid_input"),
     ("/v1/chat/completions", _msg(stream="yes"), 400, "invalid_input"),
     ("/v1/chat/completions", {**_msg(), "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_input"),
     ("/v1/chat/completions", {**_msg(), "model": "nope"}, 404, "not_found"),
     ("/v1/responses", {"model": "m", "input": 5}, 400, "invalid_input"),
     ("/v1/responses", {"model": "m", "input": [{"type": "web_search_call"}]}, 400, "invalid_input"),
-    ("/v1/messages", {"model": "m", "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_input"),
+    ("/v1/messages", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_input"),
     ("/v1/messages", {"model": "m", "max_tokens": -1, "messages": [{"role": "user", "content": "x"}]}, 400,
      "invalid_input"),
     ("/v1/messages/count_tokens", {"model": "m"}, 400, "invalid_input"),
@@ -113,6 +112,15 @@ def test_unaffordable_is_402_naming_the_envelope(rig: Rig) -> None:
     # an explicit max_tokens over the budget: the store refuses it by name too
     response = rig.post("/v1/chat/completions", _msg(max_tokens=3000))
     assert response.status_code == 402 and "envelope" in response.json()["error"]["message"]
+    assert rig.store.list_reservations(rig.goal_id) == []
+
+
+def test_max_tokens_over_the_route_limit_is_held_at_the_limit(rig: Rig) -> None:
+    # Agent CLIs ask for their own large defaults; the broker reserves (and asks for) the route's 4,000 at most,
+    # which this 1,000 micro-USD envelope still cannot afford: the refusal names what 4,000 tokens would cost.
+    response = rig.post("/v1/chat/completions", _msg(max_tokens=5000))
+    assert response.status_code == 402
+    assert 4000 <= response.json()["error"]["needed"] < 5000
     assert rig.store.list_reservations(rig.goal_id) == []
 
 

@@ -61,8 +61,12 @@ def _messages(raw: list[Any]) -> list[Message]:
         where = f"messages[{index}]"
         item = as_object(item, where)
         role = item.get("role")
+        if role == "system":
+            # Newer clients (Claude Code among them) put system text among the messages as well.
+            messages.append(Message(Role.SYSTEM, _text_of(item.get("content"), f"{where}.content")))
+            continue
         if role not in ("user", "assistant"):
-            raise InvalidInputError(f"{where}.role must be user or assistant", field=f"{where}.role")
+            raise InvalidInputError(f"{where}.role must be user, assistant or system", field=f"{where}.role")
         content = item.get("content")
         if isinstance(content, str):
             messages.append(Message(Role(role), content))

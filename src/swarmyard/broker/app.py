@@ -170,10 +170,9 @@ class Broker:
         if claim is None:
             raise ConflictError(f"worker {identity.worker_id} holds no live claim; claim a task first")
         if chat.max_tokens is not None and chat.max_tokens > route.max_output_tokens:
-            raise InvalidInputError(
-                f"max_tokens {chat.max_tokens} is over {route.name}'s limit of {route.max_output_tokens}",
-                field="max_tokens",
-            )
+            # Agent CLIs send their own large defaults (Claude Code asks for 32,000); the model cannot write
+            # past the route's limit anyway, so the request is held (and reserved) at that limit.
+            chat = replace(chat, max_tokens=route.max_output_tokens)
         price = self._price(route)
         counter = self._counter(route)
         inputs = input_bound(chat, counter)

@@ -83,8 +83,12 @@ def _tools(raw: list[Any]) -> tuple[Tool, ...]:
     for index, item in enumerate(raw):
         where = f"tools[{index}]"
         tool = as_object(item, where)
-        if tool.get("type") != "function":
-            raise InvalidInputError(f"{where}: only function tools are supported", field=where)
+        if not isinstance(tool.get("type"), str):
+            raise InvalidInputError(f"{where}.type must be a string", field=f"{where}.type")
+        if tool["type"] != "function":
+            # Hosted tools (web search, a provider-side shell, ...) run at the provider and would reach past
+            # the sandbox; agents such as Codex offer them by default. The model simply does not get them.
+            continue
         tools.append(
             Tool(
                 req_str(tool, "name", f"{where}."),

@@ -38,9 +38,10 @@ def tool_definitions() -> list[types.Tool]:
 class Relay:
     """Forwards tool calls to the plane and remembers the claim."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, claim: dict[str, Any] | None = None) -> None:
         self._http = http
-        self.claim: dict[str, Any] | None = None
+        #: the claim the launcher may already have made for this worker (external agents start with one)
+        self.claim: dict[str, Any] | None = claim
 
     async def call(self, name: str, arguments: Mapping[str, Any]) -> tuple[bool, Any]:
         """``(ok, json)`` of one tool call."""
@@ -48,6 +49,14 @@ class Relay:
             return False, {"error": {"code": "unknown_tool", "message": f"no tool named {name!r}",
                                      "retryable": False}}
         body = dict(arguments)
+        if name == "claim_task" and self.claim is not None and not body.get("task_id"):
+            # One task at a time: an agent that claims again while it holds a claim is told what it holds
+            # (a heartbeat checks the claim is still live) instead of taking a second task.
+            ok, held = await self.call("heartbeat", {})
+            if ok:
+                return True, {"task": {"id": self.claim["task_id"]}, "fencing_token": self.claim["fencing_token"],
+                              "held": True, "lease": held}
+            self.claim = None
         if name != "claim_task" and self.claim is not None:
             for key in _FENCE:
                 body.setdefault(key, self.claim[key])
@@ -85,6 +94,9 @@ async def run_stdio(env: Mapping[str, str]) -> None:
         raise UserError("SWARMYARD_TOKEN is not set: the MCP server needs the worker's capability token")
     address = PlaneAddress.from_env(env)
     async with address.async_client(token) as http:
-        server = build_server(Relay(http))
+        claim = None
+        if env.get("SWARMYARD_TASK_ID") and env.get("SWARMYARD_FENCING_TOKEN", "").isdigit():
+            claim = {"task_id": env["SWARMYARD_TASK_ID"], "fencing_token": int(env["SWARMYARD_FENCING_TOKEN"])}
+        server = build_server(Relay(http, claim))
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())

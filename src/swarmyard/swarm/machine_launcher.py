@@ -23,6 +23,7 @@ from swarmyard.config import AgentKind, PolicyKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError
 from swarmyard.ids import new_id
+from swarmyard.machines.local import HOME as MACHINE_HOME
 from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
@@ -59,6 +60,7 @@ class MachineLauncher:
         self._machines: Any = None
         self._made: dict[str, str] = {}
         self._relays: dict[str, str] = {}
+        self._homes: dict[str, str] = {}
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
@@ -108,6 +110,8 @@ class MachineLauncher:
             self.store.record_event("machine.created", {"goal": self._goal.id if self._goal else None,
                                                         "machine": info.id, "slot": slot.name, "group": slot.group})
             self._made[slot.name] = info.id
+            # where the machine's own disk is, as the agent inside sees it
+            self._homes[slot.name] = MACHINE_HOME if info.backend == "local" else (info.disk or ".")
             self._relays[slot.name] = f"http://127.0.0.1:{ready.relay_port}"
         return self._made[slot.name]
 
@@ -150,8 +154,21 @@ class MachineLauncher:
                 # room for N lenses with their instructions in one answer
                 env["SWARMYARD_MAX_TOKENS"] = str(min(2048, 160 * (self.config.tasks.plan or 1) + 128))
         else:
+            # An agent CLI calls its model before any tool, and the broker only serves a worker that holds a
+            # claim: so the launcher claims for it, and the agent starts with its task in hand.
+            claim = self.store.claim(self._goal.id, who.worker_id, self.config.workers.lease_s,
+                                     task_id=slot.task_id, group=slot.group)
+            if claim is None:
+                return WorkerSpan(who.worker_id, None, started, time.time(), "no_task", 0, slot.name)
+            prompt = (f"{self._goal.objective}\n\nYour task (already claimed for you): {claim.task.title}\n"
+                      f"{claim.task.prompt}")
             launch = get_adapter(agent.value).launch(
-                AdapterContext(relay, token, model, self._goal.objective)
+                # The machine's writable disk is its home; the MCP server is this same swarmyard, by interpreter
+                # path (the console script's folder is not on the machine's PATH).
+                AdapterContext(relay, token, model, prompt, home=self._homes[slot.name],
+                               workdir=self._homes[slot.name],
+                               mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"),
+                               task_id=claim.task.id, fencing_token=claim.token)
             )
             for path, text in launch.files.items():
                 self._machines.files.upload(machine_id, path, text.encode(), mode=0o600)
@@ -165,13 +182,9 @@ class MachineLauncher:
             except (ValueError, KeyError, IndexError, TypeError):
                 ending = "done" if result.exit_code == 0 else "error"
         if ending in ("error", "timeout"):
-            log.warning(
-                "%s: agent %s (exit %s): %s",
-                slot.name,
-                ending,
-                result.exit_code,
-                result.stderr[-500:],
-            )
+            # agent CLIs often report on stdout (codex --json): show the tail of both
+            log.warning("%s: agent %s (exit %s): %s | %s", slot.name, ending, result.exit_code,
+                        result.stderr[-500:], result.stdout[-1500:])
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
 
     def worker_of(self, slot: str) -> str | None:

@@ -17,11 +17,17 @@ class AdapterContext:
     home: str = "/home/worker"
     workdir: str = "/work"
     mcp_command: tuple[str, ...] = ("swarmyard", "mcp")
+    #: the claim the launcher made for the worker, if it made one (the MCP server fills it into every call)
+    task_id: str | None = None
+    fencing_token: int | None = None
 
     @property
     def mcp_env(self) -> dict[str, str]:
         """The environment of the ``swarmyard mcp`` server the agent starts."""
-        return {"SWARMYARD_PLANE_URL": self.relay_url, "SWARMYARD_TOKEN": self.token}
+        env = {"SWARMYARD_PLANE_URL": self.relay_url, "SWARMYARD_TOKEN": self.token}
+        if self.task_id is not None and self.fencing_token is not None:
+            env |= {"SWARMYARD_TASK_ID": self.task_id, "SWARMYARD_FENCING_TOKEN": str(self.fencing_token)}
+        return env
 
 
 @dataclass(frozen=True, slots=True)
