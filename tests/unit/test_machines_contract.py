@@ -257,3 +257,29 @@ def test_native_init_refuses_a_shared_cache_folder(tmp_path: Path) -> None:
     shared.chmod(0o777)
     with pytest.raises(SandboxError, match="not a private folder"):
         native.build(shared)
+
+
+def test_a_machine_whose_owner_was_killed_is_reaped(tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to delete; the next backend on the same root unmounts and removes it."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "run"
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from swarmyard.machines.api import Machines\n"
+        f"m = Machines('local', root=Path({str(root)!r}))\n"
+        "info = m.create('doomed')\n"
+        "m.wait_until_ready(info.id)\n"
+        "print(info.id, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    machine_id = done.stdout.strip()
+    folder = root / "m" / machine_id
+    assert done.returncode == -9 and folder.exists()
+    with Machines("local", root=root) as machines:
+        assert machines.list() == []
+    assert not folder.exists()
+    assert str(folder) not in Path("/proc/self/mountinfo").read_text()

@@ -668,7 +668,9 @@ static void *relay_pump(void *arg) {
     int fds[2] = {client, up};
     char *buf = malloc(CHUNK);
     while (buf && (open_in[0] || open_in[1])) {
-        struct pollfd p[2] = {{client, open_in[0] ? POLLIN : 0, 0}, {up, open_in[1] ? POLLIN : 0, 0}};
+        /* A side already at EOF is left out (fd -1): poll reports POLLHUP even with no events asked for,
+         * which would wake this loop at once, forever, while the other side waits (a long model answer). */
+        struct pollfd p[2] = {{open_in[0] ? client : -1, POLLIN, 0}, {open_in[1] ? up : -1, POLLIN, 0}};
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR) continue;
             break;

@@ -28,7 +28,7 @@ from swarmyard.errors import NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
-from swarmyard.machines.disks import Disk, clone_tree
+from swarmyard.machines.disks import Disk, clone_tree, unmount
 from swarmyard.machines.protocol import (
     TRANSITIONS,
     Baseline,
@@ -50,6 +50,8 @@ _BOOT = (
     " m=types.ModuleType(n);m.__path__=[{root!r}+'/'+n.replace('.','/')];sys.modules[n]=m\n"
     "from swarmyard.machines.sandbox_init import main;main()"
 )
+
+log = logging.getLogger(__name__)
 
 
 def default_root() -> Path:
@@ -164,6 +166,33 @@ class SupervisedBackend:
             (self.root / part).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._machines: dict[str, Machine] = {}
         self._lock = threading.Lock()
+        self.reap_orphans()
+
+    def reap_orphans(self) -> list[str]:
+        """Tear down machines whose owning process died without deleting them (SIGKILL, a power cut).
+
+        Their sandboxes died with their owner (``--die-with-parent``); what can outlive it is the disk's
+        mount and folder. A machine folder names its owner (pid and start time); one whose owner is gone is
+        unmounted and removed. Returns the machine ids reaped.
+        """
+        reaped: list[str] = []
+        for folder in sorted((self.root / "m").iterdir()):
+            owner = _read_owner(folder / "owner")
+            if owner is not None and _alive(*owner):
+                continue
+            if owner is None and time.time() - folder.stat().st_mtime < 600:
+                continue  # being made right now by another process (the owner file comes first but be safe)
+            disk = folder / "disk"
+            with contextlib.suppress(OSError, SandboxError):
+                if disk.is_mount():
+                    unmount(disk)
+            subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], env={"PATH": "/usr/bin:/bin"},
+                           check=False, capture_output=True)
+            if not folder.exists():
+                reaped.append(folder.name)
+        if reaped:
+            log.info("reaped %d machines whose owner had died", len(reaped))
+        return reaped
 
     # -- what a subclass provides -------------------------------------------------------------------------------
 
@@ -241,6 +270,7 @@ class SupervisedBackend:
     ) -> MachineInfo:
         root = self.root / "m" / spec.id
         root.mkdir(mode=0o700)
+        (root / "owner").write_text(_owner())
         (root / "ctl").mkdir()
         disk = Disk(root, lowers=lowers if self.overlay else (), overlay=self.overlay)
         if not self.overlay and lowers:
@@ -461,6 +491,32 @@ class SupervisedBackend:
                     check=False,
                     capture_output=True,
                 )
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): a pid plus this names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner() -> str:
+    """This process, as a machine folder's owner file names it."""
+    return f"{os.getpid()} {_start_time(os.getpid())}\n"
+
+
+def _read_owner(path: Path) -> tuple[int, str] | None:
+    try:
+        pid, started = path.read_text().split()
+        return int(pid), started
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int, started: str) -> bool:
+    return _start_time(pid) == started
 
 
 def _read_line(fd: int) -> bytes:
