@@ -858,11 +858,16 @@ class SqlStore:
                 cur.execute("SELECT pg_advisory_xact_lock(727002)")
                 ready = "leaf_index IS NULL AND txid < pg_snapshot_xmin(pg_current_snapshot())"
             else:
-                ready = "leaf_index IS NULL"
-            base = self._one(cur, "SELECT COALESCE(MAX(leaf_index) + 1, 0) FROM events", ())[0]
+                # One writer at a time commits events in id order: everything after the last sequenced id.
+                last = self._one(cur, "SELECT id FROM events WHERE leaf_index = (SELECT MAX(leaf_index) FROM events "
+                                      "WHERE leaf_index IS NOT NULL)", ())
+                ready = f"id > {int(last[0]) if last else 0}"
+            base = self._one(cur, "SELECT COALESCE(MAX(leaf_index) + 1, 0) FROM events WHERE leaf_index IS NOT NULL",
+                             ())[0]
             cur.execute(f"UPDATE events SET leaf_index = s.k FROM (SELECT id, ? + ROW_NUMBER() OVER (ORDER BY id) - 1"
                         f" AS k FROM events WHERE {ready}) AS s WHERE events.id = s.id", (base,))
-            return int(self._one(cur, "SELECT COUNT(*) FROM events WHERE leaf_index IS NOT NULL", ())[0])
+            return int(self._one(cur, "SELECT COALESCE(MAX(leaf_index) + 1, 0) FROM events "
+                                      "WHERE leaf_index IS NOT NULL", ())[0])
 
     def read_events(self, start: int, end: int) -> list[Event]:
         """Sequenced events with ``start <= leaf_index < end``."""
