@@ -207,6 +207,17 @@ def test_lead_reads_findings_and_cites_them_all_when_the_model_forgets(tmp_path:
     ]
 
 
+def test_a_lead_citing_one_finding_twice_cites_each_finding_once(tmp_path: Path) -> None:
+    findings = [{"id": "fnd_a", "title": "market", "body": "big"}, {"id": "fnd_b", "title": "risk", "body": "x"}]
+    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.", cite=["fnd_b", "fnd_b"])])
+    plane = FakePlane(findings=findings)
+    asyncio.run(_agent(tmp_path, model, plane, role=Role.LEAD).run())
+    assert plane.calls[-1][1]["citations"] == [
+        {"kind": "finding", "ref": "fnd_b"},
+        {"kind": "finding", "ref": "fnd_a"},
+    ]
+
+
 def test_files_are_confined_to_the_working_folder(tmp_path: Path) -> None:
     tools = LocalTools(tmp_path / "disk")
     (tmp_path / "disk").mkdir()

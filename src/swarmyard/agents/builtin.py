@@ -374,10 +374,13 @@ class BuiltinAgent:
                 out.append({"kind": "finding", "ref": ref})
             elif ref in self._posts_seen:
                 out.append({"kind": "post", "ref": ref})
-        if not out and self._settings.role is Role.LEAD:
-            # a synthesis rests on every finding it was shown, even when a small model forgets to say so
-            out = [{"kind": "finding", "ref": ref} for ref in self._findings_seen]
-        return out
+        if self._settings.role is Role.LEAD:
+            # a synthesis rests on every finding it was shown, even when a small model names only some
+            out += [{"kind": "finding", "ref": ref} for ref in self._findings_seen]
+        unique: dict[tuple[str, str], dict[str, str]] = {}
+        for citation in out:  # a model may cite the same thing twice; a finding lists it once
+            unique.setdefault((citation["kind"], citation["ref"]), citation)
+        return list(unique.values())
 
     async def _submit(self, args: dict[str, Any]) -> str | None:
         title = str(args.get("title") or "finding")[:200]
