@@ -1,6 +1,8 @@
 """External agent CLIs in real sandboxes: their first model request reaches the broker with the worker's token.
 
-Codex and Claude Code install from the npm registry (``scripts/test`` installs them). Each runs through the
+Codex, Claude Code, opencode and pi install from the npm registry (``scripts/test`` installs them); aider is not
+here: ``aider-chat`` pins exact versions of libraries this project also uses (openai, pydantic, ...), so it needs
+its own environment made visible inside the machine, which the launcher does not do yet. Each runs through the
 runner's own launcher in a ``local`` machine, pointed at the broker through the in-sandbox relay, with the
 worker's capability token as its only key. The scripted provider records what reached it; the ledger names
 the worker whose token paid. A provider key planted in the host's environment must appear nowhere the agent
@@ -68,7 +70,8 @@ sandbox = "local"
     return path
 
 
-@pytest.mark.parametrize(("agent", "binary"), [("codex", "codex"), ("claude", "claude")])
+@pytest.mark.parametrize(("agent", "binary"), [("codex", "codex"), ("claude", "claude"), ("opencode", "opencode"),
+                                               ("pi", "pi")])
 def test_first_request_reaches_the_broker_with_the_worker_token(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, agent: str, binary: str
 ) -> None:
