@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 
 from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events
+from swarmyard.broker.providers.http import Timeouts, post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.upstream import UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
-from swarmyard.errors import ProviderError, UpstreamLostError
+from swarmyard.errors import UpstreamLostError
 
 API_VERSION = "2023-06-01"
 
@@ -44,30 +43,16 @@ class AnthropicProvider:
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One non-streaming call."""
-        payload = json.dumps(messages_format.upstream_body(request), separators=(",", ":")).encode()
-        state.sent = True
-        response = await self._client.post("/v1/messages", payload)
-        await raise_for_status(response, self.name, self._key)
-        try:
-            body = json.loads(await response.read())
-        except ValueError as exc:
-            raise ProviderError(f"{self.name}: upstream answer is not JSON", retryable=False) from exc
+        body = await post_json(self._client, "/v1/messages", messages_format.upstream_body(request), state,
+                               provider=self.name, key=self._key)
         return messages_format.parse_upstream_response(body)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as they arrive."""
-        payload = json.dumps(messages_format.upstream_body(request), separators=(",", ":")).encode()
         reader = messages_format.EventReader()
-        state.sent = True
-        response = await self._client.post("/v1/messages", payload)
-        try:
-            await raise_for_status(response, self.name, self._key)
-            async for _, data in sse_events(response):
-                if isinstance(data, dict):
-                    for event in reader.feed(data):
-                        yield event
-        finally:
-            await response.aclose()
+        async for event in stream_json_events(self._client, "/v1/messages", messages_format.upstream_body(request),
+                                              state, reader.feed, provider=self.name, key=self._key):
+            yield event
         if not reader.stopped:
             raise UpstreamLostError(f"{self.name}: the stream ended without message_stop")
         yield Finished(reader.finish, reader.usage)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,9 @@ from swarmyard.broker.keys import Secret
 from swarmyard.errors import ProviderError, UpstreamLostError
 
 if TYPE_CHECKING:
-    from swarmyard.broker.providers.upstream import UpstreamResponse
+    from swarmyard.broker.chat import StreamEvent
+    from swarmyard.broker.providers.protocol import CallState
+    from swarmyard.broker.providers.upstream import UpstreamClient, UpstreamResponse
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
@@ -72,3 +74,33 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | No
                 yield event, json.loads(data)
             except ValueError as exc:
                 raise UpstreamLostError("upstream sent a malformed stream event") from exc
+
+
+async def post_json(client: UpstreamClient, path: str, body: dict[str, Any], state: CallState, *, provider: str,
+                    key: Secret | None) -> Any:
+    """POST ``body`` upstream and return the decoded JSON answer; ``state.sent`` is set before the bytes leave."""
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    state.sent = True
+    response = await client.post(path, payload)
+    await raise_for_status(response, provider, key)
+    try:
+        return json.loads(await response.read())
+    except ValueError as exc:
+        raise ProviderError(f"{provider}: upstream answer is not JSON", retryable=False) from exc
+
+
+async def stream_json_events(client: UpstreamClient, path: str, body: dict[str, Any], state: CallState,
+                             feed: Callable[[dict[str, Any]], Iterable[StreamEvent]], *, provider: str,
+                             key: Secret | None) -> AsyncIterator[StreamEvent]:
+    """POST ``body`` upstream and pass each SSE JSON event through ``feed`` as it arrives."""
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    state.sent = True
+    response = await client.post(path, payload)
+    try:
+        await raise_for_status(response, provider, key)
+        async for _, data in sse_events(response):
+            if isinstance(data, dict):
+                for event in feed(data):
+                    yield event
+    finally:
+        await response.aclose()

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from swarmyard.broker import openai_chat
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.providers.http import Timeouts, raise_for_status, sse_events
+from swarmyard.broker.providers.http import Timeouts, post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.upstream import UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
-from swarmyard.errors import ProviderError, UpstreamLostError
+from swarmyard.errors import UpstreamLostError
 
 
 class OpenAICompatProvider:
@@ -50,30 +49,15 @@ class OpenAICompatProvider:
 
     async def complete_body(self, body: dict[str, Any], state: CallState) -> ChatResponse:
         """One non-streaming call with a ready Chat Completions body (for providers that add fields)."""
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        state.sent = True
-        response = await self._client.post("/chat/completions", payload)
-        await raise_for_status(response, self.name, self._key)
-        try:
-            body = json.loads(await response.read())
-        except ValueError as exc:
-            raise ProviderError(f"{self.name}: upstream answer is not JSON", retryable=False) from exc
-        return openai_chat.parse_upstream_response(body)
+        answer = await post_json(self._client, "/chat/completions", body, state, provider=self.name, key=self._key)
+        return openai_chat.parse_upstream_response(answer)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as each chunk arrives."""
-        payload = json.dumps(self._body(request), separators=(",", ":")).encode()
         reader = openai_chat.ChunkReader()
-        state.sent = True
-        response = await self._client.post("/chat/completions", payload)
-        try:
-            await raise_for_status(response, self.name, self._key)
-            async for _, data in sse_events(response):
-                if isinstance(data, dict):
-                    for event in reader.feed(data):
-                        yield event
-        finally:
-            await response.aclose()
+        async for event in stream_json_events(self._client, "/chat/completions", self._body(request), state,
+                                              reader.feed, provider=self.name, key=self._key):
+            yield event
         if not reader.finished:
             # a clean close without a finish reason still lost the end of the answer
             raise UpstreamLostError(f"{self.name}: the stream ended without a finish reason")
