@@ -10,7 +10,7 @@ import asyncio
 import importlib
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -200,10 +200,14 @@ class Machines:
             isolation=isolation,
             control_socket=control_socket,
         )
+        return self._start(name, spec, lambda: self.backend.create(spec))
+
+    def _start(self, name: str, spec: MachineSpec, boot: Callable[[], MachineInfo]) -> MachineInfo:
+        """Take a slot under ``name`` (queueing at the cap), then boot; a failed boot gives the slot back."""
         self._claim(name, spec.id)
         self._envs[spec.id] = spec.env
         try:
-            return self.backend.create(spec)
+            return boot()
         except BaseException:
             self._unclaim(name)
             raise
@@ -227,13 +231,7 @@ class Machines:
             isolation=None,
             control_socket=control_socket,
         )
-        self._claim(name, spec.id)
-        self._envs[spec.id] = spec.env
-        try:
-            return self.backend.fork(source, spec)
-        except BaseException:
-            self._unclaim(name)
-            raise
+        return self._start(name, spec, lambda: self.backend.fork(source, spec))
 
     def wait_until_ready(self, machine_id: str, timeout_s: float | None = None) -> MachineInfo:
         """Block until the machine can run commands."""
