@@ -11,12 +11,14 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from swarmyard.clock import FakeClock
+from swarmyard.plane.tools import Evaluator
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 VECTORS = SHARED / "vectors"
@@ -70,3 +72,53 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
     return str(request.getfixturevalue("pg_url"))
+
+
+class LivePlane:
+    """A real control plane on a SQLite store, served over a Unix socket in a background thread.
+
+    Tests of plane clients (the built-in agent) talk to it over real HTTP; they set up peers' posts and
+    findings through the store it serves, and read back what landed there.
+    """
+
+    def __init__(self, clock: FakeClock, evaluator: Evaluator | None = None) -> None:
+        from swarmyard.plane.app import create_app
+        from swarmyard.plane.server import BackgroundServer, Listen
+        from swarmyard.plane.settings import PlaneSettings
+        from swarmyard.plane.tokens import TokenAuthority
+        from swarmyard.store import open_store
+
+        self.folder = Path(tempfile.mkdtemp(prefix="sy-"))  # short: Unix socket paths are limited to 108 bytes
+        self.clock = clock
+        self.store = open_store(f"sqlite:///{self.folder / 'store.db'}", clock=clock, blob_dir=self.folder / "blobs")
+        self.tokens = TokenAuthority(b"k" * 32, self.store, clock)
+        app = create_app(self.store, self.tokens, PlaneSettings(lease_s=60), evaluator=evaluator, clock=clock)
+        self.socket = self.folder / "plane.sock"
+        self._server = BackgroundServer(app, Listen(socket_path=self.socket))
+        self._server.__enter__()
+
+    def client(self, token: str) -> httpx.AsyncClient:
+        """An async HTTP client over the socket, authenticated as ``token``'s worker."""
+        from swarmyard.plane.transport import UnixSocketTransport
+
+        return httpx.AsyncClient(transport=UnixSocketTransport(str(self.socket)), base_url="http://plane",
+                                 headers={"authorization": f"Bearer {token}"}, timeout=30)
+
+    def close(self) -> None:
+        self._server.__exit__(None, None, None)
+        self.store.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def live_plane(clock: FakeClock) -> Iterator[Callable[..., LivePlane]]:
+    """Start real planes (optionally with an evaluator); each is stopped at the end of the test."""
+    started: list[LivePlane] = []
+
+    def start(evaluator: Evaluator | None = None) -> LivePlane:
+        started.append(LivePlane(clock, evaluator))
+        return started[-1]
+
+    yield start
+    for plane in started:
+        plane.close()

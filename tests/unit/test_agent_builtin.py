@@ -1,24 +1,44 @@
 """The built-in agent's loop, parsing, re-asks, step cap and its own machine's tools.
 
-The control plane here is an ``httpx.MockTransport`` that records requests and answers like the worker tools;
-the model is a scripted ``ChatModel`` (a paid external service in real runs).
+The control plane is the real one on a SQLite store, served over a Unix socket (the ``live_plane`` fixture);
+tests check what landed in its store. The model is a scripted ``ChatModel`` (a paid external service in real runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from conftest import LivePlane
 from swarmyard.agents.actions import TOOLS, action_schema, parse_reply, parse_tool_call, response_format
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import LocalTools, PlaneTools
+from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.loopback import serve_in_thread
+from swarmyard.broker.providers.scripted import CallTools, Fail, FailKind, Say, ScriptedProvider
+from swarmyard.clock import FakeClock
+from swarmyard.domain import (
+    Citation,
+    CitationKind,
+    Finding,
+    GoalSpec,
+    Post,
+    PostKind,
+    Price,
+    ReservationState,
+    TaskSpec,
+)
 from swarmyard.errors import BudgetError, ConfigError, InvalidInputError, ProviderError
+from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.store import SqlStore, open_store
 
 
 class ScriptedModel:
@@ -38,50 +58,55 @@ class ScriptedModel:
         return item if isinstance(item, ModelReply) else ModelReply(item)
 
 
-class FakePlane:
-    """Records tool calls and answers in the worker tools' shapes."""
+@dataclass
+class Setup:
+    """A goal on a live plane, a task for the agent, and (optionally) a peer who posted and found things."""
 
-    def __init__(self, *, claimable: bool = True, findings: list[dict[str, Any]] | None = None) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.claimable = claimable
-        self.findings = findings or []
+    plane: LivePlane
+    goal_id: str
+    task_id: str
+    token: str
+    worker_id: str
+    peer_post_seq: int | None = None
+    peer_findings: tuple[str, ...] = ()
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        name = request.url.path.rsplit("/", 1)[-1]
-        body = json.loads(request.content or b"{}")
-        assert request.headers["authorization"] == "Bearer sy1.test"
-        self.calls.append((name, body))
-        if name == "claim_task":
-            if not self.claimable:
-                return httpx.Response(200, json={"task": None})
-            return httpx.Response(
-                200,
-                json={
-                    "task": {"id": "task_1", "title": "risks", "prompt": "list risks", "group": "main"},
-                    "fencing_token": 7,
-                },
-            )
-        if name == "board_read":
-            return httpx.Response(
-                200, json={"posts": [{"seq": 3, "author": "wrk_b", "body": "checked licences"}]}
-            )
-        if name == "read_findings":
-            return httpx.Response(200, json={"findings": self.findings})
-        if name == "submit_finding":
-            return httpx.Response(200, json={"finding": {"id": "fnd_new"}})
-        return httpx.Response(200, json={"seq": 4})
+    def posts_by(self, author: str) -> list[Post]:
+        return [p for p in self.plane.store.read_board(self.goal_id) if p.author == author]
+
+    def findings_by(self, author: str) -> list[Finding]:
+        return [f for f in self.plane.store.read_findings(self.goal_id) if f.author == author]
 
 
-def _agent(tmp_path: Path, model: ScriptedModel, plane: FakePlane, **overrides: Any) -> BuiltinAgent:
+def _setup(live_plane: Callable[..., LivePlane], *, claimable: bool = True, peer_posts: bool = False,
+           peer_findings: tuple[str, ...] = ()) -> Setup:
+    plane = live_plane()
+    store = plane.store
+    goal = store.create_goal(GoalSpec(objective="on-device speech", budget_micro_usd=1_000_000, call_cap=100))
+    token, me = plane.tokens.issue(goal.id, "main", ttl_s=3600)
+    setup = Setup(plane, goal.id, "", token, me.worker_id)
+    if peer_posts or peer_findings:
+        peer = store.create_task(goal.id, TaskSpec(title="peer lens", priority=10))
+        claim = store.claim(goal.id, "wrk_peer", 60, task_id=peer.id)
+        assert claim is not None
+        if peer_posts:
+            setup.peer_post_seq = store.post(peer.id, claim.token, PostKind.NOTE, "checked licences",
+                                             author="wrk_peer").seq
+        setup.peer_findings = tuple(
+            store.submit_finding(peer.id, claim.token, author="wrk_peer", title=title,
+                                 body=f"{title} body").id
+            for title in peer_findings
+        )
+    if claimable:
+        setup.task_id = store.create_task(goal.id, TaskSpec(title="risks", prompt="list risks")).id
+    return setup
+
+
+def _agent(tmp_path: Path, model: ScriptedModel, setup: Setup, **overrides: Any) -> BuiltinAgent:
     settings = AgentSettings(
-        plane_url="http://plane", token="sy1.test", model="m", workdir=tmp_path, **overrides
+        plane_url="http://plane", token=setup.token, model="m", workdir=tmp_path, **overrides
     )
-    client = httpx.AsyncClient(
-        base_url="http://plane",
-        transport=httpx.MockTransport(plane.handler),
-        headers={"Authorization": "Bearer sy1.test"},
-    )
-    return BuiltinAgent(model, PlaneTools(client), LocalTools(tmp_path, exec_timeout_s=5), settings)
+    return BuiltinAgent(model, PlaneTools(setup.plane.client(setup.token)),
+                        LocalTools(tmp_path, exec_timeout_s=5), settings)
 
 
 def _action(tool: str, **args: Any) -> str:
@@ -121,101 +146,84 @@ def test_action_schema_has_one_branch_per_tool() -> None:
     assert response_format()["json_schema"]["schema"] == schema
 
 
-def test_loop_survives_malformed_output_and_submits(tmp_path: Path) -> None:
+def test_loop_survives_malformed_output_and_submits(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_posts=True)
+    submit = json.dumps({"title": "Risks", "body": "Three risks.", "cite": [str(setup.peer_post_seq), "fnd_unknown"]})
     model = ScriptedModel(
-        [
-            "garbage",
-            '{"tool": "nope"}',
-            _action("board_post", body="looking at licences"),
-            ModelReply(
-                "",
-                (
-                    (
-                        "submit_finding",
-                        json.dumps({"title": "Risks", "body": "Three risks.", "cite": ["3", "fnd_unknown"]}),
-                    ),
-                ),
-            ),
-        ]
+        ["garbage", '{"tool": "nope"}', _action("board_post", body="looking at licences"),
+         ModelReply("", (("submit_finding", submit),))]
     )
-    plane = FakePlane()
-    outcome = asyncio.run(_agent(tmp_path, model, plane).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.SUBMITTED
-    assert (outcome.task_id, outcome.finding_id, outcome.malformed, outcome.steps) == (
-        "task_1",
-        "fnd_new",
-        2,
-        2,
-    )
-    names = [name for name, _ in plane.calls]
-    assert names == ["claim_task", "board_read", "board_post", "submit_finding"]
-    post, submit = plane.calls[2][1], plane.calls[3][1]
-    assert (post["task_id"], post["fencing_token"], post["body"]) == ("task_1", 7, "looking at licences")
-    assert submit["citations"] == [{"kind": "post", "ref": "3"}]  # the unknown id is dropped, not sent
+    assert (outcome.task_id, outcome.malformed, outcome.steps) == (setup.task_id, 2, 2)
+    [post] = setup.posts_by(setup.worker_id)
+    assert (post.task_id, post.body) == (setup.task_id, "looking at licences")
+    [finding] = setup.findings_by(setup.worker_id)
+    assert (finding.id, finding.task_id, finding.body) == (outcome.finding_id, setup.task_id, "Three risks.")
+    # the unknown id is dropped, not sent (the plane would refuse a citation that does not resolve)
+    assert finding.citations == (Citation(CitationKind.POST, str(setup.peer_post_seq)),)
     assert "checked licences" in model.seen[0][1]["content"]  # the board was in the brief
 
 
-def test_reasks_are_bounded_and_the_step_cap_still_submits(tmp_path: Path) -> None:
+def test_reasks_are_bounded_and_the_step_cap_still_submits(tmp_path: Path,
+                                                           live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
     model = ScriptedModel([])
-    plane = FakePlane()
-    outcome = asyncio.run(_agent(tmp_path, model, plane, max_steps=3, max_reasks=2).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3, max_reasks=2).run())
     assert outcome.ending is Ending.STEP_CAP
     assert len(model.seen) == 3 * 3
-    assert plane.calls[-1][0] == "submit_finding"
-    assert plane.calls[-1][1]["title"] == "risks (partial)"
+    [finding] = setup.findings_by(setup.worker_id)
+    assert finding.title == "risks (partial)" and finding.id == outcome.finding_id
 
 
-def test_the_last_step_may_only_submit(tmp_path: Path) -> None:
+def test_the_last_step_may_only_submit(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
     submit = ModelReply("", (("submit_finding", json.dumps({"title": "Risks", "body": "Licences, cost."})),))
     model = ScriptedModel([_action("board_post", body="a"), _action("board_post", body="b"), submit])
-    plane = FakePlane()
-    outcome = asyncio.run(_agent(tmp_path, model, plane, max_steps=3).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3).run())
     assert outcome.ending is Ending.SUBMITTED and outcome.steps == 3
     assert model.only == [None, None, frozenset({"submit_finding"})]
     assert "last step" in model.seen[-1][-1]["content"]
-    assert plane.calls[-1][1]["body"] == "Licences, cost."
+    assert [p.body for p in setup.posts_by(setup.worker_id)] == ["a", "b"]
+    assert [f.body for f in setup.findings_by(setup.worker_id)] == ["Licences, cost."]
 
 
-def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path) -> None:
+def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
     model = ScriptedModel([_action("board_read"), BudgetError("no money left")])
-    plane = FakePlane()
-    outcome = asyncio.run(_agent(tmp_path, model, plane).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.BUDGET
-    assert [n for n, _ in plane.calls].count("submit_finding") == 1
+    assert [f.title for f in setup.findings_by(setup.worker_id)] == ["risks (partial)"]
 
 
-def test_no_task_means_no_model_call(tmp_path: Path) -> None:
+def test_no_task_means_no_model_call(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, claimable=False)
     model = ScriptedModel([])
-    outcome = asyncio.run(_agent(tmp_path, model, FakePlane(claimable=False)).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.NO_TASK
     assert model.seen == []
 
 
-def test_lead_reads_findings_and_cites_them_all_when_the_model_forgets(tmp_path: Path) -> None:
-    findings = [
-        {"id": "fnd_a", "title": "market", "body": "big"},
-        {"id": "fnd_b", "title": "risks", "body": "some"},
-    ]
+def test_lead_reads_findings_and_cites_them_all_when_the_model_forgets(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_findings=("market", "risks"))
+    first, second = setup.peer_findings
     model = ScriptedModel([_action("submit_finding", title="Go", body="Go, because market is big.")])
-    plane = FakePlane(findings=findings)
-    outcome = asyncio.run(_agent(tmp_path, model, plane, role=Role.LEAD).run())
+    outcome = asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     assert outcome.ending is Ending.SUBMITTED
-    assert "[fnd_a] market" in model.seen[0][1]["content"]
-    assert plane.calls[-1][1]["citations"] == [
-        {"kind": "finding", "ref": "fnd_a"},
-        {"kind": "finding", "ref": "fnd_b"},
-    ]
+    assert f"[{first}] market" in model.seen[0][1]["content"]
+    [synthesis] = setup.findings_by(setup.worker_id)
+    assert synthesis.citations == (Citation(CitationKind.FINDING, first), Citation(CitationKind.FINDING, second))
 
 
-def test_a_lead_citing_one_finding_twice_cites_each_finding_once(tmp_path: Path) -> None:
-    findings = [{"id": "fnd_a", "title": "market", "body": "big"}, {"id": "fnd_b", "title": "risk", "body": "x"}]
-    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.", cite=["fnd_b", "fnd_b"])])
-    plane = FakePlane(findings=findings)
-    asyncio.run(_agent(tmp_path, model, plane, role=Role.LEAD).run())
-    assert plane.calls[-1][1]["citations"] == [
-        {"kind": "finding", "ref": "fnd_b"},
-        {"kind": "finding", "ref": "fnd_a"},
-    ]
+def test_a_lead_citing_one_finding_twice_cites_each_finding_once(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_findings=("market", "risk"))
+    first, second = setup.peer_findings
+    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.", cite=[second, second])])
+    asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
+    [synthesis] = setup.findings_by(setup.worker_id)
+    assert synthesis.citations == (Citation(CitationKind.FINDING, second), Citation(CitationKind.FINDING, first))
 
 
 def test_files_are_confined_to_the_working_folder(tmp_path: Path) -> None:
@@ -252,48 +260,67 @@ def test_shell_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert state in {"gone", "Z"}  # dead (a zombie waits for init to reap it)
 
 
-def _chat_response(message: dict[str, Any]) -> httpx.Response:
-    return httpx.Response(
-        200, json={"choices": [{"message": message}], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}
-    )
+@dataclass
+class BrokerRig:
+    """The real broker on loopback HTTP with a scripted provider, one claimed task and its worker's token."""
+
+    url: str
+    store: SqlStore
+    script: ScriptedProvider
+    token: str
 
 
-def test_broker_model_asks_for_tools_or_a_schema() -> None:
-    bodies: list[dict[str, Any]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        return _chat_response(
-            {
-                "content": None,
-                "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "board_read", "arguments": "{}"}}
-                ],
-            }
-        )
-
-    async def go(mode: OutputMode) -> ModelReply:
-        async with httpx.AsyncClient(base_url="http://b", transport=httpx.MockTransport(handler)) as client:
-            model = BrokerChatModel(client, "m", mode=mode)
-            reply = await model.reply([{"role": "user", "content": "hi"}])
-            assert (model.usage.calls, model.usage.input_tokens) == (1, 11)
-            return reply
-
-    assert asyncio.run(go(OutputMode.TOOLS)).tool_calls == (("board_read", "{}"),)
-    asyncio.run(go(OutputMode.JSON_SCHEMA))
-    assert bodies[0]["tool_choice"] == "required" and len(bodies[0]["tools"]) == len(TOOLS)
-    assert "tools" not in bodies[1] and bodies[1]["response_format"]["type"] == "json_schema"
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerRig]:
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    goal = store.create_goal(GoalSpec("test", budget_micro_usd=10_000_000, call_cap=100))
+    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=5_000, call_cap=2))
+    tokens = TokenAuthority(b"s" * 32, store, clock)
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    store.set_price(Price("m", 1_000_000, 1_000_000))
+    script = ScriptedProvider()
+    settings = BrokerSettings(routes=(ModelRoute("m", "scripted", max_output_tokens=1000),))
+    with serve_in_thread(create_broker_app(store, tokens, {"scripted": script}, settings, clock)) as url:
+        yield BrokerRig(url, store, script, token)
+    store.close()
 
 
-@pytest.mark.parametrize(("status", "error"), [(402, BudgetError), (429, BudgetError), (500, ProviderError)])
-def test_broker_model_types_refusals(status: int, error: type[Exception]) -> None:
-    async def go() -> None:
-        transport = httpx.MockTransport(lambda r: httpx.Response(status, json={"error": {"message": "no"}}))
-        async with httpx.AsyncClient(base_url="http://b", transport=transport) as client:
-            await BrokerChatModel(client, "m").reply([])
+async def _ask(rig: BrokerRig, mode: OutputMode = OutputMode.TOOLS) -> tuple[ModelReply, BrokerChatModel]:
+    async with httpx.AsyncClient(base_url=rig.url, headers={"authorization": f"Bearer {rig.token}"}) as client:
+        model = BrokerChatModel(client, "m", mode=mode)
+        return await model.reply([{"role": "user", "content": "hi"}]), model
 
-    with pytest.raises(error):
-        asyncio.run(go())
+
+def test_broker_model_asks_for_tools_or_a_schema(broker: BrokerRig) -> None:
+    broker.script.add("m", CallTools((("board_read", {}),)), Say('{"tool": "board_read", "args": {}}'))
+    reply, model = asyncio.run(_ask(broker, OutputMode.TOOLS))
+    assert reply.tool_calls == (("board_read", "{}"),)
+    assert model.usage.calls == 1 and model.usage.input_tokens > 0
+    asked = broker.script.requests[-1]
+    assert asked.tool_choice == "required" and [t.name for t in asked.tools] == list(TOOLS)
+    reply, _ = asyncio.run(_ask(broker, OutputMode.JSON_SCHEMA))
+    assert broker.script.requests[-1].tools == ()  # the schema asks instead of tools
+    assert parse_reply(reply.text).tool == "board_read"
+
+
+def test_broker_model_types_refusals(broker: BrokerRig) -> None:
+    broker.script.add("m", Fail(FailKind.STATUS_500), Say("one"), Say("two"))
+    with pytest.raises(ProviderError) as failed:
+        asyncio.run(_ask(broker))
+    assert failed.value.retryable
+    asyncio.run(_ask(broker))  # the failed call spent one of the task's two calls, this one the other
+    with pytest.raises(BudgetError, match="429"):
+        asyncio.run(_ask(broker))
+    [goal] = broker.store.list_goals()
+    broker.store.create_task(goal.id, TaskSpec("poor", budget_micro_usd=10, call_cap=5))
+    token, poor = TokenAuthority(b"s" * 32, broker.store, FakeClock()).issue(goal.id, "main", ttl_s=3600)
+    assert broker.store.claim(goal.id, poor.worker_id, 3600) is not None
+    with pytest.raises(BudgetError, match="402"):
+        asyncio.run(_ask(BrokerRig(broker.url, broker.store, broker.script, token)))
+    assert len(broker.script.requests) == 2  # neither refusal reached the provider
+    assert not broker.store.list_reservations(goal.id, state=ReservationState.HELD)
 
 
 def test_settings_from_env() -> None:
