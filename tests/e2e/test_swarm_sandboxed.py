@@ -159,7 +159,7 @@ def check_run(result: RunResult, run_dir: Path, *, tasks: int) -> None:
     assert result.report is not None and "Go: the scouts agree." in result.report.markdown.read_text()
     assert leftovers(run_dir, machine_ids(result, run_dir)) == []
     verify = subprocess.run(
-        [sys.executable, "-c", CLI, "audit", "verify", str(run_dir)],
+        [sys.executable, "-c", CLI, "audit", "verify", str(run_dir), "--log-key", str(data.audit_key)],
         capture_output=True, text=True, timeout=60,
     )
     assert verify.returncode == 0 and verify.stdout.startswith("OK "), verify.stdout + verify.stderr

@@ -19,7 +19,7 @@ from swarmyard.audit.witness import Witness, WitnessState
 from swarmyard.canonical import canonical_json
 from swarmyard.clock import FakeClock
 from swarmyard.domain import Event, GoalSpec, PostKind, TaskSpec
-from swarmyard.errors import LogMismatchError
+from swarmyard.errors import LogMismatchError, UserError
 
 ORIGIN = "swarmyard.test/run-1"
 
@@ -265,3 +265,41 @@ def test_audit_verify_command_names_each_tampering(clock: FakeClock, tmp_path: P
     assert bad().startswith("BAD cosignature 2:")
     last.write_text(text)
     assert runner.invoke(app, ["audit", "verify", str(run)]).exit_code == 0
+
+
+def test_a_log_re_signed_with_a_fresh_key_is_caught_only_by_a_pinned_key(tmp_path: Path, clock: FakeClock) -> None:
+    from swarmyard.audit.log import LOG_VKEY
+    from swarmyard.audit.note import Verifier
+    from swarmyard.cli.main import app
+
+    source, audit, witness = _finished_run(tmp_path, clock)
+    honest_log = Verifier.parse((audit / LOG_VKEY).read_text())
+    honest_witness = witness.verifier()
+    # Whoever can rewrite the store can rewrite the folder: tamper an event, then re-sign everything with a
+    # key of their own (and no witness, whose key they do not hold).
+    source.bodies[3] = canonical_json({"kind": "test", "n": 3, "forged": True})
+    forged = tmp_path / "forged"
+    AuditLog(source, forged, ORIGIN, every_n=10).checkpoint()
+    assert verify_run(source, forged).size == 35  # self-consistent: a folder alone cannot tell
+    with pytest.raises(LogMismatchError) as caught:
+        verify_run(source, forged, log_key=honest_log)
+    assert (caught.value.what, caught.value.index) == ("key", 0)
+    with pytest.raises(LogMismatchError) as caught:
+        verify_run(source, forged, witness_key=honest_witness)
+    assert (caught.value.what, caught.value.index) == ("key", 1)
+
+    source.bodies[3] = canonical_json({"kind": "test", "n": 3})
+    assert verify_run(source, audit, log_key=honest_log, witness_key=honest_witness).cosigned == 4
+
+    # the command checks pinned keys (inline or from a file) before anything else
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "audit").symlink_to(forged)
+    (tmp_path / "log.vkey").write_text(honest_log.vkey + "\n")
+    runner = CliRunner()
+    empty = ["--store", f"sqlite:///{tmp_path / 'empty.db'}"]
+    for pin in (honest_log.vkey, str(tmp_path / "log.vkey")):
+        result = runner.invoke(app, ["audit", "verify", str(run), *empty, "--log-key", pin])
+        assert result.exit_code == 1 and result.stdout.startswith("BAD key 0:"), result.output
+    bad_key = runner.invoke(app, ["audit", "verify", str(run), *empty, "--log-key", "nope"])
+    assert isinstance(bad_key.exception, UserError) and "neither a verifier key" in bad_key.exception.message

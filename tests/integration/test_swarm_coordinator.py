@@ -163,6 +163,7 @@ def test_policies_end_to_end(tmp_path: Path, policy: str, tasks: int) -> None:
     verified = verify_run(coordinator.store, coordinator.run_dir / "audit")
     assert verified.size > 0 and result.data.audit_root is not None
     assert result.data.audit_root in result.report.markdown.read_text()
+    assert result.data.audit_key is not None and result.data.audit_key in result.report.markdown.read_text()
     groups = {t.group for t in coordinator.store.list_tasks(result.goal_id)} - {"lead"}
     assert groups == (
         {"w0", "w1", "w2"} if policy == "independent" else {policy if policy != "team" else "team"}

@@ -9,6 +9,11 @@ cosignature and its index):
 3. every checkpoint's root equal to the root recomputed from the events at its size, and a consistency proof
    from the previous checkpoint that verifies;
 4. no event past the last checkpoint, and (with a witness) the last checkpoint cosigned.
+
+The keys come from the run folder unless the caller pins them. A folder alone proves only that it is
+self-consistent: whoever can rewrite the store can also write a fresh log key and re-sign every checkpoint.
+Pinning the log's key (printed in the run's report) or the witness's key (held by the witness, not the run)
+turns that into a detected forgery: a folder whose key differs from the pinned one fails as ``key``.
 """
 
 from __future__ import annotations
@@ -62,14 +67,29 @@ def _open_checkpoints(audit_dir: Path, log: Verifier,
     return out
 
 
-def verify_run(source: EventSource, audit_dir: Path) -> VerifyReport:
-    """Verify a run's audit log against its events; raise ``LogMismatchError`` at the first bad thing."""
+def _pinned(found: Verifier | None, pinned: Verifier | None, index: int, what: str) -> Verifier | None:
+    if pinned is None:
+        return found
+    if found is None or found.vkey != pinned.vkey:
+        raise LogMismatchError("key", index, f"the run folder's {what} key is not the pinned one")
+    return pinned
+
+
+def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None = None,
+               witness_key: Verifier | None = None) -> VerifyReport:
+    """Verify a run's audit log against its events; raise ``LogMismatchError`` at the first bad thing.
+
+    ``log_key`` and ``witness_key`` pin the keys instead of trusting the folder's (key 0 is the log's,
+    key 1 the witness's in the error).
+    """
     vkey_path = audit_dir / LOG_VKEY
     if not vkey_path.exists():
         raise AuditError(f"no audit log in {audit_dir} ({LOG_VKEY} is missing)")
-    log = Verifier.parse(vkey_path.read_text())
+    log = _pinned(Verifier.parse(vkey_path.read_text()), log_key, 0, "log")
+    assert log is not None
     witness_path = audit_dir / WITNESS_VKEY
-    witness = Verifier.parse(witness_path.read_text()) if witness_path.exists() else None
+    witness = _pinned(Verifier.parse(witness_path.read_text()) if witness_path.exists() else None,
+                      witness_key, 1, "witness")
     checkpoints = _open_checkpoints(audit_dir, log, witness)
 
     leaves_path = audit_dir / LEAVES

@@ -80,6 +80,7 @@ class ReportData:
     spans: tuple[WorkerSpan, ...] = ()
     synthesis: Finding | None = None
     audit_root: str | None = None
+    audit_key: str | None = None  # the log's verifier key: ``swarmyard audit verify --log-key`` pins it
     wall_s: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
 

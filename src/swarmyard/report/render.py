@@ -37,6 +37,8 @@ def _totals(data: ReportData) -> list[tuple[str, str]]:
     ]
     if data.audit_root:
         rows.append(("audit root", data.audit_root))
+    if data.audit_key:
+        rows.append(("audit key", data.audit_key))
     return rows
 
 
