@@ -345,9 +345,11 @@ class Coordinator:
             await self.launcher.close()
         try:
             audit_root = base64.b64encode(audit.checkpoint().checkpoint.root_hash).decode()
+            audit_key = audit.verifier.vkey
         finally:
             audit.close()
-        data = replace(self.report_data(goal, synthesis, time.monotonic() - started), audit_root=audit_root)
+        data = replace(self.report_data(goal, synthesis, time.monotonic() - started), audit_root=audit_root,
+                       audit_key=audit_key)
         report = write_report(data, self.run_dir)
         return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
 
