@@ -108,8 +108,10 @@ def test_other_machines_disk_is_unreachable(world: tuple[Machines, MachineInfo, 
 def test_writes_outside_the_disk_fail(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
     assert _errno_of(machines, info, "open('/usr/evil','w')") in {"EROFS", "EACCES"}
-    # /run is a writable tmpfs in the sandbox: only Landlock stops this one.
-    assert _errno_of(machines, info, "open('/run/swarmyard/evil','w')") == "EACCES"
+    assert _errno_of(machines, info, "open('/run/swarmyard/evil','w')") in {"EROFS", "EACCES"}
+    assert _errno_of(machines, info, "open('/etc/evil','w')") in {"EROFS", "EACCES"}
+    # /dev/shm is a tmpfs the machine's user owns: only Landlock stops this one.
+    assert _errno_of(machines, info, "open('/dev/shm/evil','w')") == "EACCES"
     assert _py(machines, info, "open('/machine/ok','w').write('x');print('ok')") == "ok"
 
 

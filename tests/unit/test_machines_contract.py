@@ -212,7 +212,7 @@ def test_local_python_init_fallback_keeps_isolation(tmp_path: Path) -> None:
     with Machines(LocalBackend(tmp_path / "run", init="python")) as machines:
         info = machines.wait_until_ready(machines.create("py-init").id)
         assert any(e.startswith("landlock-abi") for e in info.enforced)
-        result = machines.exec(info.id, "cat; echo err >&2; touch /run/evil", stdin=b"in", timeout=20)
+        result = machines.exec(info.id, "cat; echo err >&2; touch /dev/shm/evil", stdin=b"in", timeout=20)
         assert (result.stdout, result.exit_code) == (b"in", 1)
         assert b"err" in result.stderr and b"Permission denied" in result.stderr
         init = machines.exec(info.id, "cat /proc/2/cmdline").stdout

@@ -65,6 +65,12 @@ def discover(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/s
     return Hierarchy(v1=v1, v2=v2, v2_controllers=controllers, v2_kill=kill)
 
 
+def wanted_controllers(limits: Limits) -> set[str]:
+    """The controllers ``limits`` needs."""
+    wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
+    return {k for k, v in wanted.items() if v is not None}
+
+
 def _kernel_at_least(major: int, minor: int) -> bool:
     parts = os.uname().release.split(".")
     try:
@@ -74,53 +80,80 @@ def _kernel_at_least(major: int, minor: int) -> bool:
 
 
 class MachineCgroups:
-    """The cgroups of one machine: created with its limits, joined by the sandbox, killed and removed at delete."""
+    """The cgroups of one machine: created, given its limits, joined by the sandbox, killed and removed at delete.
 
-    def __init__(self, hierarchy: Hierarchy, name: str, limits: Limits) -> None:
+    ``controllers`` says which groups to make (by default those ``limits`` needs); a launcher parked ahead of
+    demand (see :mod:`swarmyard.machines.launchers`) gets groups for every controller the host has, joins them
+    at once and has the machine's limits written by :meth:`apply` when a machine takes it.
+    """
+
+    def __init__(
+        self,
+        hierarchy: Hierarchy,
+        name: str,
+        limits: Limits | None = None,
+        *,
+        controllers: set[str] | None = None,
+    ) -> None:
         self.name = name
         self.dirs: list[Path] = []
         self.kill_file: Path | None = None
         self.enforced: set[str] = set()
+        #: controller -> (version, its group folder)
+        self._groups: dict[str, tuple[int, Path]] = {}
+        if controllers is None:
+            controllers = set() if limits is None else wanted_controllers(limits)
         try:
-            self._create(hierarchy, limits)
+            self._create(hierarchy, controllers & hierarchy.controllers())
+            if limits is not None:
+                self.apply(limits)
         except OSError as exc:
             self.remove()
             raise SandboxError(f"cannot create cgroups for {name}: {exc}") from exc
 
-    def _create(self, hierarchy: Hierarchy, limits: Limits) -> None:
+    def _create(self, hierarchy: Hierarchy, controllers: set[str]) -> None:
         if hierarchy.v2 is not None:
             group = self._mkdir(hierarchy.v2 / "swarmyard" / self.name)
             if hierarchy.v2_kill:
                 self.kill_file = group / "cgroup.kill"
-            wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
-            for controller in hierarchy.v2_controllers & {k for k, v in wanted.items() if v is not None}:
+            for controller in sorted(hierarchy.v2_controllers & controllers):
                 (group.parent / "cgroup.subtree_control").write_text(f"+{controller}")
-            if "memory" in hierarchy.v2_controllers and limits.memory_bytes is not None:
+                self._groups[controller] = (2, group)
+        for controller in sorted(controllers - set(self._groups)):
+            if controller in hierarchy.v1:
+                self._groups[controller] = (1, self._mkdir(hierarchy.v1[controller] / "swarmyard" / self.name))
+
+    def apply(self, limits: Limits) -> None:
+        """Write ``limits`` into the groups (before any process of the machine runs); raises :class:`SandboxError`."""
+        try:
+            self._apply(limits)
+        except OSError as exc:
+            raise SandboxError(f"cannot set the limits of {self.name}: {exc}") from exc
+
+    def _apply(self, limits: Limits) -> None:
+        if limits.memory_bytes is not None and "memory" in self._groups:
+            version, group = self._groups["memory"]
+            if version == 2:
                 (group / "memory.max").write_text(str(limits.memory_bytes))
                 with contextlib.suppress(OSError):
                     (group / "memory.swap.max").write_text("0")
-                self.enforced.add("memory")
-            if "pids" in hierarchy.v2_controllers and limits.pids is not None:
-                (group / "pids.max").write_text(str(limits.pids))
-                self.enforced.add("pids")
-            if "cpu" in hierarchy.v2_controllers and limits.cpus is not None:
-                (group / "cpu.max").write_text(f"{int(limits.cpus * _CPU_PERIOD_US)} {_CPU_PERIOD_US}")
-                self.enforced.add("cpu")
-        if "memory" in hierarchy.v1 and limits.memory_bytes is not None and "memory" not in self.enforced:
-            group = self._mkdir(hierarchy.v1["memory"] / "swarmyard" / self.name)
-            (group / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
-            # Without a memsw limit the sandbox could spill past its limit into swap.
-            with contextlib.suppress(OSError):
-                (group / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+            else:
+                (group / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                # Without a memsw limit the sandbox could spill past its limit into swap.
+                with contextlib.suppress(OSError):
+                    (group / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
             self.enforced.add("memory")
-        if "pids" in hierarchy.v1 and limits.pids is not None and "pids" not in self.enforced:
-            group = self._mkdir(hierarchy.v1["pids"] / "swarmyard" / self.name)
-            (group / "pids.max").write_text(str(limits.pids))
+        if limits.pids is not None and "pids" in self._groups:
+            (self._groups["pids"][1] / "pids.max").write_text(str(limits.pids))
             self.enforced.add("pids")
-        if "cpu" in hierarchy.v1 and limits.cpus is not None and "cpu" not in self.enforced:
-            group = self._mkdir(hierarchy.v1["cpu"] / "swarmyard" / self.name)
-            (group / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * _CPU_PERIOD_US)))
+        if limits.cpus is not None and "cpu" in self._groups:
+            version, group = self._groups["cpu"]
+            quota = int(limits.cpus * _CPU_PERIOD_US)
+            if version == 2:
+                (group / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
+            else:
+                (group / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
             self.enforced.add("cpu")
 
     def _mkdir(self, path: Path) -> Path:

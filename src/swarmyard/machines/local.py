@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Literal
 
 from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import doctor, native
+from swarmyard.machines import doctor, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover
 from swarmyard.machines.protocol import MachineSpec
-from swarmyard.machines.supervised import SOURCE_ROOT, Launch, Machine, SupervisedBackend, init_argv
+from swarmyard.machines.supervised import (
+    _SPAWNER,
+    SOURCE_ROOT,
+    Launch,
+    Machine,
+    SupervisedBackend,
+    init_argv,
+)
 
 HOME = "/machine"
 RUN_DIR = "/run/swarmyard"
@@ -32,24 +39,6 @@ NATIVE_INIT = f"{RUN_DIR}/init"
 #: Which init boots each machine: ``native`` (the C one, compiled at first use), ``python``, or ``auto`` (the C one
 #: when this host can compile it, else the Python one).
 InitKind = Literal["auto", "native", "python"]
-_ETC = (
-    "ssl",
-    "ca-certificates",
-    "alternatives",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "nsswitch.conf",
-    "mime.types",
-)
-_PASSWD = (
-    "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nagent:x:1000:1000:agent:/machine:/bin/sh\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-)
-_GROUP = "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
-
-
 def python_paths() -> list[str]:
     """Host folders the in-sandbox Python needs, bound read-only at the same paths (so absolute RUNPATHs work)."""
     wanted = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), SOURCE_ROOT}
@@ -68,8 +57,15 @@ class LocalBackend(SupervisedBackend):
     name = "local"
 
     def __init__(
-        self, root: Path | None = None, *, report: doctor.HostReport | None = None, init: InitKind = "auto"
+        self,
+        root: Path | None = None,
+        *,
+        report: doctor.HostReport | None = None,
+        init: InitKind = "auto",
+        parked: int = launchers.DEFAULT_SIZE,
     ) -> None:
+        """``parked``: how many launchers wait ahead of demand in fresh cgroups (0: every create joins its own;
+        see :mod:`swarmyard.machines.launchers`). Only the compiled init can park."""
         super().__init__(root)
         self.report = report or _cached_probe(self.root)
         if self.report.bwrap is None:
@@ -84,11 +80,11 @@ class LocalBackend(SupervisedBackend):
         elif init == "auto":
             self.native_init = native.native_init()
         self.launcher = self.native_init
-        etc = self.root / "etc"
-        etc.mkdir(exist_ok=True)
-        (etc / "passwd").write_text(_PASSWD)
-        (etc / "group").write_text(_GROUP)
-        (etc / "hostname").write_text("machine\n")
+        self._pool: launchers.LauncherPool | None = None
+        if self.native_init is not None and parked > 0:
+            self._pool = launchers.LauncherPool(self.native_init, self._hierarchy, _SPAWNER.spawn, parked)
+        self.sysroot = sysroot.prepare(self.root, self.native_init)
+        self._prefix = self._static_argv()
 
     def sandbox_prefix(self) -> str:
         """The machine's home folder as its commands see it."""
@@ -117,11 +113,24 @@ class LocalBackend(SupervisedBackend):
             )
         return tuple(missing)
 
-    def _make_cgroups(self, spec: MachineSpec) -> MachineCgroups | None:
+    def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
+        spec = machine.spec
         self.check(spec)
+        parked = self._pool.take(spec.limits) if self._pool is not None else None
+        if parked is not None:
+            machine.parked = parked
+            if parked.cgroups is not None:
+                parked.cgroups.apply(spec.limits)
+            return parked.cgroups
         if not (self._hierarchy.v1 or self._hierarchy.v2):
             return None
         return MachineCgroups(self._hierarchy, spec.id, spec.limits)
+
+    def close(self) -> None:
+        """Delete every machine and stop the parked launchers."""
+        super().close()
+        if self._pool is not None:
+            self._pool.close()
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
         have = ["namespaces"]
@@ -135,8 +144,8 @@ class LocalBackend(SupervisedBackend):
             have.append("overlayfs")
         return tuple(have)
 
-    def _launch(self, machine: Machine, ready_w: int) -> Launch:
-        spec = machine.spec
+    def _static_argv(self) -> list[str]:
+        """The part of the bwrap command that is the same for every machine of this backend, built once."""
         argv = [
             self.report.bwrap or "bwrap",
             "--unshare-all",
@@ -160,12 +169,10 @@ class LocalBackend(SupervisedBackend):
                 argv += ["--symlink", os.readlink(path), f"/{name}"]
             elif path.is_dir():
                 argv += ["--ro-bind", str(path), f"/{name}"]
-        for name in _ETC:
-            if (Path("/etc") / name).exists():
-                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        for name in ("passwd", "group", "hostname"):
-            argv += ["--ro-bind", str(self.root / "etc" / name), f"/etc/{name}"]
         argv += [
+            "--ro-bind",
+            str(self.sysroot / "etc"),
+            "/etc",
             "--proc",
             "/proc",
             "--dev",
@@ -174,13 +181,19 @@ class LocalBackend(SupervisedBackend):
             "/sys",
             "--tmpfs",
             "/tmp",
-            "--tmpfs",
+            "--ro-bind",
+            str(self.sysroot / "run"),
             "/run",
         ]
         # After the tmpfs mounts: a Python or a checkout that lives under /tmp must not be hidden by them.
         for bind in self._binds:
             argv += ["--ro-bind", bind, bind]
-        argv += [
+        return argv
+
+    def _launch(self, machine: Machine, ready_w: int) -> Launch:
+        spec = machine.spec
+        argv = [
+            *self._prefix,
             "--bind",
             str(machine.root / "ctl"),
             f"{RUN_DIR}/ctl",
@@ -200,8 +213,7 @@ class LocalBackend(SupervisedBackend):
             argv += ["--seccomp", str(fd)]
             pass_fds = (fd,)
         if self.native_init is not None:
-            argv += ["--ro-bind", str(self.native_init), NATIVE_INIT, NATIVE_INIT]
-            argv += ["--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w), "--cwd", HOME]
+            argv += [NATIVE_INIT, "--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w), "--cwd", HOME]
             if spec.control_socket is not None:
                 argv += ["--relay-target", PLANE_SOCKET, "--relay-port", str(RELAY_PORT)]
             if landlock:

@@ -779,6 +779,28 @@ static int landlock_restrict(char **writable, int nwritable, char **devices, int
 
 #include <sys/resource.h>
 
+/* Write "0" (the writing process itself) into a cgroup.procs file. */
+static int join_cgroup(const char *file) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "0", 1) != 1) {
+        fprintf(stderr, "launch: cannot join %s: %s\n", file, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+static int set_rlimit_as(const char *value) {
+    rlim_t limit = (rlim_t)strtoull(value, NULL, 10);
+    struct rlimit rl = {limit, limit};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) {
+        fprintf(stderr, "launch: setrlimit: %s\n", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* `init --launch [--join FILE]... [--rlimit-as BYTES] -- ARGV...`: on the host, before bwrap, so the whole
  * sandbox starts inside its cgroups with no window. Spawned without a Python preexec hook, which would force a
  * full fork of the host process (~3 ms) instead of vfork. */
@@ -786,20 +808,9 @@ static int launch(int argc, char **argv) {
     int i = 2;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (i + 1 < argc && strcmp(argv[i], "--join") == 0) {
-            const char *file = argv[++i];
-            int fd = open(file, O_WRONLY | O_CLOEXEC);
-            if (fd < 0 || write(fd, "0", 1) != 1) {  /* "0" is the writing process itself */
-                fprintf(stderr, "launch: cannot join %s: %s\n", file, strerror(errno));
-                return 126;
-            }
-            close(fd);
+            if (join_cgroup(argv[++i]) != 0) return 126;
         } else if (i + 1 < argc && strcmp(argv[i], "--rlimit-as") == 0) {
-            rlim_t limit = (rlim_t)strtoull(argv[++i], NULL, 10);
-            struct rlimit rl = {limit, limit};
-            if (setrlimit(RLIMIT_AS, &rl) != 0) {
-                fprintf(stderr, "launch: setrlimit: %s\n", strerror(errno));
-                return 126;
-            }
+            if (set_rlimit_as(argv[++i]) != 0) return 126;
         } else {
             fprintf(stderr, "launch: unknown option %s\n", argv[i]);
             return 2;
@@ -808,6 +819,87 @@ static int launch(int argc, char **argv) {
     if (i + 1 >= argc) return 2;
     execv(argv[i + 1], argv + i + 1);
     fprintf(stderr, "launch: %s: %s\n", argv[i + 1], strerror(errno));
+    return 127;
+}
+
+#define PARK_MAX_FDS 8
+#define PARK_MAX_ITEMS 1024
+
+/* `init --park FD --parent PID [--join FILE]...`: a launcher started ahead of demand (see launchers.py). It joins
+ * its cgroups first (a cgroup move waits for an RCU grace period, ~12 ms, unless another move happened moments
+ * before), then waits on the SOCK_SEQPACKET socket FD for one order: NUL-terminated items `fd=N` (one per
+ * passed descriptor, in SCM_RIGHTS order: the descriptor becomes number N), `rlimit-as=BYTES`, `env=K=V` and
+ * `arg=A`, after which it execs the args with that environment. End of file means: nothing to launch, exit. */
+static int park(int argc, char **argv) {
+    if (argc < 3) return 2;
+    int sock = atoi(argv[2]);
+    pid_t parent = 0;
+    /* Die with the owner while parked; the sandbox it execs sets its own (bwrap --die-with-parent). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (int i = 3; i < argc; i++) {
+        if (i + 1 < argc && strcmp(argv[i], "--parent") == 0) parent = (pid_t)atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--join") == 0) {
+            if (join_cgroup(argv[++i]) != 0) return 126;
+        } else return 2;
+    }
+    if (parent && getppid() != parent) return 1; /* the owner died before PDEATHSIG was armed */
+    static char buf[1 << 16];
+    union {
+        struct cmsghdr align;
+        char space[CMSG_SPACE(sizeof(int) * PARK_MAX_FDS)];
+    } control;
+    struct iovec iov = {buf, sizeof buf - 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
+                         .msg_controllen = sizeof control.space};
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return 0;
+    close(sock);
+    int got[PARK_MAX_FDS], ngot = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int k = 0; k < count && ngot < PARK_MAX_FDS; k++) memcpy(&got[ngot++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+    }
+    if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        fprintf(stderr, "park: order truncated\n");
+        return 2;
+    }
+    buf[n] = 0;
+    static char *args[PARK_MAX_ITEMS + 1], *envp[PARK_MAX_ITEMS + 1];
+    int targets[PARK_MAX_FDS], ntargets = 0, nargs = 0, nenv = 0, top = 2;
+    for (char *p = buf; p < buf + n; p += strlen(p) + 1) {
+        if (strncmp(p, "fd=", 3) == 0 && ntargets < PARK_MAX_FDS) {
+            targets[ntargets] = atoi(p + 3);
+            if (targets[ntargets] > top) top = targets[ntargets];
+            ntargets++;
+        } else if (strncmp(p, "rlimit-as=", 10) == 0) {
+            if (set_rlimit_as(p + 10) != 0) return 126;
+        } else if (strncmp(p, "env=", 4) == 0 && nenv < PARK_MAX_ITEMS) envp[nenv++] = p + 4;
+        else if (strncmp(p, "arg=", 4) == 0 && nargs < PARK_MAX_ITEMS) args[nargs++] = p + 4;
+    }
+    args[nargs] = NULL;
+    envp[nenv] = NULL;
+    if (nargs == 0 || ntargets != ngot) {
+        fprintf(stderr, "park: bad order (%d args, %d fds for %d numbers)\n", nargs, ngot, ntargets);
+        return 2;
+    }
+    /* Move every received descriptor above all targets first, so no dup2 below lands on one still needed. */
+    for (int k = 0; k < ngot; k++)
+        if (got[k] > top) top = got[k];
+    for (int k = 0; k < ngot; k++) {
+        int high = fcntl(got[k], F_DUPFD_CLOEXEC, top + 1);
+        if (high < 0) return 126;
+        close(got[k]);
+        got[k] = high;
+    }
+    for (int k = 0; k < ngot; k++) {
+        if (dup2(got[k], targets[k]) < 0) return 126; /* dup2 leaves the target without close-on-exec */
+        close(got[k]);
+    }
+    execve(args[0], args, envp);
+    fprintf(stderr, "launch: %s: %s\n", args[0], strerror(errno));
     return 127;
 }
 
@@ -820,6 +912,7 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--launch") == 0) return launch(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--park") == 0) return park(argc, argv);
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
     char *writable[16], *devices[16];

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import queue
+import resource
 import select
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from swarmyard.ids import new_id
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
 from swarmyard.machines.disks import Disk, clone_tree, unmount
+from swarmyard.machines.launchers import ParkedLauncher
 from swarmyard.machines.protocol import (
     TRANSITIONS,
     Baseline,
@@ -89,6 +91,8 @@ class Machine:
     proc: subprocess.Popen[bytes] | None = None
     ready_fd: int | None = None
     cgroups: MachineCgroups | None = None
+    #: A launcher started ahead of demand, already in ``cgroups``, until it is sent the sandbox command.
+    parked: ParkedLauncher | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def move(self, state: MachineState, **changes: Any) -> None:
@@ -199,7 +203,7 @@ class SupervisedBackend:
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         raise NotImplementedError
 
-    def _make_cgroups(self, spec: MachineSpec) -> MachineCgroups | None:
+    def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
         return None
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
@@ -214,8 +218,6 @@ class SupervisedBackend:
         raise NotImplementedError
 
     def _launcher_argv(self, launch: Launch) -> list[str]:
-        import resource
-
         argv = [str(self.launcher), "--launch"]
         for procs in launch.cgroup_procs:
             argv += ["--join", procs]
@@ -301,32 +303,14 @@ class SupervisedBackend:
         try:
             disk.mount()
             (disk.merged / ".tmp").mkdir(exist_ok=True)
-            machine.cgroups = self._make_cgroups(spec)
+            machine.cgroups = self._make_cgroups(machine)
             ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
             machine.ready_fd = ready_r
             launch: Launch | None = None
             try:
                 launch = self._launch(machine, ready_w)
-                preexec = None
-                if launch.cgroup_procs or launch.rlimits:
-                    if self.launcher is not None:
-                        launch.argv = self._launcher_argv(launch)
-                    else:
-                        preexec = _join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
-                spec_launch = launch
                 with open(root / "init.log", "wb") as log:
-                    machine.proc = _SPAWNER.spawn(
-                        lambda: subprocess.Popen(
-                            spec_launch.argv,
-                            env=spec_launch.env,
-                            pass_fds=(ready_w, *spec_launch.pass_fds),
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL,
-                            stderr=log,
-                            preexec_fn=preexec,
-                            close_fds=True,
-                        )
-                    )
+                    machine.proc = self._spawn(machine, launch, ready_w, log.fileno())
             finally:
                 os.close(ready_w)
                 for fd in launch.close_after if launch is not None else ():
@@ -335,6 +319,39 @@ class SupervisedBackend:
             self._teardown(machine)
             raise
         return machine.info
+
+    def _spawn(self, machine: Machine, launch: Launch, ready_w: int, log_fd: int) -> subprocess.Popen[bytes]:
+        """Start the sandbox: through the machine's parked launcher when it has one, else a new process."""
+        if machine.parked is not None:
+            parked, machine.parked = machine.parked, None
+            fds = {log_fd: 2, ready_w: ready_w, **{fd: fd for fd in launch.pass_fds}}
+            rlimit_as = launch.rlimits.get(resource.RLIMIT_AS)
+            if set(launch.rlimits) - {resource.RLIMIT_AS}:
+                raise SandboxError(f"the launcher sets only RLIMIT_AS, not {sorted(launch.rlimits)}")
+            try:
+                return parked.launch(launch.argv, launch.env, fds, rlimit_as)
+            except SandboxError:
+                # It died while parked (killed from outside): its groups stay the machine's; start a new one.
+                parked.proc.wait()
+                log.warning("machine %s: its parked launcher was gone; starting one", machine.info.id)
+        preexec = None
+        if launch.cgroup_procs or launch.rlimits:
+            if self.launcher is not None:
+                launch.argv = self._launcher_argv(launch)
+            else:
+                preexec = _join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
+        return _SPAWNER.spawn(
+            lambda: subprocess.Popen(
+                launch.argv,
+                env=launch.env,
+                pass_fds=(ready_w, *launch.pass_fds),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log_fd,
+                preexec_fn=preexec,
+                close_fds=True,
+            )
+        )
 
     def wait_until_ready(self, machine_id: str, timeout_s: float) -> MachineInfo:
         """Block until the init has reported ready (or failed)."""
@@ -457,6 +474,13 @@ class SupervisedBackend:
         return machine
 
     def _teardown(self, machine: Machine) -> None:
+        if machine.parked is not None:
+            # Boot failed before the launcher was used: it still waits in the machine's groups.
+            machine.parked.sock.close()
+            with contextlib.suppress(ProcessLookupError):
+                machine.parked.proc.kill()
+            machine.parked.proc.wait()
+            machine.parked = None
         if machine.cgroups is not None:
             machine.cgroups.kill()
         if machine.proc is not None:

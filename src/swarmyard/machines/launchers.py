@@ -1,0 +1,220 @@
+"""Parked launchers: the compiled init started ahead of demand, already inside a fresh set of cgroups.
+
+Moving a process into a cgroup (v1 or v2) takes the kernel's ``cgroup_threadgroup_rwsem`` for writing, and that
+waits for an RCU grace period (about 12 ms on a HZ=250 kernel) unless another move happened moments before. Paid
+in ``create``, that one wait was half of a machine's boot. A parked launcher pays it in the background: it is
+started with its own new cgroups (named after no machine yet), joins them, and blocks on a socket. ``create``
+takes one, writes the machine's limits into its groups, and sends it the sandbox command with its descriptors;
+the launcher execs bwrap at once, inside the limits, with no window.
+
+Nothing of a machine exists before ``create``: no sandbox, no namespace, no disk, no environment. A launcher
+holds only empty cgroups and is used once; limits, env and baseline are the machine's own. When none is parked
+(a burst drained them, or the pool is off) ``create`` starts a launcher itself and pays the wait, as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmyard.errors import SandboxError
+from swarmyard.ids import new_id
+from swarmyard.machines.cgroups import Hierarchy, MachineCgroups, wanted_controllers
+from swarmyard.machines.protocol import Limits
+
+_log = logging.getLogger(__name__)
+_ENV = {"PATH": "/usr/bin:/bin"}
+#: How many launchers wait parked per backend. Refills come in batches (see :class:`LauncherPool`): a batch's
+#: first cgroup move waits for the grace period and stalls every fork on the host meanwhile; the rest of the
+#: batch follows within that same period nearly free.
+DEFAULT_SIZE = 8
+Spawn = Callable[[Callable[[], "subprocess.Popen[bytes]"]], "subprocess.Popen[bytes]"]
+
+
+@dataclass(slots=True)
+class ParkedLauncher:
+    """One launcher waiting for its order; used once."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    cgroups: MachineCgroups | None
+
+    def launch(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        fds: Mapping[int, int],
+        rlimit_as: int | None,
+    ) -> subprocess.Popen[bytes]:
+        """Have the launcher exec ``argv``; ``fds`` maps each host descriptor to its number in the child.
+
+        Raises :class:`SandboxError` when the launcher is gone (the caller then starts one itself).
+        """
+        items = [f"fd={target}" for target in fds.values()]
+        if rlimit_as is not None:
+            items.append(f"rlimit-as={int(rlimit_as)}")
+        items += [f"env={k}={v}" for k, v in env.items()]
+        items += [f"arg={a}" for a in argv]
+        payload = b"".join(os.fsencode(item) + b"\0" for item in items)
+        try:
+            socket.send_fds(self.sock, [payload], list(fds))
+        except OSError as exc:
+            raise SandboxError(f"a parked launcher is gone: {exc}", retryable=True) from exc
+        finally:
+            self.sock.close()
+        return self.proc
+
+    def discard(self) -> None:
+        """Stop an unused launcher (closing its socket tells it to exit) and remove its cgroups."""
+        self.sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        if self.cgroups is not None:
+            with contextlib.suppress(SandboxError):
+                self.cgroups.kill()
+            self.cgroups.remove()
+
+
+#: The groups a parked launcher joins: those of the default limits. A machine that asks for a controller beyond
+#: them (a CPU quota) starts its own launcher; one that asks for fewer sits in groups without a limit.
+PARKED_CONTROLLERS = frozenset(wanted_controllers(Limits()))
+
+
+def start(init: Path, hierarchy: Hierarchy, spawn: Spawn) -> ParkedLauncher:
+    """Start one launcher in new cgroups (the :data:`PARKED_CONTROLLERS` this host has)."""
+    cgroups = None
+    if hierarchy.v1 or hierarchy.v2:
+        cgroups = MachineCgroups(hierarchy, new_id("slot"), controllers=set(PARKED_CONTROLLERS))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = [str(init), "--park", str(theirs.fileno()), "--parent", str(os.getpid())]
+    for procs in cgroups.procs_files if cgroups is not None else []:
+        argv += ["--join", procs]
+    try:
+        proc = spawn(
+            lambda: subprocess.Popen(
+                argv,
+                env=_ENV,
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        )
+    except BaseException:
+        ours.close()
+        if cgroups is not None:
+            cgroups.remove()
+        raise
+    finally:
+        theirs.close()
+    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups)
+
+
+class LauncherPool:
+    """Keeps up to ``size`` launchers parked; a background thread refills it in one batch once it runs low.
+
+    Moving a process into a cgroup holds back every fork and exit on the host until the grace period ends
+    (the kernel's ``cgroup_threadgroup_rwsem``), so a refill of one launcher per take would stall the very
+    next boot each time. Refilling ``size`` at once when at most ``low`` are left pays that stall once per batch.
+    """
+
+    def __init__(
+        self, init: Path, hierarchy: Hierarchy, spawn: Spawn, size: int = DEFAULT_SIZE, low: int | None = None
+    ) -> None:
+        self._init = init
+        self._hierarchy = hierarchy
+        self._spawn = spawn
+        self.size = size
+        self.low = size // 4 if low is None else low
+        self._parked: list[ParkedLauncher] = []
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        _track(self)
+
+    def take(self, limits: Limits) -> ParkedLauncher | None:
+        """A parked launcher whose groups can hold ``limits``, or ``None`` (none parked yet: the pool refills in
+        the background; or ``limits`` needs a controller parked launchers have no group for)."""
+        if not wanted_controllers(limits) <= PARKED_CONTROLLERS:
+            return None
+        with self._lock:
+            if self._closed or self.size < 1:
+                return None
+            launcher = self._parked.pop() if self._parked else None
+            if self._thread is None:
+                # Started by the first take: a backend that never creates a machine parks nothing.
+                self._thread = threading.Thread(target=self._refill, name="machines-launchers", daemon=True)
+                self._thread.start()
+            if len(self._parked) <= self.low:
+                self._wanted.set()
+        return launcher
+
+    def fill(self) -> None:
+        """Park ``size`` launchers now, in the calling thread (the first take would start that anyway)."""
+        self._fill()
+
+    def _refill(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if not self._fill():
+                return
+
+    def _fill(self) -> bool:
+        """Park launchers up to ``size``; ``False`` once the pool is closed."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return False
+                if len(self._parked) >= self.size:
+                    return True
+            try:
+                launcher = start(self._init, self._hierarchy, self._spawn)
+            except (OSError, SandboxError) as exc:
+                _log.warning("cannot park a machine launcher (creates start their own): %s", exc)
+                return True
+            with self._lock:
+                if not self._closed:
+                    self._parked.append(launcher)
+                    continue
+            launcher.discard()
+            return False
+
+    def close(self) -> None:
+        """Stop every parked launcher and remove its cgroups."""
+        with self._lock:
+            self._closed = True
+            parked, self._parked = self._parked, []
+        self._wanted.set()
+        for launcher in parked:
+            launcher.discard()
+
+
+_POOLS: weakref.WeakSet[LauncherPool] = weakref.WeakSet()
+
+
+def _track(pool: LauncherPool) -> None:
+    # Parked launchers die with this process (PDEATHSIG), but their cgroup folders would stay behind; the exit
+    # hook is installed with the first pool, not at import.
+    if not _POOLS:
+        atexit.unregister(_close_all)
+        atexit.register(_close_all)
+    _POOLS.add(pool)
+
+
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close()
