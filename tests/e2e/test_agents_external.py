@@ -1,10 +1,10 @@
 """External agent CLIs in real sandboxes: their first model request reaches the broker with the worker's token.
 
-Codex, Claude Code, opencode and pi install from the npm registry (``scripts/test`` installs them); aider is not
-here: ``aider-chat`` pins exact versions of libraries this project also uses (openai, pydantic, ...), so it needs
-its own environment made visible inside the machine, which the launcher does not do yet. Each runs through the
-runner's own launcher in a ``local`` machine, pointed at the broker through the in-sandbox relay, with the
-worker's capability token as its only key. The scripted provider records what reached it; the ledger names
+Codex, Claude Code, opencode and pi install from the npm registry; aider from PyPI into an environment of its own
+(``aider-chat`` pins exact versions of libraries this project also uses), which machines see through a baseline.
+``scripts/test`` installs all five; this test finds aider's environment the way the runner does. Each runs
+through the runner's own launcher in a ``local`` machine, pointed at the broker through the in-sandbox relay,
+with the worker's capability token as its only key. The scripted provider records what reached it; the ledger names
 the worker whose token paid. A provider key planted in the host's environment must appear nowhere the agent
 could see it.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmyard.agents.adapters import get_adapter, venvs
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.config import load_config
 from swarmyard.store import open_store
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 PLANTED = "sk-host-key-that-must-never-reach-a-sandbox-0123456789"
 MODEL = "scripted-agent-model"
+FINDING = "Hello, team: the greeting is done."
 
 
 @pytest.fixture
@@ -70,19 +72,29 @@ sandbox = "local"
     return path
 
 
-@pytest.mark.parametrize(("agent", "binary"), [("codex", "codex"), ("claude", "claude"), ("opencode", "opencode"),
-                                               ("pi", "pi")])
+def _assert_installed(agent: str) -> None:
+    spec = get_adapter(agent).venv
+    if spec is not None:
+        venvs.require(spec)  # the runner's own check: the ConfigError names the command that installs it
+    else:
+        assert shutil.which(agent), f"{agent} is not installed: scripts/test installs it from the npm registry"
+
+
+@pytest.mark.parametrize("agent", ["codex", "claude", "opencode", "pi", "aider"])
 def test_first_request_reaches_the_broker_with_the_worker_token(
-    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, agent: str, binary: str
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, agent: str
 ) -> None:
-    assert shutil.which(binary), f"{binary} is not installed: scripts/test installs it from the npm registry"
+    _assert_installed(agent)
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     monkeypatch.setenv("ANTHROPIC_API_KEY", PLANTED)
     config = load_config(_swarm_file(short_tmp, agent))
     run_dir = short_tmp / "runs" / "r1"
     run_dir.mkdir(parents=True)
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
-    provider = ScriptedProvider({MODEL: [Say("Hello, team.")] * 20}, name="script")
+    # aider speaks no MCP: its answer is an edit of finding.md (aider's whole-file format for an unknown model),
+    # which the launcher submits as the worker's finding
+    answer = f"finding.md\n```\n{FINDING}\n```\n" if agent == "aider" else "Hello, team."
+    provider = ScriptedProvider({MODEL: [Say(answer)] * 20}, name="script")
     launcher = MachineLauncher(config, store, run_dir, {"script": provider})
 
     async def one_worker() -> None:
@@ -108,6 +120,9 @@ def test_first_request_reaches_the_broker_with_the_worker_token(
         # The planted key is nowhere the agent could have read it: not in what reached the provider, not in
         # the files the launcher wrote into the machine (its disk lives under the run's machines folder).
         assert all(PLANTED not in repr(r) for r in provider.requests)
+        if agent == "aider":
+            (finding,) = [f for g in store.list_goals() for f in store.read_findings(g.id)]
+            assert finding.body == FINDING and finding.author in workers
     finally:
         store.close()
     for path in Path(run_dir).rglob("*"):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from swarmyard.agents.adapters import ADAPTERS, AdapterContext, get_adapter
+from swarmyard.agents.adapters import ADAPTERS, AdapterContext, get_adapter, venvs
 from swarmyard.errors import ConfigError
 
 CTX = AdapterContext(
@@ -24,8 +25,12 @@ CTX = AdapterContext(
 def test_every_adapter_uses_only_the_worker_token(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-host-secret")
-    launch = get_adapter(name).launch(CTX)
-    assert launch.argv[0] == name
+    adapter = get_adapter(name)
+    launch = adapter.launch(CTX)
+    if adapter.venv is None:
+        assert launch.argv[0] == name  # on the machine's PATH
+    else:  # its own environment, in the machine's home through the baseline
+        assert launch.argv[:3] == (f"/home/worker/.{name}-venv/bin/python", "-m", adapter.venv.module)
     blob = json.dumps([launch.argv, launch.env, launch.files])
     assert "host-secret" not in blob
     assert "sy1.worker-token" in blob
@@ -90,13 +95,33 @@ def test_opencode_config() -> None:
 
 
 def test_aider_command_line() -> None:
-    launch = get_adapter("aider").launch(CTX)
+    adapter = get_adapter("aider")
+    launch = adapter.launch(CTX)
     argv = list(launch.argv)
+    assert argv[:3] == ["/home/worker/.aider-venv/bin/python", "-m", "aider"]
     assert argv[argv.index("--model") + 1] == "openai/qwen-0.5b"
-    assert argv[argv.index("--message") + 1] == "Find the risks."
-    assert {"--yes-always", "--no-git", "--no-analytics", "--no-check-update"} <= set(argv)
+    assert "Find the risks." in argv[argv.index("--message") + 1]
+    assert {"--yes-always", "--no-git", "--no-analytics", "--no-check-update", "--no-stream"} <= set(argv)
+    assert argv[argv.index("--map-tokens") + 1] == "0"  # no repo map: --no-git and nothing to map
+    # no MCP: it edits finding.md (made empty first), which the launcher submits as its finding
+    assert adapter.finding_file == "finding.md"
+    assert argv[argv.index("--file") + 1] == "/home/worker/finding.md"
+    assert launch.files == {"/home/worker/finding.md": ""}
     assert launch.env["OPENAI_API_BASE"] == "http://127.0.0.1:8765/v1"
     assert launch.env["OPENAI_API_KEY"] == "sy1.worker-token"
+    assert launch.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"  # no price-table download at import
+
+
+def test_aider_environment_is_pinned_and_named_by_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = get_adapter("aider").venv
+    assert spec is not None and spec.requirement.startswith("aider-chat==") and spec.version
+    assert spec.baseline == f"agent-aider-{spec.version}"  # a new pin is a new baseline
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert venvs.source_dir(spec) == tmp_path / "swarmyard" / "agents" / spec.baseline
+    assert not venvs.installed(spec)
+    with pytest.raises(ConfigError, match=r"swarmyard\.agents\.adapters\.venvs aider"):
+        venvs.require(spec)
+    assert all(get_adapter(name).venv is None for name in ("claude", "codex", "opencode", "pi"))
 
 
 def test_pi_models_json() -> None:

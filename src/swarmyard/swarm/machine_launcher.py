@@ -21,7 +21,7 @@ from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
 from swarmyard.config import AgentKind, PolicyKind, SwarmConfig
 from swarmyard.domain import Goal
-from swarmyard.errors import ConfigError, SandboxError
+from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.local import HOME as MACHINE_HOME
 from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
@@ -66,6 +66,7 @@ class MachineLauncher:
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
         self._running: dict[str, str] = {}
+        self._baseline: str | None = config.workers.baseline
 
     async def start(self, goal: Goal) -> None:
         """Serve the plane on the run's socket and open the machines backend."""
@@ -97,12 +98,36 @@ class MachineLauncher:
                 raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
             await asyncio.sleep(0.02)
         self._machines = await asyncio.to_thread(Machines, self.config.run.sandbox.value)
+        self._baseline = await asyncio.to_thread(self._agent_baseline)
+
+    def _agent_baseline(self) -> str | None:
+        """The baseline every machine starts from: the swarm file's, or a PyPI agent's own environment."""
+        from swarmyard.agents.adapters import venvs
+        from swarmyard.errors import UserError
+
+        kinds = {self.config.workers.agent, self.config.lead.agent} - {AgentKind.BUILTIN}
+        specs = {spec for kind in kinds if (spec := get_adapter(kind.value).venv) is not None}
+        if not specs:
+            return self.config.workers.baseline
+        if self.config.workers.baseline is not None or len(specs) > 1:
+            # a machine has one baseline; two lower layers (a repo and an agent) would need the Machines API
+            raise ConfigError(f"{', '.join(sorted(s.agent for s in specs))} run from an environment of their "
+                              "own, which a machine sees through its baseline: no other baseline can be given "
+                              "with it yet", field="workers.baseline")
+        (spec,) = specs
+        source = venvs.require(spec)
+        try:
+            self._machines.prepare_baseline(spec.baseline, source)
+            log.info("froze %s's environment as machine baseline %s", spec.agent, spec.baseline)
+        except UserError:
+            pass  # made by an earlier run on this host (a new pin is a new name)
+        return spec.baseline
 
     def _machine(self, slot: WorkerSlot) -> str:
         if slot.name not in self._made:
             info = self._machines.create(
                 f"{slot.name}-{new_id('m')[-8:]}",
-                self.config.workers.baseline,
+                self._baseline,
                 slot.group,
                 control_socket=self.socket,
             )
@@ -128,6 +153,7 @@ class MachineLauncher:
         steps = self.config.lead.max_steps if lead else self.config.workers.max_steps
         if slot.role is Role.PLANNER:
             agent = AgentKind.BUILTIN  # the planning call is always the built-in one: an external CLI cannot
+        submit: tuple[str, str, int, str] | None = None  # (file, task, fencing token, title) for an agent w/o MCP
         if agent is AgentKind.BUILTIN:
             argv: list[str] = [sys.executable, "-m", "swarmyard.agent"]
             env = {
@@ -162,7 +188,13 @@ class MachineLauncher:
                 return WorkerSpan(who.worker_id, None, started, time.time(), "no_task", 0, slot.name)
             prompt = (f"{self._goal.objective}\n\nYour task (already claimed for you): {claim.task.title}\n"
                       f"{claim.task.prompt}")
-            launch = get_adapter(agent.value).launch(
+            adapter = get_adapter(agent.value)
+            if adapter.finding_file is not None:
+                # it cannot read the board itself: the latest posts of its group come with the prompt
+                posts = self.store.read_board(self._goal.id, group=slot.group, limit=1000)[-20:]
+                if posts:
+                    prompt += "\n\nThe board so far:\n" + "\n".join(f"- [{p.kind}] {p.body[:500]}" for p in posts)
+            launch = adapter.launch(
                 # The machine's writable disk is its home; the MCP server is this same swarmyard, by interpreter
                 # path (the console script's folder is not on the machine's PATH).
                 AdapterContext(relay, token, model, prompt, home=self._homes[slot.name],
@@ -170,10 +202,19 @@ class MachineLauncher:
                                mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"),
                                task_id=claim.task.id, fencing_token=claim.token)
             )
+            if adapter.finding_file is not None:
+                submit = (adapter.finding_file, claim.task.id, claim.token, claim.task.title)
             for path, text in launch.files.items():
                 self._machines.files.upload(machine_id, path, text.encode(), mode=0o600)
             argv, env = list(launch.argv), dict(launch.env)
         result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
+        if submit is not None and not result.timed_out:
+            path, claimed, fencing_token, title = submit
+            ending = self._submit_for(machine_id, path, token, claimed, fencing_token, title)
+            if ending != "done":
+                log.warning("%s: agent exit %s: %s | %s", slot.name, result.exit_code, result.stderr[-500:],
+                            result.stdout[-1500:])
+            return WorkerSpan(who.worker_id, claimed, started, time.time(), ending, 1, slot.name)
         ending, task_id, steps_done = "timeout" if result.timed_out else "error", None, 0
         if not result.timed_out and result.stdout:
             try:
@@ -186,6 +227,30 @@ class MachineLauncher:
             log.warning("%s: agent %s (exit %s): %s | %s", slot.name, ending, result.exit_code,
                         result.stderr[-500:], result.stdout[-1500:])
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
+
+    def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,
+                    title: str) -> str:
+        """Submit the file an agent without MCP wrote as its finding, through the plane with its own token."""
+        import httpx
+
+        try:
+            body = self._machines.files.download(machine_id, path).decode("utf-8", "replace").strip()
+        except (OSError, SwarmyardError) as exc:
+            log.warning("the agent left no %s: %s", path, exc)
+            return "no_finding"
+        if not body:
+            log.warning("the agent wrote nothing into %s", path)
+            return "no_finding"
+        payload = {"task_id": task_id, "fencing_token": fencing_token, "title": title[:500], "body": body,
+                   "citations": []}
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://plane",
+                          headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+            answer = http.post("/v1/tools/submit_finding", json=payload)
+        if answer.status_code >= 400:
+            log.warning("submitting the agent's finding was refused (%s): %s", answer.status_code,
+                        answer.text[:300])
+            return "error"
+        return "done"
 
     def worker_of(self, slot: str) -> str | None:
         """The worker id of the agent running in ``slot`` now."""

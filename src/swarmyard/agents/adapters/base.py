@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # not at run time: ``python -m ...adapters.venvs`` must not find itself imported already
+    from swarmyard.agents.adapters.venvs import AgentVenv
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,11 @@ class Adapter(Protocol):
     name: str
     #: the package that installs the CLI, for error messages: ``npm:@openai/codex`` or ``pypi:aider-chat``
     package: str
+    #: a PyPI agent's own environment (machines see it through a baseline); ``None`` for one on the PATH
+    venv: AgentVenv | None
+    #: for an agent that speaks no MCP: the file (relative to its home) it writes its result into, which the
+    #: launcher submits as its finding through the control plane; ``None`` when the agent submits it itself
+    finding_file: str | None
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """The files, command line and environment that run this agent headless."""

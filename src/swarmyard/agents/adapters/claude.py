@@ -12,6 +12,8 @@ class ClaudeAdapter:
 
     name = "claude"
     package = "npm:@anthropic-ai/claude-code"
+    venv = None
+    finding_file = None  # it submits its finding itself, over MCP
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless Claude Code run."""

@@ -17,6 +17,8 @@ class CodexAdapter:
 
     name = "codex"
     package = "npm:@openai/codex"
+    venv = None
+    finding_file = None  # it submits its finding itself, over MCP
 
     def config_toml(self, ctx: AdapterContext) -> str:
         """The config.toml: a custom provider on the relay (the built-in ``openai`` cannot be re-pointed)."""

@@ -12,6 +12,8 @@ class OpencodeAdapter:
 
     name = "opencode"
     package = "npm:opencode-ai"
+    venv = None
+    finding_file = None  # it submits its finding itself, over MCP
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless opencode run."""

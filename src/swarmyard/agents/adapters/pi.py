@@ -12,6 +12,8 @@ class PiAdapter:
 
     name = "pi"
     package = "npm:@mariozechner/pi-coding-agent"
+    venv = None
+    finding_file = None  # it submits its finding itself, over MCP
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless pi run."""
