@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.http import Timeouts
@@ -125,6 +126,7 @@ class Rig:
     goal_id: str
     task_id: str
     db: Path
+    broker: Broker
 
 
 @pytest.fixture
@@ -143,11 +145,12 @@ def rig(tmp_path: Path, upstream: Upstream) -> Iterator[Rig]:
                               output_per_mtok=1_000_000) for name in ("ok", "drop", "slow", "500", "429"))
     app = create_broker_app(store, tokens, {"up": provider}, BrokerSettings(routes=routes), clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, token, goal.id, task.id, db)
+        yield Rig(url, store, token, goal.id, task.id, db, app.state.broker)
     store.close()
 
 
 def _states(rig: Rig) -> Counter[str]:
+    assert rig.broker.wait_settled(10)  # settlement is written after the answer went out
     return Counter(r.state.value for r in rig.store.list_reservations(rig.goal_id))
 
 
@@ -212,6 +215,7 @@ def test_fifty_concurrent_calls_never_pass_the_ceiling_and_reconcile_is_exact(
             return await asyncio.gather(*(one(client, n) for n in range(50)))
 
     results = asyncio.run(main())
+    assert rig.broker.wait_settled(10)
     goal = rig.store.get_goal(rig.goal_id)
     reservations = rig.store.list_reservations(rig.goal_id)
     settled = sum(r.actual or 0 for r in reservations if r.state is ReservationState.SETTLED)

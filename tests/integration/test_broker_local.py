@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.app import Broker
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.local import SMOLLM2_SHA256, LocalProvider, ModelFile, smollm2
 from swarmyard.broker.settings import Tokenizer
@@ -30,6 +31,7 @@ class Rig:
     store: SqlStore
     token: str
     goal_id: str
+    broker: Broker
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     provider = LocalProvider(smollm2(), n_ctx=2048, n_parallel=2)
     settings = BrokerSettings(routes=(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER,
                                                  input_per_mtok=100, output_per_mtok=100, max_output_tokens=256),))
-    with serve_in_thread(create_broker_app(store, tokens, {"local": provider}, settings, clock)) as url:
-        yield Rig(url, store, token, goal.id)
+    app = create_broker_app(store, tokens, {"local": provider}, settings, clock)
+    with serve_in_thread(app) as url:
+        yield Rig(url, store, token, goal.id, app.state.broker)
     store.close()
 
 
@@ -91,6 +94,7 @@ def test_tool_calls_come_back_as_proper_blocks(rig: Rig) -> None:
         tools=[{"name": "get_weather", "input_schema": tool}],
         messages=[{"role": "user", "content": "Weather in Oslo?"}])
     assert [b.type for b in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
+    assert rig.broker.wait_settled(10)  # settlement is written after the answer went out
     assert all(r.state is ReservationState.SETTLED for r in rig.store.list_reservations(rig.goal_id))
 
 

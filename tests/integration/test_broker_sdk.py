@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.app import Broker
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.broker.settings import Tokenizer
@@ -31,6 +32,7 @@ class Rig:
     token: str
     goal_id: str
     task_id: str
+    broker: Broker
 
 
 @pytest.fixture
@@ -50,7 +52,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     ))
     app = create_broker_app(store, tokens, {"scripted": script}, settings, clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, script, token, goal.id, task.id)
+        yield Rig(url, store, script, token, goal.id, task.id, app.state.broker)
     store.close()
 
 
@@ -63,6 +65,7 @@ def _an(rig: Rig) -> anthropic.Anthropic:
 
 
 def _settled(rig: Rig) -> list[int]:
+    assert rig.broker.wait_settled(10)  # settlement is written after the answer went out
     return [r.actual or 0 for r in rig.store.list_reservations(rig.goal_id, state=ReservationState.SETTLED)]
 
 
@@ -95,6 +98,7 @@ def test_stream_without_usage_is_settled_by_counting(rig: Rig) -> None:
     rig.script.add("gpt-test", Say("one two three four five six", report_usage=False))
     list(_oa(rig).chat.completions.create(model="gpt-test", stream=True, max_tokens=50,
                                           messages=[{"role": "user", "content": "go"}]))
+    assert rig.broker.wait_settled(10)
     [reservation] = rig.store.list_reservations(rig.goal_id)
     assert reservation.state is ReservationState.SETTLED
     assert reservation.actual is not None and 0 < reservation.actual <= reservation.amount

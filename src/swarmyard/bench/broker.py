@@ -1,25 +1,34 @@
 """``swarmyard bench broker``: latency the broker adds over a fast loopback upstream called directly.
 
-The same upstream (a bare asyncio HTTP server answering fixed chat completions) is timed directly and
-through the broker in one run, non-streaming and streaming; then many streams run through the broker at once.
-Everything shares one process (and its GIL) on 2 cores, so the figures are an upper bound of the overhead.
+Three processes, as a deployment has them: a fast upstream (a bare asyncio HTTP server answering fixed chat
+completions, listening on loopback TCP for the broker and on a Unix socket for the direct baseline), the
+broker served exactly as users run it (``swarmyard serve --providers FILE`` in a child process, on a fresh
+SQLite store, reached over its Unix socket like a worker's agent reaches it), and this process as the
+client. One client (httpx over swarmyard's lean Unix-socket transport) times the upstream directly and
+through the broker, alternating call by call so that noise from other work on the machine falls on both
+alike; overhead = via - direct at each percentile. Then many streams run through the broker at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.plane.transport import UnixSocketTransport
 
+_BASE = "http://bench"
 _USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
 _JSON = json.dumps(
     {
@@ -49,7 +58,10 @@ _SSE = (
 )
 
 
-async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+# -- the upstream (its own process) ---------------------------------------------------------------------------
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -58,20 +70,10 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             body = await reader.readexactly(length)
-            if b'"stream":true' in body.replace(b" ", b""):
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
-                    + str(len(_SSE)).encode()
-                    + b"\r\n\r\n"
-                    + _SSE
-                )
-            else:
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                    + str(len(_JSON)).encode()
-                    + b"\r\n\r\n"
-                    + _JSON
-                )
+            stream = b'"stream":true' in body.replace(b" ", b"")
+            kind, payload = (b"text/event-stream", _SSE) if stream else (b"application/json", _JSON)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + kind + b"\r\ncontent-length: "
+                         + str(len(payload)).encode() + b"\r\n\r\n" + payload)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -79,30 +81,77 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
-@contextmanager
-def _upstream() -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(_serve, "127.0.0.1", 0, backlog=4096))
-    port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, name="bench-upstream", daemon=True)
-    thread.start()
+async def _upstream_main(socket_path: str) -> None:
+    """Serve on loopback TCP (port printed on stdout) and on ``socket_path`` until stdin closes."""
+    tcp = await asyncio.start_server(_answer, "127.0.0.1", 0, backlog=4096)
+    unix = await asyncio.start_unix_server(_answer, socket_path, backlog=4096)
+    print(tcp.sockets[0].getsockname()[1], flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    tcp.close()
+    unix.close()
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+def _child_env() -> dict[str, str]:
+    # Only what a Python child needs; never the whole environment (it may hold provider keys).
+    return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
+
+
+def _run_loop(coro: Awaitable[Any]) -> Any:
     try:
-        yield f"http://127.0.0.1:{port}"
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _setup(folder: Path) -> str:
+    """A goal, a task, a price and a worker token holding a claim, in the store the broker will open."""
+    from swarmyard.domain import GoalSpec, Price, TaskSpec
+    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
+    from swarmyard.store import open_store
+
+    store = open_store(f"sqlite:///{folder / 'store.db'}")
+    try:
+        goal = store.create_goal(GoalSpec("bench", budget_micro_usd=10**12, call_cap=0))
+        store.create_task(goal.id, TaskSpec("bench", budget_micro_usd=10**12))
+        store.set_price(Price("fast", 1, 1))
+        tokens = TokenAuthority(load_or_create_secret(folder / "token-secret"), store)
+        token, identity = tokens.issue(goal.id, "main", ttl_s=86400)
+        store.claim(goal.id, identity.worker_id, 86400)
+        return token
     finally:
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+        store.close()
 
 
-def _times(call: Callable[[], None], n: int) -> list[float]:
-    for _ in range(min(20, n)):
-        call()  # warm connections and caches
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        out.append((time.perf_counter() - start) * 1000)
-    return out
+async def _ready(socket_path: Path, path: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.stderr.read().decode() if proc.stderr else ''}")
+        if socket_path.exists():
+            try:
+                async with httpx.AsyncClient(transport=UnixSocketTransport(str(socket_path)), base_url=_BASE) as c:
+                    await c.get(path)
+                return
+            except httpx.TransportError:
+                pass
+        await asyncio.sleep(0.05)  # polling a child's start: there is no event to wait on
+    raise RuntimeError("server did not start")
+
+
+# -- measuring ------------------------------------------------------------------------------------------------
 
 
 def _p(values: list[float], q: float) -> float:
@@ -110,64 +159,119 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def _paired(direct: Callable[[], Awaitable[None]], via: Callable[[], Awaitable[None]],
+                  n: int) -> tuple[list[float], list[float]]:
+    """Time ``n`` calls of each, alternating which goes first, after a warm-up of both."""
+    for _ in range(min(50, n)):
+        await direct()
+        await via()
+    base: list[float] = []
+    through: list[float] = []
+    for i in range(n):
+        for call, out in ((direct, base), (via, through)) if i % 2 else ((via, through), (direct, base)):
+            start = time.perf_counter()
+            await call()
+            out.append((time.perf_counter() - start) * 1000)
+    return base, through
+
+
+async def _measure(upstream_sock: Path, broker_sock: Path, token: str, n: int,
+                   streams: int) -> dict[str, Any]:
+    body = {"model": "fast", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]}
+    headers = {"authorization": f"Bearer {token}"}
+    out: dict[str, Any] = {}
+    async with (
+        httpx.AsyncClient(transport=UnixSocketTransport(str(upstream_sock)), base_url=_BASE, timeout=30) as up,
+        httpx.AsyncClient(transport=UnixSocketTransport(str(broker_sock)), base_url=_BASE, timeout=30,
+                          headers=headers) as broker,
+    ):
+        kind = {"content-type": "application/json"}
+        for label, stream in (("", False), ("stream_", True)):
+            payload = json.dumps({**body, "stream": stream}).encode()
+
+            async def direct(payload: bytes = payload) -> None:
+                r = await up.post("/v1/chat/completions", content=payload, headers=kind)
+                if r.status_code != 200:
+                    raise RuntimeError(f"upstream answered {r.status_code}")
+
+            async def via(payload: bytes = payload, stream: bool = stream) -> None:
+                r = await broker.post("/v1/chat/completions", content=payload, headers=kind)
+                if r.status_code != 200 or (stream and b"[DONE]" not in r.content):
+                    raise RuntimeError(f"broker answered {r.status_code}: {r.text[:200]}")
+
+            out[label] = await _paired(direct, via, n)
+    out["concurrent"] = await _concurrent(broker_sock, headers, body, streams)
+    return out
+
+
+async def _concurrent(broker_sock: Path, headers: dict[str, str], body: dict[str, object],
+                      count: int) -> tuple[float, int, list[float]]:
+    transport = UnixSocketTransport(str(broker_sock), max_idle=count)
+    async with httpx.AsyncClient(transport=transport, base_url=_BASE, headers=headers, timeout=120) as client:
+
+        async def one() -> float | None:
+            start = time.perf_counter()
+            r = await client.post("/v1/chat/completions", json={**body, "stream": True})
+            ok = r.status_code == 200 and b"[DONE]" in r.content
+            return (time.perf_counter() - start) * 1000 if ok else None
+
+        start = time.perf_counter()
+        done = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+        wall = time.perf_counter() - start
+    latencies = [d for d in done if isinstance(d, float)]
+    return wall, count - len(latencies), latencies or [0.0]
+
+
 def run(quick: bool = False, **options: object) -> BenchResult:
     """Measure the broker's added latency and its behaviour under many concurrent streams."""
-    from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
-    from swarmyard.broker.loopback import serve_in_thread
-    from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
-    from swarmyard.domain import GoalSpec, TaskSpec
-    from swarmyard.plane.tokens import TokenAuthority
-    from swarmyard.store import open_store
-
-    n = 100 if quick else 1000
+    n = 200 if quick else 2000
     streams = 100 if quick else 1000
     result = BenchResult("broker")
-    body = {"model": "fast", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]}
-    with tempfile.TemporaryDirectory() as tmp, _upstream() as upstream:
-        store = open_store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        goal = store.create_goal(GoalSpec("bench", budget_micro_usd=10**12, call_cap=0))
-        store.create_task(goal.id, TaskSpec("bench", budget_micro_usd=10**12))
-        tokens = TokenAuthority(b"b" * 32, store)
-        token, identity = tokens.issue(goal.id, "main", ttl_s=86400)
-        store.claim(goal.id, identity.worker_id, 86400)
-        provider = OpenAICompatProvider(f"{upstream}/v1", None, name="fast")
-        settings = BrokerSettings(routes=(ModelRoute("fast", "fast", input_per_mtok=1, output_per_mtok=1),))
-        app = create_broker_app(store, tokens, {"fast": provider}, settings)
-        headers = {"authorization": f"Bearer {token}"}
-        with serve_in_thread(app) as broker, httpx.Client(headers=headers, timeout=30) as client:
-            figures: dict[str, float] = {}
-            for label, stream in (("", False), ("stream_", True)):
-                payload = {**body, "stream": stream}
+    folder = Path(tempfile.mkdtemp(prefix="sy-bench-broker-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        token = _setup(folder)
+        upstream_sock, broker_sock = folder / "upstream.sock", folder / "plane.sock"
+        upstream = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.broker", "--upstream",
+                                     str(upstream_sock)], env=_child_env(), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs.append(upstream)
+        assert upstream.stdout is not None
+        port = int(upstream.stdout.readline() or b"0")
+        if not port:
+            raise RuntimeError(f"bench upstream failed: {upstream.stderr.read().decode() if upstream.stderr else ''}")
+        (folder / "providers.toml").write_text(
+            f'[providers.fast]\nkind = "openai_compatible"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+            'models = ["fast"]\n', encoding="utf-8")
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "swarmyard.cli", "serve", "--store", f"sqlite:///{folder / 'store.db'}",
+             "--socket", str(broker_sock), "--secret-file", str(folder / "token-secret"),
+             "--operator-token-file", str(folder / "operator-token"), "--providers", str(folder / "providers.toml"),
+             "--cache-dir", str(folder / "models")],
+            env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(broker)
 
-                def direct(payload: dict[str, object] = payload) -> None:
-                    client.post(f"{upstream}/v1/chat/completions", json=payload).read()
+        async def main() -> dict[str, Any]:
+            await _ready(upstream_sock, "/", upstream)
+            await _ready(broker_sock, "/healthz", broker)
+            return await _measure(upstream_sock, broker_sock, token, n, streams)
 
-                def via(payload: dict[str, object] = payload) -> None:
-                    response = client.post(f"{broker}/v1/chat/completions", json=payload)
-                    response.read()
-                    if response.status_code != 200:
-                        raise RuntimeError(f"broker answered {response.status_code}: {response.text[:200]}")
-
-                base, through = _times(direct, n), _times(via, n)
-                for name, q in (("p50", 0.5), ("p99", 0.99)):
-                    overhead = max(0.0, _p(through, q) - _p(base, q))
-                    figures[f"{label}overhead_ms_{name}"] = round(overhead, 3)
-                    result.add(
-                        BenchRow(
-                            f"{'streaming' if stream else 'plain'} latency {name} via broker",
-                            round(_p(through, q), 3),
-                            "ms",
-                            baseline=round(_p(base, q), 3),
-                            baseline_name="upstream direct",
-                            target="+0.5 ms" if name == "p50" else "+3 ms",
-                        )
-                    )
-            wall, errors, latencies = asyncio.run(_concurrent(broker, headers, body, streams))
-            result.add(BenchRow(f"{streams} concurrent streams, wall time", round(wall, 3), "s"))
-            result.add(
-                BenchRow(f"{streams} concurrent streams, p50 stream time", round(_p(latencies, 0.5), 1), "ms")
-            )
-        store.close()
+        measured = _run_loop(main())
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+    figures: dict[str, float] = {}
+    for label, stream in (("", False), ("stream_", True)):
+        base, through = measured[label]
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            figures[f"{label}overhead_ms_{name}"] = round(max(0.0, _p(through, q) - _p(base, q)), 3)
+            result.add(BenchRow(f"{'streaming' if stream else 'plain'} latency {name} via broker",
+                                round(_p(through, q), 3), "ms", baseline=round(_p(base, q), 3),
+                                baseline_name="upstream direct", target="+0.5 ms" if name == "p50" else "+3 ms"))
+    wall, errors, latencies = measured["concurrent"]
+    result.add(BenchRow(f"{streams} concurrent streams, wall time", round(wall, 3), "s"))
+    result.add(BenchRow(f"{streams} concurrent streams, p50 stream time", round(_p(latencies, 0.5), 1), "ms"))
     result.summary = {
         **figures,
         "concurrent_streams": streams,
@@ -176,28 +280,11 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         "concurrent_p50_ms": round(_p(latencies, 0.5), 1),
         "requests_per_case": n,
     }
-    result.notes.append("upstream, broker and client share one process and its GIL; overhead = via - direct")
+    result.notes.append("upstream, broker (`swarmyard serve --providers`, SQLite store, Unix socket) and client "
+                        "in three processes; direct and via calls alternate; overhead = via - direct")
     return result
 
 
-async def _concurrent(
-    broker: str, headers: dict[str, str], body: dict[str, object], count: int
-) -> tuple[float, int, list[float]]:
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-    async with httpx.AsyncClient(headers=headers, timeout=120, limits=limits) as client:
-
-        async def one() -> float | None:
-            start = time.perf_counter()
-            async with client.stream(
-                "POST", f"{broker}/v1/chat/completions", json={**body, "stream": True}
-            ) as r:
-                data = await r.aread()
-            return (
-                (time.perf_counter() - start) * 1000 if r.status_code == 200 and b"[DONE]" in data else None
-            )
-
-        start = time.perf_counter()
-        done = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
-        wall = time.perf_counter() - start
-    latencies = [d for d in done if isinstance(d, float)]
-    return wall, count - len(latencies), latencies or [0.0]
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--upstream"]:
+        _run_loop(_upstream_main(sys.argv[2]))

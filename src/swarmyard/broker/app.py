@@ -1,20 +1,23 @@
 """The broker's HTTP endpoints: authenticate the worker, reserve the worst case, call the provider, settle.
 
-Blocking store calls run on the broker's own thread pool, one hop per step (admission is one hop: token,
-claim, price and the reservation together); streams are passed on as each event arrives. A failure before the
-request leaves releases the hold; a lost answer after it marks the hold ``unknown`` and answers 502 with
-``x-should-retry: false`` so the SDKs do not pay twice.
+Blocking store calls run on the broker's own thread pool, one hop per request on the way in (admission:
+token, claim, price and the durable reservation together, before any byte goes upstream); streams are passed
+on as each event arrives. A failure before the request leaves releases the hold; a lost answer after it marks
+the hold ``unknown`` and answers 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
 
-Settlement is awaited before the answer goes out, so a worker's next call (and anyone reading the store)
-sees it settled.
+Settlement is handed to the store threads as the answer's last bytes go out, and nobody waits for it: the
+worker does not pay a store commit on every call. Until it lands the worst case stays held, which only ever
+refuses too early. If the broker dies in between, the hold stays ``held`` (visible in ``swarmyard budget``,
+and ``swarmyard budget reconcile`` settles or releases it); ``Broker.wait_settled`` waits for the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -40,6 +43,7 @@ from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiForma
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.providers.protocol import CallState, Provider
 from swarmyard.broker.settings import BrokerSettings, ModelRoute, Tokenizer
+from swarmyard.broker.storethreads import StoreThreads
 from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.domain import Price, Reservation
@@ -65,6 +69,8 @@ _T = TypeVar("_T")
 
 # Enough threads for reads to overlap (SQLite writers queue on one lock anyway; a PostgreSQL pool has 16)
 _STORE_THREADS = 16
+# A price read from the store is reused this long: a price change reaches new reservations within it
+_PRICE_TTL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +132,17 @@ class Broker:
         self.providers = dict(providers)
         self.settings = settings
         self.clock = clock or SystemClock()
-        # Why not anyio.to_thread: its limiter and cancel scopes cost more per hop than the store call itself
-        self._pool = ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="broker-store")
+        # Why not anyio.to_thread: its limiter and cancel scopes cost more per hop than the store call itself.
+        # One thread on SQLite (see storethreads: it has one writer anyway).
+        self._threads = StoreThreads(1 if store.url.startswith("sqlite") else _STORE_THREADS)
+        self._prices: dict[str, tuple[float, Price]] = {}
+        # settlements handed to the pool and not yet written; wait_settled waits for zero
+        self._unsettled = 0
+        self._settled = threading.Condition()
 
     async def _in_pool(self, call: Callable[..., _T], *args: Any) -> _T:
-        """Run a blocking store call on the broker's threads."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call, *args)
+        """Run a blocking store call on the broker's threads, ahead of queued settlements."""
+        return await self._threads.call(call, *args)
 
     # -- errors ---------------------------------------------------------------------------------------------
 
@@ -159,10 +170,16 @@ class Broker:
         return ByteBoundCounter()
 
     def _price(self, route: ModelRoute) -> Price:
+        now = time.monotonic()
+        cached = self._prices.get(route.name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         try:
-            return self.store.get_price(route.name)
+            price = self.store.get_price(route.name)
         except NotFoundError:
-            return route.default_price
+            price = route.default_price
+        self._prices[route.name] = (now + _PRICE_TTL_S, price)
+        return price
 
     def _admit(self, token: str, chat: ChatRequest, route: ModelRoute) -> _Admitted:
         identity = self.tokens.verify(token)
@@ -202,12 +219,36 @@ class Broker:
     # -- settlement -----------------------------------------------------------------------------------------
 
     def _settle(self, admitted: _Admitted, usage: Usage) -> None:
-        self.store.settle(
-            admitted.reservation.id,
-            ledger.actual_cost(usage.input_tokens, usage.output_tokens, admitted.price),
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-        )
+        try:
+            self.store.settle(
+                admitted.reservation.id,
+                ledger.actual_cost(usage.input_tokens, usage.output_tokens, admitted.price),
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+            )
+        except Exception:
+            # the hold stays held (or was reconciled meanwhile): safe, visible, and reconcilable
+            log.exception("reservation %s could not be settled", admitted.reservation.id)
+        finally:
+            with self._settled:
+                self._unsettled -= 1
+                if not self._unsettled:
+                    self._settled.notify_all()
+
+    def _settle_later(self, admitted: _Admitted, usage: Usage) -> None:
+        """Queue the settlement on the store threads; counted before this returns, so no waiter misses it."""
+        with self._settled:
+            self._unsettled += 1
+        try:
+            self._threads.later(self._settle, admitted, usage)
+        except RuntimeError:
+            # the threads are closed (the broker is shutting down): settle here rather than leave it held
+            self._settle(admitted, usage)
+
+    def wait_settled(self, timeout_s: float | None = None) -> bool:
+        """Block until every queued settlement is written (False if ``timeout_s`` ran out first)."""
+        with self._settled:
+            return self._settled.wait_for(lambda: not self._unsettled, timeout_s)
 
     async def _lost(self, admitted: _Admitted, exc: BaseException) -> UpstreamUnknownError:
         reservation_id = admitted.reservation.id
@@ -270,8 +311,9 @@ class Broker:
         usage = self._usage(
             admitted, answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls)
         )
-        await self._in_pool(self._settle, admitted, usage)
-        return JSONResponse(fmt.render(answer, chat.model, usage))
+        response = JSONResponse(fmt.render(answer, chat.model, usage))
+        self._settle_later(admitted, usage)
+        return response
 
     async def _stream(
         self, provider: Provider, upstream: ChatRequest, admitted: _Admitted, fmt: ApiFormat, model: str
@@ -320,9 +362,8 @@ class Broker:
                     # a stream that ends without its finish record lost its end
                     raise UpstreamLostError("the upstream stream ended early") from None
             usage = self._usage(admitted, finished.usage, tally.output_text())
-            with anyio.CancelScope(shield=True):
-                await self._in_pool(self._settle, admitted, usage)
             done = True
+            self._settle_later(admitted, usage)
             yield writer.close(finished.finish, usage)
         except Exception as exc:
             done = True
@@ -384,10 +425,10 @@ class Broker:
         )
 
     async def aclose(self) -> None:
-        """Close every provider and the store threads."""
+        """Close every provider and the store threads (queued settlements are written first)."""
         for provider in self.providers.values():
             await provider.aclose()
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown, True)
+        await asyncio.get_running_loop().run_in_executor(None, self._threads.close)
 
 
 def _routes_for(broker: Broker) -> list[BaseRoute]:
@@ -437,4 +478,6 @@ def create_broker_app(
         finally:
             await broker.aclose()
 
-    return Starlette(routes=_routes_for(broker), lifespan=lifespan)
+    app = Starlette(routes=_routes_for(broker), lifespan=lifespan)
+    app.state.broker = broker
+    return app

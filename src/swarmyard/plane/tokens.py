@@ -25,6 +25,8 @@ from swarmyard.keys import write_secret_file
 from swarmyard.store.protocol import Store
 
 _PREFIX = "sy1"
+# Tokens whose signature verified, kept so each call does not redo base64, HMAC and JSON: a bounded map
+_OPENED_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class TokenAuthority:
         self._secret = secret
         self._store = store
         self._clock = clock or SystemClock()
+        # token -> its payload once the MAC verified; expiry and revocation are still checked on every call
+        self._opened: dict[str, dict[str, object]] = {}
 
     def _sign(self, payload: dict[str, object]) -> str:
         body = _b64(canonical_json(payload))
@@ -75,6 +79,18 @@ class TokenAuthority:
         return f"{_PREFIX}.{body}.{_b64(mac)}"
 
     def _open(self, token: str) -> dict[str, object]:
+        payload = self._opened.get(token)
+        if payload is None:
+            payload = self._verify_mac(token)
+            if len(self._opened) >= _OPENED_MAX:
+                self._opened.clear()  # simpler than LRU; a swarm has far fewer live tokens than this
+            self._opened[token] = payload
+        exp = payload.get("exp")
+        if not isinstance(exp, int) or exp <= int(self._clock.now() * 1000):
+            raise InvalidTokenError("token has expired")
+        return payload
+
+    def _verify_mac(self, token: str) -> dict[str, object]:
         parts = token.split(".")
         if len(parts) != 3 or parts[0] != _PREFIX:
             raise InvalidTokenError("malformed token")
@@ -86,9 +102,6 @@ class TokenAuthority:
         expected = hmac.new(self._secret, f"{_PREFIX}.{parts[1]}".encode(), hashlib.sha256).digest()
         if not hmac.compare_digest(mac, expected) or not isinstance(payload, dict):
             raise InvalidTokenError("token signature does not verify")
-        exp = payload.get("exp")
-        if not isinstance(exp, int) or exp <= int(self._clock.now() * 1000):
-            raise InvalidTokenError("token has expired")
         return payload
 
     def issue(self, goal_id: str, group: str, *, ttl_s: float,

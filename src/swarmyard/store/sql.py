@@ -12,8 +12,9 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from swarmyard.canonical import canonical_json
 from swarmyard.clock import Clock, SystemClock
@@ -696,40 +697,57 @@ class SqlStore:
         return rows.reservation(row)
 
     def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str) -> Reservation:
-        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
+        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction.
+
+        Why two conditional updates instead of read, check, write: every model call passes here while it
+        holds the write lock, so each envelope is charged by one ``UPDATE ... WHERE <every rule> RETURNING``
+        (which also locks the row under PostgreSQL, as the fence's ``FOR UPDATE`` did); only a refusal reads
+        the rows again, to name the rule that refused.
+        """
         amount = micro_usd(amount, field="amount")
         model = _text(model, "model", limit=200)
         method = _text(method, "method", limit=100)
+        token = _int(token, "fencing_token", minimum=1)
         now = self._now()
         reservation_id = new_id("rsv")
         with self._e.write() as cur:
-            task = self._fence(cur, task_id, token, now)
-            goal = self._goal_row(cur, task.goal_id)
-            if goal.deadline is not None and now >= goal.deadline:
-                raise DeadlinePassedError(goal.id, goal.deadline)
-            if task.envelope.call_cap and task.envelope.calls >= task.envelope.call_cap:
-                raise CallCapExceededError(f"task {task.id}", task.envelope.call_cap)
-            if task.envelope.available < amount:
-                raise BudgetExceededError(f"task {task.id}", amount, task.envelope.available)
-            cur.execute("UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
-                        "budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) RETURNING id",
-                        (amount, goal.id, amount))
-            if cur.fetchone() is None:
-                goal = self._goal_row(cur, goal.id)  # re-read: another transaction may have moved it
+            row = self._one(cur, "UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                                 "fencing_token = ? AND state = 'claimed' AND lease_expires_at > ? AND "
+                                 "budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) "
+                                 "RETURNING goal_id, worker_id", (amount, task_id, token, now, amount))
+            if row is None:
+                self._refuse_reserve(cur, task_id, token, now, amount)
+            goal_id, worker_id = row
+            if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                              "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
+                              "(call_cap = 0 OR calls < call_cap) RETURNING id",
+                         (amount, goal_id, now, amount)) is None:
+                goal = self._goal_row(cur, goal_id)
+                if goal.deadline is not None and now >= goal.deadline:
+                    raise DeadlinePassedError(goal.id, goal.deadline)
                 if goal.call_cap and goal.envelope.calls >= goal.call_cap:
                     raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
                 raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
-            # The task row is locked by the fence above, so this cannot fail after the checks.
-            cur.execute("UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ?",
-                        (amount, task_id))
             cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (reservation_id, goal.id, task_id, model, amount, None, ReservationState.HELD.value,
-                         method, now, now, 0, 0, 0, task.worker_id))
-            self._event(cur, "reservation.held", now, {"goal": goal.id, "task": task_id,
+                        (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
+                         method, now, now, 0, 0, 0, worker_id))
+            self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
                                                        "reservation": reservation_id, "model": model,
                                                        "amount": amount, "method": method, "token": token})
-            return self._reservation_row(cur, reservation_id)
+        return Reservation(reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD, method,
+                           now, now, worker_id=worker_id)
+
+    def _refuse_reserve(self, cur: Cursor, task_id: str, token: int, now: float, amount: int) -> NoReturn:
+        """Explain why the task's conditional charge matched no row, in the order the rules are documented."""
+        task = self._task_row(cur, task_id)
+        self._check_claim(task, token, now)
+        goal = self._goal_row(cur, task.goal_id)
+        if goal.deadline is not None and now >= goal.deadline:
+            raise DeadlinePassedError(goal.id, goal.deadline)
+        if task.envelope.call_cap and task.envelope.calls >= task.envelope.call_cap:
+            raise CallCapExceededError(f"task {task.id}", task.envelope.call_cap)
+        raise BudgetExceededError(f"task {task.id}", amount, task.envelope.available)
 
     def _finish(self, reservation_id: str, target: ReservationState, actual: int | None,
                 allowed_from: frozenset[ReservationState], tokens: tuple[int, int] = (0, 0)) -> Reservation:
@@ -743,10 +761,13 @@ class SqlStore:
             if overage:
                 log.warning("reservation %s: actual cost %d exceeds the held worst case %d; charged %d",
                             reservation_id, actual, current.amount, charged)
-            cur.execute("UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
-                        "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ?",
-                        (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
-                         current.state.value))
+            # Conditional on the state just read: under PostgreSQL a concurrent finish of the same hold (a late
+            # settle racing an operator's reconcile) matches no row here, so the envelopes move only once.
+            if self._one(cur, "UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
+                              "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ? RETURNING id",
+                         (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
+                          current.state.value)) is None:
+                raise IllegalTransitionError("reservation", reservation_id, "(changed meanwhile)", target.value)
             if target is not ReservationState.UNKNOWN:
                 for table, key in (("tasks", current.task_id), ("goals", current.goal_id)):
                     cur.execute(f"UPDATE {table} SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
@@ -755,7 +776,8 @@ class SqlStore:
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
                 "from": current.state.value, "input_tokens": tokens[0], "output_tokens": tokens[1]})
-            return self._reservation_row(cur, reservation_id)
+        return replace(current, state=target, actual=actual, overage=overage, updated_at=now,
+                       input_tokens=tokens[0], output_tokens=tokens[1])
 
     _OPEN = frozenset({ReservationState.HELD, ReservationState.UNKNOWN})
 
@@ -778,12 +800,17 @@ class SqlStore:
         return self._finish(reservation_id, ReservationState.UNKNOWN, None, frozenset({ReservationState.HELD}))
 
     def reconcile(self, reservation_id: str, actual: int | None) -> Reservation:
-        """Settle an unknown reservation at ``actual``, or release it when ``actual`` is ``None``."""
-        only_unknown = frozenset({ReservationState.UNKNOWN})
+        """Settle an open reservation at ``actual``, or release it when ``actual`` is ``None``.
+
+        Open means ``unknown`` (the answer was lost) or ``held``: a broker settles after its answer went out,
+        so one that died in between leaves its hold ``held`` for good. Reconciling a hold whose call is
+        still running makes that call's own settlement fail (logged by the broker): the operator's figure
+        stands, and the envelopes move once.
+        """
         if actual is None:
-            return self._finish(reservation_id, ReservationState.RELEASED, None, only_unknown)
+            return self._finish(reservation_id, ReservationState.RELEASED, None, self._OPEN)
         actual = micro_usd(actual, field="actual")
-        return self._finish(reservation_id, ReservationState.SETTLED, actual, only_unknown)
+        return self._finish(reservation_id, ReservationState.SETTLED, actual, self._OPEN)
 
     def get_reservation(self, reservation_id: str) -> Reservation:
         """One reservation, or ``NotFoundError``."""

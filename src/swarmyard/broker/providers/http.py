@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from swarmyard.broker.providers.upstream import UpstreamClient, UpstreamResponse
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+_DRAIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +59,25 @@ async def raise_for_status(response: UpstreamResponse, provider: str, key: Secre
     )
 
 
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read the little a body still holds after its last event, so its connection goes back to the pool.
+
+    A server that keeps the body open past ``[DONE]`` gets ``_DRAIN_S``; then the connection is closed
+    instead (everything the answer carried was already read).
+    """
+    try:
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in lines:
+                pass
+    except (TimeoutError, UpstreamLostError):
+        pass
+
+
 async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | None, Any]]:
     """``(event name, parsed data)`` for each SSE event; stops at ``[DONE]``."""
     event: str | None = None
-    async for line in response.lines():
+    lines = response.lines()
+    async for line in lines:
         if not line:
             event = None
             continue
@@ -69,6 +86,7 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | No
         elif line.startswith("data:"):
             data = line[5:].strip()
             if data == "[DONE]":
+                await _drain(lines)
                 return
             try:
                 yield event, json.loads(data)

@@ -1,0 +1,110 @@
+"""The broker's store threads: calls a request waits for go first, settlements when none is waiting.
+
+Why not a ``ThreadPoolExecutor``: its queue is FIFO, so a call's admission (on the request's critical path)
+queues behind settlements of calls already answered (off it). Here a settlement runs only when no admission
+waits, and after the threads went idle it waits ``grace_s`` more for one, so that the next call, which
+usually arrives right behind an answer, is admitted first and the settlement runs while that call's
+upstream answer is on its way. A settlement never waits longer than ``max_delay_s`` behind admissions:
+a held worst case only ever refuses too early, but it should not stay held under a steady load.
+
+On SQLite the broker runs one thread: SQLite admits one writer at a time anyway, and a second writer thread
+waits in SQLite's busy handler, which sleeps a millisecond or more; one thread queues them in order instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+_Job = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | None"]
+
+
+def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return  # the request went away; what the call did stands (a hold it made is released or reconciled)
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class StoreThreads:
+    """``await threads.call(fn, *args)`` for the critical path; ``threads.later(fn, *args)`` for the rest."""
+
+    def __init__(self, count: int, *, name: str = "broker-store", grace_s: float = 0.001,
+                 max_delay_s: float = 0.05) -> None:
+        self._now: deque[_Job] = deque()
+        self._later: deque[tuple[float, _Job]] = deque()
+        self._cv = threading.Condition()
+        self._grace_s = grace_s
+        self._max_delay_s = max_delay_s
+        self._closed = False
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    async def call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` on a store thread ahead of any queued settlement; its result or exception."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the broker's store threads are closed")
+            self._now.append((fn, args, loop, future))
+            self._cv.notify()
+        return await future
+
+    def later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` to run when no ``call`` waits (or ``max_delay_s`` from now at the latest)."""
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the broker's store threads are closed")
+            self._later.append((time.monotonic() + self._max_delay_s, (fn, args, None, None)))
+            self._cv.notify()
+
+    def _next(self) -> _Job | None:
+        with self._cv:
+            while True:
+                if self._later and self._later[0][0] <= time.monotonic():
+                    return self._later.popleft()[1]  # overdue: it goes before further admissions
+                if self._now:
+                    return self._now.popleft()
+                if self._later:
+                    if self._closed:
+                        return self._later.popleft()[1]
+                    # idle with only settlements queued: give a call arriving right behind the answer a moment
+                    if not self._cv.wait_for(lambda: bool(self._now) or self._closed, self._grace_s):
+                        return self._later.popleft()[1]
+                    continue
+                if self._closed:
+                    return None
+                self._cv.wait()
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            fn, args, loop, future = job
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting request, which turns it into its answer
+                error = exc
+            if loop is not None and future is not None:
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                    loop.call_soon_threadsafe(_deliver, future, result, error)
+            del job, fn, args, result, error
+
+    def close(self) -> None:
+        """Run what is queued, then stop the threads (blocks until they are done)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join()

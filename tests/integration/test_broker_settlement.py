@@ -1,0 +1,108 @@
+"""Settlement after the answer: admissions go first, a dead broker's hold is reconcilable, revocation is immediate."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.providers.scripted import Say, ScriptedProvider
+from swarmyard.broker.storethreads import StoreThreads
+from swarmyard.clock import FakeClock
+from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
+from swarmyard.errors import IllegalTransitionError
+from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.store import SqlStore, open_store
+
+
+def test_admissions_run_before_queued_settlements() -> None:
+    threads = StoreThreads(1, grace_s=0.0)
+    order: list[str] = []
+    busy, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        busy.set()
+        release.wait(10)
+
+    async def main() -> None:
+        blocker = asyncio.ensure_future(threads.call(block))
+        await asyncio.get_running_loop().run_in_executor(None, busy.wait, 10)
+        threads.later(order.append, "settle 1")
+        threads.later(order.append, "settle 2")
+        admitted = asyncio.ensure_future(threads.call(order.append, "admit"))
+        await asyncio.sleep(0)  # one loop turn: the admission task queues its call (no timing involved)
+        release.set()
+        await blocker
+        await admitted
+
+    asyncio.run(main())
+    threads.close()  # runs what is still queued
+    assert order == ["admit", "settle 1", "settle 2"]
+
+
+def test_a_call_error_reaches_the_caller() -> None:
+    threads = StoreThreads(1)
+
+    def fail() -> None:
+        raise IllegalTransitionError("reservation", "r", "settled", "released")
+
+    async def main() -> None:
+        with pytest.raises(IllegalTransitionError):
+            await threads.call(fail)
+
+    asyncio.run(main())
+    threads.close()
+    with pytest.raises(RuntimeError):
+        threads.later(print)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqlStore]:
+    opened = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=FakeClock())
+    yield opened
+    opened.close()
+
+
+def test_a_hold_left_by_a_dead_broker_is_reconcilable_once(store: SqlStore) -> None:
+    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000, call_cap=10))
+    task = store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000, call_cap=10))
+    claim = store.claim(goal.id, "w", 60)
+    assert claim is not None
+    # a broker admitted the call, answered, and died before its settlement was written
+    held = store.reserve(task.id, claim.token, model="m", amount=400, method="bytes")
+    assert store.get_reservation(held.id).state is ReservationState.HELD
+    settled = store.reconcile(held.id, 150)
+    assert settled.state is ReservationState.SETTLED and settled.actual == 150
+    # a late settlement (the broker was alive after all) is refused: the envelopes move once
+    with pytest.raises(IllegalTransitionError):
+        store.settle(held.id, 300)
+    envelope = store.get_goal(goal.id).envelope
+    assert (envelope.reserved, envelope.settled) == (0, 150)
+    released = store.reconcile(store.reserve(task.id, claim.token, model="m", amount=100, method="bytes").id, None)
+    assert released.state is ReservationState.RELEASED
+    assert store.get_task(task.id).envelope.available == 850
+
+
+def test_revocation_takes_effect_on_the_next_call(store: SqlStore) -> None:
+    clock = FakeClock()
+    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
+    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
+    tokens = TokenAuthority(b"r" * 32, store, clock)
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    settings = BrokerSettings(routes=(ModelRoute("m", "scripted", input_per_mtok=1, output_per_mtok=1),))
+    app = create_broker_app(store, tokens, {"scripted": ScriptedProvider({"*": [Say("ok")] * 3})}, settings)
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {token}"}
+    with TestClient(app) as client:
+        assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+        tokens.revoke(identity.worker_id)  # the verified signature is cached; revocation is not
+        refused = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_token"
+        assert app.state.broker.wait_settled(10)
+    assert [r.state for r in store.list_reservations(goal.id)] == [ReservationState.SETTLED]
