@@ -111,6 +111,38 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _coalesced(frames: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``frames`` as they come, but the frames made in one go (one upstream read) leave as one body chunk.
+
+    Why: every chunk goes through the server's send path and costs a few socket writes; an upstream read
+    often carries several events. Nothing waits for more: a frame goes out as soon as the producer waits
+    for the upstream again. The producer runs as its own task, so a worker that goes away cancels it (and
+    ``frames`` does its own cleanup, marking the hold unknown).
+    """
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for frame in frames:
+                queue.put_nowait(frame)
+        finally:
+            queue.put_nowait(None)
+
+    producer = asyncio.ensure_future(pump())
+    try:
+        while (frame := await queue.get()) is not None:
+            parts = [frame]
+            while not queue.empty() and (frame := queue.get_nowait()) is not None:
+                parts.append(frame)
+            yield b"".join(parts)
+            if frame is None:
+                break
+    finally:
+        producer.cancel()  # a no-op once it is done
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({producer})
+
+
 class Broker:
     """Holds the store, the token authority, the providers and the settings; serves the endpoints."""
 
@@ -329,7 +361,7 @@ class Broker:
             await events.aclose()
             return self._error(await self._failed(admitted, state, exc), fmt)
         return StreamingResponse(
-            self._frames(first, events, state, admitted, fmt, model),
+            _coalesced(self._frames(first, events, state, admitted, fmt, model)),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
