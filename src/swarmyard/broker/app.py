@@ -111,7 +111,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _coalesced(frames: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+async def _coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """``frames`` as they come, but the frames made in one go (one upstream read) leave as one body chunk.
 
     Why: every chunk goes through the server's send path and costs a few socket writes; an upstream read
