@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.machines import Limits, Machines
+from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 
 FAKE_KEY = "sk-test-swarmyard-escape-0123456789abcdef"
@@ -27,9 +28,12 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Mac
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(plane))
     server.listen(1)
-    machines = Machines("local", root=tmp_path / "run")
+    backend = LocalBackend(tmp_path / "run")
+    backend.park()  # the victim boots the way machines usually do: through a launcher parked in fresh cgroups
+    machines = Machines(backend)
     info = machines.create("victim", control_socket=plane, limits=Limits(memory_bytes=64 << 20, pids=64))
     machines.wait_until_ready(info.id)
+    assert "/m/slot_" in (info.disk or "")
     try:
         yield machines, info, key_file
     finally:
@@ -184,14 +188,16 @@ def test_memory_limit_kills(world: tuple[Machines, MachineInfo, Path]) -> None:
     assert result.exit_code in {137, 1} and b"ESCAPED" not in result.stdout
 
 
+_FORK_BOMB = (
+    "import subprocess\nps=[]\ntry:\n    for _ in range(200): ps.append(subprocess.Popen(['sleep','30']))\n"
+    "    print('ESCAPED')\nexcept OSError as e:\n    print('EAGAIN' if e.errno==11 else e)\n"
+    "finally:\n    [p.kill() for p in ps]"
+)
+
+
 def test_pids_limit_stops_fork_bomb(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
-    code = (
-        "import subprocess\nps=[]\ntry:\n    for _ in range(200): ps.append(subprocess.Popen(['sleep','30']))\n"
-        "    print('ESCAPED')\nexcept OSError as e:\n    print('EAGAIN' if e.errno==11 else e)\n"
-        "finally:\n    [p.kill() for p in ps]"
-    )
-    assert _py(machines, info, code) == "EAGAIN"
+    assert _py(machines, info, _FORK_BOMB) == "EAGAIN"
 
 
 def test_no_orphan_after_delete(world: tuple[Machines, MachineInfo, Path]) -> None:
@@ -210,3 +216,13 @@ def test_control_plane_database_is_not_visible(
     db = tmp_path / "store.db"
     db.write_bytes(b"SQLite format 3\0")
     assert _errno_of(machines, info, f"open({str(db)!r},'rb')") == "ENOENT"
+
+
+def test_limits_hold_without_a_parked_launcher(tmp_path: Path) -> None:
+    """The other way a machine boots: no launcher parked, so it joins its own new cgroups on the way."""
+    with Machines(LocalBackend(tmp_path / "run", parked=0)) as machines:
+        info = machines.create("cold", limits=Limits(memory_bytes=64 << 20, pids=64))
+        assert f"/m/{info.id}" in (info.disk or "")
+        result = machines.exec(info.id, ["python3", "-c", "b=bytearray(256<<20);print('ESCAPED')"], timeout=30)
+        assert result.exit_code in {137, 1} and b"ESCAPED" not in result.stdout
+        assert _py(machines, info, _FORK_BOMB) == "EAGAIN"

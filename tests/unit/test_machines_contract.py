@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import threading
 import warnings
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError
-from swarmyard.machines import AsyncMachines, Machines
+from swarmyard.machines import AsyncMachines, Limits, Machines, cgroups
 from swarmyard.machines.process import ProcessWarning
 
 
@@ -279,7 +280,63 @@ def test_a_machine_whose_owner_was_killed_is_reaped(tmp_path: Path) -> None:
     machine_id = done.stdout.strip()
     folder = root / "m" / machine_id
     assert done.returncode == -9 and folder.exists()
+    # Folders (and cgroups) of the launchers it had parked for later machines are left behind too.
+    left = [f.name for f in (root / "m").iterdir()]
     with Machines("local", root=root) as machines:
         assert machines.list() == []
     assert not folder.exists()
     assert str(folder) not in Path("/proc/self/mountinfo").read_text()
+    hierarchy = cgroups.discover()
+    assert not [g for name in left for g in cgroups.group_folders(hierarchy, name) if g.exists()]
+
+
+def _our_parked_launchers() -> dict[int, list[str]]:
+    """This process's parked launchers (pid -> the cgroup.procs files it joined), found in /proc."""
+    found: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--park" in argv and argv[argv.index(b"--parent") + 1] == str(os.getpid()).encode():
+            found[int(entry.name)] = [a.decode() for a in argv if a.endswith(b"cgroup.procs")]
+    return found
+
+
+def test_parked_launchers_give_each_machine_its_own_limits(tmp_path: Path) -> None:
+    """Launchers wait in groups holding the default limits; each machine gets exactly the limits it asked for."""
+    from swarmyard.machines.local import LocalBackend
+
+    backend = LocalBackend(tmp_path / "run", parked=3)
+    backend.park()
+    assert len(_our_parked_launchers()) == 3
+    with Machines(backend) as machines:
+        small = machines.create("small", limits=Limits(memory_bytes=96 << 20, pids=32))
+        free = machines.create("free", limits=Limits(memory_bytes=None, pids=None))
+        plain = machines.create("plain")
+        for info in (small, free, plain):
+            assert "/m/slot_" in (info.disk or "")  # each was booted by a parked launcher
+        assert "cgroup-memory" in machines.wait_until_ready(small.id).enforced
+        assert not {"cgroup-memory", "cgroup-pids"} & set(machines.wait_until_ready(free.id).enforced)
+        assert {"cgroup-memory", "cgroup-pids"} <= set(machines.wait_until_ready(plain.id).enforced)
+        grab = "python3 -c 'b=bytearray(200<<20);print(len(b))'"
+        assert machines.exec(small.id, grab, timeout=30).exit_code in {137, 1}
+        assert machines.exec(free.id, grab, timeout=30).stdout.strip() == str(200 << 20).encode()
+    # close() stops the launchers parked since and removes their cgroups
+    assert _our_parked_launchers() == {}
+
+
+def test_a_parked_launcher_killed_while_waiting_is_replaced(tmp_path: Path) -> None:
+    from swarmyard.machines.local import LocalBackend
+
+    backend = LocalBackend(tmp_path / "run", parked=2)
+    backend.park()
+    parked = _our_parked_launchers()
+    for pid in parked:
+        os.kill(pid, signal.SIGKILL)
+    with Machines(backend) as machines:
+        info = machines.create("after", limits=Limits(memory_bytes=96 << 20, pids=32))
+        assert machines.exec(info.id, "echo ok").stdout == b"ok\n"
+        assert {"cgroup-memory", "cgroup-pids"} <= set(machines.wait_until_ready(info.id).enforced)
+    joined = [Path(p).parent for files in parked.values() for p in files]
+    assert joined and not [g for g in joined if g.exists()]

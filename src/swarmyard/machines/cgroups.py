@@ -65,6 +65,21 @@ def discover(mounts: Path = Path("/proc/self/mounts"), own: Path = Path("/proc/s
     return Hierarchy(v1=v1, v2=v2, v2_controllers=controllers, v2_kill=kill)
 
 
+def group_folders(hierarchy: Hierarchy, name: str) -> list[Path]:
+    """Every folder a machine's groups named ``name`` can have, existing or not (v2 first)."""
+    folders = [hierarchy.v2 / "swarmyard" / name] if hierarchy.v2 is not None else []
+    return folders + [path / "swarmyard" / name for path in hierarchy.v1.values()]
+
+
+def remove_orphan(hierarchy: Hierarchy, name: str) -> None:
+    """Kill whatever is left in the groups named ``name`` (their owner died) and remove them."""
+    orphan = MachineCgroups(hierarchy, name, adopt=True)
+    if orphan.dirs:
+        with contextlib.suppress(SandboxError):
+            orphan.kill()
+        orphan.remove()
+
+
 def wanted_controllers(limits: Limits) -> set[str]:
     """The controllers ``limits`` needs."""
     wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
@@ -94,13 +109,22 @@ class MachineCgroups:
         limits: Limits | None = None,
         *,
         controllers: set[str] | None = None,
+        adopt: bool = False,
     ) -> None:
+        """``adopt``: take the groups named ``name`` that already exist (to tear them down) instead of making them."""
         self.name = name
         self.dirs: list[Path] = []
         self.kill_file: Path | None = None
         self.enforced: set[str] = set()
         #: controller -> (version, its group folder)
         self._groups: dict[str, tuple[int, Path]] = {}
+        #: The limits written so far (``None``: none yet).
+        self.limits: Limits | None = None
+        if adopt:
+            self.dirs = [folder for folder in group_folders(hierarchy, name) if folder.is_dir()]
+            if hierarchy.v2 is not None and hierarchy.v2_kill and self.dirs and self.dirs[0].parent.parent == hierarchy.v2:
+                self.kill_file = self.dirs[0] / "cgroup.kill"
+            return
         if controllers is None:
             controllers = set() if limits is None else wanted_controllers(limits)
         try:
@@ -124,37 +148,47 @@ class MachineCgroups:
                 self._groups[controller] = (1, self._mkdir(hierarchy.v1[controller] / "swarmyard" / self.name))
 
     def apply(self, limits: Limits) -> None:
-        """Write ``limits`` into the groups (before any process of the machine runs); raises :class:`SandboxError`."""
+        """Write ``limits`` into the groups (before any process of the machine runs); raises :class:`SandboxError`.
+
+        Writes only what differs from the limits applied before (a parked launcher's groups come with the
+        default limits, so a machine with the defaults costs no write); ``None`` lifts a limit set earlier.
+        """
+        before = self.limits or Limits(memory_bytes=None, pids=None, cpus=None)
         try:
-            self._apply(limits)
+            self._apply(limits, before)
         except OSError as exc:
             raise SandboxError(f"cannot set the limits of {self.name}: {exc}") from exc
+        self.limits = limits
 
-    def _apply(self, limits: Limits) -> None:
-        if limits.memory_bytes is not None and "memory" in self._groups:
+    def _apply(self, limits: Limits, before: Limits) -> None:
+        if limits.memory_bytes != before.memory_bytes and "memory" in self._groups:
             version, group = self._groups["memory"]
+            value = limits.memory_bytes
             if version == 2:
-                (group / "memory.max").write_text(str(limits.memory_bytes))
+                (group / "memory.max").write_text("max" if value is None else str(value))
                 with contextlib.suppress(OSError):
-                    (group / "memory.swap.max").write_text("0")
+                    (group / "memory.swap.max").write_text("max" if value is None else "0")
             else:
-                (group / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                # memsw must stay >= the limit at every step: lift it, set the limit, then bring it down.
                 # Without a memsw limit the sandbox could spill past its limit into swap.
                 with contextlib.suppress(OSError):
-                    (group / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
-            self.enforced.add("memory")
-        if limits.pids is not None and "pids" in self._groups:
-            (self._groups["pids"][1] / "pids.max").write_text(str(limits.pids))
-            self.enforced.add("pids")
-        if limits.cpus is not None and "cpu" in self._groups:
+                    (group / "memory.memsw.limit_in_bytes").write_text("-1")
+                (group / "memory.limit_in_bytes").write_text("-1" if value is None else str(value))
+                if value is not None:
+                    with contextlib.suppress(OSError):
+                        (group / "memory.memsw.limit_in_bytes").write_text(str(value))
+        if limits.pids != before.pids and "pids" in self._groups:
+            (self._groups["pids"][1] / "pids.max").write_text("max" if limits.pids is None else str(limits.pids))
+        if limits.cpus != before.cpus and "cpu" in self._groups:
             version, group = self._groups["cpu"]
-            quota = int(limits.cpus * _CPU_PERIOD_US)
+            quota = None if limits.cpus is None else int(limits.cpus * _CPU_PERIOD_US)
             if version == 2:
-                (group / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
+                (group / "cpu.max").write_text(f"{'max' if quota is None else quota} {_CPU_PERIOD_US}")
             else:
                 (group / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
-                (group / "cpu.cfs_quota_us").write_text(str(quota))
-            self.enforced.add("cpu")
+                (group / "cpu.cfs_quota_us").write_text(str(-1 if quota is None else quota))
+        wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
+        self.enforced = {c for c, v in wanted.items() if v is not None and c in self._groups}
 
     def _mkdir(self, path: Path) -> Path:
         path.parent.mkdir(exist_ok=True)

@@ -98,6 +98,10 @@ class Disk:
     root: Path
     lowers: tuple[Path, ...]
     overlay: bool
+    #: A shared, always-empty folder to stand as the lower layer of a disk without a baseline.
+    empty: Path | None = None
+    #: Whether :meth:`make_folders` already ran (so :meth:`mount` skips it).
+    made: bool = False
 
     @property
     def merged(self) -> Path:
@@ -109,17 +113,26 @@ class Disk:
         """Where the machine's own writes land (the disk itself without overlayfs)."""
         return self.root / "upper" if self.overlay else self.merged
 
-    def mount(self) -> None:
-        """Create the folders and mount the overlay (without overlayfs the disk is a plain folder)."""
+    def make_folders(self) -> None:
+        """Create the disk's folders (the merged view, and overlayfs's upper and work folders)."""
         self.merged.mkdir(parents=True, exist_ok=True)
+        if self.overlay:
+            (self.root / "upper").mkdir(exist_ok=True)
+            (self.root / "work").mkdir(exist_ok=True)
+        self.made = True
+
+    def mount(self) -> None:
+        """Create the folders (unless made already) and mount the overlay (else the disk is a plain folder)."""
+        if not self.made:
+            self.make_folders()
         if not self.overlay:
             return
-        (self.root / "upper").mkdir(exist_ok=True)
-        (self.root / "work").mkdir(exist_ok=True)
         if not self.lowers:
-            # overlayfs needs at least one lower layer; an empty one costs nothing.
-            empty = self.root / "empty"
-            empty.mkdir(exist_ok=True)
+            # overlayfs needs at least one lower layer; an empty one costs nothing (a shared one not even a mkdir).
+            empty = self.empty
+            if empty is None:
+                empty = self.root / "empty"
+                empty.mkdir(exist_ok=True)
             self.lowers = (empty,)
         mount_overlay(self.lowers, self.root / "upper", self.root / "work", self.merged)
 

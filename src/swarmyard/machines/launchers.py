@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +49,8 @@ class ParkedLauncher:
     proc: subprocess.Popen[bytes]
     sock: socket.socket
     cgroups: MachineCgroups | None
+    #: The machine folder made for it ahead of demand (see ``SupervisedBackend.make_folder``), if any.
+    folder: Path | None = None
 
     def launch(
         self,
@@ -84,6 +87,8 @@ class ParkedLauncher:
             with contextlib.suppress(SandboxError):
                 self.cgroups.kill()
             self.cgroups.remove()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 #: The groups a parked launcher joins: those of the default limits. A machine that asks for a controller beyond
@@ -91,11 +96,22 @@ class ParkedLauncher:
 PARKED_CONTROLLERS = frozenset(wanted_controllers(Limits()))
 
 
-def start(init: Path, hierarchy: Hierarchy, spawn: Spawn) -> ParkedLauncher:
-    """Start one launcher in new cgroups (the :data:`PARKED_CONTROLLERS` this host has)."""
+def start(
+    init: Path, hierarchy: Hierarchy, spawn: Spawn, make_folder: Callable[[str], Path] | None = None
+) -> ParkedLauncher:
+    """Start one launcher in new cgroups (the :data:`PARKED_CONTROLLERS` this host has); with ``make_folder``,
+    also make the machine folder it will boot in."""
+    name = new_id("slot")
     cgroups = None
     if hierarchy.v1 or hierarchy.v2:
-        cgroups = MachineCgroups(hierarchy, new_id("slot"), controllers=set(PARKED_CONTROLLERS))
+        # With the default limits already written: most machines ask for those and then need no write at all.
+        cgroups = MachineCgroups(hierarchy, name, Limits(), controllers=set(PARKED_CONTROLLERS))
+    try:
+        folder = make_folder(name) if make_folder is not None else None
+    except BaseException:
+        if cgroups is not None:
+            cgroups.remove()
+        raise
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = [str(init), "--park", str(theirs.fileno()), "--parent", str(os.getpid())]
     for procs in cgroups.procs_files if cgroups is not None else []:
@@ -116,10 +132,12 @@ def start(init: Path, hierarchy: Hierarchy, spawn: Spawn) -> ParkedLauncher:
         ours.close()
         if cgroups is not None:
             cgroups.remove()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         raise
     finally:
         theirs.close()
-    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups)
+    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups, folder=folder)
 
 
 class LauncherPool:
@@ -131,8 +149,15 @@ class LauncherPool:
     """
 
     def __init__(
-        self, init: Path, hierarchy: Hierarchy, spawn: Spawn, size: int = DEFAULT_SIZE, low: int | None = None
+        self,
+        init: Path,
+        hierarchy: Hierarchy,
+        spawn: Spawn,
+        size: int = DEFAULT_SIZE,
+        low: int | None = None,
+        make_folder: Callable[[str], Path] | None = None,
     ) -> None:
+        self._make_folder = make_folder
         self._init = init
         self._hierarchy = hierarchy
         self._spawn = spawn
@@ -182,7 +207,7 @@ class LauncherPool:
                 if len(self._parked) >= self.size:
                     return True
             try:
-                launcher = start(self._init, self._hierarchy, self._spawn)
+                launcher = start(self._init, self._hierarchy, self._spawn, self._make_folder)
             except (OSError, SandboxError) as exc:
                 _log.warning("cannot park a machine launcher (creates start their own): %s", exc)
                 return True

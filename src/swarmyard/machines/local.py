@@ -17,7 +17,7 @@ from typing import Literal
 
 from swarmyard.errors import SandboxUnavailableError
 from swarmyard.machines import doctor, launchers, native, sysroot
-from swarmyard.machines.cgroups import MachineCgroups, discover
+from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import (
     _SPAWNER,
@@ -55,6 +55,7 @@ class LocalBackend(SupervisedBackend):
     """Machines as bubblewrap sandboxes on this host."""
 
     name = "local"
+    disk_tmp = False
 
     def __init__(
         self,
@@ -81,8 +82,12 @@ class LocalBackend(SupervisedBackend):
             self.native_init = native.native_init()
         self.launcher = self.native_init
         self._pool: launchers.LauncherPool | None = None
+        #: How many launchers this backend keeps parked (0 when it keeps none).
+        self.parked = parked if self.native_init is not None else 0
         if self.native_init is not None and parked > 0:
-            self._pool = launchers.LauncherPool(self.native_init, self._hierarchy, _SPAWNER.spawn, parked)
+            self._pool = launchers.LauncherPool(
+                self.native_init, self._hierarchy, _SPAWNER.spawn, parked, make_folder=self.make_folder
+            )
         self.sysroot = sysroot.prepare(self.root, self.native_init)
         self._prefix = self._static_argv()
 
@@ -113,18 +118,27 @@ class LocalBackend(SupervisedBackend):
             )
         return tuple(missing)
 
+    def _reap_cgroups(self, name: str) -> None:
+        remove_orphan(discover(), name)
+
+    def _take_parked(self, spec: MachineSpec) -> launchers.ParkedLauncher | None:
+        self.check(spec)
+        return self._pool.take(spec.limits) if self._pool is not None else None
+
     def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
         spec = machine.spec
-        self.check(spec)
-        parked = self._pool.take(spec.limits) if self._pool is not None else None
-        if parked is not None:
-            machine.parked = parked
-            if parked.cgroups is not None:
-                parked.cgroups.apply(spec.limits)
-            return parked.cgroups
+        if machine.parked is not None:
+            if machine.parked.cgroups is not None:
+                machine.parked.cgroups.apply(spec.limits)
+            return machine.parked.cgroups
         if not (self._hierarchy.v1 or self._hierarchy.v2):
             return None
         return MachineCgroups(self._hierarchy, spec.id, spec.limits)
+
+    def park(self) -> None:
+        """Park this backend's launchers now, in the calling thread (else the first create starts it)."""
+        if self._pool is not None:
+            self._pool.fill()
 
     def close(self) -> None:
         """Delete every machine and stop the parked launchers."""

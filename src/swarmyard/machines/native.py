@@ -25,6 +25,9 @@ _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("sandbox_init.c")
 _COMPILE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 _FLAGS = ("-O2", "-pthread", "-Wall")
+#: Linked statically where the C library allows it: no dynamic loader run at each of the two execs a machine's
+#: boot makes (the launcher, then the init in the sandbox), about 0.25 ms each.
+_STATIC = ("-static",)
 _BUILT: dict[Path, Path | None] = {}
 _LOCK = threading.Lock()
 
@@ -55,7 +58,7 @@ def compiler() -> str | None:
 def build(cache: Path | None = None) -> Path:
     """Compile the init (or find it already compiled) and return its path; raises :class:`SandboxError`."""
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(source + " ".join(_FLAGS + _STATIC).encode()).hexdigest()[:20]
     folder = _private_dir(cache or cache_dir())
     target = folder / f"init-{digest}"
     if target.is_file() and os.access(target, os.X_OK):
@@ -64,16 +67,20 @@ def build(cache: Path | None = None) -> Path:
     if cc is None:
         raise SandboxError("no C compiler (cc, gcc or clang) found; install gcc for the fast machine init")
     staging = folder / f".init-{digest}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        done = subprocess.run(
-            [cc, *_FLAGS, "-o", str(staging), str(SOURCE)],
-            env=_COMPILE_ENV,
-            capture_output=True,
-            check=False,
-            timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SandboxError(f"cannot compile the machine init with {cc}: {exc}") from exc
+    # Static first; a host without a static C library (libc.a) gets the dynamically linked init.
+    for extra in (_STATIC, ()):
+        try:
+            done = subprocess.run(
+                [cc, *_FLAGS, *extra, "-o", str(staging), str(SOURCE)],
+                env=_COMPILE_ENV,
+                capture_output=True,
+                check=False,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxError(f"cannot compile the machine init with {cc}: {exc}") from exc
+        if done.returncode == 0:
+            break
     if done.returncode != 0:
         staging.unlink(missing_ok=True)
         raise SandboxError(

@@ -10,6 +10,7 @@ word of the argument is compared: ``TIOCSTI | 1 << 32`` (the "high-bit variant")
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 from dataclasses import dataclass
@@ -127,6 +128,7 @@ def build_program() -> list[tuple[int, int, int, int]]:
     return [(i.code, i.jt, i.jf, i.k) for i in prog]
 
 
+@functools.cache
 def build_filter() -> bytes:
     """The filter as the array of ``struct sock_filter`` bytes bwrap's ``--seccomp`` expects."""
     return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_program())

@@ -93,6 +93,8 @@ class Machine:
     cgroups: MachineCgroups | None = None
     #: A launcher started ahead of demand, already in ``cgroups``, until it is sent the sandbox command.
     parked: ParkedLauncher | None = None
+    #: The sandbox's stderr (a memfd: no file to create per machine); read when a boot fails.
+    log_fd: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def move(self, state: MachineState, **changes: Any) -> None:
@@ -163,10 +165,12 @@ class SupervisedBackend:
     #: A host-side launcher that joins the machine's cgroups and sets its rlimits before it execs the sandbox
     #: (the compiled init's ``--launch`` mode); without one a ``preexec_fn`` does it, at the price of a full fork.
     launcher: Path | None = None
+    #: Whether each disk gets a ``.tmp`` folder (the ``process`` backend's TMPDIR; ``local`` has a tmpfs /tmp).
+    disk_tmp = True
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or default_root()).resolve()
-        for part in ("m", "layers", "baselines"):
+        for part in ("m", "layers", "baselines", "empty"):
             (self.root / part).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._machines: dict[str, Machine] = {}
         self._lock = threading.Lock()
@@ -192,6 +196,8 @@ class SupervisedBackend:
                     unmount(disk)
             subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], env={"PATH": "/usr/bin:/bin"},
                            check=False, capture_output=True)
+            # The folder's name is its cgroups' name too (a machine id, or a parked launcher's slot).
+            self._reap_cgroups(folder.name)
             if not folder.exists():
                 reaped.append(folder.name)
         if reaped:
@@ -205,6 +211,26 @@ class SupervisedBackend:
 
     def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
         return None
+
+    def _reap_cgroups(self, name: str) -> None:
+        """Remove the cgroups a machine folder's dead owner left behind (backends with cgroups)."""
+
+    def _take_parked(self, spec: MachineSpec) -> ParkedLauncher | None:
+        """A launcher (with its folder) made ahead of demand for this machine, if the backend keeps any."""
+        return None
+
+    def make_folder(self, name: str) -> Path:
+        """Make a machine's folder under ``m/``: its owner file, its control folder and its disk's folders.
+
+        A machine's folder is named after the machine, or after the parked launcher it was made for ahead of
+        demand (``slot_...``); either way its owner file lets :meth:`reap_orphans` find it.
+        """
+        root = self.root / "m" / name
+        root.mkdir(mode=0o700)
+        (root / "owner").write_text(_owner())
+        (root / "ctl").mkdir()
+        Disk(root, lowers=(), overlay=self.overlay).make_folders()
+        return root
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
         return ()
@@ -270,11 +296,14 @@ class SupervisedBackend:
         forked_from: str | None,
         seed: Path | None = None,
     ) -> MachineInfo:
-        root = self.root / "m" / spec.id
-        root.mkdir(mode=0o700)
-        (root / "owner").write_text(_owner())
-        (root / "ctl").mkdir()
-        disk = Disk(root, lowers=lowers if self.overlay else (), overlay=self.overlay)
+        parked = self._take_parked(spec)
+        if parked is not None and parked.folder is not None:
+            root = parked.folder
+        else:
+            root = self.make_folder(spec.id)
+        disk = Disk(
+            root, lowers=lowers if self.overlay else (), overlay=self.overlay, empty=self.root / "empty", made=True
+        )
         if not self.overlay and lowers:
             clone_tree(lowers[0], disk.merged)
         elif seed is not None:
@@ -297,20 +326,22 @@ class SupervisedBackend:
             disk=disk,
             layers=layers,
             client=InitClient(spec.id, self._socket_path(root)),
+            parked=parked,
         )
         with self._lock:
             self._machines[spec.id] = machine
         try:
             disk.mount()
-            (disk.merged / ".tmp").mkdir(exist_ok=True)
+            if self.disk_tmp:
+                (disk.merged / ".tmp").mkdir(exist_ok=True)
             machine.cgroups = self._make_cgroups(machine)
             ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
             machine.ready_fd = ready_r
             launch: Launch | None = None
             try:
                 launch = self._launch(machine, ready_w)
-                with open(root / "init.log", "wb") as log:
-                    machine.proc = self._spawn(machine, launch, ready_w, log.fileno())
+                machine.log_fd = os.memfd_create("swarmyard-init-log", os.MFD_CLOEXEC)
+                machine.proc = self._spawn(machine, launch, ready_w, machine.log_fd)
             finally:
                 os.close(ready_w)
                 for fd in launch.close_after if launch is not None else ():
@@ -385,10 +416,11 @@ class SupervisedBackend:
             return machine.info
 
     def _boot_log(self, machine: Machine) -> str:
-        try:
-            return (machine.root / "init.log").read_text(errors="replace").strip()[-2000:] or "init exited"
-        except OSError:
+        if machine.log_fd is None:
             return "init exited"
+        size = os.fstat(machine.log_fd).st_size
+        tail = os.pread(machine.log_fd, 2000, max(size - 2000, 0))
+        return tail.decode(errors="replace").strip() or "init exited"
 
     def _ready(self, machine_id: str) -> Machine:
         self.wait_until_ready(machine_id, 30.0)
@@ -498,6 +530,9 @@ class SupervisedBackend:
         if machine.ready_fd is not None:
             os.close(machine.ready_fd)
             machine.ready_fd = None
+        if machine.log_fd is not None:
+            os.close(machine.log_fd)
+            machine.log_fd = None
         machine.disk.unmount()
         with contextlib.suppress(SandboxError):
             machine.move(MachineState.DELETED)
