@@ -11,12 +11,15 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
+from swarmyard.audit.witness import HttpWitnessClient, Witness
 from swarmyard.clock import FakeClock
 from swarmyard.plane.tools import Evaluator
 
@@ -122,3 +125,26 @@ def live_plane(clock: FakeClock) -> Iterator[Callable[..., LivePlane]]:
     yield start
     for plane in started:
         plane.close()
+
+
+@contextmanager
+def serving_witness(witness: Witness, sock: Path) -> Iterator[HttpWitnessClient]:
+    """Run a witness's real uvicorn server on a Unix socket in a thread until the block ends."""
+    from swarmyard.audit.witness import HttpWitnessClient, make_server
+
+    server = make_server(witness, socket=sock)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    for _ in range(1000):  # readiness poll with a bound, not a sleep standing in for synchronisation
+        if server.started or not thread.is_alive():
+            break
+        ready.wait(0.01)
+    assert server.started, "witness server did not start"
+    client = HttpWitnessClient(socket=sock)
+    try:
+        yield client
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(10)

@@ -235,3 +235,44 @@ def test_resume_without_a_run(tmp_path: Path) -> None:
     coordinator, _ = _coordinator(tmp_path, _config("team"))
     with pytest.raises(UserError, match="no run to resume"):
         asyncio.run(coordinator.run(resume=True))
+
+
+def test_a_witness_cosigns_every_checkpoint_and_its_loss_is_reported(tmp_path: Path) -> None:
+    import tempfile
+
+    from conftest import serving_witness
+    from swarmyard.audit.verify import verify_run
+    from swarmyard.audit.witness import Witness
+
+    clock = FakeClock()
+    sock = Path(tempfile.mkdtemp(prefix="sy-w-")) / "w.sock"  # short: Unix socket paths are limited
+    witness = Witness.from_files("witness.test", tmp_path / "w.key", tmp_path / "w.json", clock=clock)
+    with serving_witness(witness, sock) as client:
+        coordinator, _ = _coordinator(tmp_path, _config("team"), clock=clock)
+        coordinator.witness = client
+        coordinator.audit_every_n = 5  # checkpoints during the run too, each extending the last
+        result = asyncio.run(coordinator.run())
+        report = verify_run(coordinator.store, coordinator.run_dir / "audit", witness_key=client.verifier())
+    assert report.checkpoints >= 2 and report.cosigned == report.checkpoints
+    assert result.data.extra["audit witness"] == client.verifier().vkey
+
+    # a witness that refuses at the end (here: another log, with its own key, claims the same origin) must not
+    # cost the run its report, and the report says the last checkpoint is not cosigned
+    with serving_witness(witness, sock) as client:
+        coordinator, _ = _coordinator(tmp_path / "second", _config("team"), clock=clock)
+        coordinator.witness = client
+        result = asyncio.run(coordinator.run())
+    assert result.synthesis is not None
+    assert result.data.extra["audit witness"].startswith("last checkpoint NOT cosigned")
+    assert result.report is not None and "NOT cosigned" in result.report.markdown.read_text()
+
+
+def test_a_run_asking_for_an_unreachable_witness_starts_nothing(tmp_path: Path) -> None:
+    from swarmyard.errors import UserError
+    from swarmyard.swarm.swarm import Swarm
+
+    config = _config("team")
+    config = config.model_copy(update={"run": config.run.model_copy(update={"runs_dir": str(tmp_path / "runs")})})
+    with pytest.raises(UserError, match="witness"):
+        Swarm(config, witness=str(tmp_path / "no-such.sock")).run()
+    assert not (tmp_path / "runs").exists()

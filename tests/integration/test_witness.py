@@ -8,14 +8,13 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from conftest import serving_witness as serving
 from swarmyard.audit.checkpoint import Checkpoint, open_checkpoint
 from swarmyard.audit.note import Signer, sign_note
 from swarmyard.audit.tree import MerkleTree
@@ -24,33 +23,11 @@ from swarmyard.audit.witness import (
     Witness,
     WitnessState,
     format_add_checkpoint,
-    make_server,
 )
 from swarmyard.clock import FakeClock
 from swarmyard.errors import AuditError, InvalidSignatureError, WitnessRefusedError
 
 ORIGIN = "swarmyard.test/log"
-
-
-@contextmanager
-def serving(witness: Witness, sock: Path) -> Iterator[HttpWitnessClient]:
-    """Run the witness's real uvicorn server in a thread until the block ends."""
-    server = make_server(witness, socket=sock)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    ready = threading.Event()
-    for _ in range(1000):  # readiness poll with a bound, not a sleep standing in for synchronisation
-        if server.started or not thread.is_alive():
-            break
-        ready.wait(0.01)
-    assert server.started, "witness server did not start"
-    client = HttpWitnessClient(socket=sock)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.should_exit = True
-        thread.join(10)
 
 
 def _tree(prefix: bytes, n: int) -> MerkleTree:

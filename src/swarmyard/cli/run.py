@@ -1,4 +1,4 @@
-"""``swarmyard run SWARM.toml [--resume RUN] [--quiet] [--sandbox local|process]``: run one swarm."""
+"""``swarmyard run SWARM.toml [--resume RUN] [--quiet] [--sandbox local|process] [--witness URL]``: run one swarm."""
 
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ def command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress; only the synthesis.")] = False,
     sandbox: Annotated[SandboxKind | None, typer.Option(
         "--sandbox", help="Machine backend: local (default) or process (no isolation).")] = None,
+    witness: Annotated[str | None, typer.Option(
+        "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path.")] = None,
 ) -> None:
     """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend."""
     from swarmyard.swarm.swarm import Swarm
@@ -78,7 +80,7 @@ def command(
     if live is not None:
         live.start()
     try:
-        result = Swarm(config, sandbox=sandbox).run(
+        result = Swarm(config, sandbox=sandbox, witness=witness).run(
             resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None)
     finally:
         if live is not None:

@@ -39,6 +39,7 @@ def _totals(data: ReportData) -> list[tuple[str, str]]:
         rows.append(("audit root", data.audit_root))
     if data.audit_key:
         rows.append(("audit key", data.audit_key))
+    rows += list(data.extra.items())
     return rows
 
 

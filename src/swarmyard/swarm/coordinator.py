@@ -16,18 +16,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarmyard.agents.builtin import Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import SwarmConfig
 from swarmyard.domain import Finding, Goal, PostKind, Task, TaskState
-from swarmyard.errors import FencingError, NotFoundError, UserError
+from swarmyard.errors import AuditError, FencingError, NotFoundError, UserError
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerLauncher, WorkerSlot
 from swarmyard.swarm.planning import PLANNER_GROUP, create_planning_task, lenses_from_plan
 from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, make_policy
 from swarmyard.swarm.setup import LEAD_GROUP, create_goal, create_lead_task, create_round_tasks
+
+if TYPE_CHECKING:
+    from swarmyard.audit.witness import WitnessClient
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +127,11 @@ class Coordinator:
         clock: Clock | None = None,
         on_span: Callable[[WorkerSpan], None] | None = None,
         on_progress: Callable[[list[ProgressRow]], None] | None = None,
+        witness: WitnessClient | None = None,
     ) -> None:
         self.config = config
+        #: cosigns every audit checkpoint when given
+        self.witness = witness
         self.store = store
         self.launcher = launcher
         self.run_id = run_id
@@ -319,7 +326,7 @@ class Coordinator:
         from swarmyard.audit.log import AuditLog
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
-                         every_n=self.audit_every_n)
+                         witness=self.witness, every_n=self.audit_every_n)
         ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
         try:
             await self.launcher.start(goal)
@@ -343,13 +350,23 @@ class Coordinator:
             if ticker is not None:
                 ticker.cancel()
             await self.launcher.close()
+        extra: dict[str, str] = {}
         try:
-            audit_root = base64.b64encode(audit.checkpoint().checkpoint.root_hash).decode()
+            try:
+                audit.checkpoint()
+            except AuditError as exc:
+                # The log-signed checkpoint is on disk before the witness is asked; a witness that is gone or
+                # refuses must not cost the run its report, but the report says so.
+                log.warning("the witness did not cosign the last checkpoint: %s", exc.message)
+                extra["audit witness"] = f"last checkpoint NOT cosigned: {exc.message}"
+            audit_root = base64.b64encode(audit.tree.root()).decode()
             audit_key = audit.verifier.vkey
+            if audit.witness_verifier is not None and not extra:
+                extra["audit witness"] = audit.witness_verifier.vkey
         finally:
             audit.close()
-        data = replace(self.report_data(goal, synthesis, time.monotonic() - started), audit_root=audit_root,
-                       audit_key=audit_key)
+        data = self.report_data(goal, synthesis, time.monotonic() - started)
+        data = replace(data, audit_root=audit_root, audit_key=audit_key, extra={**data.extra, **extra})
         report = write_report(data, self.run_dir)
         return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
 

@@ -5,33 +5,40 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmyard.config import SandboxKind, SwarmConfig, load_config
+from swarmyard.errors import SwarmyardError, UserError
 from swarmyard.ids import new_id
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
 from swarmyard.swarm.coordinator import Coordinator, ProgressRow, RunResult, RunState
+
+if TYPE_CHECKING:
+    from swarmyard.audit.witness import HttpWitnessClient
 
 
 class Swarm:
     """A parsed swarm file, ready to run."""
 
     def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None,
-                 providers: Mapping[str, Any] | None = None) -> None:
+                 providers: Mapping[str, Any] | None = None, witness: str | None = None) -> None:
         #: provider objects that replace the file's entries of the same name (a scripted provider in a test)
         self.providers = providers
+        overrides: dict[str, Any] = {}
+        if sandbox is not None:
+            overrides["sandbox"] = sandbox
+        if witness is not None:
+            overrides["witness"] = witness
         self.config = (
-            config
-            if sandbox is None
-            else config.model_copy(update={"run": config.run.model_copy(update={"sandbox": sandbox})})
+            config.model_copy(update={"run": config.run.model_copy(update=overrides)}) if overrides else config
         )
 
     @classmethod
     def from_file(cls, path: Path | str, *, sandbox: SandboxKind | None = None,
-                  providers: Mapping[str, Any] | None = None) -> Swarm:
+                  providers: Mapping[str, Any] | None = None, witness: str | None = None) -> Swarm:
         """Parse a swarm file (``ConfigError`` naming the field; nothing is started)."""
-        return cls(load_config(Path(path)), sandbox=sandbox, providers=providers)
+        return cls(load_config(Path(path)), sandbox=sandbox, providers=providers, witness=witness)
 
     def run(
         self,
@@ -43,6 +50,7 @@ class Swarm:
         """Run to the synthesis (or continue run ``resume``); machines are deleted in every case."""
         from swarmyard.swarm.machine_launcher import MachineLauncher
 
+        witness = _witness(self.config.run.witness)  # before anything is created
         runs = Path(self.config.run.runs_dir)
         run_id = resume or new_id("run")
         run_dir = runs / run_id
@@ -61,7 +69,26 @@ class Swarm:
                 run_dir=run_dir,
                 on_span=on_span,
                 on_progress=on_progress,
+                witness=witness,
             )
             return asyncio.run(coordinator.run(resume=resume is not None))
         finally:
             store.close()
+            if witness is not None:
+                witness.close()
+
+
+def _witness(where: str | None) -> HttpWitnessClient | None:
+    """A client of the run's witness, checked before anything starts: a run that asked for one gets one."""
+    if where is None:
+        return None
+    from swarmyard.audit.witness import HttpWitnessClient
+
+    is_url = where.startswith(("http://", "https://"))
+    client = HttpWitnessClient(url=where) if is_url else HttpWitnessClient(socket=Path(where))
+    try:
+        client.verifier()
+    except SwarmyardError as exc:
+        client.close()
+        raise UserError(f"witness {where}: {exc.message}") from exc
+    return client
