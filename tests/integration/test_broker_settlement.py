@@ -106,3 +106,17 @@ def test_revocation_takes_effect_on_the_next_call(store: SqlStore) -> None:
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_token"
         assert app.state.broker.wait_settled(10)
     assert [r.state for r in store.list_reservations(goal.id)] == [ReservationState.SETTLED]
+
+
+def test_many_threads_run_every_job_once_and_close() -> None:
+    threads = StoreThreads(4, grace_s=0.0005)
+    done: list[int] = []
+
+    async def main() -> list[int]:
+        for n in range(200):
+            threads.later(done.append, -n - 1)
+        return await asyncio.gather(*(threads.call(lambda n=n: n) for n in range(200)))
+
+    assert asyncio.run(main()) == list(range(200))
+    threads.close()
+    assert sorted(done) == list(range(-200, 0))

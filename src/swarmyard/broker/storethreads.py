@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections import deque
@@ -36,13 +37,18 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
 
 
 class StoreThreads:
-    """``await threads.call(fn, *args)`` for the critical path; ``threads.later(fn, *args)`` for the rest."""
+    """``await threads.call(fn, *args)`` for the critical path; ``threads.later(fn, *args)`` for the rest.
+
+    Jobs wait in two deques; a ``SimpleQueue`` carries one wake-up token per job (its put and get are C
+    calls, several times cheaper than a ``threading.Condition`` on this path). A thread that holds tokens
+    runs jobs until it has none left, so every queued job has a token somewhere.
+    """
 
     def __init__(self, count: int, *, name: str = "broker-store", grace_s: float = 0.001,
                  max_delay_s: float = 0.05) -> None:
         self._now: deque[_Job] = deque()
         self._later: deque[tuple[float, _Job]] = deque()
-        self._cv = threading.Condition()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._grace_s = grace_s
         self._max_delay_s = max_delay_s
         self._closed = False
@@ -52,43 +58,56 @@ class StoreThreads:
 
     async def call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` on a store thread ahead of any queued settlement; its result or exception."""
+        if self._closed:
+            raise RuntimeError("the broker's store threads are closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("the broker's store threads are closed")
-            self._now.append((fn, args, loop, future))
-            self._cv.notify()
+        self._now.append((fn, args, loop, future))
+        self._wake.put(None)
         return await future
 
     def later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` to run when no ``call`` waits (or ``max_delay_s`` from now at the latest)."""
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("the broker's store threads are closed")
-            self._later.append((time.monotonic() + self._max_delay_s, (fn, args, None, None)))
-            self._cv.notify()
+        if self._closed:
+            raise RuntimeError("the broker's store threads are closed")
+        self._later.append((time.monotonic() + self._max_delay_s, (fn, args, None, None)))
+        self._wake.put(None)
 
-    def _next(self) -> _Job | None:
-        with self._cv:
-            while True:
-                if self._later and self._later[0][0] <= time.monotonic():
-                    return self._later.popleft()[1]  # overdue: it goes before further admissions
-                if self._now:
-                    return self._now.popleft()
-                if self._later:
-                    if self._closed:
-                        return self._later.popleft()[1]
-                    # idle with only settlements queued: give a call arriving right behind the answer a moment
-                    if not self._cv.wait_for(lambda: bool(self._now) or self._closed, self._grace_s):
-                        return self._later.popleft()[1]
-                    continue
-                if self._closed:
-                    return None
-                self._cv.wait()
+    def _take(self) -> tuple[_Job | None, int]:
+        """The job to run next (None if another thread took it) and how many more tokens were taken."""
+        later = self._later
+        try:
+            if later and later[0][0] <= time.monotonic():
+                return later.popleft()[1], 0  # overdue: it goes before further admissions
+            if self._now:
+                return self._now.popleft(), 0
+            if not later:
+                return None, 0
+            if not self._closed:
+                # idle with only settlements queued: give a call arriving right behind the answer a moment
+                try:
+                    self._wake.get(timeout=self._grace_s)
+                except queue.Empty:
+                    pass
+                else:
+                    return (self._now.popleft() if self._now else later.popleft()[1]), 1
+            return later.popleft()[1], 0
+        except IndexError:  # another thread emptied the deque between the check and the pop
+            return None, 0
 
     def _run(self) -> None:
-        while (job := self._next()) is not None:
+        tokens = 0
+        while True:
+            if not tokens:
+                self._wake.get()
+                tokens = 1
+            job, more = self._take()
+            tokens += more - 1
+            if job is None:
+                if self._closed and not self._now and not self._later:
+                    self._wake.put(None)  # pass a token on, so every thread sees the close
+                    return
+                continue
             fn, args, loop, future = job
             result: Any = None
             error: BaseException | None = None
@@ -103,8 +122,8 @@ class StoreThreads:
 
     def close(self) -> None:
         """Run what is queued, then stop the threads (blocks until they are done)."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
+        self._closed = True
+        for _ in self._threads:
+            self._wake.put(None)  # a token with no job: wakes a thread to see that it is closed
         for thread in self._threads:
             thread.join()
