@@ -115,7 +115,7 @@ def test_many_threads_run_every_job_once_and_close() -> None:
     async def main() -> list[int]:
         for n in range(200):
             threads.later(done.append, -n - 1)
-        return await asyncio.gather(*(threads.call(lambda n=n: n) for n in range(200)))
+        return list(await asyncio.gather(*(threads.call(int, n) for n in range(200))))
 
     assert asyncio.run(main()) == list(range(200))
     threads.close()
