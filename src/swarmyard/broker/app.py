@@ -285,7 +285,7 @@ class Broker:
     async def _lost(self, admitted: _Admitted, exc: BaseException) -> UpstreamUnknownError:
         reservation_id = admitted.reservation.id
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.store.mark_unknown, reservation_id)
+            await self._threads.call(self.store.mark_unknown, reservation_id)
         log.warning("reservation %s is unknown: %s", reservation_id, type(exc).__name__)
         return UpstreamUnknownError(
             f"the upstream answer was lost after the request was sent; reservation "
@@ -298,7 +298,7 @@ class Broker:
         if isinstance(exc, UpstreamLostError) or (state.sent and not isinstance(exc, ProviderError)):
             return await self._lost(admitted, exc)
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.store.release_reservation, admitted.reservation.id)
+            await self._threads.call(self.store.release_reservation, admitted.reservation.id)
         if isinstance(exc, ProviderError):
             return exc
         log.exception("provider failed before sending", exc_info=exc)
