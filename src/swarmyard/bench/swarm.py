@@ -6,10 +6,16 @@ board post, then submit a finding. The ideal wall time is ``calls x latency`` (e
 nothing else costs anything); the ratio ``wall / ideal`` is what the control plane, the broker and the store
 add when N workers share them.
 
-The workers here are asyncio tasks in one process, speaking HTTP over the plane's Unix socket with the same
-client code the built-in agent uses (``PlaneTools``, ``BrokerChatModel``). They are not sandboxed: 1,000
-sandboxed Python agents cannot even start on 2 cores within an ideal of a few latencies. The control plane
-and broker run in their own process, as they do in a run.
+The workers here are asyncio tasks in one process (on uvloop, as the server is), speaking HTTP over the plane's
+Unix socket with the same client code the built-in agent uses (``PlaneTools``, ``BrokerChatModel``). They are not
+sandboxed: 1,000 sandboxed Python agents cannot even start on 2 cores within an ideal of a few latencies. The
+control plane and broker run in their own process, as they do in a run.
+
+Where the overhead comes from: every worker starts at once and every model call takes the same time, so the
+requests arrive in waves of N (the claims, then each round's settle + board post + next admission) and the last
+worker of each wave waits for the whole wave to be served. The overhead is then close to the server's serial
+work for all N workers, which is why the result also reports the server's and the clients' CPU per request,
+the claim ramp (when the last claim was answered) and how much longer than the latency a model call took.
 """
 
 from __future__ import annotations
@@ -72,6 +78,15 @@ class SwarmRun:
     wall_s: float
     errors: int
     findings: int
+    claim_ramp_s: float = 0.0  # from the start until the last worker held its claim
+    call_excess_s: float = 0.0  # mean time a model call took beyond the provider's latency
+    server_cpu_s: float = 0.0  # CPU of the plane + broker process(es) while the workers ran
+    client_cpu_s: float = 0.0  # CPU of this process (the N workers' clients) while they ran
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests the workers made: a claim, ``calls`` x (model call + board post), a finding each."""
+        return self.workers * (2 + 2 * self.calls)
 
     @property
     def ideal_s(self) -> float:
@@ -84,7 +99,15 @@ class SwarmRun:
         return self.wall_s / self.ideal_s
 
 
-async def _worker(socket_path: str, token: str, calls: int) -> bool:
+@dataclass(slots=True)
+class _Timing:
+    """What one worker saw (measured with ``perf_counter``, a few calls per request)."""
+
+    claimed_at: float = 0.0
+    call_s: float = 0.0  # the model calls' total wall time
+
+
+async def _worker(socket_path: str, token: str, calls: int, timing: _Timing) -> bool:
     import httpx
 
     from swarmyard.agents.model import BrokerChatModel, OutputMode
@@ -100,18 +123,69 @@ async def _worker(socket_path: str, token: str, calls: int) -> bool:
         model = BrokerChatModel(client, MODEL, mode=OutputMode.TEXT, max_tokens=16)
         if await tools.claim() is None:
             return False
+        timing.claimed_at = time.perf_counter()
         for step in range(calls):
+            asked = time.perf_counter()
             await model.reply([{"role": "user", "content": f"step {step}: go on"}])
+            timing.call_s += time.perf_counter() - asked
             await tools.call("board_post", {"kind": "progress", "body": f"step {step} done"})
         await tools.call("submit_finding", {"title": "done", "body": "simulated work", "citations": []})
         return True
 
 
-async def _drive(socket_path: str, tokens: list[str], calls: int) -> tuple[float, int]:
+@dataclass(frozen=True, slots=True)
+class _Driven:
+    wall_s: float
+    errors: int
+    claim_ramp_s: float
+    call_s_mean: float
+
+
+async def _drive(socket_path: str, tokens: list[str], calls: int) -> _Driven:
+    timings = [_Timing() for _ in tokens]
     began = time.perf_counter()
-    results = await asyncio.gather(*(_worker(socket_path, t, calls) for t in tokens), return_exceptions=True)
+    workers = (_worker(socket_path, t, calls, tm) for t, tm in zip(tokens, timings, strict=True))
+    results = await asyncio.gather(*workers, return_exceptions=True)
     wall = time.perf_counter() - began
-    return wall, sum(1 for r in results if r is not True)
+    done = [tm for tm, r in zip(timings, results, strict=True) if r is True]
+    return _Driven(wall, sum(1 for r in results if r is not True),
+                   max((tm.claimed_at - began for tm in done), default=0.0),
+                   sum(tm.call_s for tm in done) / max(1, len(done) * calls))
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of process ``root`` and its descendants (uvicorn's replica processes)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total = 0.0
+    for pid, seconds in cpu.items():
+        walk = pid
+        while walk > 1 and walk != root:
+            walk = parent.get(walk, 0)
+        if walk == root:
+            total += seconds
+    return total
+
+
+def _run_on_uvloop(coro: Any) -> Any:
+    """Run the clients on uvloop, as the server runs: asyncio's own loop costs them about a tenth more CPU."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def _wait_ready(sock: Path, server: Any, replicas: int) -> None:
@@ -145,16 +219,20 @@ def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) ->
     tokens = [authority.issue(goal, "main", ttl_s=3600)[0] for _ in range(workers)]
     server = mp.get_context("spawn").Process(target=_serve, args=(url, str(sock), str(secret), latency_s, replicas))
     server.start()
+    assert server.pid is not None  # started
     try:
         _wait_ready(sock, server, replicas)
-        wall, errors = asyncio.run(_drive(str(sock), tokens, calls))
+        server_cpu, client_cpu = _tree_cpu_s(server.pid), time.process_time()
+        driven: _Driven = _run_on_uvloop(_drive(str(sock), tokens, calls))
+        server_cpu, client_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - client_cpu
         findings = len(store.read_findings(goal, limit=workers + 10))
     finally:
         server.terminate()
         server.join(timeout=10)
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
-    return SwarmRun(workers, calls, latency_s, wall, errors, findings)
+    return SwarmRun(workers, calls, latency_s, driven.wall_s, driven.errors, findings, driven.claim_ramp_s,
+                    max(0.0, driven.call_s_mean - latency_s), server_cpu, client_cpu)
 
 
 def run(quick: bool = False, **options: Any) -> BenchResult:
@@ -171,8 +249,15 @@ def run(quick: bool = False, **options: Any) -> BenchResult:
             label = f"{n} workers, {calls} calls of {latency:g} s, {replicas} plane process{'es' if replicas > 1 else ''}"
             result.add(BenchRow(f"{label}: wall", got.wall_s, "s", got.ideal_s, "ideal (calls x latency)",
                                 targets.get(n)))
+            # where the time went: the server's and the clients' CPU per request, the start-up ramp, the calls
+            result.add(BenchRow(f"{label}: server CPU per request", got.server_cpu_s * 1e3 / got.requests, "ms"))
+            result.add(BenchRow(f"{label}: clients' CPU per request", got.client_cpu_s * 1e3 / got.requests, "ms"))
+            result.add(BenchRow(f"{label}: last claim answered", got.claim_ramp_s, "s"))
+            result.add(BenchRow(f"{label}: model call beyond latency (mean)", got.call_excess_s * 1e3, "ms"))
             suffix = "" if replicas == 1 else f"_replicas{replicas}"
             result.summary[f"overhead_ratio_{n}{suffix}"] = round(got.overhead_ratio, 3)
+            result.summary[f"server_cpu_ms_per_request_{n}{suffix}"] = round(got.server_cpu_s * 1e3 / got.requests, 3)
+            result.summary[f"client_cpu_ms_per_request_{n}{suffix}"] = round(got.client_cpu_s * 1e3 / got.requests, 3)
             if got.errors or got.findings != n:
                 result.notes.append(f"{label}: {got.errors} failed, {got.findings} findings")
             if n == sizes[-1] and (best is None or got.overhead_ratio < best[0].overhead_ratio):
