@@ -33,7 +33,10 @@ def _libc() -> ctypes.CDLL:
 
 def mount_overlay(lowers: tuple[Path, ...], upper: Path, work: Path, target: Path) -> None:
     """Mount overlayfs with mount(2) directly: running mount(8) costs a process and ~3 ms per machine."""
-    options = f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}"
+    _mount(f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}", target)
+
+
+def _mount(options: str, target: Path) -> None:
     if _libc().mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"cannot mount the overlay disk at {target}: {os.strerror(err)}")
@@ -121,20 +124,28 @@ class Disk:
             (self.root / "work").mkdir(exist_ok=True)
         self.made = True
 
-    def mount(self) -> None:
-        """Create the folders (unless made already) and mount the overlay (else the disk is a plain folder)."""
-        if not self.made:
-            self.make_folders()
-        if not self.overlay:
-            return
-        if not self.lowers:
+    def overlay_options(self) -> str:
+        """The overlayfs mount options of this disk."""
+        lowers = self.lowers
+        if not lowers:
             # overlayfs needs at least one lower layer; an empty one costs nothing (a shared one not even a mkdir).
             empty = self.empty
             if empty is None:
                 empty = self.root / "empty"
                 empty.mkdir(exist_ok=True)
-            self.lowers = (empty,)
-        mount_overlay(self.lowers, self.root / "upper", self.root / "work", self.merged)
+            lowers = (empty,)
+        return f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={self.upper},workdir={self.root / 'work'}"
+
+    def mount(self) -> None:
+        """Create the folders (unless made already) and mount the overlay here (else the disk is a plain folder).
+
+        The ``local`` backend with its compiled launcher does not call this: the launcher mounts the overlay in a
+        mount namespace of the machine's own (see ``sandbox_init.c``), so the host's mount table stays small.
+        """
+        if not self.made:
+            self.make_folders()
+        if self.overlay:
+            _mount(self.overlay_options(), self.merged)
 
     def snapshot(self, target: Path) -> tuple[Path, ...]:
         """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers."""

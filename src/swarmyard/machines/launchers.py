@@ -51,6 +51,8 @@ class ParkedLauncher:
     cgroups: MachineCgroups | None
     #: The machine folder made for it ahead of demand (see ``SupervisedBackend.make_folder``), if any.
     folder: Path | None = None
+    #: Whether it mounted that folder's disk (with no baseline) in its own mount namespace while parked.
+    premounted: bool = False
 
     def launch(
         self,
@@ -58,18 +60,24 @@ class ParkedLauncher:
         env: Mapping[str, str],
         fds: Mapping[int, int],
         rlimit_as: int | None,
+        disk: tuple[Path, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Have the launcher exec ``argv``; ``fds`` maps each host descriptor to its number in the child.
+        """Have the launcher exec ``argv``; ``fds`` maps each host descriptor to its number in the child, ``disk``
+        is an overlay ``(target, options)`` for it to mount first (over the one it mounted while parked).
 
         Raises :class:`SandboxError` when the launcher is gone (the caller then starts one itself).
         """
         items = [f"fd={target}" for target in fds.values()]
         if rlimit_as is not None:
             items.append(f"rlimit-as={int(rlimit_as)}")
+        if disk is not None:
+            items += [f"disk={disk[0]}", f"disk-options={disk[1]}"]
         items += [f"env={k}={v}" for k, v in env.items()]
         items += [f"arg={a}" for a in argv]
         payload = b"".join(os.fsencode(item) + b"\0" for item in items)
         try:
+            if self.proc.poll() is not None:
+                raise BrokenPipeError(f"exited with status {self.proc.returncode}")
             socket.send_fds(self.sock, [payload], list(fds))
         except OSError as exc:
             raise SandboxError(f"a parked launcher is gone: {exc}", retryable=True) from exc
@@ -97,25 +105,34 @@ PARKED_CONTROLLERS = frozenset(wanted_controllers(Limits()))
 
 
 def start(
-    init: Path, hierarchy: Hierarchy, spawn: Spawn, make_folder: Callable[[str], Path] | None = None
+    init: Path,
+    hierarchy: Hierarchy,
+    spawn: Spawn,
+    make_folder: Callable[[str], Path] | None = None,
+    disk_args: Callable[[Path], list[str]] | None = None,
 ) -> ParkedLauncher:
     """Start one launcher in new cgroups (the :data:`PARKED_CONTROLLERS` this host has); with ``make_folder``,
-    also make the machine folder it will boot in."""
+    also make the machine folder it will boot in, and with ``disk_args`` (the launcher's ``--private-mounts
+    --disk ...`` options for that folder) have it mount the folder's disk in a mount namespace of its own."""
     name = new_id("slot")
+    # The folder (with its owner file) first: should this process die next, the folder names the groups below
+    # for the next backend on this root to reap.
+    folder = make_folder(name) if make_folder is not None else None
     cgroups = None
     if hierarchy.v1 or hierarchy.v2:
-        # With the default limits already written: most machines ask for those and then need no write at all.
-        cgroups = MachineCgroups(hierarchy, name, Limits(), controllers=set(PARKED_CONTROLLERS))
-    try:
-        folder = make_folder(name) if make_folder is not None else None
-    except BaseException:
-        if cgroups is not None:
-            cgroups.remove()
-        raise
+        try:
+            # With the default limits already written: most machines ask for those and then need no write.
+            cgroups = MachineCgroups(hierarchy, name, Limits(), controllers=set(PARKED_CONTROLLERS))
+        except BaseException:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = [str(init), "--park", str(theirs.fileno()), "--parent", str(os.getpid())]
     for procs in cgroups.procs_files if cgroups is not None else []:
         argv += ["--join", procs]
+    extra = disk_args(folder) if disk_args is not None and folder is not None else []
+    argv += extra
     try:
         proc = spawn(
             lambda: subprocess.Popen(
@@ -137,7 +154,7 @@ def start(
         raise
     finally:
         theirs.close()
-    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups, folder=folder)
+    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups, folder=folder, premounted="--disk" in extra)
 
 
 class LauncherPool:
@@ -156,8 +173,10 @@ class LauncherPool:
         size: int = DEFAULT_SIZE,
         low: int | None = None,
         make_folder: Callable[[str], Path] | None = None,
+        disk_args: Callable[[Path], list[str]] | None = None,
     ) -> None:
         self._make_folder = make_folder
+        self._disk_args = disk_args
         self._init = init
         self._hierarchy = hierarchy
         self._spawn = spawn
@@ -207,7 +226,7 @@ class LauncherPool:
                 if len(self._parked) >= self.size:
                     return True
             try:
-                launcher = start(self._init, self._hierarchy, self._spawn, self._make_folder)
+                launcher = start(self._init, self._hierarchy, self._spawn, self._make_folder, self._disk_args)
             except (OSError, SandboxError) as exc:
                 _log.warning("cannot park a machine launcher (creates start their own): %s", exc)
                 return True

@@ -18,6 +18,7 @@ from typing import Literal
 from swarmyard.errors import SandboxUnavailableError
 from swarmyard.machines import doctor, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
+from swarmyard.machines.disks import Disk
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import (
     _SPAWNER,
@@ -81,12 +82,19 @@ class LocalBackend(SupervisedBackend):
         elif init == "auto":
             self.native_init = native.native_init()
         self.launcher = self.native_init
+        # The compiled launcher mounts each machine's disk in the machine's own mount namespace.
+        self.mounts_in_launcher = self.native_init is not None
         self._pool: launchers.LauncherPool | None = None
         #: How many launchers this backend keeps parked (0 when it keeps none).
         self.parked = parked if self.native_init is not None else 0
         if self.native_init is not None and parked > 0:
             self._pool = launchers.LauncherPool(
-                self.native_init, self._hierarchy, _SPAWNER.spawn, parked, make_folder=self.make_folder
+                self.native_init,
+                self._hierarchy,
+                _SPAWNER.spawn,
+                parked,
+                make_folder=self.make_folder,
+                disk_args=self._parked_disk_args if self.overlay else None,
             )
         self.sysroot = sysroot.prepare(self.root, self.native_init)
         self._prefix = self._static_argv()
@@ -134,6 +142,9 @@ class LocalBackend(SupervisedBackend):
         if not (self._hierarchy.v1 or self._hierarchy.v2):
             return None
         return MachineCgroups(self._hierarchy, spec.id, spec.limits)
+
+    def _parked_disk_args(self, folder: Path) -> list[str]:
+        return self.disk_args(Disk(folder, lowers=(), overlay=True, empty=self.root / "empty", made=True))
 
     def park(self) -> None:
         """Park this backend's launchers now, in the calling thread (else the first create starts it)."""

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -801,6 +803,30 @@ static int set_rlimit_as(const char *value) {
     return 0;
 }
 
+/* A mount namespace of the launcher's own, private both ways: the machine's disk is mounted there only, so
+ * the host's mount table does not grow with every machine (bwrap re-reads the whole table for each of its
+ * binds) and the disk goes away with the sandbox's last process. */
+static int private_mounts(void) {
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        fprintf(stderr, "launch: cannot make a private mount namespace: %s\n", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Mount the machine's overlay disk at TARGET (over any disk mounted there before, at park time). */
+static int mount_disk(const char *target, const char *options) {
+    if (umount2(target, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
+        fprintf(stderr, "launch: cannot unmount %s: %s\n", target, strerror(errno));
+        return -1;
+    }
+    if (mount("overlay", target, "overlay", 0, options) != 0) {
+        fprintf(stderr, "launch: cannot mount the overlay disk at %s: %s\n", target, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* `init --launch [--join FILE]... [--rlimit-as BYTES] -- ARGV...`: on the host, before bwrap, so the whole
  * sandbox starts inside its cgroups with no window. Spawned without a Python preexec hook, which would force a
  * full fork of the host process (~3 ms) instead of vfork. */
@@ -811,6 +837,11 @@ static int launch(int argc, char **argv) {
             if (join_cgroup(argv[++i]) != 0) return 126;
         } else if (i + 1 < argc && strcmp(argv[i], "--rlimit-as") == 0) {
             if (set_rlimit_as(argv[++i]) != 0) return 126;
+        } else if (strcmp(argv[i], "--private-mounts") == 0) {
+            if (private_mounts() != 0) return 126;
+        } else if (i + 2 < argc && strcmp(argv[i], "--disk") == 0) {
+            if (mount_disk(argv[i + 1], argv[i + 2]) != 0) return 126;
+            i += 2;
         } else {
             fprintf(stderr, "launch: unknown option %s\n", argv[i]);
             return 2;
@@ -825,11 +856,13 @@ static int launch(int argc, char **argv) {
 #define PARK_MAX_FDS 8
 #define PARK_MAX_ITEMS 1024
 
-/* `init --park FD --parent PID [--join FILE]...`: a launcher started ahead of demand (see launchers.py). It joins
- * its cgroups first (a cgroup move waits for an RCU grace period, ~12 ms, unless another move happened moments
- * before), then waits on the SOCK_SEQPACKET socket FD for one order: NUL-terminated items `fd=N` (one per
- * passed descriptor, in SCM_RIGHTS order: the descriptor becomes number N), `rlimit-as=BYTES`, `env=K=V` and
- * `arg=A`, after which it execs the args with that environment. End of file means: nothing to launch, exit. */
+/* `init --park FD --parent PID [--join FILE]... [--private-mounts [--disk TARGET OPTIONS]]`: a launcher started
+ * ahead of demand (see launchers.py). It joins its cgroups first (a cgroup move waits for an RCU grace period,
+ * ~12 ms, unless another move happened moments before), takes a mount namespace of its own and mounts the disk
+ * it was told to, then waits on the SOCK_SEQPACKET socket FD for one order: NUL-terminated items `fd=N` (one
+ * per passed descriptor, in SCM_RIGHTS order: the descriptor becomes number N), `rlimit-as=BYTES`,
+ * `disk=TARGET` and `disk-options=OPTIONS` (mount this disk instead), `env=K=V` and `arg=A`, after which it
+ * execs the args with that environment. End of file means: nothing to launch, exit. */
 static int park(int argc, char **argv) {
     if (argc < 3) return 2;
     int sock = atoi(argv[2]);
@@ -840,6 +873,11 @@ static int park(int argc, char **argv) {
         if (i + 1 < argc && strcmp(argv[i], "--parent") == 0) parent = (pid_t)atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--join") == 0) {
             if (join_cgroup(argv[++i]) != 0) return 126;
+        } else if (strcmp(argv[i], "--private-mounts") == 0) {
+            if (private_mounts() != 0) return 126;
+        } else if (i + 2 < argc && strcmp(argv[i], "--disk") == 0) {
+            if (mount_disk(argv[i + 1], argv[i + 2]) != 0) return 126;
+            i += 2;
         } else return 2;
     }
     if (parent && getppid() != parent) return 1; /* the owner died before PDEATHSIG was armed */
@@ -869,8 +907,11 @@ static int park(int argc, char **argv) {
     buf[n] = 0;
     static char *args[PARK_MAX_ITEMS + 1], *envp[PARK_MAX_ITEMS + 1];
     int targets[PARK_MAX_FDS], ntargets = 0, nargs = 0, nenv = 0, top = 2;
+    const char *disk = NULL, *disk_options = NULL;
     for (char *p = buf; p < buf + n; p += strlen(p) + 1) {
-        if (strncmp(p, "fd=", 3) == 0 && ntargets < PARK_MAX_FDS) {
+        if (strncmp(p, "disk=", 5) == 0) disk = p + 5;
+        else if (strncmp(p, "disk-options=", 13) == 0) disk_options = p + 13;
+        else if (strncmp(p, "fd=", 3) == 0 && ntargets < PARK_MAX_FDS) {
             targets[ntargets] = atoi(p + 3);
             if (targets[ntargets] > top) top = targets[ntargets];
             ntargets++;
@@ -898,6 +939,8 @@ static int park(int argc, char **argv) {
         if (dup2(got[k], targets[k]) < 0) return 126; /* dup2 leaves the target without close-on-exec */
         close(got[k]);
     }
+    /* After the descriptors: a failure is written to the machine's log (fd 2 by now). */
+    if (disk && disk_options && mount_disk(disk, disk_options) != 0) return 126;
     execve(args[0], args, envp);
     fprintf(stderr, "launch: %s: %s\n", args[0], strerror(errno));
     return 127;

@@ -167,6 +167,9 @@ class SupervisedBackend:
     launcher: Path | None = None
     #: Whether each disk gets a ``.tmp`` folder (the ``process`` backend's TMPDIR; ``local`` has a tmpfs /tmp).
     disk_tmp = True
+    #: Whether the launcher mounts each overlay disk in a mount namespace of the machine's own (else this
+    #: process mounts it in its own namespace).
+    mounts_in_launcher = False
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = (root or default_root()).resolve()
@@ -243,8 +246,14 @@ class SupervisedBackend:
         """The variables every machine starts with, before the caller's."""
         raise NotImplementedError
 
-    def _launcher_argv(self, launch: Launch) -> list[str]:
+    def disk_args(self, disk: Disk) -> list[str]:
+        """The launcher's options that mount ``disk`` in a mount namespace of its own."""
+        return ["--private-mounts", "--disk", str(disk.merged), disk.overlay_options()]
+
+    def _launcher_argv(self, launch: Launch, disk: Disk | None = None) -> list[str]:
         argv = [str(self.launcher), "--launch"]
+        if disk is not None:
+            argv += self.disk_args(disk)
         for procs in launch.cgroup_procs:
             argv += ["--join", procs]
         for kind, value in launch.rlimits.items():
@@ -331,7 +340,8 @@ class SupervisedBackend:
         with self._lock:
             self._machines[spec.id] = machine
         try:
-            disk.mount()
+            if not (self.overlay and self.mounts_in_launcher):
+                disk.mount()
             if self.disk_tmp:
                 (disk.merged / ".tmp").mkdir(exist_ok=True)
             machine.cgroups = self._make_cgroups(machine)
@@ -359,16 +369,20 @@ class SupervisedBackend:
             rlimit_as = launch.rlimits.get(resource.RLIMIT_AS)
             if set(launch.rlimits) - {resource.RLIMIT_AS}:
                 raise SandboxError(f"the launcher sets only RLIMIT_AS, not {sorted(launch.rlimits)}")
+            disk = None
+            if self.overlay and self.mounts_in_launcher and (machine.disk.lowers or not parked.premounted):
+                disk = (machine.disk.merged, machine.disk.overlay_options())
             try:
-                return parked.launch(launch.argv, launch.env, fds, rlimit_as)
+                return parked.launch(launch.argv, launch.env, fds, rlimit_as, disk)
             except SandboxError:
                 # It died while parked (killed from outside): its groups stay the machine's; start a new one.
                 parked.proc.wait()
                 log.warning("machine %s: its parked launcher was gone; starting one", machine.info.id)
         preexec = None
-        if launch.cgroup_procs or launch.rlimits:
+        private_disk = self.overlay and self.mounts_in_launcher
+        if launch.cgroup_procs or launch.rlimits or private_disk:
             if self.launcher is not None:
-                launch.argv = self._launcher_argv(launch)
+                launch.argv = self._launcher_argv(launch, machine.disk if private_disk else None)
             else:
                 preexec = _join_cgroups_and_limits(launch.cgroup_procs, launch.rlimits)
         return _SPAWNER.spawn(
@@ -420,7 +434,8 @@ class SupervisedBackend:
             return "init exited"
         size = os.fstat(machine.log_fd).st_size
         tail = os.pread(machine.log_fd, 2000, max(size - 2000, 0))
-        return tail.decode(errors="replace").strip() or "init exited"
+        status = machine.proc.poll() if machine.proc is not None else None
+        return tail.decode(errors="replace").strip() or f"init exited (status {status})"
 
     def _ready(self, machine_id: str) -> Machine:
         self.wait_until_ready(machine_id, 30.0)
@@ -488,7 +503,14 @@ class SupervisedBackend:
 
     def baseline_from_machine(self, machine_id: str, name: str) -> Baseline:
         """Freeze a machine's current disk as a baseline (after it checked out a repo, installed deps...)."""
-        return self.prepare_baseline(name, self._get(machine_id).disk.merged)
+        machine = self._get(machine_id)
+        disk = machine.disk.merged
+        if self.overlay and self.mounts_in_launcher:
+            if machine.proc is None:
+                raise SandboxError(f"machine {machine_id} has no disk mounted", machine_id=machine_id)
+            # Mounted in the machine's own mount namespace: seen from here through its sandbox process's root.
+            disk = Path(f"/proc/{machine.proc.pid}/root") / disk.relative_to("/")
+        return self.prepare_baseline(name, disk)
 
     def close(self) -> None:
         """Delete every machine."""
