@@ -23,16 +23,14 @@ def _env() -> dict[str, str]:
     return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """``swarmyard serve`` with a simulated provider; yields (socket, folder)."""
+def _serve(tmp_path: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     sock = tmp_path / "plane.sock"
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     open_store(store_url).close()  # migrated before the server opens it
     proc = subprocess.Popen(
         [sys.executable, "-c", "from swarmyard.cli.main import main; main()", "serve", "--store", store_url,
          "--socket", str(sock), "--secret-file", str(tmp_path / "token-secret"),
-         "--operator-token-file", str(tmp_path / "operator-token"), "--provider", "sim=simulated:sim-1"],
+         "--operator-token-file", str(tmp_path / "operator-token"), *extra],
         env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
@@ -47,10 +45,51 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
                 except httpx.TransportError:
                     pass
             time.sleep(0.05)
-        yield sock, tmp_path
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``swarmyard serve`` with a simulated provider; yields (socket, folder)."""
+    for _ in _serve(tmp_path, "--provider", "sim=simulated:sim-1"):
+        yield tmp_path / "plane.sock", tmp_path
+
+
+@pytest.mark.slow
+def test_two_serving_processes_share_the_socket_and_the_store(tmp_path: Path) -> None:
+    for proc in _serve(tmp_path, "--workers", "2", "--rate", "1000", "--burst", "1000"):
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 2  # two serving processes, forked by the one the user started
+        store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+        try:
+            goal = store.create_goal(GoalSpec("two", budget_micro_usd=10_000_000, call_cap=100))
+            for i in range(24):
+                store.create_task(goal.id, TaskSpec(f"t{i}"))
+            authority = TokenAuthority(load_or_create_secret(tmp_path / "token-secret"), store)
+            tokens = [authority.issue(goal.id, "main", ttl_s=3600)[0] for _ in range(24)]
+
+            def call(token: str, tool: str, body: dict[str, object]) -> httpx.Response:
+                # A fresh connection per call: the kernel hands connections to either process.
+                with httpx.Client(transport=httpx.HTTPTransport(uds=str(tmp_path / "plane.sock")),
+                                  base_url="http://plane", headers={"authorization": f"Bearer {token}"}) as c:
+                    return c.post(f"/v1/tools/{tool}", json=body)
+
+            claims = [call(t, "claim_task", {}).json() for t in tokens]
+            assert len({c["task"]["id"] for c in claims}) == 24  # no task held twice
+            fence = {"task_id": claims[0]["task"]["id"], "fencing_token": claims[0]["fencing_token"]}
+            assert all(call(tokens[0], "board_post", {**fence, "body": f"p{i}"}).status_code == 200
+                       for i in range(6))
+            # Revoked by another process (here: the test's own store handle): every serving process
+            # refuses the token on its very next call, since each reads the worker's row on every call.
+            authority.revoke(store.get_worker(claims[0]["task"]["worker_id"]).id)
+            refused = [call(tokens[0], "board_post", {**fence, "body": "late"}) for _ in range(12)]
+            assert {r.status_code for r in refused} == {401}
+            assert [p.body for p in store.read_board(goal.id)] == [f"p{i}" for i in range(6)]
+        finally:
+            store.close()
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@ The plane runs as ``swarmyard serve`` would, in a child process on a fresh SQLit
 each, then alternate ``board_post`` and ``board_read``. The workers are spread over several client
 processes, each with its own event loop, so the client side is not one Python thread. The baseline is a
 bare Starlette echo endpoint served by the same uvicorn setup over the same kind of socket, driven by the
-very same client processes in the same run. ``duplicates`` counts tasks that two workers both hold (it
-must be 0).
+very same client processes in the same run. Both are measured served by one process and by two (as
+``swarmyard serve --workers 2`` serves), the baseline always by as many processes as the plane.
+``duplicates`` counts tasks that two workers both hold (it must be 0).
 """
 
 from __future__ import annotations
@@ -188,65 +189,84 @@ def _setup(folder: Path, workers: int) -> tuple[str, list[str]]:
         store.close()
 
 
+def _measure(folder: Path, tokens: Sequence[str], total: int, *, clients: int, servers: int,
+             renew_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(echo, plane) figures, each served by ``servers`` processes and driven by the same client processes."""
+    echo_sock, plane_sock = folder / "echo.sock", folder / "plane.sock"
+    echo = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", "--echo", str(echo_sock), str(servers)],
+                            env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(echo_sock, echo)
+        base = _drive_processes(echo_sock, tokens, total, echo=True, processes=clients)
+    finally:
+        _stop(echo)
+    plane = subprocess.Popen(
+        [sys.executable, "-m", "swarmyard.bench.plane", "--serve", str(folder), str(renew_s), str(servers)],
+        env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(plane_sock, plane)
+        got = _drive_processes(plane_sock, tokens, total, echo=False, processes=clients)
+    finally:
+        _stop(plane)
+    return base, got
+
+
 def run(quick: bool = False, **options: object) -> BenchResult:
-    """Measure tool calls/s with 100 and 1,000 concurrent workers (fewer calls with ``quick``)."""
+    """Measure tool calls/s with 100 and 1,000 concurrent workers (fewer calls with ``quick``), served by one
+    process and by two (``swarmyard serve --workers 2``); each echo baseline is served by as many processes."""
     concurrencies = (10, 50) if quick else (100, 1000)
     total = 400 if quick else 20_000
     renew_s = float(str(options.get("renew_interval_s", 5.0)))
     clients = int(str(options.get("clients", 2)))
+    server_counts = (1, 2)
     result = BenchResult(area="plane")
-    by: dict[str, Any] = {}
+    by: dict[str, dict[str, Any]] = {str(n): {} for n in server_counts}
     for workers in concurrencies:
-        folder = Path(tempfile.mkdtemp(prefix="sy-bench-"))
-        try:
-            _, tokens = _setup(folder, workers)
-            echo_sock, plane_sock = folder / "echo.sock", folder / "plane.sock"
-            echo = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", "--echo", str(echo_sock)],
-                                    env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for servers in server_counts:
+            folder = Path(tempfile.mkdtemp(prefix="sy-bench-"))
             try:
-                _wait_for(echo_sock, echo)
-                base = _drive_processes(echo_sock, tokens, total, echo=True, processes=clients)
+                _, tokens = _setup(folder, workers)
+                base, got = _measure(folder, tokens, total, clients=clients, servers=servers, renew_s=renew_s)
             finally:
-                _stop(echo)
-            plane = subprocess.Popen(
-                [sys.executable, "-m", "swarmyard.bench.plane", "--serve", str(folder), str(renew_s)],
-                env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            try:
-                _wait_for(plane_sock, plane)
-                got = _drive_processes(plane_sock, tokens, total, echo=False, processes=clients)
-            finally:
-                _stop(plane)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        by[str(workers)] = {**got, "baseline_calls_per_s": base["calls_per_s"]}
-        result.add(BenchRow(f"tool calls/s, {workers} workers", got["calls_per_s"], "calls/s",
-                            baseline=base["calls_per_s"], baseline_name="bare Starlette echo", target=">= 3000"))
-        result.add(BenchRow(f"p50 latency, {workers} workers", got["p50_ms"], "ms",
-                            baseline=base["p50_ms"], baseline_name="bare Starlette echo"))
-        result.add(BenchRow(f"p99 latency, {workers} workers", got["p99_ms"], "ms",
-                            baseline=base["p99_ms"], baseline_name="bare Starlette echo"))
+                shutil.rmtree(folder, ignore_errors=True)
+            by[str(servers)][str(workers)] = {**got, "baseline_calls_per_s": base["calls_per_s"]}
+            served = f"{workers} workers, {servers} server process{'es' if servers > 1 else ''}"
+            echo_name = f"bare Starlette echo, {servers} process{'es' if servers > 1 else ''}"
+            result.add(BenchRow(f"tool calls/s, {served}", got["calls_per_s"], "calls/s",
+                                baseline=base["calls_per_s"], baseline_name=echo_name, target=">= 3000"))
+            result.add(BenchRow(f"p50 latency, {served}", got["p50_ms"], "ms", baseline=base["p50_ms"],
+                                baseline_name=echo_name))
+            result.add(BenchRow(f"p99 latency, {served}", got["p99_ms"], "ms", baseline=base["p99_ms"],
+                                baseline_name=echo_name))
+    # The headline is the serving setup a user would pick (the better worst case), with every figure kept.
+    best = max(by, key=lambda n: min(v["calls_per_s"] for v in by[n].values()))
+    runs = [v for per in by.values() for v in per.values()]
     result.summary = {
-        "calls_per_s": min(v["calls_per_s"] for v in by.values()),
-        "p99_ms": max(v["p99_ms"] for v in by.values()),
-        "duplicates": sum(v["duplicates"] for v in by.values()),
-        "errors": sum(v["errors"] for v in by.values()),
+        "calls_per_s": min(v["calls_per_s"] for v in by[best].values()),
+        "p99_ms": max(v["p99_ms"] for v in by[best].values()),
+        "duplicates": sum(v["duplicates"] for v in runs),
+        "errors": sum(v["errors"] for v in runs),
+        "server_processes": int(best),
+        "calls_per_s_1_process": min(v["calls_per_s"] for v in by["1"].values()),
         "renew_interval_s": renew_s,
         "client_processes": clients,
-        "by_workers": by,
+        "by_server_processes": by,
     }
     result.notes.append(f"clients: one async httpx client per worker (swarmyard's Unix-socket transport), spread "
                         f"over {clients} client processes that share the machine's cores with the server; the "
-                        "echo baseline, driven the same way, bounds what can be seen")
+                        "echo baseline, driven the same way and served by as many processes, bounds what can be "
+                        "seen; calls_per_s is the worst worker count of the better serving setup "
+                        f"({best} process{'es' if best != '1' else ''})")
     return result
 
 
-def _serve_echo(socket_path: str) -> None:
+def _serve_echo(socket_path: str, processes: str) -> None:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from swarmyard.plane.server import Listen, serve
+    from swarmyard.plane.server import Listen, serve_processes
 
     async def echo(request: Request) -> Response:
         return Response(await request.body(), media_type="application/json")
@@ -254,28 +274,34 @@ def _serve_echo(socket_path: str) -> None:
     async def healthz(request: Request) -> Response:
         return Response(b"{}", media_type="application/json")
 
-    serve(Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/healthz", healthz)]),
-          Listen(socket_path=Path(socket_path)))
+    # Served exactly as `swarmyard serve --workers N` serves the plane (forked processes, one shared socket).
+    serve_processes(lambda: Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/healthz", healthz)]),
+                    Listen(socket_path=Path(socket_path)), int(processes))
 
 
-def _serve_plane(folder: str, renew_s: str) -> None:
+def _serve_plane(folder: str, renew_s: str, processes: str) -> None:
     from swarmyard.plane.app import create_app
-    from swarmyard.plane.server import Listen, serve
+    from swarmyard.plane.server import Listen, serve_processes
     from swarmyard.plane.settings import PlaneSettings
     from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     base = Path(folder)
-    store = open_store(f"sqlite:///{base / 'store.db'}")
-    tokens = TokenAuthority(load_or_create_secret(base / "token-secret"), store)
+    url = f"sqlite:///{base / 'store.db'}"
+    secret = load_or_create_secret(base / "token-secret")
     settings = PlaneSettings(lease_s=300, renew_min_interval_s=float(renew_s), rate_per_s=10**6, rate_burst=10**6)
-    serve(create_app(store, tokens, settings), Listen(socket_path=base / "plane.sock"))
+
+    def make_app() -> Any:
+        store = open_store(url)  # after the fork: each serving process has its own connections
+        return create_app(store, TokenAuthority(secret, store), settings)
+
+    serve_processes(make_app, Listen(socket_path=base / "plane.sock"), int(processes))
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--echo":
-        _serve_echo(sys.argv[2])
+        _serve_echo(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--drive":
         _client_main(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "--serve":
-        _serve_plane(sys.argv[2], sys.argv[3])
+        _serve_plane(sys.argv[2], sys.argv[3], sys.argv[4])

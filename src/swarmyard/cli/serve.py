@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
     from starlette.routing import BaseRoute
 
     from swarmyard.config import ProviderConfig
@@ -47,6 +48,8 @@ _Provider = typer.Option(None, "--provider",
                          help="Mount the model broker with NAME=KIND:MODEL[,MODEL...] (repeatable), e.g. "
                               "sim=simulated:sim-1 or oa=openai:gpt-4.1-mini.")
 _CacheDir = typer.Option(None, "--cache-dir", help="Where embedded models are assembled.")
+_Workers = typer.Option(1, "--workers", min=1,
+                        help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves.")
 
 
 def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, ProviderConfig]:
@@ -113,12 +116,13 @@ def command(
     providers: Path | None = _Providers,
     provider: list[str] | None = _Provider,
     cache_dir: Path | None = _CacheDir,
+    workers: int = _Workers,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, and the model broker) until Ctrl-C."""
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
     from swarmyard.plane.app import create_app
-    from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve
+    from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve, serve_processes
     from swarmyard.plane.settings import PlaneSettings
     from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 
@@ -129,26 +133,37 @@ def command(
     listen = Listen(socket_path=None if no_socket else socket, tcp_host=host, tcp_port=port, tls=tls)
     check_listen(listen)  # before touching the store: a refused setup changes nothing
     table = provider_table(providers, provider or [])
-    opened = store_at(store)
-    tokens = TokenAuthority(load_or_create_secret(secret_file), opened)
+    settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
+                             renew_min_interval_s=renew_interval_s)
+    secret = load_or_create_secret(secret_file)
+    opened = store_at(store)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
-        write_secret_file(operator_token_file, tokens.issue_operator().encode())
-    evaluator = None
-    if evaluator_socket is not None:
-        from swarmyard.evaluator.client import AsyncEvaluatorClient
+        write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
 
-        evaluator = AsyncEvaluatorClient(evaluator_socket)
-    app = create_app(opened, tokens, PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
-                                                   renew_min_interval_s=renew_interval_s),
-                     evaluator=evaluator,
-                     extra_routes=_broker(opened, tokens, table, cache_dir) if table else ())
+    def make_app(opened: Store) -> Starlette:
+        tokens = TokenAuthority(secret, opened)
+        evaluator = None
+        if evaluator_socket is not None:
+            from swarmyard.evaluator.client import AsyncEvaluatorClient
+
+            evaluator = AsyncEvaluatorClient(evaluator_socket)
+        return create_app(opened, tokens, settings, evaluator=evaluator,
+                          extra_routes=_broker(opened, tokens, table, cache_dir) if table else ())
+
     where = [f"unix:{socket}"] if listen.socket_path else []
     if host:
         where.append(f"{'https' if tls else 'http'}://{host}:{port}")
     models = sorted({m for cfg in table.values() for m in cfg.models})
     broker = f"model broker serving {', '.join(models)}" if models else "no model broker (see --providers)"
-    typer.echo(f"control plane on {', '.join(where)}; {broker}; operator token in {operator_token_file}", err=True)
+    procs = f" from {workers} processes" if workers > 1 else ""
+    typer.echo(f"control plane on {', '.join(where)}{procs}; {broker}; operator token in {operator_token_file}",
+               err=True)
+    if workers > 1:
+        # Every process opens its own store after the fork (connections and pool threads do not survive one).
+        opened.close()
+        serve_processes(lambda: make_app(store_at(store)), listen, workers)
+        return
     try:
-        serve(app, listen)
+        serve(make_app(opened), listen)
     finally:
         opened.close()

@@ -4,16 +4,14 @@ Requests are validated with the pydantic models of ``swarmyard.plane.models`` (a
 the field); every ``SwarmyardError`` becomes its typed JSON body with its ``status`` (plus ``Retry-After``
 on 429); anything else is logged and answered with a 500 that leaks nothing. Store calls run on worker
 threads, never on the event loop: one hop per call (a whole tool: token check, rate limit, lease and the
-store statements together).
+store statements together), handed over in batches (``swarmyard.plane.storecalls``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
@@ -33,6 +31,7 @@ from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
 from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
 from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.storecalls import StoreThreads
 from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
 from swarmyard.store.protocol import Store
@@ -87,15 +86,13 @@ class _Plane:
         self.metrics = PlaneMetrics(store)
         self.tools = WorkerTools(store, tokens, settings, clock, self.metrics, evaluator)
         self.operator = OperatorApi(store, tokens, settings, on_revoke=self.tools.forget_worker)
-        # Several threads even on SQLite: a commit waits on the disk with the GIL released; measured with
-        # `swarmyard bench plane`, one store thread gave about 0.6x the calls/s of eight.
-        self.pool = ThreadPoolExecutor(max_workers=settings.store_concurrency,
-                                       thread_name_prefix="swarmyard-store")
+        threads = settings.store_concurrency or (2 if store.url.startswith("sqlite") else 8)
+        self.store_threads = StoreThreads(threads)
         self.openapi = build_openapi(__version__)
 
     async def offload(self, fn: Callable[[], T]) -> T:
-        """Run a blocking store call on a store thread (the executor is cheaper per hop than anyio's)."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
+        """Run a blocking store call on a store thread."""
+        return await self.store_threads.run(fn)
 
     async def body(self, request: Request, model: type[BaseModel]) -> Any:
         raw = await read_limited(request.stream(), request.headers.get("content-length"),

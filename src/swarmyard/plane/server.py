@@ -2,8 +2,10 @@
 
 TCP on a loopback address may be plain; TCP on any other address requires mutual TLS (a server certificate
 and a CA that client certificates must chain to; ``swarmyard certs init`` makes all three). ``serve`` runs in
-the foreground until SIGINT/SIGTERM; ``BackgroundServer`` runs the same servers on a thread, for the
-in-process control plane of ``swarmyard run`` and for tests.
+the foreground until SIGINT/SIGTERM; ``serve_processes`` does the same from several forked processes that
+share the listening sockets (each with its own event loop, store connections and GIL: the plane is stateless,
+everything it must agree on lives in the store); ``BackgroundServer`` runs the same servers on a thread, for
+the in-process control plane of ``swarmyard run`` and for tests.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import asyncio
 import contextlib
 import importlib.util
 import ipaddress
+import logging
+import os
 import signal
+import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +30,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from swarmyard.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,32 +87,69 @@ def _fast_parts() -> dict[str, str]:
 
 
 class _Server(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to ``serve`` (two servers share one set of handlers)."""
+    """A uvicorn server that leaves signal handling to ``serve`` (two servers share one set of handlers).
+
+    ``bound`` holds sockets bound before this process started serving (``serve_processes``), else None.
+    """
+
+    bound: list[socket.socket] | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
 
-def _servers(app: ASGIApp, listen: Listen, log_level: str) -> list[_Server]:
+def _common(log_level: str) -> dict[str, Any]:
+    return {"log_level": log_level, "access_log": False, "lifespan": "off", "http": _fast_parts()["http"],
+            "backlog": 4096, "timeout_keep_alive": 30,
+            # Nothing sits in front of the plane: X-Forwarded-* headers are not to be believed, nor parsed.
+            "proxy_headers": False}
+
+
+def _tls(listen: Listen) -> dict[str, Any]:
+    if listen.tls is None:
+        return {}
+    return {"ssl_certfile": str(listen.tls.cert), "ssl_keyfile": str(listen.tls.key),
+            "ssl_ca_certs": str(listen.tls.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+
+
+def _servers(app: ASGIApp, listen: Listen, log_level: str,
+             sockets: tuple[socket.socket | None, socket.socket | None] | None = None) -> list[_Server]:
+    """One uvicorn server per address; with ``sockets`` (Unix, TCP) they serve those instead of binding."""
     check_listen(listen)
-    parts = _fast_parts()
-    common: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "off",
-                              "http": parts["http"], "backlog": 4096, "timeout_keep_alive": 30}
+    common = _common(log_level)
     servers = []
+    if listen.socket_path is not None:
+        if sockets is None:
+            listen.socket_path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                listen.socket_path.unlink()  # a stale socket from a previous run would make bind fail
+        server = _Server(uvicorn.Config(app, uds=str(listen.socket_path), **common))
+        server.bound = None if sockets is None or sockets[0] is None else [sockets[0]]
+        servers.append(server)
+    if listen.tcp_host is not None:
+        server = _Server(uvicorn.Config(app, host=listen.tcp_host, port=listen.tcp_port, **common, **_tls(listen)))
+        server.bound = None if sockets is None or sockets[1] is None else [sockets[1]]
+        servers.append(server)
+    return servers
+
+
+def bind(listen: Listen) -> tuple[socket.socket | None, socket.socket | None]:
+    """Bind and listen on ``listen``'s Unix socket and TCP address once, for several processes to share."""
+    check_listen(listen)
+    unix = tcp = None
     if listen.socket_path is not None:
         listen.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
-            listen.socket_path.unlink()  # a stale socket from a previous run would make bind fail
-        servers.append(_Server(uvicorn.Config(app, uds=str(listen.socket_path), **common)))
+            listen.socket_path.unlink()
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(str(listen.socket_path))
+        os.chmod(listen.socket_path, 0o666)  # as uvicorn does: sandboxed workers may run as other users
+        unix.listen(4096)
     if listen.tcp_host is not None:
-        tls: dict[str, Any] = {}
-        if listen.tls is not None:
-            tls = {"ssl_certfile": str(listen.tls.cert), "ssl_keyfile": str(listen.tls.key),
-                   "ssl_ca_certs": str(listen.tls.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-        servers.append(_Server(uvicorn.Config(app, host=listen.tcp_host, port=listen.tcp_port,
-                                              **common, **tls)))
-    return servers
+        family = socket.AF_INET6 if ":" in listen.tcp_host else socket.AF_INET
+        tcp = socket.create_server((listen.tcp_host, listen.tcp_port), family=family, backlog=4096)
+    return unix, tcp
 
 
 def tcp_port(server: uvicorn.Server) -> int | None:
@@ -121,7 +165,12 @@ def tcp_port(server: uvicorn.Server) -> int | None:
 async def serve_async(app: ASGIApp, listen: Listen, *, log_level: str = "warning",
                       stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or, on the main thread, SIGINT/SIGTERM)."""
-    servers = _servers(app, listen, log_level)
+    await _serve_async(app, listen, log_level, stop, None)
+
+
+async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: asyncio.Event | None,
+                       sockets: tuple[socket.socket | None, socket.socket | None] | None) -> None:
+    servers = _servers(app, listen, log_level, sockets)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if threading.current_thread() is threading.main_thread():
@@ -135,22 +184,87 @@ async def serve_async(app: ASGIApp, listen: Listen, *, log_level: str = "warning
 
     watcher = asyncio.create_task(watch())
     try:
-        await asyncio.gather(*(server.serve() for server in servers))
+        await asyncio.gather(*(server.serve(sockets=server.bound) for server in servers))
     finally:
         watcher.cancel()
-        if listen.socket_path is not None:
+        if listen.socket_path is not None and sockets is None:  # a shared socket is its binder's to remove
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()
 
 
-def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning") -> None:
-    """Serve in the foreground until interrupted."""
+def _run(main: Any) -> None:
     if _fast_parts()["loop"] == "uvloop":
         import uvloop
 
-        uvloop.run(serve_async(app, listen, log_level=log_level))
+        uvloop.run(main)
     else:
-        asyncio.run(serve_async(app, listen, log_level=log_level))
+        asyncio.run(main)
+
+
+def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning") -> None:
+    """Serve in the foreground until interrupted."""
+    _run(serve_async(app, listen, log_level=log_level))
+
+
+def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: int, *,
+                    log_level: str = "warning") -> None:
+    """Serve from ``processes`` forked processes sharing the listening sockets, until SIGINT/SIGTERM.
+
+    ``make_app`` runs in each child after the fork, so every process opens its own store connections and
+    starts its own threads (neither survives a fork). The caller must hold no threads and no open store
+    when it calls this. A child that dies stops the whole server (exit code 1): a supervisor restarts it,
+    as it would a single process. Fork, not spawn: the children need the parent's configuration, provider
+    keys included, and a spawned child would have to be handed the environment.
+    """
+    if processes < 1:
+        raise UserError("--workers must be at least 1")
+    sockets = bind(listen)
+    children: set[int] = set()
+    stopping = False
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
+    try:
+        for _ in range(processes):
+            pid = os.fork()
+            if pid == 0:  # the child serves until told to stop, and never returns into the parent's code
+                code = 0
+                children.clear()  # a signal before the handlers are restored must not reach the siblings
+                try:
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
+                    _run(_serve_async(make_app(), listen, log_level, None, sockets))
+                except BaseException:
+                    log.exception("control plane process %d failed", os.getpid())
+                    code = 1
+                finally:
+                    os._exit(code)
+            children.add(pid)
+        while children:
+            pid, status = os.wait()
+            children.discard(pid)
+            if not stopping:
+                log.error("control plane process %d exited (status %d); stopping the others", pid, status)
+                failed = True
+                forward(signal.SIGTERM, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sock in sockets:
+            if sock is not None:
+                sock.close()
+        if listen.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                listen.socket_path.unlink()
+    if failed:
+        raise UserError("a control plane process exited unexpectedly (see the log above)")
 
 
 class BackgroundServer:

@@ -133,24 +133,30 @@ class WorkerTools:
                 self._renewed.clear()
             self._owners[key] = owner
 
-    def _renew(self, task_id: str, token: int, *, force: bool = False) -> Claim | None:
+    def _renew(self, task_id: str, token: int, *, force: bool = False, fenced_write: bool = False) -> Claim | None:
         """Renew the lease (every call does), or within ``renew_min_interval_s`` of the last renewal only
-        check that the claim is still current."""
+        check that the claim is still current.
+
+        ``fenced_write`` says the caller is about to make a store write, which checks the fencing token and
+        the lease inside its own transaction (and refuses with the same typed errors): a separate check
+        before it would only repeat that read.
+        """
         key = (task_id, token)
         now = self._clock.now()
         interval = self._settings.renew_min_interval_s
         last = self._renewed.get(key)
         if not force and interval > 0 and last is not None and now - last < interval:
-            self._store.check_fence(task_id, token)
+            if not fenced_write:
+                self._store.check_fence(task_id, token)
             return None
         claim = self._store.renew(task_id, token, self._settings.lease_s)
         self._renewed[key] = now
         return claim
 
-    def _fenced(self, token: str, task_id: str, fencing_token: int) -> WorkerIdentity:
+    def _fenced(self, token: str, task_id: str, fencing_token: int, *, write: bool = False) -> WorkerIdentity:
         who = self.authenticate(token)
         self._own(who, task_id, fencing_token)
-        self._renew(task_id, fencing_token)
+        self._renew(task_id, fencing_token, fenced_write=write)
         return who
 
     # -- tools (blocking; the app runs them on a worker thread) -------------------------------------------
@@ -194,7 +200,7 @@ class WorkerTools:
         size = len(req.body.encode())
         if size > self._settings.max_post_bytes:
             raise PayloadTooLargeError("post", size, self._settings.max_post_bytes)
-        who = self._fenced(token, req.task_id, req.fencing_token)
+        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         post = self._store.post(req.task_id, req.fencing_token, req.kind, req.body, author=who.worker_id,
                                 group=who.group)
         self._metrics.board_posts.inc()
@@ -202,7 +208,7 @@ class WorkerTools:
 
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
         """Record a finding under the worker's claim."""
-        who = self._fenced(token, req.task_id, req.fencing_token)
+        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         citations = tuple(Citation(c.kind, c.ref) for c in req.citations)
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
                                              title=req.title, body=req.body, citations=citations)
@@ -224,7 +230,7 @@ class WorkerTools:
             data = base64.b64decode(req.data_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidInputError("data_base64 is not valid base64", field="data_base64") from exc
-        who = self._fenced(token, req.task_id, req.fencing_token)
+        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
                                             media_type=req.media_type)
         return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
@@ -248,7 +254,7 @@ class WorkerTools:
 
     def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
         """A sub-task one level below the caller's, in the caller's group."""
-        who = self._fenced(token, req.task_id, req.fencing_token)
+        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         spec = TaskSpec(title=req.title, prompt=req.prompt, group=who.group,
                         budget_micro_usd=req.budget_micro_usd, call_cap=req.call_cap, parent_id=req.task_id,
                         priority=req.priority)
