@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <mntent.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -814,6 +815,26 @@ static int private_mounts(void) {
     return 0;
 }
 
+/* In a parked launcher's private namespace, drop what no sandbox binds: /sys with its cgroup mounts (bwrap puts
+ * a tmpfs there) and other machines' overlay disks. bwrap parses the whole mount table once per bind, so a
+ * table of a few lines instead of dozens is cheaper at every boot; each detach waits for an expedited RCU
+ * grace period, which a parked launcher pays before it is needed. */
+static void prune_mounts(void) {
+    umount2("/sys", MNT_DETACH);
+    FILE *table = setmntent("/proc/self/mounts", "r");
+    if (!table) return;
+    char *gone[256];
+    int ngone = 0;
+    struct mntent *m;
+    while ((m = getmntent(table)) && ngone < 256)
+        if (strcmp(m->mnt_type, "overlay") == 0 && strcmp(m->mnt_dir, "/") != 0) gone[ngone++] = strdup(m->mnt_dir);
+    endmntent(table);
+    for (int i = 0; i < ngone; i++) {
+        umount2(gone[i], MNT_DETACH);
+        free(gone[i]);
+    }
+}
+
 /* Mount the machine's overlay disk at TARGET (over any disk mounted there before, at park time). */
 static int mount_disk(const char *target, const char *options) {
     if (umount2(target, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
@@ -875,6 +896,7 @@ static int park(int argc, char **argv) {
             if (join_cgroup(argv[++i]) != 0) return 126;
         } else if (strcmp(argv[i], "--private-mounts") == 0) {
             if (private_mounts() != 0) return 126;
+            prune_mounts();
         } else if (i + 2 < argc && strcmp(argv[i], "--disk") == 0) {
             if (mount_disk(argv[i + 1], argv[i + 2]) != 0) return 126;
             i += 2;

@@ -252,14 +252,14 @@ class SupervisedBackend:
 
     def _launcher_argv(self, launch: Launch, disk: Disk | None = None) -> list[str]:
         argv = [str(self.launcher), "--launch"]
-        if disk is not None:
-            argv += self.disk_args(disk)
         for procs in launch.cgroup_procs:
             argv += ["--join", procs]
         for kind, value in launch.rlimits.items():
             if kind != resource.RLIMIT_AS:
                 raise SandboxError(f"the launcher sets only RLIMIT_AS, not rlimit {kind}")
             argv += ["--rlimit-as", str(value)]
+        if disk is not None:
+            argv += self.disk_args(disk)  # after the joins: those open files under /sys
         return [*argv, "--", *launch.argv]
 
     def _socket_path(self, root: Path) -> Path:
