@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -69,8 +69,11 @@ def _validation_error(exc: ValidationError) -> InvalidInputError:
 
 def bearer_token(request: Request) -> str:
     """The bearer token of a request, or ``InvalidTokenError`` (401)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    return _bearer(request.headers.get("authorization"))
+
+
+def _bearer(header: str | None) -> str:
+    scheme, _, token = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise InvalidTokenError("missing bearer token (Authorization: Bearer <token>)")
     return token.strip()
@@ -103,29 +106,70 @@ class _Plane:
             raise _validation_error(exc) from exc
 
 
-def _tool_endpoint(plane: _Plane, spec: ToolSpec) -> Callable[[Request], Awaitable[Response]]:
-    method = getattr(plane.tools, spec.name)
+async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client went away; what was read is validated and refused as incomplete
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
 
-    async def endpoint(request: Request) -> Response:
+
+_INTERNAL = {"error": {"code": "internal_error", "message": "internal error", "retryable": True}}
+
+
+class _ToolEndpoint:
+    """``POST /v1/tools/<name>`` as a bare ASGI app: the hot path of a swarm (thousands of calls a second).
+
+    It reads the two headers it needs straight from the scope and writes its JSON answer with two ``send``
+    calls, where a Starlette ``Request`` and ``Response`` per call cost about a tenth of the server's time
+    in profiles. Errors still go out as the same typed ``Response`` objects as everywhere else.
+    """
+
+    def __init__(self, plane: _Plane, spec: ToolSpec) -> None:
+        self._plane = plane
+        self._spec = spec
+        self._method = getattr(plane.tools, spec.name)
+        self._serializer = spec.response.__pydantic_serializer__
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        plane, spec = self._plane, self._spec
         started = time.perf_counter()
+        auth = declared = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value.decode("latin-1")
+            elif name == b"content-length":
+                declared = value.decode("latin-1")
+        body: bytes | None = None
         try:
-            token = bearer_token(request)
-            req = await plane.body(request, spec.request)
+            token = _bearer(auth)
+            raw = await read_limited(_body_chunks(receive), declared, plane.settings.max_body_bytes)
+            try:
+                req: Any = spec.request.model_validate_json(raw or b"{}")
+            except ValidationError as exc:
+                raise _validation_error(exc) from exc
             if spec.name == "submit_artifact":
                 result: BaseModel = await plane.tools.submit_artifact(token, req, plane.offload)
             else:
-                result = await plane.offload(partial(method, token, req))
-            response = Response(result.model_dump_json(), media_type=_JSON)
+                result = await plane.offload(partial(self._method, token, req))
+            body = self._serializer.to_json(result)
+            status = 200
         except SwarmyardError as exc:
             response = error_response(exc)
         except Exception:
             log.exception("tool %s failed", spec.name)
-            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
-                                               "retryable": True}}, status_code=500)
-        plane.metrics.observe(spec.name, response.status_code, time.perf_counter() - started)
-        return response
-
-    return endpoint
+            response = JSONResponse(_INTERNAL, status_code=500)
+        if body is not None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        else:
+            status = response.status_code
+            await response(scope, receive, send)
+        plane.metrics.observe(spec.name, status, time.perf_counter() - started)
 
 
 def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Awaitable[Response]]:
@@ -163,7 +207,7 @@ class _PlaneApp(Starlette):
     on a tool path, too) goes through Starlette as usual.
     """
 
-    def __init__(self, tools: dict[str, Callable[[Request], Awaitable[Response]]], **kwargs: Any) -> None:
+    def __init__(self, tools: dict[str, _ToolEndpoint], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._tools = tools
 
@@ -172,8 +216,7 @@ class _PlaneApp(Starlette):
             endpoint = self._tools.get(scope["path"])
             if endpoint is not None:
                 scope["app"] = self
-                response = await endpoint(Request(scope, receive))
-                await response(scope, receive, send)
+                await endpoint(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -204,7 +247,7 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    tools = {f"/v1/tools/{spec.name}": _tool_endpoint(plane, spec) for spec in TOOLS}
+    tools = {f"/v1/tools/{spec.name}": _ToolEndpoint(plane, spec) for spec in TOOLS}
     routes += [Route(path, endpoint, methods=["POST"]) for path, endpoint in tools.items()]
     routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
     routes += list(extra_routes)

@@ -7,6 +7,7 @@ workers, spend) are read from the store at scrape time, so they are right even w
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -53,11 +54,17 @@ class PlaneMetrics:
         self.operator_calls = Counter("swarmyard_operator_calls", "Operator API calls by HTTP status",
                                       ["status"], registry=self.registry)
         self.registry.register(_StoreCollector(store))
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def observe(self, tool: str, status: int, seconds: float) -> None:
         """Count one tool call and its latency."""
-        self.tool_calls.labels(tool, str(status)).inc()
-        self.tool_latency.labels(tool).observe(seconds)
+        children = self._children.get((tool, status))
+        if children is None:
+            # labels() validates and hashes the label values under a lock on every call: look them up once.
+            children = self._children[(tool, status)] = (self.tool_calls.labels(tool, str(status)),
+                                                         self.tool_latency.labels(tool))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes (reads the store: call it off the event loop)."""
