@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from swarmyard.broker.chat import (
     ChatRequest,
     ChatResponse,
@@ -178,7 +180,7 @@ def render_response(response: ChatResponse, model: str, usage: Usage) -> dict[st
 
 
 def _frame(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    return f"event: {name}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
 
 
 class EventWriter:

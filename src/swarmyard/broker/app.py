@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -109,6 +110,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect as exc:
         raise InvalidInputError("the client went away while sending the body", field="body") from exc
     return b"".join(chunks)
+
+
+class _JsonResponse(Response):
+    """A JSON answer rendered by orjson (the same compact UTF-8 JSON as Starlette's, several times faster)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 async def _coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -343,7 +353,7 @@ class Broker:
         usage = self._usage(
             admitted, answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls)
         )
-        response = JSONResponse(fmt.render(answer, chat.model, usage))
+        response = _JsonResponse(fmt.render(answer, chat.model, usage))
         self._settle_later(admitted, usage)
         return response
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+import orjson
 
 from swarmyard.broker.chat import (
     ChatRequest,
@@ -185,7 +186,7 @@ class ChunkWriter:
 
     def _frame(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         chunk = {**self._base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def open(self) -> bytes:
         """The first chunk, naming the role."""
@@ -221,14 +222,14 @@ class ChunkWriter:
         return (
             self._frame({}, finish.value)
             + b"data: "
-            + json.dumps(usage_chunk, separators=(",", ":")).encode()
+            + orjson.dumps(usage_chunk)
             + b"\n\ndata: [DONE]\n\n"
         )
 
     @staticmethod
     def error(payload: dict[str, Any]) -> bytes:
         """An error in the middle of a stream (the SDK raises it while iterating)."""
-        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 # -- the same format towards an upstream provider --

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+import orjson
 
 from swarmyard.broker.chat import (
     ChatRequest,
@@ -207,7 +208,7 @@ class EventWriter:
     def _frame(self, name: str, data: dict[str, Any]) -> bytes:
         data = {"type": name, "sequence_number": self._seq, **data}
         self._seq += 1
-        return f"event: {name}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        return f"event: {name}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
 
     def open(self) -> bytes:
         """``response.created`` and ``response.in_progress``."""

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import orjson
 
 from swarmyard.broker.keys import Secret
 from swarmyard.errors import ProviderError, UpstreamLostError
@@ -89,7 +89,7 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | No
                 await _drain(lines)
                 return
             try:
-                yield event, json.loads(data)
+                yield event, orjson.loads(data)
             except ValueError as exc:
                 raise UpstreamLostError("upstream sent a malformed stream event") from exc
 
@@ -97,12 +97,12 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | No
 async def post_json(client: UpstreamClient, path: str, body: dict[str, Any], state: CallState, *, provider: str,
                     key: Secret | None) -> Any:
     """POST ``body`` upstream and return the decoded JSON answer; ``state.sent`` is set before the bytes leave."""
-    payload = json.dumps(body, separators=(",", ":")).encode()
+    payload = orjson.dumps(body)
     state.sent = True
     response = await client.post(path, payload)
     await raise_for_status(response, provider, key)
     try:
-        return json.loads(await response.read())
+        return orjson.loads(await response.read())
     except ValueError as exc:
         raise ProviderError(f"{provider}: upstream answer is not JSON", retryable=False) from exc
 
@@ -111,7 +111,7 @@ async def stream_json_events(client: UpstreamClient, path: str, body: dict[str, 
                              feed: Callable[[dict[str, Any]], Iterable[StreamEvent]], *, provider: str,
                              key: Secret | None) -> AsyncIterator[StreamEvent]:
     """POST ``body`` upstream and pass each SSE JSON event through ``feed`` as it arrives."""
-    payload = json.dumps(body, separators=(",", ":")).encode()
+    payload = orjson.dumps(body)
     state.sent = True
     response = await client.post(path, payload)
     try:
