@@ -128,3 +128,30 @@ def test_first_request_reaches_the_broker_with_the_worker_token(
     for path in Path(run_dir).rglob("*"):
         if path.is_file() and path.stat().st_size < 1_000_000:
             assert PLANTED.encode() not in path.read_bytes(), path
+
+
+def test_aider_with_another_baseline_is_refused_before_any_machine(short_tmp: Path) -> None:
+    """A machine has one baseline: aider's environment and a repo baseline cannot both be given (yet)."""
+    from swarmyard.errors import ConfigError
+
+    path = _swarm_file(short_tmp, "aider")
+    path.write_text(path.read_text().replace('agent = "aider"', 'agent = "aider"\nbaseline = "my-repo"'))
+    config = load_config(path)
+    run_dir = short_tmp / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    launcher = MachineLauncher(config, store, run_dir, {"script": ScriptedProvider({}, name="script")})
+
+    async def start() -> None:
+        from swarmyard.clock import SystemClock
+
+        try:
+            await launcher.start(create_goal(store, config, SystemClock()))
+        finally:
+            await launcher.close()
+
+    try:
+        with pytest.raises(ConfigError, match=r"workers\.baseline"):
+            asyncio.run(start())
+    finally:
+        store.close()
