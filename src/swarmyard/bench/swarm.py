@@ -57,15 +57,19 @@ def app_from_env() -> Any:
 
 
 def _serve(url: str, socket_path: str, secret_path: str, latency_s: float, replicas: int) -> None:
-    """``replicas`` stateless control plane processes on one socket, as DESIGN's scale-out has them."""
+    """Serve as ``swarmyard serve`` does: one process, or ``replicas`` stateless ones on one socket (DESIGN's
+    scale-out), with the same server settings (no proxy-header parsing, no access log)."""
     import os
 
-    import uvicorn
+    from swarmyard.plane.server import Listen, serve, serve_processes
 
     os.environ.update(SWARMYARD_BENCH_STORE=url, SWARMYARD_BENCH_SECRET=secret_path,
                       SWARMYARD_BENCH_LATENCY_S=str(latency_s))
-    uvicorn.run("swarmyard.bench.swarm:app_from_env", factory=True, uds=socket_path, workers=replicas,
-                log_level="warning", loop="uvloop", http="httptools")
+    listen = Listen(Path(socket_path))
+    if replicas == 1:
+        serve(app_from_env(), listen)
+    else:
+        serve_processes(app_from_env, listen, replicas)
 
 
 @dataclass(frozen=True, slots=True)
