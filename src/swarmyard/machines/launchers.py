@@ -3,13 +3,17 @@
 Moving a process into a cgroup (v1 or v2) takes the kernel's ``cgroup_threadgroup_rwsem`` for writing, and that
 waits for an RCU grace period (about 12 ms on a HZ=250 kernel) unless another move happened moments before. Paid
 in ``create``, that one wait was half of a machine's boot. A parked launcher pays it in the background: it is
-started with its own new cgroups (named after no machine yet), joins them, and blocks on a socket. ``create``
-takes one, writes the machine's limits into its groups, and sends it the sandbox command with its descriptors;
-the launcher execs bwrap at once, inside the limits, with no window.
+started with its own new cgroups (named after no machine yet, holding the default limits), joins them, and blocks
+on a socket. Its machine folder is made beside it, and (with overlayfs) it takes a mount namespace of its own,
+drops from it what no sandbox binds (/sys, other machines' disks: bwrap parses the whole mount table once per
+bind) and mounts an empty disk there. ``create`` takes one, writes the machine's limits into its groups if they
+differ from the defaults, and sends it the sandbox command with its descriptors (and the disk to mount instead,
+for a baseline or a fork); the launcher execs bwrap at once, inside the limits, with no window.
 
-Nothing of a machine exists before ``create``: no sandbox, no namespace, no disk, no environment. A launcher
-holds only empty cgroups and is used once; limits, env and baseline are the machine's own. When none is parked
-(a burst drained them, or the pool is off) ``create`` starts a launcher itself and pays the wait, as before.
+Nothing of a machine exists before ``create``: no sandbox, no namespace but that mount namespace, no environment.
+A launcher is used once; limits, env and baseline are the machine's own. When none is parked (a burst drained
+them, or the pool is off) ``create`` starts a launcher itself and pays the wait, as before. A mount the host makes
+after a launcher parked (a new tmpfs holding a control socket, say) is not seen from its namespace.
 """
 
 from __future__ import annotations

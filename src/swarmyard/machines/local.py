@@ -1,7 +1,9 @@
 """The ``local`` backend: each machine is a bubblewrap sandbox with seccomp, Landlock and cgroup limits.
 
-Inside, a machine sees a read-only view of only what an agent needs (/usr, a few /etc files, the Python that runs
-swarmyard), its own disk at ``/machine``, private /proc, /dev and /tmp, a tmpfs over /sys, and loopback only.
+Inside, a machine sees a read-only view of only what an agent needs (/usr, a copy of a few /etc files and a /run
+prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the Python that runs swarmyard), its own disk
+at ``/machine`` (an overlay mounted in the machine's own mount namespace, see
+:mod:`~swarmyard.machines.launchers`), private /proc, /dev and /tmp, a tmpfs over /sys, and loopback only.
 Its uid is 1000 in a new user namespace with no capabilities; its init applies Landlock so writes land only on
 its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
 """
