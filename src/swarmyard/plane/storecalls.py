@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,8 +25,9 @@ T = TypeVar("T")
 _Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
 _Done = tuple[asyncio.Future[Any], bool, Any]
 
-#: The most calls one thread takes at once: bounds how long a result waits for its batch-mates.
+#: The most calls one thread takes at once, and the longest a finished call's answer waits for its batch-mates.
 _MAX_BATCH = 32
+_MAX_HOLD_S = 0.002
 
 
 class StoreThreads:
@@ -91,16 +93,18 @@ class StoreThreads:
     def _work(self) -> None:
         while (batch := self._take()) is not None:
             done: dict[asyncio.AbstractEventLoop, list[_Done]] = {}
+            flushed = time.perf_counter()
             for fn, future, loop in batch:
                 try:
                     result: _Done = (future, True, fn())
                 except BaseException as exc:  # handed to the awaiting coroutine, which re-raises it
                     result = (future, False, exc)
                 done.setdefault(loop, []).append(result)
-            for loop, results in done.items():
-                # A closed loop raises RuntimeError: nobody is waiting for these results any more.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_deliver, results)
+                if time.perf_counter() - flushed > _MAX_HOLD_S:
+                    # A slow call (a large blob, a slow round trip) must not hold its batch-mates' answers.
+                    _hand_back(done)
+                    done, flushed = {}, time.perf_counter()
+            _hand_back(done)
 
     def shutdown(self) -> None:
         """Let the threads finish what is queued and exit (calls made afterwards are refused)."""
@@ -112,6 +116,13 @@ class StoreThreads:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=30)
+
+
+def _hand_back(done: dict[asyncio.AbstractEventLoop, list[_Done]]) -> None:
+    for loop, results in done.items():
+        # A closed loop raises RuntimeError: nobody is waiting for these results any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_deliver, results)
 
 
 def _deliver(results: list[_Done]) -> None:
