@@ -82,7 +82,8 @@ def test_tool_calls_come_back_as_proper_blocks(rig: Rig) -> None:
     tool = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     oa = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
     reply = oa.chat.completions.create(
-        model="local", max_tokens=60, tool_choice="required",
+        # greedy and with room to close the JSON: sampled, a 0.5B model now and then rambles past 60 tokens
+        model="local", max_tokens=200, temperature=0, tool_choice="required",
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": tool}}],
         messages=[{"role": "user", "content": "What is the weather in Paris?"}])
     [call] = reply.choices[0].message.tool_calls or []
@@ -90,7 +91,7 @@ def test_tool_calls_come_back_as_proper_blocks(rig: Rig) -> None:
     assert isinstance(json.loads(call.function.arguments)["city"], str)  # type: ignore[union-attr]
     an = anthropic.Anthropic(base_url=rig.url, api_key=rig.token, max_retries=0)
     message = an.messages.create(
-        model="local", max_tokens=60, tool_choice={"type": "any"},
+        model="local", max_tokens=200, extra_body={"temperature": 0}, tool_choice={"type": "any"},
         tools=[{"name": "get_weather", "input_schema": tool}],
         messages=[{"role": "user", "content": "Weather in Oslo?"}])
     assert [b.type for b in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
