@@ -257,6 +257,9 @@ def run(quick: bool = False, **options: object) -> BenchResult:
                         "echo baseline, driven the same way and served by as many processes, bounds what can be "
                         "seen; calls_per_s is the worst worker count of the better serving setup "
                         f"({best} process{'es' if best != '1' else ''})")
+    result.notes.append(f"plane settings: swarmyard serve's lease renewal interval ({renew_s:g} s: a call within "
+                        "it of the last renewal checks the claim without renewing it); the per-worker rate limit "
+                        "is lifted so that it does not cap the measurement")
     return result
 
 

@@ -39,8 +39,10 @@ _OperatorFile = typer.Option(Path("operator-token"), "--operator-token-file",
 _Lease = typer.Option(300.0, "--lease-s", min=1.0, help="Lease length of a claim, in seconds.")
 _Rate = typer.Option(50.0, "--rate", min=0.1, help="Tool calls per second per worker.")
 _Burst = typer.Option(100, "--burst", min=1, help="Tool calls a worker may make at once.")
-_Renew = typer.Option(0.0, "--renew-interval-s", min=0.0,
-                      help="Calls within this many seconds of a claim's last renewal skip renewing it.")
+_Renew = typer.Option(5.0, "--renew-interval-s", min=0.0,
+                      help="Calls within this many seconds of a claim's last renewal check it but skip renewing "
+                           "it (heartbeat always renews); a lease then ends at most this much early. 0: renew "
+                           "on every call.")
 _Evaluator = typer.Option(None, "--evaluator-socket", help="Score submitted artifacts with this evaluator.")
 _Providers = typer.Option(None, "--providers",
                           help="Mount the model broker with this file's [providers] table (a swarm file works).")
