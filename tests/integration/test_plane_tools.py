@@ -173,3 +173,33 @@ def test_workers_cannot_post_consolidations(plane: Plane) -> None:
                           kind=PostKind.CONSOLIDATION.value, body="everyone listen")
     assert response.status_code == 403
     assert plane.store.read_board(goal_id) == []
+
+
+def test_extra_post_routes_answer_directly_and_a_crash_is_a_typed_500(clock: FakeClock, tmp_path: Path) -> None:
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def echo(request: Request) -> Response:
+        return JSONResponse({"got": (await request.json())["x"], "path": request.url.path})
+
+    async def crash(request: Request) -> Response:
+        raise RuntimeError("boom")
+
+    folder = Path(tempfile.mkdtemp(prefix="sy-"))
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    app = create_app(store, TokenAuthority(b"k" * 32, store, clock), PlaneSettings(),
+                     extra_routes=[Route("/v1/echo", echo, methods=["POST"]),
+                                   Route("/v1/crash", crash, methods=["POST"])], clock=clock)
+    listen = Listen(socket_path=folder / "plane.sock")
+    try:
+        with BackgroundServer(app, listen), httpx.Client(transport=httpx.HTTPTransport(uds=str(listen.socket_path)),
+                                                         base_url="http://plane") as http:
+            assert http.post("/v1/echo", json={"x": 7}).json() == {"got": 7, "path": "/v1/echo"}
+            crashed = http.post("/v1/crash", json={})
+            assert crashed.status_code == 500 and crashed.json()["error"]["code"] == "internal_error"
+            assert "boom" not in crashed.text
+            assert http.get("/v1/echo").status_code == 405  # other methods still go through the router
+    finally:
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)

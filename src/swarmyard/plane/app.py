@@ -198,22 +198,44 @@ def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Await
     return endpoint
 
 
-class _PlaneApp(Starlette):
-    """Starlette, with a direct path for ``POST /v1/tools/<name>``.
+class _DirectRoute:
+    """An extra ``POST`` route (the model broker's) called as plain ASGI: a request in, its response out.
 
-    A tool call is the hot path (thousands a second from a swarm): it goes straight to its endpoint, past
-    the router's route-by-route matching and the error middlewares, which it does not need because every
-    tool endpoint turns every exception into its typed JSON answer itself. Everything else (other methods
-    on a tool path, too) goes through Starlette as usual.
+    What Starlette's route wrapper adds on top is exception translation, which these endpoints do not need:
+    they answer every typed error themselves; anything else becomes the same bare 500 the error middleware
+    would send.
     """
 
-    def __init__(self, tools: dict[str, _ToolEndpoint], **kwargs: Any) -> None:
+    def __init__(self, route: Route) -> None:
+        self._endpoint = route.endpoint
+        self._name = route.path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await self._endpoint(Request(scope, receive, send))
+        except Exception:
+            log.exception("%s failed", self._name)
+            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
+                                               "retryable": True}}, status_code=500)
+        await response(scope, receive, send)
+
+
+class _PlaneApp(Starlette):
+    """Starlette, with a direct path for ``POST /v1/tools/<name>`` and the broker's ``POST`` endpoints.
+
+    Tool calls and model calls are the hot path (thousands a second from a swarm): they go straight to their
+    endpoint, past the router's route-by-route matching and the error middlewares, which they do not need
+    because each of them turns every exception into its typed JSON answer itself. Everything else (other
+    methods on those paths, too) goes through Starlette as usual.
+    """
+
+    def __init__(self, direct: dict[str, _ToolEndpoint | _DirectRoute], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._tools = tools
+        self._direct = direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self._tools.get(scope["path"])
+            endpoint = self._direct.get(scope["path"])
             if endpoint is not None:
                 scope["app"] = self
                 await endpoint(scope, receive, send)
@@ -251,6 +273,10 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
     routes += [Route(path, endpoint, methods=["POST"]) for path, endpoint in tools.items()]
     routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
     routes += list(extra_routes)
-    app = _PlaneApp(tools, routes=routes, exception_handlers={HTTPException: _http_error})
+    direct: dict[str, _ToolEndpoint | _DirectRoute] = dict(tools)
+    for route in extra_routes:
+        if isinstance(route, Route) and route.methods == {"POST"} and not route.param_convertors:
+            direct[route.path] = _DirectRoute(route)
+    app = _PlaneApp(direct, routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.plane = plane
     return app

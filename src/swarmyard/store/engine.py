@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -42,22 +43,70 @@ class Engine(Protocol):
         ...
 
 
+class _WalCheckpointer:
+    """Checkpoints the WAL on a thread of its own, so no transaction on a request's path pays for it.
+
+    SQLite's default runs the checkpoint (copying the WAL's pages into the database, then an fsync) inside
+    whichever commit pushes the WAL past 1,000 pages: that commit takes milliseconds instead of tens of
+    microseconds, and it is a broker admission or a tool call somebody waits for (``swarmyard bench broker``'s
+    p99 was mostly this). Here commits only count themselves; the thread runs a PASSIVE checkpoint (it never
+    blocks a writer or a reader) at most every ``every_s`` when something was written. SQLite's own automatic
+    checkpoint stays on at a much larger size (``SAFETY_PAGES``) as a floor, should this thread fall behind.
+    """
+
+    SAFETY_PAGES = 16_384  # about 64 MiB of WAL with 4 KiB pages
+
+    def __init__(self, path: Path, every_s: float) -> None:
+        self._path = path
+        self._every_s = every_s
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        #: set after every pass; tests wait on it instead of sleeping
+        self.passed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="swarmyard-wal", daemon=True)
+        self._thread.start()
+
+    def wrote(self) -> None:
+        self._dirty.set()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            while not self._stop.is_set():
+                self._dirty.wait()
+                self._dirty.clear()
+                with contextlib.suppress(sqlite3.Error):  # the next pass (or SQLite's own floor) catches up
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.passed.set()
+                self._stop.wait(self._every_s)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        self._thread.join()
+
+
 class SqliteEngine:
     """SQLite in WAL mode, one connection per thread; writes take the write lock up front (BEGIN IMMEDIATE).
 
     Waiting writers use SQLite's own busy handler. A kernel queue (``flock``) in front was measured: better at
     8 processes, much worse at 64 on 2 cores (every unlock wakes all waiters and the holder is often
-    descheduled); short retry sleeps were worse at both. Keeping each write transaction short matters most.
+    descheduled); short retry sleeps were worse at both. Keeping each write transaction short matters most,
+    which is also why the WAL is checkpointed off the writers' path (``_WalCheckpointer``).
     """
 
     postgres = False
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = 60_000) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 60_000, checkpoint_every_s: float = 0.5) -> None:
         self.path = path
         self._busy_timeout_ms = busy_timeout_ms
+        self._checkpoint_every_s = checkpoint_every_s
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._checkpointer: _WalCheckpointer | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def _conn(self) -> sqlite3.Connection:
@@ -65,16 +114,24 @@ class SqliteEngine:
         if conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=self._busy_timeout_ms / 1000)
-            # Statements other than BEGIN IMMEDIATE never wait for the write lock in WAL mode; BEGIN retries
-            # itself (see _begin), so SQLite's own sleeping busy handler is off.
+            # In WAL mode only BEGIN IMMEDIATE waits for the write lock (readers never do); it waits in
+            # SQLite's own busy handler.
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_WalCheckpointer.SAFETY_PAGES}")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
+                if self._checkpointer is None:
+                    self._checkpointer = _WalCheckpointer(self.path, self._checkpoint_every_s)
         return conn
+
+    @property
+    def checkpointer(self) -> _WalCheckpointer | None:
+        """The WAL checkpointing thread (started with the first connection)."""
+        return self._checkpointer
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Cursor]:
@@ -92,6 +149,8 @@ class SqliteEngine:
             raise
         else:
             conn.commit()
+            if self._checkpointer is not None:
+                self._checkpointer.wrote()
         finally:
             cur.close()
 
@@ -105,11 +164,14 @@ class SqliteEngine:
             cur.close()
 
     def close(self) -> None:
-        """Close every thread's connection."""
+        """Close every thread's connection and stop the checkpointing thread."""
         with self._lock:
+            checkpointer, self._checkpointer = self._checkpointer, None
             for conn in self._all:
                 conn.close()
             self._all.clear()
+        if checkpointer is not None:
+            checkpointer.close()
         self._local = threading.local()
 
 
