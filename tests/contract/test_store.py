@@ -364,3 +364,39 @@ def test_reopening_keeps_everything(store_url: str, clock: FakeClock) -> None:
     assert task.state is TaskState.CLAIMED and task.fencing_token == claim.token
     assert second.claim(goal, "x", 30) is None
     second.close()
+
+
+def test_reserve_for_worker_checks_the_token_and_the_claim_in_its_own_transaction(
+        store: SqlStore, clock: FakeClock) -> None:
+    from swarmyard.errors import ConflictError, InvalidTokenError
+
+    goal = _goal(store, budget=10_000, calls=10)
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=6_000, call_cap=2))
+    store.add_worker("w", goal, "main", "hash-w", clock.now() + 3600)
+    store.add_worker("idle", goal, "main", "hash-idle", clock.now() + 3600)
+
+    def refused(worker: str, token_hash: str, amount: int, error: type[Exception], match: str) -> None:
+        before = _snapshot(store, goal)
+        with pytest.raises(error, match=match):
+            store.reserve_for_worker(worker, token_hash, model="m", amount=amount, method="bytes")
+        assert _snapshot(store, goal) == before  # a refusal changes nothing
+
+    refused("w", "hash-w", 100, ConflictError, "holds no live claim")  # nothing claimed yet
+    claim = store.claim(goal, "w", 30)
+    assert claim is not None
+    held = store.reserve_for_worker("w", "hash-w", model="m", amount=4_000, method="bytes")
+    assert (held.task_id, held.worker_id, held.amount, held.state) == (task.id, "w", 4_000, ReservationState.HELD)
+    assert store.get_task(task.id).envelope.reserved == 4_000 and store.get_goal(goal).envelope.reserved == 4_000
+    refused("w", "another-hash", 100, InvalidTokenError, "not the worker's current token")
+    refused("nobody", "hash-w", 100, InvalidTokenError, "unknown worker")
+    refused("idle", "hash-idle", 100, ConflictError, "holds no live claim")  # another worker's claim is not its
+    refused("w", "hash-w", 2_001, BudgetExceededError, f"task {task.id}")
+    store.reserve_for_worker("w", "hash-w", model="m", amount=1_000, method="bytes")
+    refused("w", "hash-w", 1, CallCapExceededError, f"task {task.id}")  # the task's two calls are used
+    store.revoke_worker("w")
+    refused("w", "hash-w", 1, InvalidTokenError, "revoked")
+    clock.advance(31)
+    refused("idle", "hash-idle", 1, ConflictError, "holds no live claim")
+    store.sequence_events()
+    kinds = [e.kind for e in store.read_events(0, 10_000)]
+    assert kinds.count("reservation.held") == 2

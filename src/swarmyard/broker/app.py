@@ -61,7 +61,7 @@ from swarmyard.errors import (
     UpstreamLostError,
     UpstreamUnknownError,
 )
-from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.plane.tokens import TokenAuthority, token_hash
 from swarmyard.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -224,10 +224,7 @@ class Broker:
         return price
 
     def _admit(self, token: str, chat: ChatRequest, route: ModelRoute) -> _Admitted:
-        identity = self.tokens.verify(token)
-        claim = self.store.current_claim(identity.worker_id)
-        if claim is None:
-            raise ConflictError(f"worker {identity.worker_id} holds no live claim; claim a task first")
+        signed = self.tokens.verify_signed(token)  # a forged or expired token costs no token counting
         if chat.max_tokens is not None and chat.max_tokens > route.max_output_tokens:
             # Agent CLIs send their own large defaults (Claude Code asks for 32,000); the model cannot write
             # past the route's limit anyway, so the request is held (and reserved) at that limit.
@@ -235,23 +232,33 @@ class Broker:
         price = self._price(route)
         counter = self._counter(route)
         inputs = input_bound(chat, counter)
-        task = claim.task
         max_tokens = chat.max_tokens
-        if max_tokens is None:
-            goal = self.store.get_goal(task.goal_id)
-            if goal.deadline is not None and self.clock.now() >= goal.deadline:
-                raise DeadlinePassedError(goal.id, goal.deadline)
-            # the tighter envelope decides, and is the one a refusal names
-            envelopes = [
-                (f"task {task.id}", task.envelope.available),
-                (f"goal {goal.id}", goal.envelope.available),
-            ]
-            name, available = min(envelopes, key=lambda pair: pair[1])
-            max_tokens = ledger.largest_affordable(available, inputs, price, route.max_output_tokens)
-            if max_tokens < self.settings.min_output_tokens:
-                raise BudgetExceededError(
-                    name, ledger.worst_case(inputs, self.settings.min_output_tokens, price), available
-                )
+        if max_tokens is not None:
+            # The common case: the worst case is known before the store is asked, so the worker's token, its
+            # claim and both envelopes are checked and charged in one transaction (one trip to the store).
+            reservation = self.store.reserve_for_worker(
+                signed.worker_id, token_hash(token), model=route.name,
+                amount=ledger.worst_case(inputs, max_tokens, price), method=counter.method)
+            return _Admitted(reservation, price, counter, inputs, max_tokens)
+        identity = self.tokens.verify(token)
+        claim = self.store.current_claim(identity.worker_id)
+        if claim is None:
+            raise ConflictError(f"worker {identity.worker_id} holds no live claim; claim a task first")
+        task = claim.task
+        goal = self.store.get_goal(task.goal_id)
+        if goal.deadline is not None and self.clock.now() >= goal.deadline:
+            raise DeadlinePassedError(goal.id, goal.deadline)
+        # the tighter envelope decides, and is the one a refusal names
+        envelopes = [
+            (f"task {task.id}", task.envelope.available),
+            (f"goal {goal.id}", goal.envelope.available),
+        ]
+        name, available = min(envelopes, key=lambda pair: pair[1])
+        max_tokens = ledger.largest_affordable(available, inputs, price, route.max_output_tokens)
+        if max_tokens < self.settings.min_output_tokens:
+            raise BudgetExceededError(
+                name, ledger.worst_case(inputs, self.settings.min_output_tokens, price), available
+            )
         amount = ledger.worst_case(inputs, max_tokens, price)
         reservation = self.store.reserve(
             task.id, claim.token, model=route.name, amount=amount, method=counter.method

@@ -166,6 +166,13 @@ class Store(Protocol):
         """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
         ...
 
+    def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
+                           method: str) -> Reservation:
+        """``reserve`` on the worker's live claim, in the same transaction checking that the worker is not
+        revoked and ``token_hash`` is its current token (``InvalidTokenError``; ``ConflictError`` when it
+        holds no live claim)."""
+        ...
+
     def settle(self, reservation_id: str, actual: int, *, input_tokens: int = 0,
                output_tokens: int = 0) -> Reservation:
         """Replace a hold by the actual cost (a held or unknown reservation), recording the tokens used."""

@@ -42,10 +42,12 @@ from swarmyard.domain import (
 from swarmyard.errors import (
     BudgetExceededError,
     CallCapExceededError,
+    ConflictError,
     DeadlinePassedError,
     DepthExceededError,
     IllegalTransitionError,
     InvalidInputError,
+    InvalidTokenError,
     LeaseExpiredError,
     MigrationError,
     NotFoundError,
@@ -709,7 +711,6 @@ class SqlStore:
         method = _text(method, "method", limit=100)
         token = _int(token, "fencing_token", minimum=1)
         now = self._now()
-        reservation_id = new_id("rsv")
         with self._e.write() as cur:
             row = self._one(cur, "UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
                                  "fencing_token = ? AND state = 'claimed' AND lease_expires_at > ? AND "
@@ -718,23 +719,74 @@ class SqlStore:
             if row is None:
                 self._refuse_reserve(cur, task_id, token, now, amount)
             goal_id, worker_id = row
-            if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
-                              "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
-                              "(call_cap = 0 OR calls < call_cap) RETURNING id",
-                         (amount, goal_id, now, amount)) is None:
-                goal = self._goal_row(cur, goal_id)
-                if goal.deadline is not None and now >= goal.deadline:
-                    raise DeadlinePassedError(goal.id, goal.deadline)
-                if goal.call_cap and goal.envelope.calls >= goal.call_cap:
-                    raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
-                raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
-            cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
-                         method, now, now, 0, 0, 0, worker_id))
-            self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
-                                                       "reservation": reservation_id, "model": model,
-                                                       "amount": amount, "method": method, "token": token})
+            return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now)
+
+    def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
+                           method: str) -> Reservation:
+        """``reserve`` on the worker's live claim, checking the worker's token in the same transaction.
+
+        Why: a model call would otherwise read the worker (revocation), then its claim, then write: three
+        trips to the store on the path of every call. Here the task's conditional charge finds the claim and
+        checks the worker itself; only a refusal reads rows again, to say which rule refused.
+        """
+        amount = micro_usd(amount, field="amount")
+        model = _text(model, "model", limit=200)
+        method = _text(method, "method", limit=100)
+        now = self._now()
+        worker_id = _text(worker_id, "worker_id", limit=100)
+        with self._e.write() as cur:
+            # The claim's conditions are repeated outside the subquery: PostgreSQL re-checks those (not the
+            # subquery) on the row it locked, should another transaction have changed it meanwhile.
+            row = self._one(cur, "UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ("
+                                 "SELECT t.id FROM tasks t JOIN workers w ON w.id = t.worker_id "
+                                 "WHERE t.worker_id = ? AND t.state = 'claimed' AND t.lease_expires_at > ? "
+                                 "AND w.revoked = 0 AND w.token_hash = ? "
+                                 "ORDER BY t.lease_expires_at DESC LIMIT 1) "
+                                 "AND worker_id = ? AND state = 'claimed' AND lease_expires_at > ? "
+                                 "AND budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) "
+                                 "RETURNING id, goal_id, fencing_token",
+                            (amount, worker_id, now, token_hash, worker_id, now, amount))
+            if row is None:
+                self._refuse_worker_reserve(cur, worker_id, token_hash, now, amount)
+            task_id, goal_id, token = row
+            return self._hold(cur, goal_id, task_id, worker_id, int(token), amount, model, method, now)
+
+    def _refuse_worker_reserve(self, cur: Cursor, worker_id: str, token_hash: str, now: float,
+                               amount: int) -> NoReturn:
+        worker = self._one(cur, "SELECT revoked, token_hash FROM workers WHERE id = ?", (worker_id,))
+        if worker is None:
+            raise InvalidTokenError("unknown worker")
+        if worker[0]:
+            raise InvalidTokenError(f"worker {worker_id} has been revoked")
+        if worker[1] != token_hash:
+            raise InvalidTokenError("token is not the worker's current token")
+        claim = self._one(cur, "SELECT id, fencing_token FROM tasks WHERE worker_id = ? AND state = 'claimed' "
+                               "AND lease_expires_at > ? ORDER BY lease_expires_at DESC LIMIT 1", (worker_id, now))
+        if claim is None:
+            raise ConflictError(f"worker {worker_id} holds no live claim; claim a task first")
+        self._refuse_reserve(cur, claim[0], int(claim[1]), now, amount)
+
+    def _hold(self, cur: Cursor, goal_id: str, task_id: str, worker_id: str, token: int, amount: int, model: str,
+              method: str, now: float) -> Reservation:
+        """The rest of a reservation once the task's envelope took it: the goal's envelope, the hold, its event."""
+        reservation_id = new_id("rsv")
+        if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                          "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
+                          "(call_cap = 0 OR calls < call_cap) RETURNING id",
+                     (amount, goal_id, now, amount)) is None:
+            goal = self._goal_row(cur, goal_id)
+            if goal.deadline is not None and now >= goal.deadline:
+                raise DeadlinePassedError(goal.id, goal.deadline)
+            if goal.call_cap and goal.envelope.calls >= goal.call_cap:
+                raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
+            raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
+        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
+                     method, now, now, 0, 0, 0, worker_id))
+        self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
+                                                   "reservation": reservation_id, "model": model,
+                                                   "amount": amount, "method": method, "token": token})
         return Reservation(reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD, method,
                            now, now, worker_id=worker_id)
 
