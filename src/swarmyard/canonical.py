@@ -11,17 +11,25 @@ import json
 from typing import Any
 
 
+# Values that need no look inside: checked by exact type first, since every audit event passes here.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _reject_floats(value: Any) -> None:
+    if type(value) in _PLAIN:
+        return
     if isinstance(value, float):
         raise TypeError("canonical JSON carries no floats; use integers (milliseconds, micro-USD)")
     if isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 raise TypeError("canonical JSON object keys must be strings")
-            _reject_floats(item)
+            if type(item) not in _PLAIN:
+                _reject_floats(item)
     elif isinstance(value, list | tuple):
         for item in value:
-            _reject_floats(item)
+            if type(item) not in _PLAIN:
+                _reject_floats(item)
 
 
 def canonical_json(obj: Any) -> bytes:
