@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-
 # Values that need no look inside: checked by exact type first, since every audit event passes here.
 _PLAIN = frozenset({str, int, bool, type(None)})
 
