@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.broker.providers.scripted import CallTools, ScriptedProvider
-from swarmyard.domain import CitationKind, TaskState
+from swarmyard.domain import CitationKind, ReservationState, TaskState
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
 from swarmyard.swarm.coordinator import RunResult
@@ -158,6 +158,8 @@ def check_run(result: RunResult, run_dir: Path, *, tasks: int) -> None:
     assert {c.ref for c in result.synthesis.citations} == {f.id for f in workers}
     assert result.report is not None and "Go: the scouts agree." in result.report.markdown.read_text()
     assert leftovers(run_dir, machine_ids(result, run_dir)) == []
+    # every model call's hold was settled before the report read the ledger (none left held)
+    assert data.reservations and all(r.state is ReservationState.SETTLED for r in data.reservations)
     verify = subprocess.run(
         [sys.executable, "-c", CLI, "audit", "verify", str(run_dir), "--log-key", str(data.audit_key)],
         capture_output=True, text=True, timeout=60,

@@ -51,13 +51,6 @@ def _serve(tmp_path: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=30)
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """``swarmyard serve`` with a simulated provider; yields (socket, folder)."""
-    for _ in _serve(tmp_path, "--provider", "sim=simulated:sim-1"):
-        yield tmp_path / "plane.sock", tmp_path
-
-
 @pytest.mark.slow
 def test_two_serving_processes_share_the_socket_and_the_store(tmp_path: Path) -> None:
     for proc in _serve(tmp_path, "--workers", "2", "--rate", "1000", "--burst", "1000"):
@@ -93,9 +86,11 @@ def test_two_serving_processes_share_the_socket_and_the_store(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_model_call_and_tools_share_the_serve_socket(served: tuple[Path, Path]) -> None:
-    sock, folder = served
+def test_model_call_and_tools_share_the_serve_socket(tmp_path: Path) -> None:
+    sock, folder = tmp_path / "plane.sock", tmp_path
     store = open_store(f"sqlite:///{folder / 'store.db'}")
+    server = _serve(tmp_path, "--provider", "sim=simulated:sim-1")
+    proc = next(server)
     try:
         goal = store.create_goal(GoalSpec("serve", budget_micro_usd=10_000_000, call_cap=100))
         store.create_task(goal.id, TaskSpec("t", budget_micro_usd=5_000_000, call_cap=50))
@@ -110,10 +105,14 @@ def test_model_call_and_tools_share_the_serve_socket(served: tuple[Path, Path]) 
                                                 messages=[{"role": "user", "content": "hi"}])
             assert reply.choices[0].message.content
             assert [m.id for m in sdk.models.list()] == ["sim-1"]
-        # the call went through the broker's ledger in the same store: reserved, then settled
+        # Settlement is written after the answer went out; a server told to stop writes what is queued
+        # before it exits. The call went through the broker's ledger in the same store: reserved, settled.
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
         [reservation] = store.list_reservations(goal.id)
         assert reservation.state is ReservationState.SETTLED
     finally:
+        server.close()
         store.close()
 
 

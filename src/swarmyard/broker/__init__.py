@@ -4,7 +4,7 @@ Workers authenticate with their capability token; the broker holds the provider 
 reserves the worst case before each call and settles after it.
 """
 
-from swarmyard.broker.app import broker_routes, create_broker_app
+from swarmyard.broker.app import Broker, broker_routes, create_broker_app
 from swarmyard.broker.settings import BrokerSettings, ModelRoute
 
-__all__ = ["BrokerSettings", "ModelRoute", "broker_routes", "create_broker_app"]
+__all__ = ["Broker", "BrokerSettings", "ModelRoute", "broker_routes", "create_broker_app"]

@@ -294,6 +294,14 @@ class Broker:
             # the threads are closed (the broker is shutting down): settle here rather than leave it held
             self._settle(admitted, usage)
 
+    def routes(self) -> list[BaseRoute]:
+        """The broker's routes, for the control plane to mount beside ``/v1/tools/*``.
+
+        Whoever mounts them owns the broker's end: ``aclose()`` (on the serving loop) or at least
+        ``wait_settled()``, so that settlements queued behind the last answers are written.
+        """
+        return _routes_for(self)
+
     def wait_settled(self, timeout_s: float | None = None) -> bool:
         """Block until every queued settlement is written (False if ``timeout_s`` ran out first)."""
         with self._settled:
@@ -506,8 +514,8 @@ def broker_routes(
     settings: BrokerSettings,
     clock: Clock | None = None,
 ) -> list[BaseRoute]:
-    """The broker's routes, for the control plane to mount beside ``/v1/tools/*``."""
-    return _routes_for(Broker(store, tokens, providers, settings, clock))
+    """The routes of a broker nobody closes (benchmarks, tests): a mounting server wants ``Broker.routes``."""
+    return Broker(store, tokens, providers, settings, clock).routes()
 
 
 def create_broker_app(

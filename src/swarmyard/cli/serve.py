@@ -17,8 +17,8 @@ import typer
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
-    from starlette.routing import BaseRoute
 
+    from swarmyard.broker.app import Broker
     from swarmyard.config import ProviderConfig
     from swarmyard.plane.tokens import TokenAuthority
     from swarmyard.store.protocol import Store
@@ -88,15 +88,15 @@ def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, P
 
 
 def _broker(store: Store, tokens: TokenAuthority, table: dict[str, ProviderConfig],
-            cache_dir: Path | None) -> list[BaseRoute]:
-    from swarmyard.broker.app import broker_routes
+            cache_dir: Path | None) -> Broker:
+    from swarmyard.broker.app import Broker
     from swarmyard.broker.providers.configured import build
     from swarmyard.broker.settings import BrokerSettings
 
     cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
     # Keys come from this process's own environment (the broker holds them); nothing here starts a child.
     providers, routes = build(table, cache_dir=cache, env=os.environ)
-    return broker_routes(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
+    return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
 
 
 def command(
@@ -149,8 +149,13 @@ def command(
             from swarmyard.evaluator.client import AsyncEvaluatorClient
 
             evaluator = AsyncEvaluatorClient(evaluator_socket)
-        return create_app(opened, tokens, settings, evaluator=evaluator,
-                          extra_routes=_broker(opened, tokens, table, cache_dir) if table else ())
+        broker = _broker(opened, tokens, table, cache_dir) if table else None
+        app = create_app(opened, tokens, settings, evaluator=evaluator,
+                         extra_routes=broker.routes() if broker else ())
+        if broker is not None:
+            # run by the server after it stopped taking requests: queued settlements are written, providers closed
+            app.state.on_close = [broker.aclose]
+        return app
 
     where = [f"unix:{socket}"] if listen.socket_path else []
     if host:

@@ -190,6 +190,13 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
         if listen.socket_path is not None and sockets is None:  # a shared socket is its binder's to remove
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()
+        # What the app asked to run once no request is in flight (the mounted broker's end: its queued
+        # settlements written, its providers closed); uvicorn's lifespan is off here, so this is the hook.
+        for close in getattr(getattr(app, "state", None), "on_close", ()):
+            try:
+                await close()
+            except Exception:
+                log.exception("closing the app failed")
 
 
 def _run(main: Any) -> None:

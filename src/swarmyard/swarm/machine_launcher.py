@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
@@ -29,21 +29,24 @@ from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
 
+if TYPE_CHECKING:
+    from swarmyard.broker.app import Broker
+
 log = logging.getLogger(__name__)
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
 
 
-def _broker_routes(store: Store, tokens: TokenAuthority, config: SwarmConfig, run_dir: Path,
-                   given: Mapping[str, Any] | None = None) -> list[Any]:
-    from swarmyard.broker.app import broker_routes
+def _broker(store: Store, tokens: TokenAuthority, config: SwarmConfig,
+            given: Mapping[str, Any] | None = None) -> Broker:
+    from swarmyard.broker.app import Broker
     from swarmyard.broker.providers.configured import build
     from swarmyard.broker.settings import BrokerSettings
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
     providers, routes = build(config.providers, cache_dir=cache, env=os.environ, given=given)
-    return broker_routes(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
+    return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
 
 
 class MachineLauncher:
@@ -62,6 +65,7 @@ class MachineLauncher:
         self._relays: dict[str, str] = {}
         self._homes: dict[str, str] = {}
         self._server: Any = None
+        self._broker: Broker | None = None
         self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
@@ -78,11 +82,12 @@ class MachineLauncher:
 
         self._goal = goal
         self._tokens = TokenAuthority(load_or_create_secret(self.run_dir / "token.secret"), self.store)
+        self._broker = _broker(self.store, self._tokens, self.config, self._given_providers)
         app = create_app(
             self.store,
             self._tokens,
             PlaneSettings(lease_s=self.config.workers.lease_s),
-            extra_routes=_broker_routes(self.store, self._tokens, self.config, self.run_dir, self._given_providers),
+            extra_routes=self._broker.routes(),
         )
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
@@ -273,6 +278,9 @@ class MachineLauncher:
                 self._made.clear()
                 await asyncio.to_thread(self._machines.close)
         finally:
+            if self._broker is not None:
+                # the last answers' settlements are queued behind them: written before the report reads them
+                await asyncio.to_thread(self._broker.wait_settled, 30)
             if self._server is not None:
                 self._server.should_exit = True
             if self._thread is not None:
