@@ -18,8 +18,8 @@ def _fill(engine: SqliteEngine) -> None:
 
 
 def test_commits_never_checkpoint_the_wal(tmp_path: Path) -> None:
-    # the checkpointing thread makes one pass at the first write, then waits an hour
-    engine = SqliteEngine(tmp_path / "store.db", checkpoint_every_s=3600)
+    # the checkpointing thread is asked for a pass only after far more commits than this test makes
+    engine = SqliteEngine(tmp_path / "store.db", checkpoint_every_commits=10 * ROWS)
     try:
         _fill(engine)
         assert engine.checkpointer is not None
@@ -33,17 +33,34 @@ def test_commits_never_checkpoint_the_wal(tmp_path: Path) -> None:
     assert engine.checkpointer is None
 
 
+def test_only_a_serving_store_checkpoints_off_the_writers_path(tmp_path: Path) -> None:
+    from swarmyard.store import open_store
+
+    plain = open_store(f"sqlite:///{tmp_path / 'plain.db'}")
+    serving = open_store(f"sqlite:///{tmp_path / 'serving.db'}", serving=True)
+    try:
+        plain.list_goals()
+        serving.list_goals()
+        assert plain._e.checkpointer is None
+        assert serving._e.checkpointer is not None
+    finally:
+        plain.close()
+        serving.close()
+
+
 def test_the_checkpointing_thread_moves_the_wal_into_the_database(tmp_path: Path) -> None:
-    engine = SqliteEngine(tmp_path / "store.db", checkpoint_every_s=0.001)
+    engine = SqliteEngine(tmp_path / "store.db", checkpoint_every_commits=ROWS // 3)
     try:
         _fill(engine)
         assert engine.checkpointer is not None
+        assert engine.checkpointer.passed.wait(30)
         engine.checkpointer.passed.clear()
-        with engine.write() as cur:
-            cur.execute("INSERT INTO t (body) VALUES ('last')")
+        for _ in range(ROWS // 3):  # a last pass after every row is in
+            with engine.write() as cur:
+                cur.execute("INSERT INTO t (body) VALUES ('late')")
         assert engine.checkpointer.passed.wait(30)
         assert (tmp_path / "store.db").stat().st_size > ROWS * ROW_BYTES
         with engine.read() as cur:
-            assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == ROWS + 1
+            assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == ROWS + ROWS // 3
     finally:
         engine.close()

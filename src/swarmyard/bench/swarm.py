@@ -47,7 +47,7 @@ def app_from_env() -> Any:
     from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
-    store = open_store(os.environ["SWARMYARD_BENCH_STORE"])
+    store = open_store(os.environ["SWARMYARD_BENCH_STORE"], serving=True)  # as swarmyard serve opens it
     tokens = TokenAuthority(load_or_create_secret(Path(os.environ["SWARMYARD_BENCH_SECRET"])), store)
     provider = SimulatedProvider(name="sim", latency_s=float(os.environ["SWARMYARD_BENCH_LATENCY_S"]),
                                  output_tokens=16)

@@ -70,7 +70,7 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
         routes.append(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER, max_output_tokens=2048))
     if not routes:
         raise UserError("no provider: set OPENAI_API_KEY or ANTHROPIC_API_KEY, or use --key-file or --local")
-    opened = store_at(store)
+    opened = store_at(store, serving=True)
     tokens = TokenAuthority(load_or_create_secret(secret_file), opened)
     broker_app = create_broker_app(opened, tokens, providers, BrokerSettings(routes=tuple(routes)))
     typer.echo(f"broker on http://{host}:{port}/v1 serving {', '.join(r.name for r in routes)}", err=True)

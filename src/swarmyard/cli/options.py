@@ -19,6 +19,6 @@ TokenFileOption = typer.Option(Path("operator-token"), "--operator-token-file", 
                                help="The operator token written by `swarmyard serve`.")
 
 
-def store_at(url: str) -> SqlStore:
-    """Open the store named on the command line."""
-    return open_store(url)
+def store_at(url: str, *, serving: bool = False) -> SqlStore:
+    """Open the store named on the command line (``serving``: for a server's own store, see ``open_store``)."""
+    return open_store(url, serving=serving)

@@ -138,7 +138,7 @@ def command(
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
                              renew_min_interval_s=renew_interval_s)
     secret = load_or_create_secret(secret_file)
-    opened = store_at(store)  # migrates the store once, before any serving process opens it
+    opened = store_at(store, serving=True)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
         write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
 
@@ -168,7 +168,7 @@ def command(
     if workers > 1:
         # Every process opens its own store after the fork (connections and pool threads do not survive one).
         opened.close()
-        serve_processes(lambda: make_app(store_at(store)), listen, workers)
+        serve_processes(lambda: make_app(store_at(store, serving=True)), listen, workers)
         return
     try:
         serve(make_app(opened), listen)

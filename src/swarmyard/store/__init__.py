@@ -15,8 +15,12 @@ from swarmyard.store.protocol import Store
 from swarmyard.store.sql import BROADCAST_GROUP, SqlStore
 
 
-def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = None, **limits: Any) -> SqlStore:
+def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = None, serving: bool = False,
+               **limits: Any) -> SqlStore:
     """Open (and migrate) the store at ``url``: ``sqlite:///path`` or ``postgresql://...``.
+
+    ``serving``: for a long-lived process that answers requests from it (the control plane, the broker, a
+    run's coordinator), where SQLite's WAL is then checkpointed by a thread of its own, never inside a commit.
 
     Artifacts go to ``blob_dir``: by default ``blobs/`` beside a SQLite file; for PostgreSQL ``$SWARMYARD_BLOBS``,
     else ``$XDG_DATA_HOME/swarmyard/blobs`` (a folder every host of a shared run must see).
@@ -28,7 +32,8 @@ def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = 
         path = Path(url.removeprefix("sqlite:///"))
         if not path.is_absolute() and url.startswith("sqlite:////"):
             path = Path("/" + str(path))
-        return SqlStore(url, SqliteEngine(path), clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
+        engine = SqliteEngine(path, checkpoint_every_commits=200 if serving else None)
+        return SqlStore(url, engine, clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
     if url.startswith(("postgresql://", "postgres://")):
         data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
         default_blobs = Path(os.environ.get("SWARMYARD_BLOBS") or data_home / "swarmyard" / "blobs")

@@ -49,42 +49,51 @@ class _WalCheckpointer:
     SQLite's default runs the checkpoint (copying the WAL's pages into the database, then an fsync) inside
     whichever commit pushes the WAL past 1,000 pages: that commit takes milliseconds instead of tens of
     microseconds, and it is a broker admission or a tool call somebody waits for (``swarmyard bench broker``'s
-    p99 was mostly this). Here commits only count themselves; the thread runs a PASSIVE checkpoint (it never
-    blocks a writer or a reader) at most every ``every_s`` when something was written. SQLite's own automatic
-    checkpoint stays on at a much larger size (``SAFETY_PAGES``) as a floor, should this thread fall behind.
+    p99 was mostly this). Here a commit only counts itself; after every ``every_commits`` commits of this
+    process (about as often as SQLite's default would, with a few pages per commit) the thread runs a PASSIVE
+    checkpoint, which never blocks a writer or a reader. Counting commits rather than waking on a timer keeps
+    many store processes (every serving process has one) from checkpointing many times over what one would.
+    SQLite's own automatic checkpoint stays on at a much larger size (``SAFETY_PAGES``) as a floor, should
+    this thread fall behind.
     """
 
     SAFETY_PAGES = 16_384  # about 64 MiB of WAL with 4 KiB pages
 
-    def __init__(self, path: Path, every_s: float) -> None:
+    def __init__(self, path: Path, every_commits: int) -> None:
         self._path = path
-        self._every_s = every_s
-        self._dirty = threading.Event()
-        self._stop = threading.Event()
+        self._every = every_commits
+        self._commits = 0
+        self._due = threading.Event()
+        self._stop = False
         #: set after every pass; tests wait on it instead of sleeping
         self.passed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="swarmyard-wal", daemon=True)
         self._thread.start()
 
     def wrote(self) -> None:
-        self._dirty.set()
+        # Not under a lock: a lost increment only delays a pass by one commit.
+        self._commits += 1
+        if self._commits >= self._every:
+            self._commits = 0
+            self._due.set()
 
     def _run(self) -> None:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         try:
-            while not self._stop.is_set():
-                self._dirty.wait()
-                self._dirty.clear()
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stop:
+                    return
                 with contextlib.suppress(sqlite3.Error):  # the next pass (or SQLite's own floor) catches up
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 self.passed.set()
-                self._stop.wait(self._every_s)
         finally:
             conn.close()
 
     def close(self) -> None:
-        self._stop.set()
-        self._dirty.set()
+        self._stop = True
+        self._due.set()
         self._thread.join()
 
 
@@ -93,16 +102,21 @@ class SqliteEngine:
 
     Waiting writers use SQLite's own busy handler. A kernel queue (``flock``) in front was measured: better at
     8 processes, much worse at 64 on 2 cores (every unlock wakes all waiters and the holder is often
-    descheduled); short retry sleeps were worse at both. Keeping each write transaction short matters most,
-    which is also why the WAL is checkpointed off the writers' path (``_WalCheckpointer``).
+    descheduled); short retry sleeps were worse at both. Keeping each write transaction short matters most.
+
+    ``checkpoint_every_commits`` moves the WAL checkpoint off the writers' path (``_WalCheckpointer``): for a
+    long-lived serving process, whose commits are requests somebody waits for. Left ``None``, SQLite checkpoints
+    inside a commit as usual, which measured better for many short-lived writing processes (``swarmyard bench
+    store`` at 8 and 64 processes: each would count only its own commits and the WAL would grow long).
     """
 
     postgres = False
 
-    def __init__(self, path: Path, *, busy_timeout_ms: int = 60_000, checkpoint_every_s: float = 0.5) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int = 60_000,
+                 checkpoint_every_commits: int | None = None) -> None:
         self.path = path
         self._busy_timeout_ms = busy_timeout_ms
-        self._checkpoint_every_s = checkpoint_every_s
+        self._checkpoint_every = checkpoint_every_commits
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -120,12 +134,13 @@ class SqliteEngine:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_WalCheckpointer.SAFETY_PAGES}")
+            if self._checkpoint_every is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {_WalCheckpointer.SAFETY_PAGES}")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
-                if self._checkpointer is None:
-                    self._checkpointer = _WalCheckpointer(self.path, self._checkpoint_every_s)
+                if self._checkpointer is None and self._checkpoint_every is not None:
+                    self._checkpointer = _WalCheckpointer(self.path, self._checkpoint_every)
         return conn
 
     @property

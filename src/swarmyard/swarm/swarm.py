@@ -59,7 +59,7 @@ class Swarm:
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
             url = self.config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
-        store = open_store(url)
+        store = open_store(url, serving=True)
         try:
             coordinator = Coordinator(
                 self.config,
