@@ -50,7 +50,7 @@ def reconcile(
     token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Settle an ``unknown`` reservation at its real cost, or release it."""
+    """Settle an open reservation (``unknown``, or ``held`` by a broker that died) at its real cost, or release it."""
     if (actual is None) == (not release):
         raise UserError("give exactly one of --actual N or --release")
     r = target_at(store, server, token_file).reconcile(reservation_id, None if release else actual)
