@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def test_aider_command_line() -> None:
 def test_aider_environment_is_pinned_and_named_by_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = get_adapter("aider").venv
     assert spec is not None and spec.requirement.startswith("aider-chat==") and spec.version
-    assert spec.baseline == f"agent-aider-{spec.version}"  # a new pin is a new baseline
+    # a new pin, or another interpreter, is a new baseline
+    assert spec.baseline.startswith(f"agent-aider-{spec.version}-py{sys.version_info.major}{sys.version_info.minor}-")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert venvs.source_dir(spec) == tmp_path / "swarmyard" / "agents" / spec.baseline
     assert not venvs.installed(spec)

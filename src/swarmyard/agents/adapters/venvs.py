@@ -13,6 +13,7 @@ scripts' ``#!`` lines name the host folder the environment was made in, which th
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -44,12 +45,20 @@ class AgentVenv:
 
     @property
     def baseline(self) -> str:
-        """The machine baseline's name: a new pin is a new baseline, never an old one reused."""
-        return f"agent-{self.agent}-{self.version}"
+        """The machine baseline's name: a new pin, or another interpreter, is a new baseline, never an old one
+        reused (an environment's ``bin/python`` links to the interpreter it was made with, and a machine sees
+        only the interpreter that runs swarmyard)."""
+        return f"agent-{self.agent}-{self.version}-{_interpreter_tag()}"
 
     def python_in(self, home: str) -> str:
         """The environment's interpreter as a machine whose home is ``home`` sees it."""
         return f"{home}/{self.folder}/bin/python"
+
+
+def _interpreter_tag() -> str:
+    base = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    digest = hashlib.sha256(f"{base}|{sys.version}".encode()).hexdigest()[:8]
+    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
 
 
 def cache_root() -> Path:
