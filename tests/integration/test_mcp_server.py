@@ -25,7 +25,9 @@ def plane(tmp_path: Path, clock: FakeClock) -> Iterator[Plane]:
 def test_mcp_lists_the_tools_and_a_call_lands_in_the_store(plane: Plane) -> None:
     goal_id, tasks = _goal(plane, "main")
     token, who = plane.tokens.issue(goal_id, "main", ttl_s=3600)
-    exe = shutil.which("swarmyard") or str(Path(sys.executable).parent / "swarmyard")
+    # this environment's own console script (a virtual environment's, say), not whichever is first on PATH
+    here = Path(sys.executable).parent / "swarmyard"
+    exe = str(here) if here.exists() else shutil.which("swarmyard") or str(here)
     params = StdioServerParameters(command=exe, args=["mcp"],
                                    env={"SWARMYARD_TOKEN": token, "SWARMYARD_PLANE_SOCKET": plane.socket})
 

@@ -82,7 +82,9 @@ def test_tcp_with_mutual_tls(tmp_path: Path, clock: FakeClock) -> None:
 
 
 def test_serve_refuses_public_tcp_without_tls(tmp_path: Path) -> None:
-    exe = shutil.which("swarmyard") or str(Path(sys.executable).parent / "swarmyard")
+    # this environment's own console script (a virtual environment's, say), not whichever is first on PATH
+    here = Path(sys.executable).parent / "swarmyard"
+    exe = str(here) if here.exists() else shutil.which("swarmyard") or str(here)
     done = subprocess.run([exe, "serve", "--store", f"sqlite:///{tmp_path / 'store.db'}", "--host", "0.0.0.0",
                            "--socket", str(tmp_path / "p.sock"), "--secret-file", str(tmp_path / "secret")],
                           capture_output=True, text=True, timeout=60, env={"PATH": str(Path(exe).parent)},

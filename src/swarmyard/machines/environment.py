@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 
 from swarmyard.errors import InvalidInputError
@@ -31,3 +32,8 @@ def build(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     env.update(base)
     env.update(extra)
     return env
+
+
+#: The bin folder of the Python environment swarmyard runs in (a virtual environment's own, not its resolved
+#: interpreter's): first on a machine's PATH, so ``python3`` in a machine has the same packages as swarmyard.
+ENV_BIN = os.path.dirname(os.path.abspath(sys.executable))

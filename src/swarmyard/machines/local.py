@@ -21,6 +21,7 @@ from swarmyard.errors import SandboxUnavailableError
 from swarmyard.machines import doctor, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
+from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import (
     _SPAWNER,
@@ -274,7 +275,7 @@ class LocalBackend(SupervisedBackend):
 
     def machine_env(self, machine_id: str) -> dict[str, str]:
         """The variables every machine starts with."""
-        path = f"{os.path.dirname(self._python)}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+        path = f"{ENV_BIN}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
         return {
             "PATH": path,
             "HOME": HOME,

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import Launch, Machine, SupervisedBackend, init_argv
 
@@ -55,7 +56,7 @@ class ProcessBackend(SupervisedBackend):
     def machine_env(self, machine_id: str) -> dict[str, str]:
         """The variables every machine starts with: HOME and TMPDIR are on its disk folder."""
         home = self.root / "m" / machine_id / "disk"
-        path = f"{os.path.dirname(self._python)}:/usr/local/bin:/usr/bin:/bin"
+        path = f"{ENV_BIN}:/usr/local/bin:/usr/bin:/bin"
         return {
             "PATH": path,
             "HOME": str(home),
