@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from swarmyard.bench.children import child_env, stop
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.plane.transport import UnixSocketTransport
 
@@ -94,10 +94,6 @@ async def _upstream_main(socket_path: str) -> None:
 # -- processes ------------------------------------------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
-    # Only what a Python child needs; never the whole environment (it may hold provider keys).
-    return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
-
 
 def _run_loop(coro: Awaitable[Any]) -> Any:
     try:
@@ -106,14 +102,6 @@ def _run_loop(coro: Awaitable[Any]) -> Any:
         return asyncio.run(coro)  # type: ignore[arg-type]
     return uvloop.run(coro)  # type: ignore[arg-type]
 
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _setup(folder: Path) -> str:
@@ -233,7 +221,7 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         token = _setup(folder)
         upstream_sock, broker_sock = folder / "upstream.sock", folder / "plane.sock"
         upstream = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.broker", "--upstream",
-                                     str(upstream_sock)], env=_child_env(), stdin=subprocess.PIPE,
+                                     str(upstream_sock)], env=child_env(), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append(upstream)
         assert upstream.stdout is not None
@@ -248,7 +236,7 @@ def run(quick: bool = False, **options: object) -> BenchResult:
              "--socket", str(broker_sock), "--secret-file", str(folder / "token-secret"),
              "--operator-token-file", str(folder / "operator-token"), "--providers", str(folder / "providers.toml"),
              "--cache-dir", str(folder / "models")],
-            env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(broker)
 
         async def main() -> dict[str, Any]:
@@ -259,7 +247,7 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         measured = _run_loop(main())
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
     figures: dict[str, float] = {}
     for label, stream in (("", False), ("stream_", True)):

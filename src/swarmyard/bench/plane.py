@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,15 +26,12 @@ from typing import Any
 
 import httpx
 
+from swarmyard.bench.children import child_env, stop
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.plane.transport import UnixSocketTransport
 
 _BASE = "http://plane"
 
-
-def _child_env() -> dict[str, str]:
-    # Only what a Python child needs; never the whole environment (it may hold provider keys).
-    return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
 
 
 def _wait_for(socket_path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -53,14 +49,6 @@ def _wait_for(socket_path: Path, proc: subprocess.Popen[bytes], timeout_s: float
         time.sleep(0.05)
     raise RuntimeError("server did not start")
 
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def _drive(socket_path: Path, tokens: Sequence[str], total: int, *, echo: bool) -> dict[str, Any]:
@@ -128,7 +116,7 @@ def _drive_processes(socket_path: Path, tokens: Sequence[str], total: int, *, ec
         for i, share in enumerate(shares):
             calls = total // processes + (1 if i < total % processes else 0)
             proc = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", "--drive", str(socket_path),
-                                     str(calls), "echo" if echo else "plane"], env=_child_env(),
+                                     str(calls), "echo" if echo else "plane"], env=child_env(),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             procs.append(proc)
             assert proc.stdin is not None
@@ -194,20 +182,20 @@ def _measure(folder: Path, tokens: Sequence[str], total: int, *, clients: int, s
     """(echo, plane) figures, each served by ``servers`` processes and driven by the same client processes."""
     echo_sock, plane_sock = folder / "echo.sock", folder / "plane.sock"
     echo = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", "--echo", str(echo_sock), str(servers)],
-                            env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for(echo_sock, echo)
         base = _drive_processes(echo_sock, tokens, total, echo=True, processes=clients)
     finally:
-        _stop(echo)
+        stop(echo)
     plane = subprocess.Popen(
         [sys.executable, "-m", "swarmyard.bench.plane", "--serve", str(folder), str(renew_s), str(servers)],
-        env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for(plane_sock, plane)
         got = _drive_processes(plane_sock, tokens, total, echo=False, processes=clients)
     finally:
-        _stop(plane)
+        stop(plane)
     return base, got
 
 
