@@ -95,6 +95,22 @@ class InvalidInputError(SwarmyardError):
         self.field = field
 
 
+class ContextLengthError(InvalidInputError):
+    """A request's input leaves the model no room to answer inside its context window."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, model: str, input_tokens: int | None, context_tokens: int | None) -> None:
+        size = "" if input_tokens is None else f" ({input_tokens} tokens)"
+        window = "" if context_tokens is None else f" ({context_tokens} tokens)"
+        super().__init__(f"the conversation{size} leaves no room for an answer in {model}'s context "
+                         f"window{window}: shorten it", field="messages")
+        self.details.update(model=model, input_tokens=input_tokens, context_tokens=context_tokens)
+        self.model = model
+        self.input_tokens = input_tokens
+        self.context_tokens = context_tokens
+
+
 class NotFoundError(SwarmyardError):
     """An id that does not exist."""
 

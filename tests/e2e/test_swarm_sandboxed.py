@@ -158,6 +158,12 @@ def check_run(result: RunResult, run_dir: Path, *, tasks: int) -> None:
     assert {c.ref for c in result.synthesis.citations} == {f.id for f in workers}
     assert result.report is not None and "Go: the scouts agree." in result.report.markdown.read_text()
     assert leftovers(run_dir, machine_ids(result, run_dir)) == []
+    # each agent run's own output is kept, named by slot and worker, with how it ended
+    logs = {p.name: p.read_text() for p in (run_dir / "agents").iterdir()}
+    assert set(logs) == {f"{s.row}-{s.worker_id}.log" for s in result.spans}
+    for span in result.spans:
+        text = logs[f"{span.row}-{span.worker_id}.log"]
+        assert "exit 0" in text and f'"ending": "{span.ending}"' in text, text
     # every model call's hold was settled before the report read the ledger (none left held)
     assert data.reservations and all(r.state is ReservationState.SETTLED for r in data.reservations)
     verify = subprocess.run(

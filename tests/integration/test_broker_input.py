@@ -48,7 +48,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     assert store.claim(goal.id, identity.worker_id, 3600) is not None
     script = ScriptedProvider({"*": [Say("ok")] * 10})
     settings = BrokerSettings(max_body_bytes=10_000, routes=(
-        ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000, max_output_tokens=4000),))
+        ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000, max_output_tokens=4000),
+        ModelRoute("small", "scripted", input_per_mtok=1_000, output_per_mtok=1_000, context_tokens=200)))
     with TestClient(create_broker_app(store, tokens, {"scripted": script}, settings, clock)) as client:
         yield Rig(client, store, script, clock, token, goal.id, task.id)
     store.close()
@@ -143,3 +144,28 @@ def test_call_cap_is_429_and_deadline_is_403(rig: Rig) -> None:
     late = rig.post("/v1/chat/completions", _msg())
     assert late.status_code == 403 and late.json()["error"]["code"] == "deadline_passed"
     assert len(rig.store.list_reservations(rig.goal_id)) == 3
+
+
+def test_a_conversation_past_the_context_window_is_refused_before_anything_is_held(rig: Rig) -> None:
+    # the byte bound counts 300 tokens: no room for an answer in a 200-token window
+    for path, body in [
+        ("/v1/chat/completions", {"model": "small", "messages": [{"role": "user", "content": "x" * 300}]}),
+        ("/v1/messages", {"model": "small", "max_tokens": 10, "messages": [{"role": "user", "content": "x" * 300}]}),
+    ]:
+        response = rig.post(path, body)
+        assert response.status_code == 400 and response.headers["x-should-retry"] == "false"
+        error = response.json()["error"]
+        assert error.get("code", error.get("type")) in ("context_length_exceeded", "invalid_request_error")
+        assert "context window (200 tokens)" in error["message"]
+    assert rig.store.list_reservations(rig.goal_id) == []
+    assert rig.script.requests == []
+
+
+def test_max_tokens_is_held_to_what_the_context_window_leaves(rig: Rig) -> None:
+    body = {"model": "small", "max_tokens": 500, "messages": [{"role": "user", "content": "x" * 100}]}
+    assert rig.post("/v1/chat/completions", body).status_code == 200
+    granted = rig.script.requests[0].max_tokens
+    [reservation] = rig.store.list_reservations(rig.goal_id)
+    # 100 bytes + the per-message and per-request overheads leave 76 of the 200
+    assert granted == 76
+    assert reservation.amount == -(-(124 * 1_000 + 76 * 1_000) // 1_000_000)

@@ -43,7 +43,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tokens = TokenAuthority(b"l" * 32, store, clock)
     token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
     assert store.claim(goal.id, identity.worker_id, 3600) is not None
-    provider = LocalProvider(smollm2(), n_ctx=2048, n_parallel=2)
+    provider = LocalProvider(smollm2(), slot_tokens=1024, n_parallel=2)
     settings = BrokerSettings(routes=(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER,
                                                  input_per_mtok=100, output_per_mtok=100, max_output_tokens=256),))
     app = create_broker_app(store, tokens, {"local": provider}, settings, clock)
@@ -104,3 +104,17 @@ def test_a_model_file_with_the_wrong_hash_is_refused(tmp_path: Path) -> None:
     fake.write_bytes(b"GGUF not really")
     with pytest.raises(ConfigError):
         LocalProvider(ModelFile("fake", fake, SMOLLM2_SHA256))
+
+
+def test_a_prompt_past_the_slot_context_is_a_typed_400_and_holds_nothing(rig: Rig) -> None:
+    # this route does not tell the broker its window: llama.cpp's own refusal comes back typed
+    before = {r.id for r in rig.store.list_reservations(rig.goal_id)}
+    oa = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        oa.chat.completions.create(model="local", max_tokens=8,
+                                   messages=[{"role": "user", "content": "word " * 1500}])
+    body = caught.value.body
+    assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
+    assert body["context_tokens"] == 1024 and body["input_tokens"] > 1024
+    new = [r for r in rig.store.list_reservations(rig.goal_id) if r.id not in before]
+    assert [r.state for r in new] == [ReservationState.RELEASED]

@@ -36,7 +36,7 @@ from swarmyard.domain import (
     ReservationState,
     TaskSpec,
 )
-from swarmyard.errors import BudgetError, ConfigError, InvalidInputError, ProviderError
+from swarmyard.errors import BudgetError, ConfigError, ContextLengthError, InvalidInputError, ProviderError
 from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
@@ -196,6 +196,57 @@ def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path, live_plane: 
     assert [f.title for f in setup.findings_by(setup.worker_id)] == ["risks (partial)"]
 
 
+def test_a_conversation_too_long_for_the_model_is_compacted_and_asked_again(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
+    setup.plane.store.create_task(setup.goal_id, TaskSpec(title="long", prompt="evidence " * 2000, priority=5))
+    model = ScriptedModel([_action("board_read"), ContextLengthError("m", 5000, 4096),
+                           ContextLengthError("m", 4500, 4096), _action("submit_finding", title="t", body="b")])
+    outcome = asyncio.run(_agent(tmp_path, model, setup).run())
+    assert outcome.ending is Ending.SUBMITTED and outcome.steps == 2
+    full, first, second = (sum(len(m["content"]) for m in seen) for seen in model.seen[1:])
+    assert full > 16_000 and first < full and second < first
+    assert all(len(m["content"]) <= 1206 for m in model.seen[-1])  # the second limit, with its marker
+    assert model.seen[-1][0] == model.seen[0][0]  # the system prompt is kept
+    assert [f.body for f in setup.findings_by(setup.worker_id)] == ["b"]
+
+
+def test_a_model_failing_in_passing_is_asked_again_then_gives_up_with_a_partial_finding(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
+    flaky = [ProviderError("broker answered 502", retryable=True) for _ in range(4)]
+    model = ScriptedModel([flaky[0], ModelReply(_action("board_read"), ()), *flaky[1:]])
+    outcome = asyncio.run(_agent(tmp_path, model, setup, retry_backoff_s=0.0, max_retries=2).run())
+    assert outcome.ending is Ending.MODEL_ERROR and outcome.steps == 2
+    assert len(model.seen) == 5  # one retry that worked, then a first try and two retries that did not
+    [partial] = setup.findings_by(setup.worker_id)
+    assert partial.title == "risks (partial)"
+
+
+def test_a_lead_whose_model_fails_submits_no_placeholder(tmp_path: Path,
+                                                        live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_findings=("market",))
+    model = ScriptedModel([ProviderError("broker answered 400: bad request", retryable=False)])
+    outcome = asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
+    assert outcome.ending is Ending.MODEL_ERROR and len(model.seen) == 1
+    assert setup.findings_by(setup.worker_id) == []
+
+
+def test_the_leads_brief_gives_every_finding_an_equal_share(tmp_path: Path,
+                                                            live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_findings=("a", "b", "c", "d"))
+    store = setup.plane.store
+    peer = store.create_task(setup.goal_id, TaskSpec(title="long lens"))
+    claim = store.claim(setup.goal_id, "wrk_long", 60, task_id=peer.id)
+    assert claim is not None
+    store.submit_finding(peer.id, claim.token, author="wrk_long", title="long", body="z" * 20_000)
+    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.")])
+    asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
+    brief = model.seen[0][1]["content"]
+    assert all(f"[{ref}]" in brief for ref in setup.peer_findings)
+    assert "z" * 960 in brief and "z" * 961 not in brief  # 4,800 characters for five findings
+
+
 def test_no_task_means_no_model_call(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, claimable=False)
     model = ScriptedModel([])
@@ -281,7 +332,8 @@ def broker(tmp_path: Path) -> Iterator[BrokerRig]:
     assert store.claim(goal.id, identity.worker_id, 3600) is not None
     store.set_price(Price("m", 1_000_000, 1_000_000))
     script = ScriptedProvider()
-    settings = BrokerSettings(routes=(ModelRoute("m", "scripted", max_output_tokens=1000),))
+    settings = BrokerSettings(routes=(ModelRoute("m", "scripted", max_output_tokens=1000),
+                                      ModelRoute("tiny", "scripted", context_tokens=64)))
     with serve_in_thread(create_broker_app(store, tokens, {"scripted": script}, settings, clock)) as url:
         yield BrokerRig(url, store, script, token)
     store.close()
@@ -321,6 +373,18 @@ def test_broker_model_types_refusals(broker: BrokerRig) -> None:
         asyncio.run(_ask(BrokerRig(broker.url, broker.store, broker.script, token)))
     assert len(broker.script.requests) == 2  # neither refusal reached the provider
     assert not broker.store.list_reservations(goal.id, state=ReservationState.HELD)
+
+
+def test_broker_model_types_a_full_context_window(broker: BrokerRig) -> None:
+    async def ask() -> None:
+        async with httpx.AsyncClient(base_url=broker.url,
+                                     headers={"authorization": f"Bearer {broker.token}"}) as client:
+            await BrokerChatModel(client, "tiny").reply([{"role": "user", "content": "x" * 100}])
+
+    with pytest.raises(ContextLengthError) as refused:
+        asyncio.run(ask())
+    assert refused.value.context_tokens == 64 and (refused.value.input_tokens or 0) > 64
+    assert broker.script.requests == []
 
 
 def test_settings_from_env() -> None:

@@ -23,7 +23,15 @@ from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_t
 from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
-from swarmyard.errors import BudgetError, ConfigError, FencingError, InvalidInputError, SwarmyardError
+from swarmyard.errors import (
+    BudgetError,
+    ConfigError,
+    ContextLengthError,
+    FencingError,
+    InvalidInputError,
+    ProviderError,
+    SwarmyardError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,7 @@ class Ending(StrEnum):
     BUDGET = "budget"  # the broker refused further calls; what it had was submitted
     NO_TASK = "no_task"  # nothing was claimable
     LOST_CLAIM = "lost_claim"  # the lease expired or another worker took the task
+    MODEL_ERROR = "model_error"  # the model kept failing (after retries and compaction); what it had was submitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,9 @@ class AgentSettings:
     role: Role = Role.WORKER
     max_steps: int = 8
     max_reasks: int = 2
+    #: re-asks of a model call that failed in passing (a 5xx, a dropped broker connection), and the first wait
+    max_retries: int = 2
+    retry_backoff_s: float = 2.0
     exec_timeout_s: float = 60.0
     workdir: Path = Path(".")
     mode: OutputMode = OutputMode.TOOLS
@@ -155,9 +167,33 @@ _REASK = (
 )
 
 
+#: Per-message character limits tried, in turn, when the conversation is too long for the model's window.
+_COMPACT_LIMITS = (3000, 1200, 500)
+#: Characters of the brief the lead gives all findings together, and of each board post in a brief.
+_FINDINGS_CHARS = 4800
+_POST_CHARS = 400
+
+
+def _compact(messages: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The conversation cut to fit a smaller window: the system prompt, the brief and the last four turns,
+    each message at most ``limit`` characters (tool results are what grows)."""
+    kept = messages if len(messages) <= 6 else messages[:2] + messages[-4:]
+    out = []
+    for message in kept:
+        content = message.get("content")
+        if isinstance(content, str) and len(content) > limit:
+            message = {**message, "content": content[:limit] + " [...]"}
+        out.append(message)
+    return out
+
+
 def _clip(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + " [...]"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
 
 
 def _items(data: Any, key: str) -> list[dict[str, Any]]:
@@ -233,6 +269,12 @@ class BuiltinAgent:
             ending = Ending.BUDGET
         except FencingError:
             return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
+        except ProviderError as exc:
+            log.warning("model failed: %s", exc.message)
+            ending = Ending.MODEL_ERROR
+            if self._settings.role is Role.LEAD and not last_text.strip():
+                # a placeholder is no synthesis: leave the task to the coordinator's next lead
+                return AgentOutcome(ending, task.task_id, None, steps, self.malformed)
         body = last_text.strip() or f"No result was reached for {task.title!r} within {steps} steps."
         finding_id = await self._submit({"title": f"{task.title} (partial)", "body": body})
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
@@ -250,7 +292,8 @@ class BuiltinAgent:
             parts.append(
                 "Board:\n"
                 + "\n".join(
-                    f"[post {p.get('seq')}] {p.get('author', '')}: {p.get('body', '')}" for p in posts[-10:]
+                    f"[post {p.get('seq')}] {p.get('author', '')}: {_cut(str(p.get('body', '')), _POST_CHARS)}"
+                    for p in posts[-10:]
                 )
             )
         if self._settings.role is Role.LEAD:
@@ -261,10 +304,12 @@ class BuiltinAgent:
                 str(f["id"]) for f in findings if "id" in f and f["id"] not in self._findings_seen
             ]
             if findings:
+                # every finding gets an equal share of the brief, so the last is read as fully as the first
+                share = max(300, _FINDINGS_CHARS // len(findings))
                 parts.append(
                     "Findings:\n"
                     + "\n\n".join(
-                        f"[{f.get('id')}] {f.get('title', '')}\n{str(f.get('body', ''))[:1500]}"
+                        f"[{f.get('id')}] {f.get('title', '')}\n{_cut(str(f.get('body', '')), share)}"
                         for f in findings
                     )
                 )
@@ -281,9 +326,27 @@ class BuiltinAgent:
                 return
 
     async def _reply(self, messages: list[dict[str, Any]], only: frozenset[str] | None) -> ModelReply:
+        """One reply. A conversation too long for the model is compacted and re-asked; a failure in passing
+        is re-asked after a growing wait; anything else (or more of the same) is raised."""
         keeper = asyncio.create_task(self._keep_claim())
+        compacted = retries = 0
         try:
-            return await self._model.reply(messages, only=only)
+            while True:
+                try:
+                    asked = messages if not compacted else _compact(messages, _COMPACT_LIMITS[compacted - 1])
+                    return await self._model.reply(asked, only=only)
+                except ContextLengthError as exc:
+                    if compacted == len(_COMPACT_LIMITS):
+                        raise ProviderError(f"the conversation does not fit even compacted: {exc.message}") from exc
+                    compacted += 1
+                    log.info("conversation too long for the model; compacted to %d characters a message",
+                             _COMPACT_LIMITS[compacted - 1])
+                except ProviderError as exc:
+                    if not exc.retryable or retries == self._settings.max_retries:
+                        raise
+                    retries += 1
+                    log.info("model call failed (%s); asking again", exc.message)
+                    await asyncio.sleep(self._settings.retry_backoff_s * 2 ** (retries - 1))
         finally:
             keeper.cancel()
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import httpx
 
 from swarmyard.agents.actions import TOOLS, ToolSpec, openai_tools, response_format
-from swarmyard.errors import BudgetError, ProviderError, SwarmyardError
+from swarmyard.errors import BudgetError, ContextLengthError, ProviderError, SwarmyardError
 
 
 class OutputMode(StrEnum):
@@ -90,6 +90,9 @@ class BrokerChatModel:
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
         if response.status_code in (402, 403, 429):
             raise BudgetError(f"the broker refused the call ({response.status_code}): {response.text[:200]}")
+        if response.status_code == 400 and _error_code(response) == "context_length_exceeded":
+            error = response.json()["error"]
+            raise ContextLengthError(self._model, error.get("input_tokens"), error.get("context_tokens"))
         if response.status_code >= 400:
             raise ProviderError(
                 f"broker answered {response.status_code}: {response.text[:300]}",
@@ -117,6 +120,14 @@ class BrokerChatModel:
         self.usage.input_tokens += reply.input_tokens
         self.usage.output_tokens += reply.output_tokens
         return reply
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json()["error"]
+        return str(error["code"]) if isinstance(error, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def is_budget_stop(exc: SwarmyardError) -> bool:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import orjson
@@ -51,6 +51,7 @@ from swarmyard.domain import Price, Reservation
 from swarmyard.errors import (
     BudgetExceededError,
     ConflictError,
+    ContextLengthError,
     DeadlinePassedError,
     InvalidInputError,
     InvalidTokenError,
@@ -232,8 +233,13 @@ class Broker:
         price = self._price(route)
         counter = self._counter(route)
         inputs = input_bound(chat, counter)
+        room = route.output_room(inputs)
+        if room < self.settings.min_output_tokens:
+            # refused before anything is held: the model could not even read the whole conversation
+            raise ContextLengthError(route.name, inputs, route.context_tokens)
         max_tokens = chat.max_tokens
         if max_tokens is not None:
+            max_tokens = min(max_tokens, room)
             # The common case: the worst case is known before the store is asked, so the worker's token, its
             # claim and both envelopes are checked and charged in one transaction (one trip to the store).
             reservation = self.store.reserve_for_worker(
@@ -254,7 +260,7 @@ class Broker:
             (f"goal {goal.id}", goal.envelope.available),
         ]
         name, available = min(envelopes, key=lambda pair: pair[1])
-        max_tokens = ledger.largest_affordable(available, inputs, price, route.max_output_tokens)
+        max_tokens = ledger.largest_affordable(available, inputs, price, room)
         if max_tokens < self.settings.min_output_tokens:
             raise BudgetExceededError(
                 name, ledger.worst_case(inputs, self.settings.min_output_tokens, price), available
@@ -320,12 +326,14 @@ class Broker:
 
     async def _failed(self, admitted: _Admitted, state: CallState, exc: BaseException) -> SwarmyardError:
         """Release or mark unknown, and say what to answer."""
-        if isinstance(exc, UpstreamLostError) or (state.sent and not isinstance(exc, ProviderError)):
+        # an error status is an answer: the provider refused, nothing was generated, nothing to bill
+        answered = isinstance(exc, (ProviderError, ContextLengthError))
+        if isinstance(exc, UpstreamLostError) or (state.sent and not answered):
             return await self._lost(admitted, exc)
         with anyio.CancelScope(shield=True):
             await self._threads.call(self.store.release_reservation, admitted.reservation.id)
-        if isinstance(exc, ProviderError):
-            return exc
+        if answered:
+            return cast(SwarmyardError, exc)
         log.exception("provider failed before sending", exc_info=exc)
         return ProviderError(
             f"provider failed before the request was sent ({type(exc).__name__})", retryable=True

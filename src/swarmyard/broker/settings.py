@@ -28,10 +28,14 @@ class ModelRoute:
     output_per_mtok: int = 0
     max_output_tokens: int = 4096
     tokenizer: Tokenizer = Tokenizer.BYTES
+    #: the model's context window (input and answer together), where the broker knows it
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.provider:
             raise ConfigError("a model route needs a name and a provider", field="model")
+        if self.context_tokens is not None and self.context_tokens <= 0:
+            raise ConfigError(f"model {self.name}: context_tokens must be > 0", field="model")
         if min(self.input_per_mtok, self.output_per_mtok) < 0 or self.max_output_tokens <= 0:
             raise ConfigError(
                 f"model {self.name}: prices must be >= 0 and max_output_tokens > 0", field="model"
@@ -41,6 +45,13 @@ class ModelRoute:
     def upstream(self) -> str:
         """The model name sent to the provider."""
         return self.upstream_model or self.name
+
+    def output_room(self, input_tokens: int) -> int:
+        """The most tokens an answer to ``input_tokens`` of input may have: the route's limit, or less where
+        the context window is known and nearly full."""
+        if self.context_tokens is None:
+            return self.max_output_tokens
+        return min(self.max_output_tokens, self.context_tokens - input_tokens)
 
     @property
     def default_price(self) -> Price:

@@ -66,8 +66,10 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
         if local not in ("qwen", "smollm2"):
             raise UserError(f"--local must be qwen, smollm2 or none, not {local!r}")
         model = assemble_qwen(cache_dir) if local == "qwen" else smollm2()
-        providers["local"] = LocalProvider(model, timeouts=timeouts)
-        routes.append(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER, max_output_tokens=2048))
+        provider = LocalProvider(model, timeouts=timeouts)
+        providers["local"] = provider
+        routes.append(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER, max_output_tokens=2048,
+                                 context_tokens=provider.context_tokens))
     if not routes:
         raise UserError("no provider: set OPENAI_API_KEY or ANTHROPIC_API_KEY, or use --key-file or --local")
     opened = store_at(store, serving=True)

@@ -213,6 +213,7 @@ class MachineLauncher:
                 self._machines.files.upload(machine_id, path, text.encode(), mode=0o600)
             argv, env = list(launch.argv), dict(launch.env)
         result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
+        self._keep_log(slot, who.worker_id, agent, result, time.time() - started)
         if submit is not None and not result.timed_out:
             path, claimed, fencing_token, title = submit
             ending = self._submit_for(machine_id, path, token, claimed, fencing_token, title)
@@ -232,6 +233,15 @@ class MachineLauncher:
             log.warning("%s: agent %s (exit %s): %s | %s", slot.name, ending, result.exit_code,
                         result.stderr[-500:], result.stdout[-1500:])
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
+
+    def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: Any, took_s: float) -> None:
+        """The agent's own output, whole, in the run folder: what to read when a worker or the lead failed."""
+        folder = self.run_dir / "agents"
+        folder.mkdir(exist_ok=True)
+        ending = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        text = (f"# {slot.name} ({slot.role.value}, {agent.value}) worker {worker_id}: {ending} after "
+                f"{took_s:.1f} s\n\n## stderr\n{result.stderr}\n\n## stdout\n{result.stdout}\n")
+        (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8", errors="replace")
 
     def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,
                     title: str) -> str:

@@ -46,10 +46,12 @@ def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[M
     else:
         raise ConfigError(f"unknown embedded model {model!r}: choose one of {sorted(LOCAL_MODELS)} or give "
                           "model_file", field=f"providers.{name}.models")
-    # llama.cpp splits n_ctx between its parallel slots: 4 slots x 4,096 tokens each. A busy 2-core host makes
-    # a few tokens a second per slot, so a whole answer can take minutes: wait for it (it is on loopback).
-    provider = local.LocalProvider(file, name=name, n_ctx=16384, n_parallel=4, timeouts=Timeouts(read_s=900.0))
-    return provider, [ModelRoute(model, name, tokenizer=Tokenizer.PROVIDER, max_output_tokens=512)]
+    # 4 slots of 4,096 tokens each. A busy 2-core host makes a few tokens a second per slot, so a whole answer
+    # can take minutes: wait for it (it is on loopback).
+    provider = local.LocalProvider(file, name=name, slot_tokens=4096, n_parallel=4,
+                                   timeouts=Timeouts(read_s=900.0))
+    return provider, [ModelRoute(model, name, tokenizer=Tokenizer.PROVIDER, max_output_tokens=512,
+                                 context_tokens=provider.context_tokens)]
 
 
 def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping[str, str],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ import httpx
 import orjson
 
 from swarmyard.broker.keys import Secret
-from swarmyard.errors import ProviderError, UpstreamLostError
+from swarmyard.errors import ContextLengthError, ProviderError, UpstreamLostError
 
 if TYPE_CHECKING:
     from swarmyard.broker.chat import StreamEvent
@@ -44,6 +45,15 @@ def scrub(text: str, key: Secret | None) -> str:
     return text[:300]
 
 
+#: How OpenAI (and compatibles), llama.cpp and Anthropic say a prompt does not fit the context window.
+_CONTEXT_MARKERS = ("context_length_exceeded", "exceed_context_size_error", "prompt is too long")
+
+
+def _int_field(raw: str, name: str) -> int | None:
+    found = re.search(rf'"{name}"\s*:\s*(\d+)', raw)
+    return int(found.group(1)) if found else None
+
+
 async def raise_for_status(response: UpstreamResponse, provider: str, key: Secret | None) -> None:
     """Turn an upstream error status into ``ProviderError`` (the answer came back: nothing to bill)."""
     if response.status < 400:
@@ -52,6 +62,9 @@ async def raise_for_status(response: UpstreamResponse, provider: str, key: Secre
         raw = (await response.read()).decode("utf-8", "replace")
     except UpstreamLostError:
         raw = ""
+    if response.status == 400 and any(marker in raw for marker in _CONTEXT_MARKERS):
+        # the worker's conversation is too long for the model: its own error to fix, not the provider's
+        raise ContextLengthError(provider, _int_field(raw, "n_prompt_tokens"), _int_field(raw, "n_ctx"))
     raise ProviderError(
         f"{provider}: upstream answered {response.status}: {scrub(raw, key)}",
         retryable=response.status in _RETRYABLE_STATUS,

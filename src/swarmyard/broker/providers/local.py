@@ -161,7 +161,7 @@ class LocalProvider:
         model: ModelFile,
         *,
         name: str = "local",
-        n_ctx: int = 4096,
+        slot_tokens: int = 4096,
         n_parallel: int = 4,
         threads: int = 2,
         timeouts: Timeouts | None = None,
@@ -172,7 +172,8 @@ class LocalProvider:
             raise MissingExtraError("the local model provider", "local", "xllamacpp") from exc
         params = xllamacpp.CommonParams()
         params.model.path = str(model.verify())
-        params.n_ctx = n_ctx
+        # llama.cpp splits n_ctx evenly between its parallel slots, and one request sees only its slot's share
+        params.n_ctx = slot_tokens * n_parallel
         params.n_parallel = n_parallel
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
@@ -180,6 +181,8 @@ class LocalProvider:
         params.verbosity = -1
         self.name = name
         self.model = model
+        #: the context window one request has: input and answer together
+        self.context_tokens = slot_tokens
         self._server = xllamacpp.Server(params)
         self._base = str(self._server.listening_address).rstrip("/")
         self._http = OpenAICompatProvider(f"{self._base}/v1", None, name=name, timeouts=timeouts)
