@@ -17,7 +17,14 @@ import httpx
 import pytest
 
 from conftest import LivePlane
-from swarmyard.agents.actions import TOOLS, action_schema, parse_reply, parse_tool_call, response_format
+from swarmyard.agents.actions import (
+    TOOLS,
+    action_schema,
+    parse_reply,
+    parse_tool_call,
+    response_format,
+    salvage_submission,
+)
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import LocalTools, PlaneTools
@@ -119,6 +126,23 @@ def test_parse_reply_shapes() -> None:
     assert parse_reply('Sure! {"name": "shell", "arguments": {"command": "ls"}}').args == {"command": "ls"}
     assert parse_reply('{"tool": "shell", "args": "{\\"command\\": \\"ls\\"}"}').args == {"command": "ls"}
     assert parse_tool_call("read_file", '{"path": "a.txt", "junk": 1}').args == {"path": "a.txt"}
+    # the local model's own tool shape, when it comes back as text
+    assert parse_reply('{"tool": "board_post", "arguments": {"body": "x"}}').args == {"body": "x"}
+
+
+@pytest.mark.parametrize(("text", "salvaged"), [
+    ('{"tool": "submit_finding", "arguments": {"title": "Go", "body": "Market \\"large\\",\\nrisks hi',
+     {"title": "Go", "body": 'Market "large",\nrisks hi'}),
+    ('{"action": {"tool": "submit_finding", "args": {"body": "only a body"}}}', {"title": "finding",
+                                                                                "body": "only a body"}),
+    ('{"tool": "submit_finding", "arguments": {"title": "Go", "body": "cut at \\u00', {"title": "Go",
+                                                                                      "body": "cut at \\u00"}),
+    ('{"tool": "submit_finding", "arguments": {"title": "Go"', None),
+    ('{"tool": "board_post", "args": {"text": "no body"}}', None),
+    ("plain words", None),
+])
+def test_a_submission_cut_off_mid_json_is_salvaged(text: str, salvaged: dict[str, str] | None) -> None:
+    assert salvage_submission(text) == salvaged
 
 
 @pytest.mark.parametrize(
@@ -186,6 +210,29 @@ def test_the_last_step_may_only_submit(tmp_path: Path, live_plane: Callable[...,
     assert "last step" in model.seen[-1][-1]["content"]
     assert [p.body for p in setup.posts_by(setup.worker_id)] == ["a", "b"]
     assert [f.body for f in setup.findings_by(setup.worker_id)] == ["Licences, cost."]
+
+
+def test_a_submission_cut_off_at_max_tokens_is_submitted_as_written(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
+    cut = '{"tool": "submit_finding", "arguments": {"title": "Risks", "body": "Licences, cost, and the'
+    model = ScriptedModel([_action("board_post", body="a"), cut])
+    outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=2).run())
+    assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 1 and len(model.seen) == 2
+    [finding] = setup.findings_by(setup.worker_id)
+    assert (finding.title, finding.body) == ("Risks", "Licences, cost, and the")
+
+
+def test_a_partial_finding_salvages_the_last_cut_off_answer(tmp_path: Path,
+                                                             live_plane: Callable[..., LivePlane]) -> None:
+    # cut-off JSON naming no tool is re-asked, not taken as a submission; when the run ends on the budget,
+    # what it began to say is the partial finding's body, not the raw JSON
+    setup = _setup(live_plane)
+    model = ScriptedModel(['{"title": "T", "body": "half a thought', BudgetError("no money left")])
+    outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3).run())
+    assert outcome.ending is Ending.BUDGET and outcome.malformed == 1
+    [finding] = setup.findings_by(setup.worker_id)
+    assert (finding.title, finding.body) == ("risks (partial)", "half a thought")
 
 
 def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:

@@ -8,6 +8,7 @@ for OpenAI ``tools`` (providers that support them) or for ``response_format`` wi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ def parse_reply(text: str, tools: dict[str, ToolSpec] = TOOLS) -> Action:
         raise InvalidInputError("action must be a JSON object", field="action")
     if "tool" not in inner and "name" in inner:  # a common slip: OpenAI's function shape
         inner = {"tool": inner["name"], "args": inner.get("arguments", inner.get("args", {}))}
-    args = inner.get("args", {})
+    args = inner.get("args", inner.get("arguments", {}))  # "arguments": the local model's own tool shape
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -162,3 +163,30 @@ def parse_tool_call(name: str, arguments: str, tools: dict[str, ToolSpec] = TOOL
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"arguments of {name} are not JSON: {exc.msg}", field="args") from exc
     return check_action(name, args, tools)
+
+
+def _string_field(text: str, name: str) -> str | None:
+    """The value of ``"name": "..."`` in possibly cut-off JSON: up to its closing quote, or to the end."""
+    found = re.search(rf'"{name}"\s*:\s*"', text)
+    if found is None:
+        return None
+    raw = re.match(r'(?:[^"\\]|\\.)*', text[found.end():])
+    value = raw.group(0) if raw else ""
+    try:
+        return str(json.loads(f'"{value}"'))
+    except json.JSONDecodeError:
+        return value
+
+
+def salvage_submission(text: str) -> dict[str, str] | None:
+    """The title and body of a ``submit_finding`` cut off mid-JSON (a model that ran out of tokens), if any.
+
+    A small model often writes a long body and is stopped at ``max_tokens`` before the JSON closes; what it
+    wrote is still its finding, and better than the raw JSON or nothing.
+    """
+    if FINISH not in text and '"body"' not in text:
+        return None
+    body = _string_field(text, "body")
+    if not body or not body.strip():
+        return None
+    return {"title": _string_field(text, "title") or "finding", "body": body.strip()}

@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call
+from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
 from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
@@ -216,6 +216,7 @@ class BuiltinAgent:
         self._posts_seen: list[str] = []
         self._board: list[dict[str, Any]] = []
         self._me = ""
+        self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
         self.malformed = 0
         self.explorer = (
             Explorer(settings.directions, settings.patience, settings.adopt_margin)
@@ -239,7 +240,6 @@ class BuiltinAgent:
                 f"\n\nYour direction: {direction}. Submit each attempt with submit_artifact; you will be told "
                 "its score and when to change direction."
             )
-        last_text = ""
         ending = Ending.STEP_CAP
         steps = 0
         try:
@@ -249,8 +249,7 @@ class BuiltinAgent:
                     # Small models wander; the last step may only submit, so the finding carries what the
                     # model worked out rather than a placeholder.
                     messages.append({"role": "user", "content": _LAST_STEP})
-                action, text = await self._next_action(messages, only=frozenset({FINISH}) if last else None)
-                last_text = text or last_text
+                action = await self._next_action(messages, only=frozenset({FINISH}) if last else None)
                 if action is None:
                     continue
                 if action.tool == FINISH:
@@ -272,10 +271,13 @@ class BuiltinAgent:
         except ProviderError as exc:
             log.warning("model failed: %s", exc.message)
             ending = Ending.MODEL_ERROR
-            if self._settings.role is Role.LEAD and not last_text.strip():
+            if self._settings.role is Role.LEAD and not self._last_text.strip():
                 # a placeholder is no synthesis: leave the task to the coordinator's next lead
                 return AgentOutcome(ending, task.task_id, None, steps, self.malformed)
-        body = last_text.strip() or f"No result was reached for {task.title!r} within {steps} steps."
+        # the model's last words: a submission it began and could not finish, or whatever it said
+        salvaged = salvage_submission(self._last_text)
+        body = (salvaged["body"] if salvaged else self._last_text.strip()) or (
+            f"No result was reached for {task.title!r} within {steps} steps.")
         finding_id = await self._submit({"title": f"{task.title} (partial)", "body": body})
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
@@ -351,24 +353,29 @@ class BuiltinAgent:
             keeper.cancel()
 
     async def _next_action(self, messages: list[dict[str, Any]],
-                           only: frozenset[str] | None = None) -> tuple[Action | None, str]:
+                           only: frozenset[str] | None = None) -> Action | None:
         """Ask the model; re-ask on malformed output at most ``max_reasks`` times (then ``None``)."""
         extra: list[dict[str, Any]] = []
-        text = ""
         for _ in range(self._settings.max_reasks + 1):
             reply = await self._reply(messages + extra, only)
-            text = reply.text
+            self._last_text = reply.text or self._last_text
             try:
                 if reply.tool_calls:
-                    return parse_tool_call(*reply.tool_calls[0]), text
-                return parse_reply(reply.text), text
+                    return parse_tool_call(*reply.tool_calls[0])
+                return parse_reply(reply.text)
             except InvalidInputError as exc:
                 self.malformed += 1
+                # a submission cut off at max_tokens: asked again, a small model only writes as long again
+                named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH
+                cut = reply.tool_calls[0][1] if named else reply.text
+                salvaged = salvage_submission(cut)
+                if salvaged is not None and (named or FINISH in cut or only == frozenset({FINISH})):
+                    return Action(FINISH, salvaged)
                 extra = [
                     {"role": "assistant", "content": reply.text[:MAX_RESULT_CHARS] or "(empty)"},
                     {"role": "user", "content": _REASK.format(error=exc.message)},
                 ]
-        return None, text
+        return None
 
     async def _run_tool(self, action: Action) -> Any:
         args = action.args

@@ -180,6 +180,8 @@ class MachineLauncher:
                 env["SWARMYARD_DIRECTIONS"] = json.dumps(list(policy.directions))
                 env["SWARMYARD_PATIENCE"] = str(policy.patience)
                 env["SWARMYARD_ADOPT_MARGIN"] = str(policy.adopt_margin)
+            if lead:
+                env["SWARMYARD_MAX_TOKENS"] = "1024"  # a synthesis is longer than a step (the route may hold less)
             if slot.role is Role.PLANNER:
                 env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
                 # room for N lenses with their instructions in one answer
@@ -239,8 +241,12 @@ class MachineLauncher:
         folder = self.run_dir / "agents"
         folder.mkdir(exist_ok=True)
         ending = "timed out" if result.timed_out else f"exit {result.exit_code}"
+
+        def text_of(out: bytes | str) -> str:
+            return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+
         text = (f"# {slot.name} ({slot.role.value}, {agent.value}) worker {worker_id}: {ending} after "
-                f"{took_s:.1f} s\n\n## stderr\n{result.stderr}\n\n## stdout\n{result.stdout}\n")
+                f"{took_s:.1f} s\n\n## stderr\n{text_of(result.stderr)}\n\n## stdout\n{text_of(result.stdout)}\n")
         (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8", errors="replace")
 
     def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,

@@ -50,7 +50,7 @@ def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[M
     # can take minutes: wait for it (it is on loopback).
     provider = local.LocalProvider(file, name=name, slot_tokens=4096, n_parallel=4,
                                    timeouts=Timeouts(read_s=900.0))
-    return provider, [ModelRoute(model, name, tokenizer=Tokenizer.PROVIDER, max_output_tokens=512,
+    return provider, [ModelRoute(model, name, tokenizer=Tokenizer.PROVIDER, max_output_tokens=1024,
                                  context_tokens=provider.context_tokens)]
 
 
