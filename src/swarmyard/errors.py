@@ -188,6 +188,14 @@ class StoreError(SwarmyardError):
     code = "store_error"
 
 
+class StoreBusyError(StoreError):
+    """A store call asked not to wait found the store busy (its write lock taken); nothing was done."""
+
+    code = "store_busy"
+    status = 503
+    retryable = True
+
+
 class FencingError(StoreError):
     """A write for a task whose claim is no longer the caller's."""
 

@@ -1,8 +1,10 @@
-"""Settlement after the answer: admissions go first, a dead broker's hold is reconcilable, revocation is immediate."""
+"""Settlement after the answer: admissions go first (on the loop when the store lets them), a dead broker's hold
+is reconcilable, revocation is immediate."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.app import Broker
+from swarmyard.broker.chat import Usage
+from swarmyard.broker.formats import OPENAI_CHAT
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.broker.storethreads import StoreThreads
 from swarmyard.clock import FakeClock
@@ -120,3 +125,66 @@ def test_many_threads_run_every_job_once_and_close() -> None:
     assert asyncio.run(main()) == list(range(200))
     threads.close()
     assert sorted(done) == list(range(-200, 0))
+
+
+def test_admission_runs_on_the_loop_when_the_lock_is_free_and_queues_when_it_is_not(store: SqlStore,
+                                                                                     tmp_path: Path) -> None:
+    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
+    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
+    tokens = TokenAuthority(b"i" * 32, store, FakeClock())
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    route = ModelRoute("m", "scripted", input_per_mtok=1, output_per_mtok=1)
+    broker = Broker(store, tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
+    chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)  # another process's writer
+
+    async def main() -> list[str]:
+        other.execute("BEGIN IMMEDIATE")
+        queued = asyncio.ensure_future(broker._admission(token, chat, route, 100))
+        await asyncio.sleep(0)  # one loop turn: the attempt on the loop found the lock taken and queued
+        assert not queued.done()
+        other.execute("COMMIT")
+        first = await queued
+        # with the store threads closed, only an admission on the loop itself can succeed
+        await asyncio.get_running_loop().run_in_executor(None, broker._threads.close)
+        second = await broker._admission(token, chat, route, 100)
+        with pytest.raises(RuntimeError):  # a body too large to count on the loop still goes to the threads
+            await broker._admission(token, chat, route, 10**6)
+        return [first.reservation.id, second.reservation.id]
+
+    ids = asyncio.run(main())
+    other.close()
+    assert [r.id for r in store.list_reservations(goal.id, state=ReservationState.HELD)] == ids
+
+
+def test_settlement_runs_on_the_loop_after_the_answer_or_on_the_threads_when_the_store_is_busy(
+        store: SqlStore, tmp_path: Path) -> None:
+    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
+    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
+    tokens = TokenAuthority(b"s" * 32, store, FakeClock())
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
+    broker = Broker(store, tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
+    chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+
+    async def main() -> None:
+        on_loop = await broker._admission(token, chat, route, 100)
+        broker._settle_soon(on_loop, Usage(3, 4))
+        assert store.get_reservation(on_loop.reservation.id).state is ReservationState.HELD  # not before the turn
+        await asyncio.sleep(0)  # one loop turn (the answer would be written in this one)
+        assert store.get_reservation(on_loop.reservation.id).actual == 7
+        queued = await broker._admission(token, chat, route, 100)
+        other.execute("BEGIN IMMEDIATE")
+        broker._settle_soon(queued, Usage(1, 1))
+        await asyncio.sleep(0)  # the loop found the store busy and handed the settlement to the threads
+        assert store.get_reservation(queued.reservation.id).state is ReservationState.HELD
+        other.execute("COMMIT")
+        assert await asyncio.get_running_loop().run_in_executor(None, broker.wait_settled, 10)
+
+    asyncio.run(main())
+    other.close()
+    assert {r.actual for r in store.list_reservations(goal.id)} == {7, 2}
+    assert store.get_goal(goal.id).envelope.reserved == 0

@@ -1,9 +1,14 @@
-"""The SQLite engine checkpoints its WAL on a thread of its own, never inside a writer's commit."""
+"""The SQLite engine: its WAL is checkpointed on a thread of its own, never inside a writer's commit; a block
+that must not wait gets ``StoreBusyError`` at once when the write lock is taken."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+import pytest
+
+from swarmyard.errors import StoreBusyError
 from swarmyard.store.engine import SqliteEngine
 
 ROWS, ROW_BYTES = 1_500, 3_000  # about 1,500 pages: past SQLite's default 1,000-page automatic checkpoint
@@ -62,5 +67,30 @@ def test_the_checkpointing_thread_moves_the_wal_into_the_database(tmp_path: Path
         assert (tmp_path / "store.db").stat().st_size > ROWS * ROW_BYTES
         with engine.read() as cur:
             assert cur.execute("SELECT count(*) FROM t").fetchone()[0] == ROWS + ROWS // 3
+    finally:
+        engine.close()
+
+
+def test_a_nowait_write_fails_at_once_when_the_lock_is_taken_and_changes_nothing(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path / "store.db")
+    try:
+        with engine.write() as cur:
+            cur.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process, as far as SQLite can tell
+        with engine.nowait() as nowait, pytest.raises(StoreBusyError):
+            assert nowait
+            with engine.write() as cur:
+                cur.execute("INSERT INTO t DEFAULT VALUES")
+        with engine.nowait(), engine.read() as cur:  # WAL readers still read while a writer holds the lock
+            assert cur.execute("SELECT count(*) FROM t").fetchone() == (0,)
+        other.execute("COMMIT")
+        with engine.nowait(), engine.write() as cur:  # free again: no waiting needed
+            cur.execute("INSERT INTO t DEFAULT VALUES")
+        with engine.write() as cur:  # outside the block, the waiting connection is used as before
+            cur.execute("INSERT INTO t DEFAULT VALUES")
+        with engine.read() as cur:
+            assert cur.execute("SELECT count(*) FROM t").fetchone() == (2,)
+        other.close()
     finally:
         engine.close()

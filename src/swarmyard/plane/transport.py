@@ -1,4 +1,4 @@
-"""A lean httpx transport for HTTP/1.1 over a Unix socket (the control plane's socket).
+"""A lean httpx transport for HTTP/1.1 over a Unix socket (the control plane's socket), or loopback TCP.
 
 httpx's default stack (httpcore, anyio streams, h11 in pure Python, a cancel scope per read) costs about a
 millisecond of CPU per request, more than the control plane spends answering it; a process that holds
@@ -143,6 +143,25 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
         for conn in idle:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+class LoopbackTcpTransport(UnixSocketTransport):
+    """The same lean transport over TCP to ``host:port`` (a benchmark's loopback upstream, called directly)."""
+
+    def __init__(self, host: str, port: int, *, max_idle: int = 16) -> None:
+        super().__init__(f"{host}:{port}", max_idle=max_idle)
+        self._host, self._port = host, port
+
+    async def _connect(self, timeout_s: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(_Connection, self._host, self._port)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"no connection to {self._path} within {timeout_s} s") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot connect to {self._path}: {exc}") from exc
+        return conn
 
 
 def _head(request: httpx.Request, length: int) -> bytes:

@@ -9,6 +9,7 @@ Every state change also appends an audit event in the same transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from swarmyard.domain import (
@@ -48,6 +49,11 @@ class Store(Protocol):
         ...
 
     # -- goals and tasks ------------------------------------------------------------------------------------
+    def nowait(self) -> AbstractContextManager[bool]:
+        """A block in which this thread's writes fail with ``StoreBusyError`` rather than wait for the write
+        lock; it yields False where the store cannot do that, and writes wait as usual."""
+        ...
+
     def create_goal(self, spec: GoalSpec) -> Goal:
         """Create a goal and its envelope."""
         ...

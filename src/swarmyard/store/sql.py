@@ -12,9 +12,10 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from swarmyard.canonical import canonical_json
 from swarmyard.clock import Clock, SystemClock
@@ -160,6 +161,11 @@ class SqlStore:
     def close(self) -> None:
         """Release connections."""
         self._e.close()
+
+    def nowait(self) -> AbstractContextManager[bool]:
+        """A block in which this thread's writes fail with ``StoreBusyError`` rather than wait for the write
+        lock; it yields False where the engine cannot do that (PostgreSQL), and writes wait as usual."""
+        return cast(AbstractContextManager[bool], self._e.nowait())
 
     def _now(self) -> float:
         return self._clock.now()
