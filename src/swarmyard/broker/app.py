@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import Send
 
 from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker import ledger
@@ -125,8 +126,9 @@ class _JsonResponse(Response):
         return orjson.dumps(content)
 
 
-async def _coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``frames`` as they come, but the frames made in one go (one upstream read) leave as one body chunk.
+async def _coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, bool]]:
+    """``frames`` as they come, but the frames made in one go (one upstream read) leave as one body chunk;
+    each chunk with whether it is the last (known when the producer ended in the same go).
 
     Why: every chunk goes through the server's send path and costs a few socket writes; an upstream read
     often carries several events. Nothing waits for more: a frame goes out as soon as the producer waits
@@ -148,13 +150,35 @@ async def _coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             parts = [frame]
             while not queue.empty() and (frame := queue.get_nowait()) is not None:
                 parts.append(frame)
-            yield b"".join(parts)
+            yield b"".join(parts), frame is None
             if frame is None:
                 break
     finally:
         producer.cancel()  # a no-op once it is done
         with anyio.CancelScope(shield=True):
             await asyncio.wait({producer})
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events from ``_coalesced``: the last chunk carries the end of the body with it.
+
+    Starlette ends a stream with an empty body message of its own, which the server writes apart: one more
+    socket write, and one more wake-up of the reader, for every answer.
+    """
+
+    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]]) -> None:
+        # Starlette keeps the iterator as body_iterator; only stream_response below reads it
+        super().__init__(cast(AsyncIterator[bytes], chunks), media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk, last in cast(AsyncIterator[tuple[bytes, bool]], self.body_iterator):
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            ended = last
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class Broker:
@@ -442,11 +466,7 @@ class Broker:
         except Exception as exc:
             await events.aclose()
             return self._error(await self._failed(admitted, state, exc), fmt)
-        return StreamingResponse(
-            _coalesced(self._frames(first, events, state, admitted, fmt, model)),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-        )
+        return _EventStream(_coalesced(self._frames(first, events, state, admitted, fmt, model)))
 
     async def _frames(
         self,
