@@ -103,15 +103,14 @@ class _WalCheckpointer:
 
 
 class SqliteEngine:
-    """SQLite in WAL mode: one read connection per thread, and one writer connection per process whose
-    transactions take SQLite's write lock up front (BEGIN IMMEDIATE).
+    """SQLite in WAL mode, one connection per thread; writes take the write lock up front (BEGIN IMMEDIATE).
 
-    Why one writer: SQLite admits one writer at a time anyway, and a connection's page cache is dropped whenever
-    another connection wrote. Writers on connections of their own (a broker's admission on the event loop, its
-    settlement on a thread) measured 160-215 us per reservation, one shared writer 88 us. The threads of one
-    process queue for it on a lock; processes queue in SQLite's busy handler.
+    A thread inside ``nowait`` uses a second connection of its own that never waits for the lock. Keep one
+    kind of work on one connection: a connection's page cache is dropped whenever another one wrote, and a
+    broker that admitted on one connection and settled on another measured 160-215 us a reservation, against
+    88 us on one.
 
-    Waiting writers of other processes use SQLite's own busy handler. A kernel queue (``flock``) in front was measured: better at
+    Waiting writers use SQLite's own busy handler. A kernel queue (``flock``) in front was measured: better at
     8 processes, much worse at 64 on 2 cores (every unlock wakes all waiters and the holder is often
     descheduled); short retry sleeps were worse at both. Keeping each write transaction short matters most.
 
@@ -132,9 +131,6 @@ class SqliteEngine:
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._checkpointer: _WalCheckpointer | None = None
-        self._writer: sqlite3.Connection | None = None
-        self._writing = threading.Lock()  # held for the whole of one write transaction on ``_writer``
-        self._writing_thread: int | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def _conn(self) -> sqlite3.Connection:
@@ -190,38 +186,12 @@ class SqliteEngine:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction on the process's writer connection, holding SQLite's write lock from its first
-        statement. Inside ``nowait``, a writer busy in this process or another fails it at once."""
-        nowait = bool(getattr(self._local, "nowait", False))
-        if self._writing_thread == threading.get_ident():
-            raise StoreError("a write transaction was started inside another one on the same thread")
-        if not self._writing.acquire(blocking=not nowait):
-            raise StoreBusyError("another thread of this process is writing")
-        self._writing_thread = threading.get_ident()
-        try:
-            conn = self._writer_conn()
-            with self._begun(conn, nowait) as cur:
-                yield cur
-        finally:
-            self._writing_thread = None
-            self._writing.release()
-
-    def _writer_conn(self) -> sqlite3.Connection:
-        if self._writer is None:
-            self._writer = self._connect(self._busy_timeout_ms)
-        return self._writer
-
-    @contextmanager
-    def _begun(self, conn: sqlite3.Connection, nowait: bool) -> Iterator[sqlite3.Cursor]:
+        """One write transaction, holding SQLite's write lock from its first statement (inside ``nowait``, on
+        the thread's connection that fails at once when the lock is taken)."""
+        conn = self._conn()
         cur = conn.cursor()
         try:
-            if nowait:  # only taking the lock can wait: in WAL mode a commit never does
-                conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                cur.execute("BEGIN IMMEDIATE")
-            finally:
-                if nowait:
-                    conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             cur.close()
             if self._would_wait(exc):
@@ -264,7 +234,6 @@ class SqliteEngine:
             for conn in self._all:
                 conn.close()
             self._all.clear()
-            self._writer = None
         if checkpointer is not None:
             checkpointer.close()
         self._local = threading.local()
