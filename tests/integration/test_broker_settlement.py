@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from starlette.testclient import TestClient
 
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
-from swarmyard.broker.chat import Usage
+from swarmyard.broker.chat import ChatRequest, Usage
 from swarmyard.broker.formats import OPENAI_CHAT
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.broker.storethreads import StoreThreads
@@ -127,64 +128,74 @@ def test_many_threads_run_every_job_once_and_close() -> None:
     assert sorted(done) == list(range(-200, 0))
 
 
-def test_admission_runs_on_the_loop_when_the_lock_is_free_and_queues_when_it_is_not(store: SqlStore,
-                                                                                     tmp_path: Path) -> None:
+@dataclass
+class LoopRig:
+    """A broker object (no server) over a worker holding a claim, its route and a request to admit, and a
+    second SQLite connection standing for another process's writer."""
+
+    broker: Broker
+    token: str
+    route: ModelRoute
+    chat: ChatRequest
+    goal_id: str
+    other: sqlite3.Connection
+
+
+@pytest.fixture
+def loop_rig(store: SqlStore, tmp_path: Path) -> Iterator[LoopRig]:
     goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
     store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
     tokens = TokenAuthority(b"i" * 32, store, FakeClock())
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
-    route = ModelRoute("m", "scripted", input_per_mtok=1, output_per_mtok=1)
-    broker = Broker(store, tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
-    chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
-    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)  # another process's writer
-
-    async def main() -> list[str]:
-        other.execute("BEGIN IMMEDIATE")
-        queued = asyncio.ensure_future(broker._admission(token, chat, route, 100))
-        await asyncio.sleep(0)  # one loop turn: the attempt on the loop found the lock taken and queued
-        assert not queued.done()
-        other.execute("COMMIT")
-        first = await queued
-        # with the store threads closed, only an admission on the loop itself can succeed
-        await asyncio.get_running_loop().run_in_executor(None, broker._threads.close)
-        second = await broker._admission(token, chat, route, 100)
-        with pytest.raises(RuntimeError):  # a body too large to count on the loop still goes to the threads
-            await broker._admission(token, chat, route, 10**6)
-        return [first.reservation.id, second.reservation.id]
-
-    ids = asyncio.run(main())
-    other.close()
-    assert [r.id for r in store.list_reservations(goal.id, state=ReservationState.HELD)] == ids
-
-
-def test_settlement_runs_on_the_loop_after_the_answer_or_on_the_threads_when_the_store_is_busy(
-        store: SqlStore, tmp_path: Path) -> None:
-    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
-    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
-    tokens = TokenAuthority(b"s" * 32, store, FakeClock())
     token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
     assert store.claim(goal.id, identity.worker_id, 3600) is not None
     route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
     broker = Broker(store, tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
     chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
     other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    yield LoopRig(broker, token, route, chat, goal.id, other)
+    other.close()
+
+
+def test_admission_runs_on_the_loop_when_the_lock_is_free_and_queues_when_it_is_not(
+        store: SqlStore, loop_rig: LoopRig) -> None:
+    rig = loop_rig
+
+    async def main() -> list[str]:
+        rig.other.execute("BEGIN IMMEDIATE")
+        queued = asyncio.ensure_future(rig.broker._admission(rig.token, rig.chat, rig.route, 100))
+        await asyncio.sleep(0)  # one loop turn: the attempt on the loop found the lock taken and queued
+        assert not queued.done()
+        rig.other.execute("COMMIT")
+        first = await queued
+        # with the store threads closed, only an admission on the loop itself can succeed
+        await asyncio.get_running_loop().run_in_executor(None, rig.broker._threads.close)
+        second = await rig.broker._admission(rig.token, rig.chat, rig.route, 100)
+        with pytest.raises(RuntimeError):  # a body too large to count on the loop still goes to the threads
+            await rig.broker._admission(rig.token, rig.chat, rig.route, 10**6)
+        return [first.reservation.id, second.reservation.id]
+
+    ids = asyncio.run(main())
+    assert [r.id for r in store.list_reservations(rig.goal_id, state=ReservationState.HELD)] == ids
+
+
+def test_settlement_runs_on_the_loop_after_the_answer_or_on_the_threads_when_the_store_is_busy(
+        store: SqlStore, loop_rig: LoopRig) -> None:
+    rig = loop_rig
 
     async def main() -> None:
-        on_loop = await broker._admission(token, chat, route, 100)
-        broker._settle_soon(on_loop, Usage(3, 4))
+        on_loop = await rig.broker._admission(rig.token, rig.chat, rig.route, 100)
+        rig.broker._settle_soon(on_loop, Usage(3, 4))
         assert store.get_reservation(on_loop.reservation.id).state is ReservationState.HELD  # not before the turn
         await asyncio.sleep(0)  # one loop turn (the answer would be written in this one)
         assert store.get_reservation(on_loop.reservation.id).actual == 7
-        queued = await broker._admission(token, chat, route, 100)
-        other.execute("BEGIN IMMEDIATE")
-        broker._settle_soon(queued, Usage(1, 1))
+        queued = await rig.broker._admission(rig.token, rig.chat, rig.route, 100)
+        rig.other.execute("BEGIN IMMEDIATE")
+        rig.broker._settle_soon(queued, Usage(1, 1))
         await asyncio.sleep(0)  # the loop found the store busy and handed the settlement to the threads
         assert store.get_reservation(queued.reservation.id).state is ReservationState.HELD
-        other.execute("COMMIT")
-        assert await asyncio.get_running_loop().run_in_executor(None, broker.wait_settled, 10)
+        rig.other.execute("COMMIT")
+        assert await asyncio.get_running_loop().run_in_executor(None, rig.broker.wait_settled, 10)
 
     asyncio.run(main())
-    other.close()
-    assert {r.actual for r in store.list_reservations(goal.id)} == {7, 2}
-    assert store.get_goal(goal.id).envelope.reserved == 0
+    assert {r.actual for r in store.list_reservations(rig.goal_id)} == {7, 2}
+    assert store.get_goal(rig.goal_id).envelope.reserved == 0
