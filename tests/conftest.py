@@ -1,4 +1,5 @@
-"""Shared fixtures: the fake clock, stores on both engines, and a throwaway PostgreSQL.
+"""Shared fixtures: the fake clock, stores on both engines, a throwaway PostgreSQL, a live control plane, and a
+worker holding a claim (what the broker serves).
 
 PostgreSQL comes from ``SWARMYARD_TEST_PG_URL`` (``.ci/run`` starts one on a private port and socket
 folder); without it, the session starts its own with ``initdb`` + ``pg_ctl`` and stops it at the end.
@@ -14,20 +15,49 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from swarmyard.audit.witness import HttpWitnessClient, Witness
-from swarmyard.clock import FakeClock
+from swarmyard.clock import Clock, FakeClock
+from swarmyard.domain import GoalSpec, TaskSpec
+from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.plane.tools import Evaluator
+from swarmyard.store.protocol import Store
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 VECTORS = SHARED / "vectors"
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ClaimedWorker:
+    """A goal with one task, a worker token for the goal, and the task claimed by that worker."""
+
+    goal_id: str
+    task_id: str
+    tokens: TokenAuthority
+    token: str
+    worker_id: str
+
+
+def claimed_worker(store: Store, clock: Clock, *, secret: bytes, budget: int = 1_000_000, call_cap: int = 100,
+                   task_budget: int | None = None, task_call_cap: int | None = None,
+                   deadline: float | None = None) -> ClaimedWorker:
+    """The broker serves only a worker with a live claim: make one (the task's envelope is the goal's unless
+    given)."""
+    goal = store.create_goal(GoalSpec("test", budget_micro_usd=budget, call_cap=call_cap, deadline=deadline))
+    task = store.create_task(goal.id, TaskSpec("t", budget_micro_usd=budget if task_budget is None else task_budget,
+                                               call_cap=call_cap if task_call_cap is None else task_call_cap))
+    tokens = TokenAuthority(secret, store, clock)
+    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
+    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    return ClaimedWorker(goal.id, task.id, tokens, token, identity.worker_id)
 
 
 @pytest.fixture(scope="session")

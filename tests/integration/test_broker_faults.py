@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
@@ -23,8 +24,7 @@ from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.clock import FakeClock
-from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
-from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.domain import ReservationState
 from swarmyard.store import SqlStore, open_store
 
 UPSTREAM_KEY = "sk-upstream-DO-NOT-LEAK-7f3a9c"
@@ -134,18 +134,14 @@ def rig(tmp_path: Path, upstream: Upstream) -> Iterator[Rig]:
     clock = FakeClock()
     db = tmp_path / "store.db"
     store = open_store(f"sqlite:///{db}", clock=clock)
-    goal = store.create_goal(GoalSpec("faults", budget_micro_usd=20_000, call_cap=1000))
-    task = store.create_task(goal.id, TaskSpec("t", budget_micro_usd=20_000, call_cap=1000))
-    tokens = TokenAuthority(b"k" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, clock, secret=b"k" * 32, budget=20_000, call_cap=1000)
     provider = OpenAICompatProvider(f"http://127.0.0.1:{upstream.port}/v1", Secret(UPSTREAM_KEY), name="up",
                                     timeouts=Timeouts(connect_s=2, read_s=0.3))
     routes = tuple(ModelRoute(name, "up", upstream_model=f"up-{name}", input_per_mtok=1_000_000,
                               output_per_mtok=1_000_000) for name in ("ok", "drop", "slow", "500", "429"))
-    app = create_broker_app(store, tokens, {"up": provider}, BrokerSettings(routes=routes), clock)
+    app = create_broker_app(store, worker.tokens, {"up": provider}, BrokerSettings(routes=routes), clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, token, goal.id, task.id, db, app.state.broker)
+        yield Rig(url, store, worker.token, worker.goal_id, worker.task_id, db, app.state.broker)
     store.close()
 
 

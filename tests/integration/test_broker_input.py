@@ -11,11 +11,10 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.clock import FakeClock
-from swarmyard.domain import GoalSpec, TaskSpec
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
 
@@ -41,17 +40,13 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     clock = FakeClock()
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    goal = store.create_goal(GoalSpec("bad input", budget_micro_usd=1_000, call_cap=3, deadline=clock.now() + 60))
-    task = store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000, call_cap=3))
-    tokens = TokenAuthority(b"b" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, clock, secret=b"b" * 32, budget=1_000, call_cap=3, deadline=clock.now() + 60)
     script = ScriptedProvider({"*": [Say("ok")] * 10})
     settings = BrokerSettings(max_body_bytes=10_000, routes=(
         ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000, max_output_tokens=4000),
         ModelRoute("small", "scripted", input_per_mtok=1_000, output_per_mtok=1_000, context_tokens=200)))
-    with TestClient(create_broker_app(store, tokens, {"scripted": script}, settings, clock)) as client:
-        yield Rig(client, store, script, clock, token, goal.id, task.id)
+    with TestClient(create_broker_app(store, worker.tokens, {"scripted": script}, settings, clock)) as client:
+        yield Rig(client, store, script, clock, worker.token, worker.goal_id, worker.task_id)
     store.close()
 
 

@@ -11,15 +11,15 @@ import anthropic
 import openai
 import pytest
 
+from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.local import SMOLLM2_SHA256, LocalProvider, ModelFile, smollm2
 from swarmyard.broker.settings import Tokenizer
 from swarmyard.clock import FakeClock
-from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
+from swarmyard.domain import ReservationState
 from swarmyard.errors import ConfigError
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -38,17 +38,13 @@ class Rig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     clock = FakeClock()
     store = open_store(f"sqlite:///{tmp_path_factory.mktemp('local') / 'store.db'}", clock=clock)
-    goal = store.create_goal(GoalSpec("local", budget_micro_usd=1_000_000, call_cap=100))
-    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=100))
-    tokens = TokenAuthority(b"l" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, clock, secret=b"l" * 32)
     provider = LocalProvider(smollm2(), slot_tokens=1024, n_parallel=2)
     settings = BrokerSettings(routes=(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER,
                                                  input_per_mtok=100, output_per_mtok=100, max_output_tokens=256),))
-    app = create_broker_app(store, tokens, {"local": provider}, settings, clock)
+    app = create_broker_app(store, worker.tokens, {"local": provider}, settings, clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, token, goal.id, app.state.broker)
+        yield Rig(url, store, worker.token, worker.goal_id, app.state.broker)
     store.close()
 
 

@@ -11,14 +11,14 @@ import anthropic
 import openai
 import pytest
 
+from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.broker.settings import Tokenizer
 from swarmyard.clock import FakeClock
-from swarmyard.domain import GoalSpec, Price, ReservationState, TaskSpec
-from swarmyard.plane.tokens import TokenAuthority
+from swarmyard.domain import Price, ReservationState
 from swarmyard.store import SqlStore, open_store
 
 
@@ -39,20 +39,16 @@ class Rig:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     clock = FakeClock()
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    goal = store.create_goal(GoalSpec("test", budget_micro_usd=10_000_000, call_cap=100))
-    task = store.create_task(goal.id, TaskSpec("t", budget_micro_usd=5_000_000, call_cap=50))
-    tokens = TokenAuthority(b"s" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, clock, secret=b"s" * 32, budget=10_000_000, task_budget=5_000_000, task_call_cap=50)
     store.set_price(Price("gpt-test", 1_000_000, 2_000_000))
     script = ScriptedProvider()
     settings = BrokerSettings(routes=(
         ModelRoute("gpt-test", "scripted", tokenizer=Tokenizer.CL100K, max_output_tokens=1000),
         ModelRoute("claude-test", "scripted", input_per_mtok=3_000_000, output_per_mtok=15_000_000),
     ))
-    app = create_broker_app(store, tokens, {"scripted": script}, settings, clock)
+    app = create_broker_app(store, worker.tokens, {"scripted": script}, settings, clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, script, token, goal.id, task.id, app.state.broker)
+        yield Rig(url, store, script, worker.token, worker.goal_id, worker.task_id, app.state.broker)
     store.close()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.chat import ChatRequest, Usage
@@ -22,7 +23,6 @@ from swarmyard.broker.storethreads import StoreThreads
 from swarmyard.clock import FakeClock
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
 from swarmyard.errors import IllegalTransitionError
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
 
@@ -95,23 +95,18 @@ def test_a_hold_left_by_a_dead_broker_is_reconcilable_once(store: SqlStore) -> N
 
 
 def test_revocation_takes_effect_on_the_next_call(store: SqlStore) -> None:
-    clock = FakeClock()
-    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
-    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
-    tokens = TokenAuthority(b"r" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, FakeClock(), secret=b"r" * 32, call_cap=10)
     settings = BrokerSettings(routes=(ModelRoute("m", "scripted", input_per_mtok=1, output_per_mtok=1),))
-    app = create_broker_app(store, tokens, {"scripted": ScriptedProvider({"*": [Say("ok")] * 3})}, settings)
+    app = create_broker_app(store, worker.tokens, {"scripted": ScriptedProvider({"*": [Say("ok")] * 3})}, settings)
     body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-    headers = {"authorization": f"Bearer {token}"}
+    headers = {"authorization": f"Bearer {worker.token}"}
     with TestClient(app) as client:
         assert client.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
-        tokens.revoke(identity.worker_id)  # the verified signature is cached; revocation is not
+        worker.tokens.revoke(worker.worker_id)  # the verified signature is cached; revocation is not
         refused = client.post("/v1/chat/completions", json=body, headers=headers)
         assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_token"
         assert app.state.broker.wait_settled(10)
-    assert [r.state for r in store.list_reservations(goal.id)] == [ReservationState.SETTLED]
+    assert [r.state for r in store.list_reservations(worker.goal_id)] == [ReservationState.SETTLED]
 
 
 def test_many_threads_run_every_job_once_and_close() -> None:
@@ -143,16 +138,12 @@ class LoopRig:
 
 @pytest.fixture
 def loop_rig(store: SqlStore, tmp_path: Path) -> Iterator[LoopRig]:
-    goal = store.create_goal(GoalSpec("g", budget_micro_usd=1_000_000, call_cap=10))
-    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=1_000_000, call_cap=10))
-    tokens = TokenAuthority(b"i" * 32, store, FakeClock())
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, FakeClock(), secret=b"i" * 32, call_cap=10)
     route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
-    broker = Broker(store, tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
+    broker = Broker(store, worker.tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
     chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
     other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
-    yield LoopRig(broker, token, route, chat, goal.id, other)
+    yield LoopRig(broker, worker.token, route, chat, worker.goal_id, other)
     other.close()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import LivePlane
+from conftest import LivePlane, claimed_worker
 from swarmyard.agents.actions import (
     TOOLS,
     action_schema,
@@ -372,17 +372,13 @@ class BrokerRig:
 def broker(tmp_path: Path) -> Iterator[BrokerRig]:
     clock = FakeClock()
     store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    goal = store.create_goal(GoalSpec("test", budget_micro_usd=10_000_000, call_cap=100))
-    store.create_task(goal.id, TaskSpec("t", budget_micro_usd=5_000, call_cap=2))
-    tokens = TokenAuthority(b"s" * 32, store, clock)
-    token, identity = tokens.issue(goal.id, "main", ttl_s=3600)
-    assert store.claim(goal.id, identity.worker_id, 3600) is not None
+    worker = claimed_worker(store, clock, secret=b"s" * 32, budget=10_000_000, task_budget=5_000, task_call_cap=2)
     store.set_price(Price("m", 1_000_000, 1_000_000))
     script = ScriptedProvider()
     settings = BrokerSettings(routes=(ModelRoute("m", "scripted", max_output_tokens=1000),
                                       ModelRoute("tiny", "scripted", context_tokens=64)))
-    with serve_in_thread(create_broker_app(store, tokens, {"scripted": script}, settings, clock)) as url:
-        yield BrokerRig(url, store, script, token)
+    with serve_in_thread(create_broker_app(store, worker.tokens, {"scripted": script}, settings, clock)) as url:
+        yield BrokerRig(url, store, script, worker.token)
     store.close()
 
 
