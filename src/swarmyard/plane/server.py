@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import ipaddress
 import logging
@@ -200,6 +201,11 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
 
 
 def _run(main: Any) -> None:
+    # A long-lived server: what was built at start-up (modules, app, routes) is frozen out of the collector's
+    # way, and young objects are collected 30x less often (a pass over a busy heap sits on the request path).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     if _fast_parts()["loop"] == "uvloop":
         import uvloop
 
