@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.broker.providers.scripted import CallTools, ScriptedProvider
-from swarmyard.domain import CitationKind, ReservationState, TaskState
+from swarmyard.domain import CitationKind, Event, ReservationState, TaskState
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
 from swarmyard.swarm.coordinator import RunResult
@@ -128,17 +128,20 @@ def leftovers(run_dir: Path, machine_ids: list[str]) -> list[str]:
     return found
 
 
+def events_of(run_dir: Path, kind: str) -> list[Event]:
+    """The run's audit events of one kind."""
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        return [e for e in store.read_events(0, store.sequence_events()) if e.kind == kind]
+    finally:
+        store.close()
+
+
 def machine_ids(result: RunResult, run_dir: Path) -> list[str]:
     """The machines the run recorded as created (audit events)."""
     import json
 
-    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
-    try:
-        size = store.sequence_events()
-        events = store.read_events(0, size)
-    finally:
-        store.close()
-    bodies = [json.loads(e.body) for e in events if e.kind == "machine.created"]
+    bodies = [json.loads(e.body) for e in events_of(run_dir, "machine.created")]
     return [str(body.get("data", body)["machine"]) for body in bodies]
 
 
@@ -247,9 +250,12 @@ def kill_agent_running(marker: str, stop: threading.Event) -> list[int]:
     return killed
 
 
-def test_a_worker_killed_mid_run_loses_its_task_to_another(short_tmp: Path) -> None:
+@pytest.mark.parametrize("lease_s", [2, 600])
+def test_a_worker_killed_mid_run_loses_its_task_to_another(short_tmp: Path, lease_s: int) -> None:
+    # with a 600 s lease, the task can only move on because the runner gives back the claim of an agent that
+    # exited holding it (the run's deadline is shorter than that lease)
     marker = f"kill-me-{short_tmp.name}"
-    path = swarm_file(short_tmp, "team", workers=2, concurrency=2, exec_timeout_s=60, lease_s=2,
+    path = swarm_file(short_tmp, "team", workers=2, concurrency=2, exec_timeout_s=60, lease_s=lease_s,
                       lenses=("market size",))
     stop = threading.Event()
     with ThreadPoolExecutor(1) as pool:
@@ -261,6 +267,8 @@ def test_a_worker_killed_mid_run_loses_its_task_to_another(short_tmp: Path) -> N
         assert len(killer.result()) == 1
     (killed,) = [s for s in result.spans if s.ending == "error"]
     check_taken_over(result, short_tmp / "runs" / result.run_id, killed)
+    if lease_s == 600:  # (with 2 s, the lease may run out before the runner sees the agent gone)
+        assert len(events_of(short_tmp / "runs" / result.run_id, "task.released")) == 1
 
 
 def cli_swarm_file(folder: Path, lenses: int) -> Path:

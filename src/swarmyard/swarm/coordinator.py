@@ -192,8 +192,21 @@ class Coordinator:
             self._on_span(span)
         for task in self.store.list_tasks(self._goal_id, state=TaskState.CLAIMED):
             if task.worker_id == span.worker_id:
-                self.settle_task(task)
+                if self._findings_for(task.goal_id, task.id):
+                    self.settle_task(task)
+                else:
+                    self._give_back(task)
         return span
+
+    def _give_back(self, task: Task) -> None:
+        """A claim whose agent has exited without a finding (it crashed, or was killed at its exec timeout)
+        goes back at once, rather than when its lease runs out: the next agent can take the task now."""
+        try:
+            if task.fencing_token is not None:
+                self.store.release(task.id, task.fencing_token)
+                log.info("gave back %s: its agent %s exited holding it", task.id, task.worker_id)
+        except FencingError:
+            pass  # the lease ran out, or another worker took the task, in between: nothing to give back
 
     async def _slot_loop(self, goal: Goal, slot: WorkerSlot, gate: asyncio.Semaphore) -> None:
         while not self._past_deadline(goal):
