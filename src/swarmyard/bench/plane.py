@@ -180,23 +180,23 @@ def _setup(folder: Path, workers: int) -> tuple[str, list[str]]:
 def _measure(folder: Path, tokens: Sequence[str], total: int, *, clients: int, servers: int,
              renew_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """(echo, plane) figures, each served by ``servers`` processes and driven by the same client processes."""
-    echo_sock, plane_sock = folder / "echo.sock", folder / "plane.sock"
-    echo = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", "--echo", str(echo_sock), str(servers)],
-                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for(echo_sock, echo)
-        base = _drive_processes(echo_sock, tokens, total, echo=True, processes=clients)
-    finally:
-        stop(echo)
-    plane = subprocess.Popen(
-        [sys.executable, "-m", "swarmyard.bench.plane", "--serve", str(folder), str(renew_s), str(servers)],
-        env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_for(plane_sock, plane)
-        got = _drive_processes(plane_sock, tokens, total, echo=False, processes=clients)
-    finally:
-        stop(plane)
+    base = _drive_server(["--echo", str(folder / "echo.sock"), str(servers)], folder / "echo.sock", tokens, total,
+                         echo=True, clients=clients)
+    got = _drive_server(["--serve", str(folder), str(renew_s), str(servers)], folder / "plane.sock", tokens, total,
+                        echo=False, clients=clients)
     return base, got
+
+
+def _drive_server(args: list[str], socket_path: Path, tokens: Sequence[str], total: int, *, echo: bool,
+                  clients: int) -> dict[str, Any]:
+    """Start this module as a server with ``args``, drive it once it listens on ``socket_path``, stop it."""
+    server = subprocess.Popen([sys.executable, "-m", "swarmyard.bench.plane", *args], env=child_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(socket_path, server)
+        return _drive_processes(socket_path, tokens, total, echo=echo, processes=clients)
+    finally:
+        stop(server)
 
 
 def run(quick: bool = False, **options: object) -> BenchResult:
