@@ -91,6 +91,45 @@ async def _upstream_main(socket_path: str) -> None:
     unix.close()
 
 
+# -- a bare forwarding proxy (its own process): the floor under any broker on this machine ----------------
+
+
+def _proxy_main(port: int, socket_path: str) -> None:
+    """Forward each POST's body to the upstream and its answer back: no parsing, no token, no store.
+
+    Served as ``swarmyard serve`` serves the broker (uvicorn, same loop and parser) and reaching the upstream
+    with the broker's own upstream client, it is what one more hop costs, whatever the broker does.
+    """
+    from starlette.types import Receive, Scope, Send
+
+    from swarmyard.broker.providers.http import Timeouts
+    from swarmyard.broker.providers.upstream import UpstreamClient
+    from swarmyard.plane.server import Listen, serve
+
+    client: UpstreamClient | None = None
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal client
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        status, kind, answer = 200, "application/json", b"{}"
+        if scope["method"] == "POST":
+            if client is None:
+                client = UpstreamClient(f"http://127.0.0.1:{port}/v1", {}, Timeouts(), name="proxy")
+            response = await client.post("/chat/completions", body)
+            status, kind, answer = (response.status, response.headers.get("content-type", kind),
+                                    await response.read())
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", kind.encode()), (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    serve(app, Listen(socket_path=Path(socket_path)))
+
+
 # -- processes ------------------------------------------------------------------------------------------------
 
 
@@ -162,8 +201,8 @@ async def _interleaved(calls: dict[str, Callable[[], Awaitable[None]]], n: int) 
     return times
 
 
-async def _measure(upstream_sock: Path, upstream_port: int, broker_sock: Path, token: str, n: int,
-                   streams: int) -> dict[str, Any]:
+async def _measure(upstream_sock: Path, upstream_port: int, broker_sock: Path, proxy_sock: Path, token: str,
+                   n: int, streams: int) -> dict[str, Any]:
     body = {"model": "fast", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]}
     headers = {"authorization": f"Bearer {token}"}
     out: dict[str, Any] = {}
@@ -172,6 +211,7 @@ async def _measure(upstream_sock: Path, upstream_port: int, broker_sock: Path, t
         httpx.AsyncClient(transport=LoopbackTcpTransport("127.0.0.1", upstream_port), base_url=_BASE,
                           timeout=30) as up,
         httpx.AsyncClient(transport=UnixSocketTransport(str(upstream_sock)), base_url=_BASE, timeout=30) as up_unix,
+        httpx.AsyncClient(transport=UnixSocketTransport(str(proxy_sock)), base_url=_BASE, timeout=30) as proxy,
         httpx.AsyncClient(transport=UnixSocketTransport(str(broker_sock)), base_url=_BASE, timeout=30,
                           headers=headers) as broker,
     ):
@@ -189,12 +229,18 @@ async def _measure(upstream_sock: Path, upstream_port: int, broker_sock: Path, t
                 if r.status_code != 200:
                     raise RuntimeError(f"upstream answered {r.status_code}")
 
+            async def bare_proxy(payload: bytes = payload) -> None:
+                r = await proxy.post("/v1/chat/completions", content=payload, headers=kind)
+                if r.status_code != 200 or (b"[DONE]" if b'"stream": true' in payload else b"choices") not in r.content:
+                    raise RuntimeError(f"bare proxy answered {r.status_code}: {r.text[:200]}")
+
             async def via(payload: bytes = payload, stream: bool = stream) -> None:
                 r = await broker.post("/v1/chat/completions", content=payload, headers=kind)
                 if r.status_code != 200 or (stream and b"[DONE]" not in r.content):
                     raise RuntimeError(f"broker answered {r.status_code}: {r.text[:200]}")
 
-            out[label] = await _interleaved({"direct": direct, "via": via, "direct_unix": direct_unix}, n)
+            out[label] = await _interleaved({"direct": direct, "via": via, "direct_unix": direct_unix,
+                                             "proxy": bare_proxy}, n)
     out["concurrent"] = await _concurrent(broker_sock, headers, body, streams)
     return out
 
@@ -245,11 +291,16 @@ def run(quick: bool = False, **options: object) -> BenchResult:
              "--cache-dir", str(folder / "models")],
             env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         procs.append(broker)
+        proxy_sock = folder / "proxy.sock"
+        procs.append(subprocess.Popen([sys.executable, "-m", "swarmyard.bench.broker", "--proxy", str(port),
+                                       str(proxy_sock)], env=child_env(), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
         async def main() -> dict[str, Any]:
             await _ready(upstream_sock, "/", upstream)
             await _ready(broker_sock, "/healthz", broker)
-            return await _measure(upstream_sock, port, broker_sock, token, n, streams)
+            await _ready(proxy_sock, "/healthz", procs[-1])
+            return await _measure(upstream_sock, port, broker_sock, proxy_sock, token, n, streams)
 
         measured = _run_loop(main())
     finally:
@@ -259,16 +310,19 @@ def run(quick: bool = False, **options: object) -> BenchResult:
     figures: dict[str, float] = {}
     for label, stream in (("", False), ("stream_", True)):
         times = measured[label]
-        base, through, unix = times["direct"], times["via"], times["direct_unix"]
+        base, through, unix, proxied = times["direct"], times["via"], times["direct_unix"], times["proxy"]
         for name, q in (("p50", 0.5), ("p99", 0.99)):
             figures[f"{label}overhead_ms_{name}"] = round(max(0.0, _p(through, q) - _p(base, q)), 3)
             figures[f"{label}overhead_vs_unix_ms_{name}"] = round(max(0.0, _p(through, q) - _p(unix, q)), 3)
+            figures[f"{label}bare_proxy_overhead_ms_{name}"] = round(max(0.0, _p(proxied, q) - _p(base, q)), 3)
             kind = "streaming" if stream else "plain"
             result.add(BenchRow(f"{kind} latency {name} via broker", round(_p(through, q), 3), "ms",
                                 baseline=round(_p(base, q), 3), baseline_name="upstream direct (loopback TCP)",
                                 target="+0.5 ms" if name == "p50" else "+3 ms"))
             result.add(BenchRow(f"{kind} latency {name} upstream direct over its Unix socket",
                                 round(_p(unix, q), 3), "ms"))
+            result.add(BenchRow(f"{kind} latency {name} via a bare forwarding proxy", round(_p(proxied, q), 3), "ms",
+                                baseline=round(_p(base, q), 3), baseline_name="upstream direct (loopback TCP)"))
     wall, errors, latencies = measured["concurrent"]
     result.add(BenchRow(f"{streams} concurrent streams, wall time", round(wall, 3), "s"))
     result.add(BenchRow(f"{streams} concurrent streams, p50 stream time", round(_p(latencies, 0.5), 1), "ms"))
@@ -284,9 +338,13 @@ def run(quick: bool = False, **options: object) -> BenchResult:
                         "in three processes; direct and via calls alternate; overhead = via - direct, where direct "
                         "calls the upstream's loopback TCP port, as the broker does (overhead_vs_unix_*: against "
                         "the same upstream over a Unix socket, which saves the TCP stack on both hops)")
+    result.notes.append("bare_proxy_overhead_*: a proxy served and connected upstream the same way that only "
+                        "forwards bytes (no parsing, token, budget or store): what the extra hop alone costs")
     return result
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--upstream"]:
         _run_loop(_upstream_main(sys.argv[2]))
+    elif sys.argv[1:2] == ["--proxy"]:
+        _proxy_main(int(sys.argv[2]), sys.argv[3])
