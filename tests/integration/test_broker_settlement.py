@@ -1,11 +1,10 @@
-"""Settlement after the answer: admissions go first (on the loop when the store lets them), a dead broker's hold
-is reconcilable, revocation is immediate."""
+"""Admission and settlement on the loop when the store lets them (else on the store threads), a dead broker's
+hold is reconcilable, revocation is immediate."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,52 +18,10 @@ from swarmyard.broker.app import Broker
 from swarmyard.broker.chat import ChatRequest, Usage
 from swarmyard.broker.formats import OPENAI_CHAT
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
-from swarmyard.broker.storethreads import StoreThreads
 from swarmyard.clock import FakeClock
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
 from swarmyard.errors import IllegalTransitionError
 from swarmyard.store import SqlStore, open_store
-
-
-def test_admissions_run_before_queued_settlements() -> None:
-    threads = StoreThreads(1, grace_s=0.0)
-    order: list[str] = []
-    busy, release = threading.Event(), threading.Event()
-
-    def block() -> None:
-        busy.set()
-        release.wait(10)
-
-    async def main() -> None:
-        blocker = asyncio.ensure_future(threads.call(block))
-        await asyncio.get_running_loop().run_in_executor(None, busy.wait, 10)
-        threads.later(order.append, "settle 1")
-        threads.later(order.append, "settle 2")
-        admitted = asyncio.ensure_future(threads.call(order.append, "admit"))
-        await asyncio.sleep(0)  # one loop turn: the admission task queues its call (no timing involved)
-        release.set()
-        await blocker
-        await admitted
-
-    asyncio.run(main())
-    threads.close()  # runs what is still queued
-    assert order == ["admit", "settle 1", "settle 2"]
-
-
-def test_a_call_error_reaches_the_caller() -> None:
-    threads = StoreThreads(1)
-
-    def fail() -> None:
-        raise IllegalTransitionError("reservation", "r", "settled", "released")
-
-    async def main() -> None:
-        with pytest.raises(IllegalTransitionError):
-            await threads.call(fail)
-
-    asyncio.run(main())
-    threads.close()
-    with pytest.raises(RuntimeError):
-        threads.later(print)
 
 
 @pytest.fixture
@@ -109,20 +66,6 @@ def test_revocation_takes_effect_on_the_next_call(store: SqlStore) -> None:
     assert [r.state for r in store.list_reservations(worker.goal_id)] == [ReservationState.SETTLED]
 
 
-def test_many_threads_run_every_job_once_and_close() -> None:
-    threads = StoreThreads(4, grace_s=0.0005)
-    done: list[int] = []
-
-    async def main() -> list[int]:
-        for n in range(200):
-            threads.later(done.append, -n - 1)
-        return list(await asyncio.gather(*(threads.call(int, n) for n in range(200))))
-
-    assert asyncio.run(main()) == list(range(200))
-    threads.close()
-    assert sorted(done) == list(range(-200, 0))
-
-
 @dataclass
 class LoopRig:
     """A broker object (no server) over a worker holding a claim, its route and a request to admit, and a
@@ -159,7 +102,7 @@ def test_admission_runs_on_the_loop_when_the_lock_is_free_and_queues_when_it_is_
         rig.other.execute("COMMIT")
         first = await queued
         # with the store threads closed, only an admission on the loop itself can succeed
-        await asyncio.get_running_loop().run_in_executor(None, rig.broker._threads.close)
+        await asyncio.get_running_loop().run_in_executor(None, rig.broker._threads.shutdown)
         second = await rig.broker._admission(rig.token, rig.chat, rig.route, 100)
         with pytest.raises(RuntimeError):  # a body too large to count on the loop still goes to the threads
             await rig.broker._admission(rig.token, rig.chat, rig.route, 10**6)

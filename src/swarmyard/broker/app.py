@@ -1,14 +1,16 @@
 """The broker's HTTP endpoints: authenticate the worker, reserve the worst case, call the provider, settle.
 
-Blocking store calls run on the broker's own thread pool, one hop per request on the way in (admission:
-token, claim, price and the durable reservation together, before any byte goes upstream); streams are passed
-on as each event arrives. A failure before the request leaves releases the hold; a lost answer after it marks
-the hold ``unknown`` and answers 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
+Admission (token, claim, price and the durable reservation together, before any byte goes upstream) runs on
+the event loop itself when the store can take it without waiting: SQLite with its write lock free, a route
+whose input is bounded by bytes. Otherwise it goes to the broker's store threads. Streams are passed on as
+each event arrives. A failure before the request leaves releases the hold; a lost answer after it marks the
+hold ``unknown`` and answers 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
 
-Settlement is handed to the store threads as the answer's last bytes go out, and nobody waits for it: the
-worker does not pay a store commit on every call. Until it lands the worst case stays held, which only ever
-refuses too early. If the broker dies in between, the hold stays ``held`` (visible in ``swarmyard budget``,
-and ``swarmyard budget reconcile`` settles or releases it); ``Broker.wait_settled`` waits for the queue.
+Settlement runs once the answer's last bytes are out (on the loop's next turn, or on the store threads when
+the store is busy), and nobody waits for it: the worker does not pay a store commit on every call. Until it
+lands the worst case stays held, which only ever refuses too early. If the broker dies in between, the hold
+stays ``held`` (visible in ``swarmyard budget``, and ``swarmyard budget reconcile`` settles or releases it);
+``Broker.wait_settled`` waits for the last ones.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -45,7 +48,6 @@ from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiForma
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.providers.protocol import CallState, Provider
 from swarmyard.broker.settings import BrokerSettings, ModelRoute, Tokenizer
-from swarmyard.broker.storethreads import StoreThreads
 from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.domain import Price, Reservation
@@ -64,6 +66,7 @@ from swarmyard.errors import (
     UpstreamLostError,
     UpstreamUnknownError,
 )
+from swarmyard.plane.storecalls import StoreThreads
 from swarmyard.plane.tokens import TokenAuthority, token_hash
 from swarmyard.store.protocol import Store
 
@@ -202,17 +205,18 @@ class Broker:
         self.providers = dict(providers)
         self.settings = settings
         self.clock = clock or SystemClock()
-        # Why not anyio.to_thread: its limiter and cancel scopes cost more per hop than the store call itself.
-        # One thread on SQLite (see storethreads: it has one writer anyway).
-        self._threads = StoreThreads(1 if store.url.startswith("sqlite") else _STORE_THREADS)
+        # Calls the event loop cannot make without waiting (a busy store, a tokenizer's count) go to these
+        # threads: one on SQLite, which has one writer anyway.
+        self._threads = StoreThreads(1 if store.url.startswith("sqlite") else _STORE_THREADS, name="broker-store")
+        self._settling: set[asyncio.Task[None]] = set()  # settlements on their way to the threads
         self._prices: dict[str, tuple[float, Price]] = {}
         # settlements handed to the pool and not yet written; wait_settled waits for zero
         self._unsettled = 0
         self._settled = threading.Condition()
 
     async def _in_pool(self, call: Callable[..., _T], *args: Any) -> _T:
-        """Run a blocking store call on the broker's threads, ahead of queued settlements."""
-        return await self._threads.call(call, *args)
+        """Run a blocking store call on the broker's threads."""
+        return await self._threads.run(partial(call, *args))
 
     # -- errors ---------------------------------------------------------------------------------------------
 
@@ -368,10 +372,15 @@ class Broker:
                 else:
                     self._one_settled()
                     return
+        task = asyncio.ensure_future(self._settle_in_pool(admitted, usage))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle_in_pool(self, admitted: _Admitted, usage: Usage) -> None:
         try:
-            self._threads.later(self._settle, admitted, usage)
+            await self._in_pool(self._settle, admitted, usage)
         except RuntimeError:
-            self._settle(admitted, usage)  # the threads are closed (shutting down): settle here
+            self._settle(admitted, usage)  # the threads are shut down (the broker is closing): settle here
 
     def routes(self) -> list[BaseRoute]:
         """The broker's routes, for the control plane to mount beside ``/v1/tools/*``.
@@ -389,7 +398,7 @@ class Broker:
     async def _lost(self, admitted: _Admitted, exc: BaseException) -> UpstreamUnknownError:
         reservation_id = admitted.reservation.id
         with anyio.CancelScope(shield=True):
-            await self._threads.call(self.store.mark_unknown, reservation_id)
+            await self._in_pool(self.store.mark_unknown, reservation_id)
         log.warning("reservation %s is unknown: %s", reservation_id, type(exc).__name__)
         return UpstreamUnknownError(
             f"the upstream answer was lost after the request was sent; reservation "
@@ -404,7 +413,7 @@ class Broker:
         if isinstance(exc, UpstreamLostError) or (state.sent and not answered):
             return await self._lost(admitted, exc)
         with anyio.CancelScope(shield=True):
-            await self._threads.call(self.store.release_reservation, admitted.reservation.id)
+            await self._in_pool(self.store.release_reservation, admitted.reservation.id)
         if answered:
             return cast(SwarmyardError, exc)
         log.exception("provider failed before sending", exc_info=exc)
@@ -565,7 +574,9 @@ class Broker:
         """Close every provider and the store threads (queued settlements are written first)."""
         for provider in self.providers.values():
             await provider.aclose()
-        await asyncio.get_running_loop().run_in_executor(None, self._threads.close)
+        if self._settling:
+            await asyncio.gather(*self._settling)
+        await asyncio.get_running_loop().run_in_executor(None, self._threads.shutdown)
 
 
 def _routes_for(broker: Broker) -> list[BaseRoute]:
