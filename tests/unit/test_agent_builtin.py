@@ -294,6 +294,22 @@ def test_the_leads_brief_gives_every_finding_an_equal_share(tmp_path: Path,
     assert "z" * 960 in brief and "z" * 961 not in brief  # 4,800 characters for five findings
 
 
+def test_the_leads_brief_lists_each_finding_once_and_ends_with_its_instructions(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane, peer_findings=("market", "risks"), claimable=False)
+    first, second = setup.peer_findings
+    store = setup.plane.store
+    # the coordinator's lead task holds the first finding already (as lead_prompt writes it); the second is new
+    store.create_task(setup.goal_id, TaskSpec(title="synthesis", prompt=f"[{first}] market\nbig\n\nDecide."))
+    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.")])
+    asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
+    brief = model.seen[0][1]["content"]
+    assert brief.count(f"[{first}]") == 1 and brief.count(f"[{second}]") == 1
+    assert brief.endswith("Decide.")
+    [synthesis] = setup.findings_by(setup.worker_id)
+    assert {c.ref for c in synthesis.citations} == {first, second}
+
+
 def test_no_task_means_no_model_call(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, claimable=False)
     model = ScriptedModel([])

@@ -93,3 +93,19 @@ def test_best_findings_per_group_and_broadcast_text() -> None:
     assert {g: [f.id for f in items] for g, items in best.items()} == {"g0": ["f2"], "g1": ["f4"]}
     text = consolidation_text(0, best)
     assert "round 1" in text and "[f2] group g0 (score 9)" in text and "[f4] group g1" in text
+
+
+def test_the_lead_prompt_shares_its_room_between_findings_and_ends_with_the_instructions() -> None:
+    from dataclasses import replace
+
+    from swarmyard.domain import Envelope, Goal
+    from swarmyard.swarm.setup import lead_prompt
+
+    goal = Goal("g", "bet or not?", 1, 1, None, 1, "team", None, 0.0, Envelope(1, 0, 0, 0, 0))
+    long = replace(_finding("f1", "g0", None, 1), body="x" * 10_000)
+    prompt = lead_prompt(goal, "Say go or no-go.", [long, _finding("f2", "g0", None, 2)])
+    assert prompt.startswith("Objective: bet or not?")
+    assert "[f1] title f1" in prompt and "[f2] title f2" in prompt and "body f2" in prompt
+    assert "x" * 2400 in prompt and "x" * 2401 not in prompt  # 4,800 characters for two findings
+    assert prompt.index("Say go or no-go.") > prompt.index("body f2")
+    assert prompt.rstrip().endswith("in brackets.")

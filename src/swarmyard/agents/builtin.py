@@ -169,9 +169,18 @@ _REASK = (
 
 #: Per-message character limits tried, in turn, when the conversation is too long for the model's window.
 _COMPACT_LIMITS = (3000, 1200, 500)
-#: Characters of the brief the lead gives all findings together, and of each board post in a brief.
-_FINDINGS_CHARS = 4800
+#: Characters of a brief that all findings share, and of each board post in a brief.
+FINDINGS_CHARS = 4800
 _POST_CHARS = 400
+
+
+def findings_block(findings: list[tuple[str, str, str]], budget: int = FINDINGS_CHARS) -> str:
+    """``[id] title`` and body of each (id, title, body), every body cut to an equal share of ``budget``
+    characters, so that the last finding is read as fully as the first."""
+    if not findings:
+        return ""
+    share = max(300, budget // len(findings))
+    return "\n\n".join(f"[{ref}] {title}\n{_cut(body, share)}" for ref, title, body in findings)
 
 
 def _compact(messages: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -282,7 +291,9 @@ class BuiltinAgent:
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
     async def _brief(self, task: ClaimedTask) -> str:
-        parts = [f"Task: {task.title}", task.prompt]
+        lead = self._settings.role is Role.LEAD
+        # a small model copies what it read last: the lead's instructions come after what it is to read
+        parts = [f"Task: {task.title}"] + ([] if lead else [task.prompt])
         try:
             posts = _items(await self._plane.call("board_read", {"limit": 20}), "posts")
         except SwarmyardError as exc:
@@ -298,23 +309,17 @@ class BuiltinAgent:
                     for p in posts[-10:]
                 )
             )
-        if self._settings.role is Role.LEAD:
-            # the coordinator may hand the lead every finding in its task; those ids count as seen too
+        if lead:
+            # the coordinator hands the lead the findings in its task; those ids count as seen, and only
+            # findings the task does not hold yet are added
             self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
-            findings = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
-            self._findings_seen += [
-                str(f["id"]) for f in findings if "id" in f and f["id"] not in self._findings_seen
-            ]
-            if findings:
-                # every finding gets an equal share of the brief, so the last is read as fully as the first
-                share = max(300, _FINDINGS_CHARS // len(findings))
-                parts.append(
-                    "Findings:\n"
-                    + "\n\n".join(
-                        f"[{f.get('id')}] {f.get('title', '')}\n{_cut(str(f.get('body', '')), share)}"
-                        for f in findings
-                    )
-                )
+            found = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
+            more = [(str(f["id"]), str(f.get("title", "")), str(f.get("body", "")))
+                    for f in found if "id" in f and str(f["id"]) not in self._findings_seen]
+            self._findings_seen += [ref for ref, _, _ in more]
+            if more:
+                parts.append("Findings:\n" + findings_block(more))
+            parts.append(task.prompt)
         return "\n\n".join(p for p in parts if p)
 
     async def _keep_claim(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
 from swarmyard.config import SwarmConfig
 from swarmyard.domain import Finding, Goal, GoalSpec, Task, TaskSpec
@@ -68,10 +69,16 @@ def create_round_tasks(
 
 
 def lead_prompt(goal: Goal, prompt: str, findings: list[Finding]) -> str:
-    """The lead's task: the objective, its instructions and every finding with its id."""
-    parts = [f"Objective: {goal.objective}", prompt, "Findings:"]
-    parts += [f"[{f.id}] {f.title} (by {f.author}, group {f.group})\n{f.body[:1500]}" for f in findings]
-    return "\n\n".join(parts)
+    """The lead's task: the objective, every finding with its id, then its instructions (a small model copies
+    what it read last, so the instructions end the prompt, with the shape of the answer)."""
+    block = findings_block([(f.id, f"{f.title} (by {f.author}, group {f.group})", f.body) for f in findings])
+    return "\n\n".join([
+        f"Objective: {goal.objective}",
+        "Findings:\n" + block if block else "No finding was submitted.",
+        prompt,
+        "Write the synthesis in your own words: your answer to the objective first, then the reasons, each "
+        "with the id of the finding it rests on in brackets.",
+    ])
 
 
 def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding]) -> Task:
