@@ -197,8 +197,8 @@ def _compact(messages: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]
 
 
 def _clip(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= MAX_RESULT_CHARS else text[:MAX_RESULT_CHARS] + " [...]"
+    return _cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str),
+                MAX_RESULT_CHARS)
 
 
 def _cut(text: str, limit: int) -> str:
