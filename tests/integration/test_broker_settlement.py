@@ -133,3 +133,26 @@ def test_settlement_runs_on_the_loop_after_the_answer_or_on_the_threads_when_the
     asyncio.run(main())
     assert {r.actual for r in store.list_reservations(rig.goal_id)} == {7, 2}
     assert store.get_goal(rig.goal_id).envelope.reserved == 0
+
+
+def test_calls_are_admitted_and_settled_on_either_store(store_url: str) -> None:
+    # SQLite admits and settles on the loop; PostgreSQL (never on the loop) on the store threads
+    store = open_store(store_url, clock=FakeClock())
+    try:
+        worker = claimed_worker(store, FakeClock(), secret=b"e" * 32, call_cap=10)
+        settings = BrokerSettings(routes=(ModelRoute("m", "scripted", input_per_mtok=1_000_000,
+                                                     output_per_mtok=1_000_000),))
+        script = ScriptedProvider({"*": [Say("one two three", input_tokens=5, output_tokens=3)] * 2})
+        app = create_broker_app(store, worker.tokens, {"scripted": script}, settings)
+        headers = {"authorization": f"Bearer {worker.token}"}
+        body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+        with TestClient(app) as client:
+            for stream in (False, True):
+                answer = client.post("/v1/chat/completions", json={**body, "stream": stream}, headers=headers)
+                assert answer.status_code == 200
+            assert app.state.broker.wait_settled(10)
+        assert [(r.state, r.actual) for r in store.list_reservations(worker.goal_id)] == [
+            (ReservationState.SETTLED, 8), (ReservationState.SETTLED, 8)]
+        assert store.get_goal(worker.goal_id).envelope.reserved == 0
+    finally:
+        store.close()
