@@ -90,8 +90,7 @@ class BrokerChatModel:
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
         if response.status_code in (402, 403, 429):
             raise BudgetError(f"the broker refused the call ({response.status_code}): {response.text[:200]}")
-        if response.status_code == 400 and _error_code(response) == "context_length_exceeded":
-            error = response.json()["error"]
+        if response.status_code == 400 and (error := _error(response)).get("code") == "context_length_exceeded":
             raise ContextLengthError(self._model, error.get("input_tokens"), error.get("context_tokens"))
         if response.status_code >= 400:
             raise ProviderError(
@@ -122,12 +121,13 @@ class BrokerChatModel:
         return reply
 
 
-def _error_code(response: httpx.Response) -> str | None:
+def _error(response: httpx.Response) -> dict[str, Any]:
+    """The ``error`` object of a broker's error answer (empty when the body is not one)."""
     try:
         error = response.json()["error"]
-        return str(error["code"]) if isinstance(error, dict) else None
     except (ValueError, KeyError, TypeError):
-        return None
+        return {}
+    return error if isinstance(error, dict) else {}
 
 
 def is_budget_stop(exc: SwarmyardError) -> bool:

@@ -1,12 +1,13 @@
 """``swarmyard bench broker``: latency the broker adds over a fast loopback upstream called directly.
 
-Three processes, as a deployment has them: a fast upstream (a bare asyncio HTTP server answering fixed chat
-completions, listening on loopback TCP for the broker and on a Unix socket for the direct baseline), the
-broker served exactly as users run it (``swarmyard serve --providers FILE`` in a child process, on a fresh
-SQLite store, reached over its Unix socket like a worker's agent reaches it), and this process as the
-client. One client (httpx over swarmyard's lean Unix-socket transport) times the upstream directly and
-through the broker, alternating call by call so that noise from other work on the machine falls on both
-alike; overhead = via - direct at each percentile. Then many streams run through the broker at once.
+Four processes: a fast upstream (a bare asyncio HTTP server answering fixed chat completions, on loopback TCP
+and on a Unix socket), the broker served exactly as users run it (``swarmyard serve --providers FILE`` on a
+fresh SQLite store, reached over its Unix socket like a worker's agent reaches it), a bare forwarding proxy
+served and connected the same way (what the hop alone costs), and this process as the client. One client
+(httpx over swarmyard's lean transports) times the upstream directly (over the TCP port the broker calls),
+through the broker and through the proxy, in turn call by call so that noise from other work on the machine
+falls on all alike; overhead = via - direct at each percentile. Then many streams run through the broker at
+once.
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ def _proxy_main(port: int, socket_path: str) -> None:
 # -- processes ------------------------------------------------------------------------------------------------
 
 
-
 def _run_loop(coro: Awaitable[Any]) -> Any:
     try:
         import uvloop
@@ -215,34 +215,27 @@ async def _measure(upstream_sock: Path, upstream_port: int, broker_sock: Path, p
         httpx.AsyncClient(transport=UnixSocketTransport(str(broker_sock)), base_url=_BASE, timeout=30,
                           headers=headers) as broker,
     ):
-        kind = {"content-type": "application/json"}
+        clients = {"direct": up, "via": broker, "direct_unix": up_unix, "proxy": proxy}
         for label, stream in (("", False), ("stream_", True)):
             payload = json.dumps({**body, "stream": stream}).encode()
-
-            async def direct(payload: bytes = payload) -> None:
-                r = await up.post("/v1/chat/completions", content=payload, headers=kind)
-                if r.status_code != 200:
-                    raise RuntimeError(f"upstream answered {r.status_code}")
-
-            async def direct_unix(payload: bytes = payload) -> None:
-                r = await up_unix.post("/v1/chat/completions", content=payload, headers=kind)
-                if r.status_code != 200:
-                    raise RuntimeError(f"upstream answered {r.status_code}")
-
-            async def bare_proxy(payload: bytes = payload) -> None:
-                r = await proxy.post("/v1/chat/completions", content=payload, headers=kind)
-                if r.status_code != 200 or (b"[DONE]" if b'"stream": true' in payload else b"choices") not in r.content:
-                    raise RuntimeError(f"bare proxy answered {r.status_code}: {r.text[:200]}")
-
-            async def via(payload: bytes = payload, stream: bool = stream) -> None:
-                r = await broker.post("/v1/chat/completions", content=payload, headers=kind)
-                if r.status_code != 200 or (stream and b"[DONE]" not in r.content):
-                    raise RuntimeError(f"broker answered {r.status_code}: {r.text[:200]}")
-
-            out[label] = await _interleaved({"direct": direct, "via": via, "direct_unix": direct_unix,
-                                             "proxy": bare_proxy}, n)
+            # every call's answer is checked: a whole completion, or a stream to its end
+            expect = b"[DONE]" if stream else b"choices"
+            out[label] = await _interleaved({name: _caller(name, client, payload, expect)
+                                             for name, client in clients.items()}, n)
     out["concurrent"] = await _concurrent(broker_sock, headers, body, streams)
     return out
+
+
+def _caller(name: str, client: httpx.AsyncClient, payload: bytes,
+            expect: bytes) -> Callable[[], Awaitable[None]]:
+    """One timed call: POST ``payload``; anything but a 200 holding ``expect`` stops the bench."""
+
+    async def call() -> None:
+        r = await client.post("/v1/chat/completions", content=payload, headers={"content-type": "application/json"})
+        if r.status_code != 200 or expect not in r.content:
+            raise RuntimeError(f"{name} answered {r.status_code}: {r.text[:200]}")
+
+    return call
 
 
 async def _concurrent(broker_sock: Path, headers: dict[str, str], body: dict[str, object],
@@ -334,10 +327,10 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         "concurrent_p50_ms": round(_p(latencies, 0.5), 1),
         "requests_per_case": n,
     }
-    result.notes.append("upstream, broker (`swarmyard serve --providers`, SQLite store, Unix socket) and client "
-                        "in three processes; direct and via calls alternate; overhead = via - direct, where direct "
-                        "calls the upstream's loopback TCP port, as the broker does (overhead_vs_unix_*: against "
-                        "the same upstream over a Unix socket, which saves the TCP stack on both hops)")
+    result.notes.append("upstream, broker (`swarmyard serve --providers`, SQLite store, Unix socket), a bare "
+                        "proxy and client in four processes; the calls take turns; overhead = via - direct, where "
+                        "direct calls the upstream's loopback TCP port, as the broker does (overhead_vs_unix_*: "
+                        "against the same upstream over a Unix socket)")
     result.notes.append("bare_proxy_overhead_*: a proxy served and connected upstream the same way that only "
                         "forwards bytes (no parsing, token, budget or store): what the extra hop alone costs")
     return result

@@ -311,13 +311,21 @@ class Broker:
         thread hand-offs, a good part of what the broker adds to a call.
         """
         if route.tokenizer is Tokenizer.BYTES and size <= _INLINE_BODY_BYTES:
-            with self.store.nowait() as nowait:
-                if nowait:
-                    try:
-                        return self._admit(token, chat, route)
-                    except StoreBusyError:
-                        pass
+            done, admitted = self._on_loop(self._admit, token, chat, route)
+            if done and admitted is not None:
+                return admitted
         return await self._in_pool(self._admit, token, chat, route)
+
+    def _on_loop(self, call: Callable[..., _T], *args: Any) -> tuple[bool, _T | None]:
+        """``call(*args)`` right here if the store can take it without waiting: (True, its result); else
+        (False, None), having done nothing. Its other errors are raised."""
+        with self.store.nowait() as nowait:
+            if nowait:
+                try:
+                    return True, call(*args)
+                except StoreBusyError:
+                    pass
+        return False, None
 
     # -- settlement -----------------------------------------------------------------------------------------
 
@@ -359,19 +367,15 @@ class Broker:
             self._settle(admitted, usage)
 
     def _settle_on_loop(self, admitted: _Admitted, usage: Usage) -> None:
-        with self.store.nowait() as nowait:
-            if nowait:
-                try:
-                    self._write_settlement(admitted, usage)
-                except StoreBusyError:
-                    pass
-                except Exception:
-                    log.exception("reservation %s could not be settled", admitted.reservation.id)
-                    self._one_settled()
-                    return
-                else:
-                    self._one_settled()
-                    return
+        try:
+            done, _ = self._on_loop(self._write_settlement, admitted, usage)
+        except Exception:
+            # the hold stays held (or was reconciled meanwhile): safe, visible, and reconcilable
+            log.exception("reservation %s could not be settled", admitted.reservation.id)
+            done = True
+        if done:
+            self._one_settled()
+            return
         task = asyncio.ensure_future(self._settle_in_pool(admitted, usage))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)

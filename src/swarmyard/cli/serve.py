@@ -8,7 +8,6 @@ read from this process's environment by the variable each entry names; they neve
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,9 +17,7 @@ import typer
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from swarmyard.broker.app import Broker
     from swarmyard.config import ProviderConfig
-    from swarmyard.plane.tokens import TokenAuthority
     from swarmyard.store.protocol import Store
 
 from swarmyard.cli.options import StoreOption, store_at
@@ -87,18 +84,6 @@ def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, P
     return table_out
 
 
-def _broker(store: Store, tokens: TokenAuthority, table: dict[str, ProviderConfig],
-            cache_dir: Path | None) -> Broker:
-    from swarmyard.broker.app import Broker
-    from swarmyard.broker.providers.configured import build
-    from swarmyard.broker.settings import BrokerSettings
-
-    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
-    # Keys come from this process's own environment (the broker holds them); nothing here starts a child.
-    providers, routes = build(table, cache_dir=cache, env=os.environ)
-    return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
-
-
 def command(
     store: str = StoreOption,
     socket: Path = _Socket,
@@ -142,6 +127,8 @@ def command(
     if not operator_token_file.exists():
         write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
 
+    from swarmyard.broker.providers.configured import configured_broker
+
     def make_app(opened: Store) -> Starlette:
         tokens = TokenAuthority(secret, opened)
         evaluator = None
@@ -149,7 +136,7 @@ def command(
             from swarmyard.evaluator.client import AsyncEvaluatorClient
 
             evaluator = AsyncEvaluatorClient(evaluator_socket)
-        broker = _broker(opened, tokens, table, cache_dir) if table else None
+        broker = configured_broker(opened, tokens, table, cache_dir=cache_dir) if table else None
         app = create_app(opened, tokens, settings, evaluator=evaluator,
                          extra_routes=broker.routes() if broker else ())
         if broker is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
 
 import httptools
@@ -102,11 +103,13 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
         self._max_idle = max_idle
         self._idle: list[_Connection] = []
 
+    def _open(self, loop: asyncio.AbstractEventLoop) -> Awaitable[tuple[asyncio.BaseTransport, _Connection]]:
+        return loop.create_unix_connection(_Connection, self._path)
+
     async def _connect(self, timeout_s: float | None) -> _Connection:
-        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                _, conn = await loop.create_unix_connection(_Connection, self._path)
+                _, conn = await self._open(asyncio.get_running_loop())
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"no connection to {self._path} within {timeout_s} s") from exc
         except OSError as exc:
@@ -152,16 +155,8 @@ class LoopbackTcpTransport(UnixSocketTransport):
         super().__init__(f"{host}:{port}", max_idle=max_idle)
         self._host, self._port = host, port
 
-    async def _connect(self, timeout_s: float | None) -> _Connection:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout_s):
-                _, conn = await loop.create_connection(_Connection, self._host, self._port)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"no connection to {self._path} within {timeout_s} s") from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"cannot connect to {self._path}: {exc}") from exc
-        return conn
+    def _open(self, loop: asyncio.AbstractEventLoop) -> Awaitable[tuple[asyncio.BaseTransport, _Connection]]:
+        return loop.create_connection(_Connection, self._host, self._port)
 
 
 def _head(request: httpx.Request, length: int) -> bytes:

@@ -6,7 +6,7 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ class Engine(Protocol):
         """A context manager yielding a cursor inside one write transaction."""
         ...
 
-    def nowait(self) -> Any:
+    def nowait(self) -> AbstractContextManager[bool]:
         """A context manager yielding whether writes on this thread inside it fail with ``StoreBusyError``
         instead of waiting for the write lock (False: the engine always waits)."""
         ...

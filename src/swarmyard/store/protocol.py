@@ -48,12 +48,12 @@ class Store(Protocol):
         """Release connections."""
         ...
 
-    # -- goals and tasks ------------------------------------------------------------------------------------
     def nowait(self) -> AbstractContextManager[bool]:
         """A block in which this thread's writes fail with ``StoreBusyError`` rather than wait for the write
         lock; it yields False where the store cannot do that, and writes wait as usual."""
         ...
 
+    # -- goals and tasks ------------------------------------------------------------------------------------
     def create_goal(self, spec: GoalSpec) -> Goal:
         """Create a goal and its envelope."""
         ...

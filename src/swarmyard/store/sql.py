@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 
 from swarmyard.canonical import canonical_json
 from swarmyard.clock import Clock, SystemClock
@@ -165,7 +165,7 @@ class SqlStore:
     def nowait(self) -> AbstractContextManager[bool]:
         """A block in which this thread's writes fail with ``StoreBusyError`` rather than wait for the write
         lock; it yields False where the engine cannot do that (PostgreSQL), and writes wait as usual."""
-        return cast(AbstractContextManager[bool], self._e.nowait())
+        return self._e.nowait()
 
     def _now(self) -> float:
         return self._clock.now()

@@ -152,8 +152,10 @@ class Coordinator:
 
     def settle_task(self, task: Task) -> None:
         """Complete a claimed task that already has a finding; a lapsed lease is taken back first."""
-        if task.state is not TaskState.CLAIMED or not self._findings_for(task.goal_id, task.id):
-            return
+        if task.state is TaskState.CLAIMED and self._findings_for(task.goal_id, task.id):
+            self._complete(task)
+
+    def _complete(self, task: Task) -> None:
         token = task.fencing_token
         try:
             if token is None:
@@ -193,7 +195,7 @@ class Coordinator:
         for task in self.store.list_tasks(self._goal_id, state=TaskState.CLAIMED):
             if task.worker_id == span.worker_id:
                 if self._findings_for(task.goal_id, task.id):
-                    self.settle_task(task)
+                    self._complete(task)
                 else:
                     self._give_back(task)
         return span

@@ -31,22 +31,12 @@ from swarmyard.swarm.launcher import WorkerSlot
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
+    from swarmyard.machines.protocol import ExecResult
 
 log = logging.getLogger(__name__)
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
-
-
-def _broker(store: Store, tokens: TokenAuthority, config: SwarmConfig,
-            given: Mapping[str, Any] | None = None) -> Broker:
-    from swarmyard.broker.app import Broker
-    from swarmyard.broker.providers.configured import build
-    from swarmyard.broker.settings import BrokerSettings
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
-    providers, routes = build(config.providers, cache_dir=cache, env=os.environ, given=given)
-    return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
 
 
 class MachineLauncher:
@@ -82,7 +72,10 @@ class MachineLauncher:
 
         self._goal = goal
         self._tokens = TokenAuthority(load_or_create_secret(self.run_dir / "token.secret"), self.store)
-        self._broker = _broker(self.store, self._tokens, self.config, self._given_providers)
+        from swarmyard.broker.providers.configured import configured_broker
+
+        self._broker = configured_broker(self.store, self._tokens, self.config.providers,
+                                         given=self._given_providers)
         app = create_app(
             self.store,
             self._tokens,
@@ -236,18 +229,16 @@ class MachineLauncher:
                         result.stderr[-500:], result.stdout[-1500:])
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
 
-    def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: Any, took_s: float) -> None:
+    def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: ExecResult,
+                  took_s: float) -> None:
         """The agent's own output, whole, in the run folder: what to read when a worker or the lead failed."""
         folder = self.run_dir / "agents"
         folder.mkdir(exist_ok=True)
         ending = "timed out" if result.timed_out else f"exit {result.exit_code}"
-
-        def text_of(out: bytes | str) -> str:
-            return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
-
         text = (f"# {slot.name} ({slot.role.value}, {agent.value}) worker {worker_id}: {ending} after "
-                f"{took_s:.1f} s\n\n## stderr\n{text_of(result.stderr)}\n\n## stdout\n{text_of(result.stdout)}\n")
-        (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8", errors="replace")
+                f"{took_s:.1f} s\n\n## stderr\n{result.stderr.decode('utf-8', 'replace')}\n\n"
+                f"## stdout\n{result.stdout.decode('utf-8', 'replace')}\n")
+        (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8")
 
     def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,
                     title: str) -> str:

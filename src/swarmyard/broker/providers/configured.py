@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.settings import ModelRoute, Tokenizer
 from swarmyard.config import EMBEDDED_MODELS, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from swarmyard.broker.app import Broker
+    from swarmyard.plane.tokens import TokenAuthority
+    from swarmyard.store.protocol import Store
 
 #: Default upstream base URLs of the hosted kinds.
 BASE_URLS = {ProviderKind.OPENAI: "https://api.openai.com/v1", ProviderKind.ANTHROPIC: "https://api.anthropic.com"}
@@ -93,3 +99,15 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
             providers[name] = SimulatedProvider(name=name)
         routes += [ModelRoute(model, name) for model in cfg.models]
     return providers, routes
+
+
+def configured_broker(store: Store, tokens: TokenAuthority, config: Mapping[str, ProviderConfig], *,
+                      cache_dir: Path | None = None, given: Mapping[str, Any] | None = None) -> Broker:
+    """A broker serving the table's providers; keys come from this process's own environment (the broker holds
+    them), model files from ``cache_dir`` (by default the user cache's ``swarmyard/models``)."""
+    from swarmyard.broker.app import Broker
+    from swarmyard.broker.settings import BrokerSettings
+
+    cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
+    providers, routes = build(config, cache_dir=cache, env=os.environ, given=given)
+    return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
