@@ -61,5 +61,5 @@ _register()
 
 
 def main() -> None:
-    """Run the CLI: exit 0 ok, 1 a swarmyard error (one line), 2 usage, 130 Ctrl-C."""
+    """Run the CLI: exit 0 ok, 1 a swarmyard error or a failed check (one line), 2 usage, 130 Ctrl-C."""
     render.run_app(app)

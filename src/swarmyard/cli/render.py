@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -56,28 +57,53 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     stdout.print(table)
 
 
-def run_app(app: Callable[..., Any]) -> None:
-    """Call a Typer app, turning swarmyard errors into one line and exit code 1."""
+def _click_classes() -> tuple[type[Exception], type[Exception]]:
+    """The ``ClickException`` and ``Abort`` of the click that typer runs on.
+
+    Recent typer releases carry their own copy of click (``typer._click``) and older ones use click itself;
+    typer's public ``BadParameter`` and ``Abort`` are the right classes in both.
+    """
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    return click_error, typer.Abort
+
+
+def exit_code(app: Callable[..., Any], args: Sequence[str] | None = None) -> int:
+    """Call a Typer app and say how the process should exit: 0 ok, 1 a swarmyard error or a failed check
+    (one line on stderr; the traceback with ``--debug``), 2 usage, 130 Ctrl-C."""
+    click_error, abort = _click_classes()
     try:
-        app(standalone_mode=False)
+        # Not standalone: click would turn KeyboardInterrupt into exit 1 and print rich boxes for our errors.
+        result = app(args=args, standalone_mode=False)
     except SwarmyardError as exc:
         if state.debug:
-            raise
-        stderr.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False, markup=True)
-        raise SystemExit(1) from None
+            traceback.print_exc()
+        else:
+            stderr.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False, markup=True)
+        return 1
     except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except typer.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        raise SystemExit(130) from None
-    except Exception as exc:  # click's usage errors
-        import click
+        return 130
+    except abort as exc:
+        # click raises Abort from the KeyboardInterrupt it caught; any other abort (a declined prompt) failed
+        interrupted = isinstance(exc.__cause__, KeyboardInterrupt)
+        if not interrupted:
+            stderr.print("aborted", highlight=False)
+        return 130 if interrupted else 1
+    except click_error as exc:
+        exc.show()  # type: ignore[attr-defined]  # every ClickException has show() and exit_code
+        code: int = exc.exit_code  # type: ignore[attr-defined]
+        return code
+    except Exception as exc:  # a bug, not a refusal: still one line and exit 1 unless --debug asks for more
+        if state.debug:
+            traceback.print_exc()
+        else:
+            stderr.print(f"[red]error[/red] (internal): {type(exc).__name__}: {exc} (--debug shows the traceback)",
+                         highlight=False, markup=True)
+        return 1
+    # Outside standalone mode click returns the code of an explicit ``typer.Exit`` instead of exiting with it,
+    # and a command's own return value (always None here) otherwise.
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
-        if isinstance(exc, click.exceptions.UsageError):
-            exc.show()
-            raise SystemExit(2) from None
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise
+
+def run_app(app: Callable[..., Any], args: Sequence[str] | None = None) -> NoReturn:
+    """Run a Typer app and exit the process with ``exit_code``'s answer."""
+    raise SystemExit(exit_code(app, args))
