@@ -28,11 +28,9 @@ from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.plane.tools import Evaluator
 from swarmyard.store.protocol import Store
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-VECTORS = SHARED / "vectors"
-
-
 ROOT = Path(__file__).resolve().parents[1]
+#: Test vectors from other projects, kept unchanged beside the tests (tests/vectors/NOTICE names each source).
+VECTORS = ROOT / "tests" / "vectors"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ class _Frozen(BaseModel):
 
 
 class PolicyKind(StrEnum):
-    """How workers see each other (DESIGN.md section 3)."""
+    """How workers see each other (the policies are described in ``swarmyard.swarm.policies``)."""
 
     INDEPENDENT = "independent"
     TEAM = "team"

@@ -57,7 +57,7 @@ def app_from_env() -> Any:
 
 
 def _serve(url: str, socket_path: str, secret_path: str, latency_s: float, replicas: int) -> None:
-    """Serve as ``swarmyard serve`` does: one process, or ``replicas`` stateless ones on one socket (DESIGN's
+    """Serve as ``swarmyard serve`` does: one process, or ``replicas`` stateless ones on one socket (the plane's
     scale-out), with the same server settings (no proxy-header parsing, no access log)."""
     import os
 

@@ -1,4 +1,4 @@
-"""The coordinator: the five steps of a run (DESIGN.md section 3), resumable from what the store holds.
+"""The coordinator: the five steps of a run, resumable from what the store holds.
 
 1. create the goal and its tasks; 2-3. run agents in machines, up to the concurrency cap, until every task of
 the round is done (a hung worker's lease expires and another worker takes its task); between rounds of the
