@@ -8,16 +8,22 @@ cosignature and its index):
 2. every event: leaf indexes contiguous from 0, and its leaf hash equal to the one the log recorded;
 3. every checkpoint's root equal to the root recomputed from the events at its size, and a consistency proof
    from the previous checkpoint that verifies;
-4. no event past the last checkpoint, and (with a witness) the last checkpoint cosigned.
+4. no event past the last checkpoint, and (with a witness) the last checkpoint cosigned;
+5. no rollback: the log holds at least as many events as the witness last cosigned (its checkpoint, given as
+   ``witnessed``, must carry the log's signature and the witness's cosignature, and its root must be the log's
+   root at that size) and at least ``min_size``.
 
 The keys come from the run folder unless the caller pins them. A folder alone proves only that it is
 self-consistent: whoever can rewrite the store can also write a fresh log key and re-sign every checkpoint.
 Pinning the log's key (printed in the run's report) or the witness's key (held by the witness, not the run)
 turns that into a detected forgery: a folder whose key differs from the pinned one fails as ``key``.
+Pinned keys still pass a log cut back to one of its own earlier checkpoints (delete the later events and
+checkpoint files): only what the witness remembers, or a size the caller knows, catches that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +32,7 @@ from swarmyard.audit.log import LEAVES, LOG_VKEY, READ_BATCH, WITNESS_VKEY, Even
 from swarmyard.audit.merkle import HASH_SIZE, leaf_hash, verify_consistency
 from swarmyard.audit.note import Verifier
 from swarmyard.audit.tree import MerkleTree
+from swarmyard.domain import Event
 from swarmyard.errors import AuditError, InvalidProofError, InvalidSignatureError, LogMismatchError
 
 
@@ -38,6 +45,10 @@ class VerifyReport:
     origin: str
     checkpoints: int
     cosigned: int
+    #: a key was pinned by the caller: without one the folder was only checked against itself
+    pinned: bool = False
+    #: the largest size the log was checked not to have been rolled back below (None: not checked)
+    fresh_size: int | None = None
 
 
 def _open_checkpoints(audit_dir: Path, log: Verifier,
@@ -75,12 +86,45 @@ def _pinned(found: Verifier | None, pinned: Verifier | None, index: int, what: s
     return pinned
 
 
+def _read_batch(source: EventSource, start: int, end: int) -> tuple[list[Event], LogMismatchError | None]:
+    """Events ``[start, end)``; an unreadable one (``rows.event``) ends the batch and is returned to raise once
+    the events before it are checked, so the first bad event is the one named."""
+    try:
+        return source.read_events(start, end), None
+    except LogMismatchError as exc:
+        if exc.what != "event" or not start <= exc.index < end:
+            raise
+        return source.read_events(start, exc.index), exc
+
+
+def _check_witnessed(note: str, log: Verifier, witness: Verifier | None, tree: MerkleTree) -> int:
+    """Check the witness's last cosigned checkpoint against the tree; return its size."""
+    try:
+        signed, _ = open_checkpoint(note, log, origin=log.name)
+    except AuditError as exc:
+        raise LogMismatchError("witnessed", 0, f"not a checkpoint signed by this log's key: {exc.message}") from exc
+    cp = signed.checkpoint
+    if witness is not None and not any(
+            sig.name == witness.name and sig.key_id == witness.key_id and witness.verify(signed.note.text, sig.signature)
+            for sig in signed.note.signatures):
+        raise LogMismatchError("witnessed", cp.size, "not cosigned by the witness's key")
+    if cp.size > tree.size:
+        raise LogMismatchError("event", tree.size, f"missing: the witness cosigned {cp.size} events and the log "
+                                                   f"holds {tree.size} (rolled back)")
+    if tree.root(cp.size) != cp.root_hash:
+        raise LogMismatchError("witnessed", cp.size, "the witness cosigned another root at this size (a fork)")
+    return cp.size
+
+
 def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None = None,
-               witness_key: Verifier | None = None) -> VerifyReport:
+               witness_key: Verifier | None = None, witnessed: Sequence[str] = (),
+               min_size: int = 0) -> VerifyReport:
     """Verify a run's audit log against its events; raise ``LogMismatchError`` at the first bad thing.
 
     ``log_key`` and ``witness_key`` pin the keys instead of trusting the folder's (key 0 is the log's,
-    key 1 the witness's in the error).
+    key 1 the witness's in the error). ``witnessed`` are checkpoints the witness cosigned (its latest, as
+    ``GET /checkpoint`` answers it) and ``min_size`` a size the caller knows the log reached: a log with fewer
+    events fails as rolled back.
     """
     vkey_path = audit_dir / LOG_VKEY
     if not vkey_path.exists():
@@ -98,8 +142,8 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
     tree = MerkleTree()
     for start in range(0, count, READ_BATCH):
         end = min(start + READ_BATCH, count)
-        events = source.read_events(start, end)
-        for offset in range(end - start):
+        events, unreadable = _read_batch(source, start, end)
+        for offset in range((end if unreadable is None else unreadable.index) - start):
             index = start + offset
             if offset >= len(events) or events[offset].leaf_index != index:
                 raise LogMismatchError("event", index, "missing or out of order")
@@ -107,6 +151,8 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
             if recorded[index * HASH_SIZE:(index + 1) * HASH_SIZE] not in (b"", digest):
                 raise LogMismatchError("event", index, "its leaf hash differs from the one the log recorded")
             tree.append_hash(digest)
+        if unreadable is not None:
+            raise unreadable
 
     previous: SignedCheckpoint | None = None
     for number, (signed, _) in enumerate(checkpoints, start=1):
@@ -133,4 +179,10 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
         raise LogMismatchError("event", previous.checkpoint.size, "not covered by any checkpoint")
     if witness is not None and not checkpoints[-1][1]:
         raise LogMismatchError("cosignature", len(checkpoints), "the last checkpoint is not cosigned")
-    return VerifyReport(tree.size, tree.root(), log.name, len(checkpoints), sum(c for _, c in checkpoints))
+    fresh = [_check_witnessed(note, log, witness, tree) for note in witnessed]
+    if tree.size < min_size:
+        raise LogMismatchError("event", tree.size, f"missing: the log should hold at least {min_size} events and "
+                                                   f"holds {tree.size} (rolled back)")
+    fresh_size = max([*fresh, min_size]) if fresh or min_size else None
+    return VerifyReport(tree.size, tree.root(), log.name, len(checkpoints), sum(c for _, c in checkpoints),
+                        pinned=log_key is not None or witness_key is not None, fresh_size=fresh_size)

@@ -10,7 +10,9 @@ Over HTTP it speaks the C2SP tlog-witness ``add-checkpoint`` request body::
     \\n
     <signed checkpoint note>
 
-and answers with its cosignature line. ``GET /key`` answers its verifier key.
+and answers with its cosignature line. ``GET /key`` answers its verifier key, and ``GET /checkpoint?origin=O``
+the last checkpoint it cosigned for log ``O`` (the signed note with its cosignature line): what ``audit verify``
+compares a run's log with, so that a log rolled back below what the witness saw fails.
 """
 
 from __future__ import annotations
@@ -156,6 +158,13 @@ class Witness:
             raise WitnessRefusedError(origin, f"the log key is named {offered.name!r}, not after the origin")
         return offered
 
+    def latest(self, origin: str) -> str:
+        """The last checkpoint cosigned for ``origin``, as a signed note with the cosignature line."""
+        known = self.state.get(origin)
+        if known is None or known.checkpoint is None:
+            raise NotFoundError("log", origin)
+        return known.checkpoint
+
     def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: str, *,
                        log_vkey: str | None = None) -> NoteSignature:
         """Check and cosign ``note``; record it as this origin's latest before returning the cosignature."""
@@ -243,12 +252,29 @@ def create_app(witness: Witness) -> Starlette:
     def key(request: Request) -> Response:
         return PlainTextResponse(witness.verifier().vkey + "\n")
 
+    def checkpoint(request: Request) -> Response:
+        origin = request.query_params.get("origin")
+        if not origin:
+            return _error_response(InvalidInputError("give the log's origin: ?origin=...", field="origin"))
+        try:
+            return PlainTextResponse(witness.latest(origin))
+        except SwarmyardError as exc:
+            return _error_response(exc)
+
     return Starlette(routes=[Route("/add-checkpoint", add_checkpoint, methods=["POST"]),
-                             Route("/key", key, methods=["GET"])])
+                             Route("/key", key, methods=["GET"]),
+                             Route("/checkpoint", checkpoint, methods=["GET"])])
 
 
 class HttpWitnessClient:
     """Talks to a witness over a Unix socket or a loopback port."""
+
+    @classmethod
+    def at(cls, where: str, *, timeout_s: float = 10.0) -> HttpWitnessClient:
+        """A client of the witness at ``where``: an ``http(s)://`` URL, else a Unix socket path."""
+        if where.startswith(("http://", "https://")):
+            return cls(url=where, timeout_s=timeout_s)
+        return cls(socket=Path(where), timeout_s=timeout_s)
 
     def __init__(self, *, socket: Path | None = None, url: str | None = None,
                  timeout_s: float = 10.0) -> None:
@@ -276,6 +302,15 @@ class HttpWitnessClient:
                 raise AuditError(f"witness answered {response.status_code} for its key")
             self._verifier = Verifier.parse(response.text)
         return self._verifier
+
+    def latest(self, origin: str) -> str:
+        """The last checkpoint the witness cosigned for ``origin`` (``NotFoundError`` if it knows none)."""
+        response = self._request("GET", "/checkpoint", params={"origin": origin})
+        if response.status_code == 404:
+            raise NotFoundError("log", origin)
+        if response.status_code != 200:
+            raise AuditError(f"witness answered {response.status_code} for the checkpoint of {origin}")
+        return response.text
 
     def add_checkpoint(self, old_size: int, proof: Sequence[bytes], note: str, *,
                        log_vkey: str | None = None) -> NoteSignature:

@@ -38,6 +38,37 @@ def _verifier(given: str | None) -> Verifier | None:
         raise UserError(f"{given}: not a verifier key ({exc.message})") from exc
 
 
+def _witnessed(witness: str | None, checkpoint_file: Path | None, origin: str,
+               witness_key: Verifier | None) -> tuple[list[str], Verifier | None]:
+    """The witness's last cosigned checkpoints of ``origin`` to compare the log with, and the witness key to
+    check them with (the one the live witness announces, unless one is pinned)."""
+    notes: list[str] = []
+    if checkpoint_file is not None:
+        try:
+            notes.append(checkpoint_file.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read the witness checkpoint {checkpoint_file}: {exc}") from exc
+    if witness is not None:
+        from swarmyard.audit.witness import HttpWitnessClient
+        from swarmyard.errors import NotFoundError
+
+        client = HttpWitnessClient.at(witness)
+        try:
+            witness_key = witness_key or client.verifier()
+            notes.append(client.latest(origin))
+        except NotFoundError as exc:
+            raise AuditError(f"the witness at {witness} has cosigned nothing for {origin}") from exc
+        finally:
+            client.close()
+    return notes, witness_key
+
+
+def _describe(pinned: bool, fresh_size: int | None) -> str:
+    trust = "keys pinned" if pinned else "self-consistency only: no key pinned"
+    fresh = "rollback not checked" if fresh_size is None else f"not rolled back below {fresh_size}"
+    return f"{trust}; {fresh}"
+
+
 @app.command("verify")
 def verify(
     run: Annotated[str, typer.Argument(help="A run folder (store.db, audit/) or a run id.")],
@@ -46,12 +77,21 @@ def verify(
         "--log-key", help="Pin the log's verifier key (the report's 'audit key', or a file holding it).")] = None,
     witness_key: Annotated[str | None, typer.Option(
         "--witness-key", help="Pin the witness's verifier key (or a file holding it).")] = None,
+    witness: Annotated[str | None, typer.Option(
+        "--witness", help="Ask this witness (URL or socket path) for the last size it cosigned: "
+                          "a log rolled back below it fails.")] = None,
+    witness_checkpoint: Annotated[Path | None, typer.Option(
+        "--witness-checkpoint", help="The witness's last cosigned checkpoint of this log, as a file "
+                                     "(`swarmyard witness checkpoint`): a log rolled back below it fails.")] = None,
+    min_size: Annotated[int, typer.Option(
+        "--min-size", min=0, help="The log must hold at least this many events.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print the tree size and root (exit 0), or the first bad event, checkpoint or key (exit 1).
 
     Without pinned keys the folder is only checked against itself: pin the log's key (or the witness's)
-    to detect a folder rewritten with a fresh key.
+    to detect a folder rewritten with a fresh key. Pinned keys do not catch a log cut back to one of its
+    own earlier checkpoints: give --witness, --witness-checkpoint or --min-size for that.
     """
     from swarmyard.audit.verify import verify_run
     from swarmyard.errors import LogMismatchError
@@ -65,9 +105,12 @@ def verify(
         if not (folder / "store.db").exists():
             raise UserError(f"{run}: no store.db; give --store URL")
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
+    origin = _origin(folder / "audit", pinned_log)
+    witnessed, witness_verifier = _witnessed(witness, witness_checkpoint, origin, pinned_witness)
     store = open_store(store_url, blob_dir=folder / "blobs")
     try:
-        report = verify_run(store, folder / "audit", log_key=pinned_log, witness_key=pinned_witness)
+        report = verify_run(store, folder / "audit", log_key=pinned_log, witness_key=witness_verifier,
+                            witnessed=witnessed, min_size=min_size)
     except LogMismatchError as exc:
         if as_json:
             render.print_json({"ok": False, "what": exc.what, "index": exc.index, "reason": exc.reason})
@@ -77,11 +120,32 @@ def verify(
     finally:
         store.close()
     root = base64.b64encode(report.root_hash).decode()
+    pinned = report.pinned
     if as_json:
         render.print_json({"ok": True, "origin": report.origin, "size": report.size, "root": root,
                            "root_hex": report.root_hash.hex(), "checkpoints": report.checkpoints,
-                           "cosigned": report.cosigned})
+                           "cosigned": report.cosigned, "pinned": pinned, "fresh_size": report.fresh_size})
     else:
         render.stdout.print(f"OK {report.origin} size {report.size} root {root} "
-                            f"({report.checkpoints} checkpoints, {report.cosigned} cosigned)",
+                            f"({report.checkpoints} checkpoints, {report.cosigned} cosigned; "
+                            f"{_describe(pinned, report.fresh_size)})",
                             highlight=False, markup=False)
+    if not pinned:
+        render.stderr.print("note: checked self-consistency only: the folder agrees with itself, but a store and "
+                            "folder rewritten with a fresh key would too; pin --log-key or --witness-key",
+                            highlight=False, markup=False)
+    if report.fresh_size is None:
+        render.stderr.print("note: rollback not checked: a log cut back to an earlier checkpoint passes; give "
+                            "--witness, --witness-checkpoint or --min-size", highlight=False, markup=False)
+
+
+def _origin(audit_dir: Path, pinned: Verifier | None) -> str:
+    """The log's origin: its key's name (pinned, else the folder's)."""
+    from swarmyard.audit.log import LOG_VKEY
+
+    if pinned is not None:
+        return pinned.name
+    try:
+        return Verifier.parse((audit_dir / LOG_VKEY).read_text().strip()).name
+    except OSError as exc:
+        raise AuditError(f"no audit log in {audit_dir} ({LOG_VKEY}: {exc.strerror})") from exc

@@ -1,4 +1,5 @@
-"""``swarmyard witness serve``: run the witness that cosigns audit-log checkpoints."""
+"""``swarmyard witness serve|checkpoint``: run the witness that cosigns audit-log checkpoints, and read the last
+one it cosigned for a log."""
 
 from __future__ import annotations
 
@@ -33,3 +34,35 @@ def serve(
     where = socket or f"127.0.0.1:{port}"
     render.stderr.print(f"witness {witness.verifier().vkey} on {where}", highlight=False, markup=False)
     server.run()
+
+
+@app.command("checkpoint")
+def checkpoint(
+    origin: Annotated[str, typer.Argument(help="The log's origin (its key's name, e.g. swarmyard.run/<id>).")],
+    state: Annotated[Path | None, typer.Option("--state", help="Read the witness's state file.")] = None,
+    witness: Annotated[str | None, typer.Option("--witness", help="Ask a running witness (URL or socket).")] = None,
+) -> None:
+    """Print the last checkpoint the witness cosigned for ORIGIN (for `audit verify --witness-checkpoint`)."""
+    from swarmyard.errors import NotFoundError, UserError
+
+    if (state is None) == (witness is None):
+        raise UserError("give one of --state FILE or --witness ADDRESS")
+    if state is not None:
+        from swarmyard.audit.witness import WitnessState
+
+        if not state.is_file():
+            raise UserError(f"{state}: no witness state file")
+        known = WitnessState(state).get(origin)
+        if known is None or known.checkpoint is None:
+            raise NotFoundError("log", origin)
+        note = known.checkpoint
+    else:
+        from swarmyard.audit.witness import HttpWitnessClient
+
+        assert witness is not None
+        client = HttpWitnessClient.at(witness)
+        try:
+            note = client.latest(origin)
+        finally:
+            client.close()
+    typer.echo(note, nl=False)  # byte for byte: a signed note must not be rewrapped

@@ -22,6 +22,7 @@ from swarmyard.domain import (
     TaskState,
     Worker,
 )
+from swarmyard.errors import LogMismatchError
 
 Row = tuple[Any, ...]
 
@@ -97,5 +98,15 @@ def worker(r: Row) -> Worker:
 
 
 def event(r: Row) -> Event:
-    """An ``events`` row as an Event."""
-    return Event(id=r[0], leaf_index=r[1], kind=r[2], body=bytes(r[3]), created_at=r[4])
+    """An ``events`` row as an Event; a body the store did not write as bytes is a ``LogMismatchError``.
+
+    The store writes every body as bytes (BLOB, bytea). SQLite keeps whatever type an UPDATE gives it, so a
+    body rewritten as text reads back as ``str``: that row is not what the log hashed, and is named as such
+    rather than decoded into something that might hash the same.
+    """
+    body = r[3]
+    if not isinstance(body, bytes | bytearray | memoryview):
+        where = -1 if r[1] is None else int(r[1])
+        stored = "text" if isinstance(body, str) else type(body).__name__
+        raise LogMismatchError("event", where, f"its body is stored as {stored}, not bytes")
+    return Event(id=r[0], leaf_index=r[1], kind=r[2], body=bytes(body), created_at=r[4])
