@@ -9,25 +9,40 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s
     [lead]       agent, model, max_steps, prompt
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
-                 base_url, api_key_env, models, model_file
+                 base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
+                 to the swarm file)
+    [providers.NAME.prices.MODEL]  input_usd_per_mtok, output_usd_per_mtok ("0.15": decimal strings),
+                 max_output_tokens, context_tokens: set or override what the price table knows of MODEL
     [run]        store, runs_dir, sandbox
 
 Any problem becomes one ``ConfigError`` whose ``field`` is the dotted path of the first bad field, raised
-before anything is started.
+before anything is started. That includes a hosted or ``openai_compatible`` model with no price: known models
+take theirs from the maintained table (``swarmyard.prices``), any other needs one in the file.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
+from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from swarmyard.errors import ConfigError, InvalidInputError
 from swarmyard.money import MicroUSD, usd_to_micro
+from swarmyard.prices import known_model, usd_per_mtok_to_micro
 
 
 class _Frozen(BaseModel):
@@ -167,6 +182,11 @@ class WorkersConfig(_Frozen):
     max_steps: PositiveInt = 8
     model: Annotated[str, Field(min_length=1)] = DEFAULT_MODEL
     lease_s: PositiveSeconds = 120.0
+    #: a task whose agent fails the same way (same ending, same exit code) this many times in a row is failed
+    max_failures: PositiveInt = 3
+    #: a worker slot whose agent failed waits this long before its next launch, doubled after each failure in
+    #: a row, at most ``MAX_RETRY_BACKOFF_S``
+    retry_backoff_s: Annotated[float, Field(ge=0)] = 1.0
 
 
 class LeadConfig(_Frozen):
@@ -178,6 +198,98 @@ class LeadConfig(_Frozen):
     prompt: str = "Read every finding and write one synthesis that answers the objective. Cite the findings."
 
 
+#: The longest wait between two launches of a slot whose agent keeps failing.
+MAX_RETRY_BACKOFF_S = 30.0
+#: Kinds whose calls cost nothing unless the file says otherwise (they run here, or are not real models).
+FREE_KINDS = frozenset({ProviderKind.LOCAL, ProviderKind.SIMULATED, ProviderKind.SCRIPTED})
+
+
+class ModelPrice(_Frozen):
+    """``[providers.NAME.prices.MODEL]``: a model's price and limits, set here or overriding the table's."""
+
+    input_usd_per_mtok: str | None = None
+    output_usd_per_mtok: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    context_tokens: PositiveInt | None = None
+
+    @field_validator("input_usd_per_mtok", "output_usd_per_mtok", mode="before")
+    @classmethod
+    def _exact(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str):
+            raise ValueError(f'write it as a decimal string such as "{value}" (money is never a float)')
+        usd_per_mtok_to_micro(value, field=str(info.field_name))
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTerms:
+    """What the broker charges for a model and how far it may go: integer micro-USD per million tokens in and
+    out, the answer's limit and the context window (``None``: the route's default, or unknown)."""
+
+    input_per_mtok: int
+    output_per_mtok: int
+    max_output_tokens: int | None = None
+    context_tokens: int | None = None
+
+
+class ScriptedToolCall(_Frozen):
+    """A tool call of a scripted reply: the tool's name and its arguments."""
+
+    name: Annotated[str, Field(min_length=1)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptedReply(_Frozen):
+    """One reply of a scripted provider's replies file: ``say`` text, ``tool_calls``, or ``fail`` a way."""
+
+    say: str | None = None
+    tool_calls: tuple[ScriptedToolCall, ...] = ()
+    fail: Literal["before_send", "after_send", "mid_stream", "status_500", "status_429"] | None = None
+    #: with ``tool_calls``: text said beside them; with ``fail = "mid_stream"``: text sent before the drop
+    text: str = ""
+    input_tokens: NonNegativeInt | None = None
+    output_tokens: NonNegativeInt | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Self:
+        given = [name for name, on in (("say", self.say is not None), ("tool_calls", bool(self.tool_calls)),
+                                       ("fail", self.fail is not None)) if on]
+        if len(given) != 1:
+            raise ValueError("a reply has exactly one of say, tool_calls or fail")
+        return self
+
+
+class _ReplyFile(BaseModel):
+    """A replies file: model name (or ``"*"`` for any other) -> its replies, used in order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    replies: dict[str, tuple[ScriptedReply, ...]]
+
+
+def load_replies(path: Path) -> dict[str, tuple[ScriptedReply, ...]]:
+    """A scripted provider's replies, from JSON (``.json``) or TOML (anything else); ``ValueError`` says why not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"replies file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read replies file {path}: {exc}") from None
+    try:
+        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"replies file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: "
+                         f"{exc}") from None
+    try:
+        return _ReplyFile.model_validate({"replies": data}).replies
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())[1:] if not str(p).startswith("function-"))
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise ValueError(f"replies file {path}: {where or 'top level'}: {message}") from None
+
+
 class ProviderConfig(_Frozen):
     """One model provider the broker may route to."""
 
@@ -186,6 +298,45 @@ class ProviderConfig(_Frozen):
     api_key_env: str | None = None
     models: tuple[str, ...] = ()
     model_file: str | None = None
+    #: scripted: the file its replies come from; relative paths are taken from the swarm file's folder
+    replies: str | None = None
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+
+    @field_validator("replies")
+    @classmethod
+    def _from_swarm_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        path = Path(value)
+        if not path.is_absolute():
+            path = Path(base or ".") / path
+        return str(path.resolve())
+
+    def terms(self, model: str) -> RouteTerms:
+        """The price and limits of one of this provider's models: the file's values over the table's.
+
+        ``ValueError`` names the model when a hosted or ``openai_compatible`` one has no price at all.
+        """
+        given = self.prices.get(model) or ModelPrice()
+        known = None if self.kind in FREE_KINDS else known_model(self.kind.value, model, self.base_url)
+
+        def price(value: str | None, field: str, table: int | None) -> int:
+            if value is not None:
+                return usd_per_mtok_to_micro(value, field=field)
+            if table is not None:
+                return table
+            if self.kind in FREE_KINDS:
+                return 0
+            raise ValueError(f"no {field.split('_')[0]} price is known for model {model!r} (it is not in the "
+                             f'price table): set {field} in this provider\'s [prices."{model}"] table')
+
+        return RouteTerms(
+            price(given.input_usd_per_mtok, "input_usd_per_mtok", known.input_per_mtok if known else None),
+            price(given.output_usd_per_mtok, "output_usd_per_mtok", known.output_per_mtok if known else None),
+            given.max_output_tokens,
+            given.context_tokens or (known.context_tokens if known else None),
+        )
 
     @model_validator(mode="after")
     def _needs(self) -> Self:
@@ -199,6 +350,15 @@ class ProviderConfig(_Frozen):
         if self.kind is ProviderKind.LOCAL and not self.model_file and self.models[0] not in EMBEDDED_MODELS:
             raise ValueError(f"unknown embedded model {self.models[0]!r}: choose one of "
                              f"{sorted(EMBEDDED_MODELS)} or give model_file")
+        if self.replies is not None and self.kind is not ProviderKind.SCRIPTED:
+            raise ValueError("replies is for a scripted provider")
+        if self.replies is not None:
+            load_replies(Path(self.replies))
+        for model in self.prices:
+            if model not in self.models:
+                raise ValueError(f"prices names {model!r}, which is not one of this provider's models")
+        for model in self.models:
+            self.terms(model)  # a hosted model with no price is refused here, before any run folder exists
         return self
 
 
@@ -259,10 +419,11 @@ def _field_of(error: dict[str, Any]) -> str:
     return ".".join(parts) or "swarm file"
 
 
-def parse_config(data: dict[str, Any]) -> SwarmConfig:
-    """Validate a parsed swarm file; ``ConfigError`` names the first bad field."""
+def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> SwarmConfig:
+    """Validate a parsed swarm file; ``ConfigError`` names the first bad field. Files it names (a scripted
+    provider's replies) are found from ``base_dir``, the swarm file's folder (by default the working folder)."""
     try:
-        return SwarmConfig.model_validate(data)
+        return SwarmConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         first = exc.errors()[0]
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
@@ -277,13 +438,13 @@ def parse_config(data: dict[str, Any]) -> SwarmConfig:
         raise ConfigError(message, field=field) from exc
 
 
-def loads_config(text: str) -> SwarmConfig:
+def loads_config(text: str, *, base_dir: Path | None = None) -> SwarmConfig:
     """Parse a swarm file's TOML text."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", field="swarm file") from exc
-    return parse_config(data)
+    return parse_config(data, base_dir=base_dir)
 
 
 def load_config(path: Path) -> SwarmConfig:
@@ -294,4 +455,38 @@ def load_config(path: Path) -> SwarmConfig:
         raise ConfigError(f"no such swarm file: {path}", field="swarm file") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}", field="swarm file") from exc
-    return loads_config(text)
+    return loads_config(text, base_dir=path.parent)
+
+
+def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, ProviderConfig]:
+    """The providers of a file's ``[providers]`` table and of ``NAME=KIND:MODEL[,MODEL...]`` flags (a flag
+    replaces the file's entry of that name): the one table ``swarmyard serve`` and ``swarmyard broker serve``
+    build their broker from, checked as a swarm file's is (a hosted model needs a price)."""
+    raw: dict[str, Any] = {}
+    if providers_file is not None:
+        try:
+            data = tomllib.loads(providers_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {providers_file}: {exc}", field="--providers") from exc
+        table = data.get("providers")
+        if not isinstance(table, dict) or not table:
+            raise ConfigError(f"{providers_file} has no [providers] table", field="--providers")
+        raw.update(table)
+    for flag in flags:
+        name, _, rest = flag.partition("=")
+        kind, _, models = rest.partition(":")
+        if not name or not kind or not models:
+            raise ConfigError(f"--provider {flag!r} is not NAME=KIND:MODEL[,MODEL...]", field="--provider")
+        raw[name] = {"kind": kind, "models": [m for m in models.split(",") if m]}
+    base_dir = providers_file.parent if providers_file is not None else None
+    out: dict[str, ProviderConfig] = {}
+    for name, entry in raw.items():
+        try:
+            out[name] = ProviderConfig.model_validate(entry, context={"base_dir": base_dir})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+            if first.get("type") == "extra_forbidden":
+                message = "is not a known setting"
+            raise ConfigError(message, field=f"providers.{name}") from exc
+    return out

@@ -58,8 +58,10 @@ def test_providers_table() -> None:
     config = loads_config(MINIMAL + '[workers]\nmodel = "m"\n[lead]\nmodel = "m"\n'
                           '[providers.vllm]\nkind = "openai_compatible"\n'
                           'base_url = "http://127.0.0.1:8000/v1"\nmodels = ["m"]\n'
+                          '[providers.vllm.prices.m]\ninput_usd_per_mtok = "0.1"\noutput_usd_per_mtok = "0.2"\n'
                           '[providers.oai]\nkind = "openai"\napi_key_env = "OPENAI_API_KEY"\n')
     assert config.providers["vllm"].base_url == "http://127.0.0.1:8000/v1"
+    assert config.providers["vllm"].terms("m").output_per_mtok == 200_000
     assert config.providers["oai"].api_key_env == "OPENAI_API_KEY"
 
 

@@ -8,9 +8,8 @@ read from this process's environment by the variable each entry names; they neve
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -53,35 +52,9 @@ _Workers = typer.Option(1, "--workers", min=1,
 
 def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, ProviderConfig]:
     """The providers named by ``--providers`` and ``--provider`` (flags override the file's entry)."""
-    from pydantic import ValidationError
+    from swarmyard.config import provider_table as table
 
-    from swarmyard.config import ProviderConfig
-    from swarmyard.errors import ConfigError
-
-    raw: dict[str, Any] = {}
-    if providers_file is not None:
-        try:
-            data = tomllib.loads(providers_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {providers_file}: {exc}", field="--providers") from exc
-        table = data.get("providers")
-        if not isinstance(table, dict) or not table:
-            raise ConfigError(f"{providers_file} has no [providers] table", field="--providers")
-        raw.update(table)
-    for flag in flags:
-        name, _, rest = flag.partition("=")
-        kind, _, models = rest.partition(":")
-        if not name or not kind or not models:
-            raise ConfigError(f"--provider {flag!r} is not NAME=KIND:MODEL[,MODEL...]", field="--provider")
-        raw[name] = {"kind": kind, "models": [m for m in models.split(",") if m]}
-    table_out: dict[str, ProviderConfig] = {}
-    for name, entry in raw.items():
-        try:
-            table_out[name] = ProviderConfig.model_validate(entry)
-        except ValidationError as exc:
-            message = str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")
-            raise ConfigError(message, field=f"providers.{name}") from exc
-    return table_out
+    return table(providers_file, flags)
 
 
 def command(
@@ -120,14 +93,15 @@ def command(
     listen = Listen(socket_path=None if no_socket else socket, tcp_host=host, tcp_port=port, tls=tls)
     check_listen(listen)  # before touching the store: a refused setup changes nothing
     table = provider_table(providers, provider or [])
+    from swarmyard.broker.providers.configured import check_table, configured_broker
+
+    check_table(table)  # before the store is touched: a table the broker cannot serve changes nothing
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
                              renew_min_interval_s=renew_interval_s)
     secret = load_or_create_secret(secret_file)
     opened = store_at(store, serving=True)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
         write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
-
-    from swarmyard.broker.providers.configured import configured_broker
 
     def make_app(opened: Store) -> Starlette:
         tokens = TokenAuthority(secret, opened)

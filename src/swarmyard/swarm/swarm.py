@@ -48,9 +48,11 @@ class Swarm:
         on_progress: Callable[[list[ProgressRow]], None] | None = None,
     ) -> RunResult:
         """Run to the synthesis (or continue run ``resume``); machines are deleted in every case."""
+        from swarmyard.broker.providers.configured import check_table
         from swarmyard.swarm.machine_launcher import MachineLauncher
 
-        witness = _witness(self.config.run.witness)  # before anything is created
+        check_table(self.config.providers, self.providers)  # before anything is created
+        witness = _witness(self.config.run.witness)
         runs = Path(self.config.run.runs_dir)
         run_id = resume or new_id("run")
         run_dir = runs / run_id

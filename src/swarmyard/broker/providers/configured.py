@@ -1,8 +1,10 @@
-"""Providers and model routes built from a swarm file's ``[providers]`` table.
+"""The one way a broker is built: from a ``[providers]`` table (a swarm file's, or ``--provider`` flags').
 
-Keys are read here, from the broker's own environment, by the variable the file names; they never go anywhere
-near a machine. A Python caller may pass ready provider objects (a scripted provider in a test, say) that
-replace the table's entry of the same name.
+``swarmyard run``, ``swarmyard serve`` and ``swarmyard broker serve`` all call ``configured_broker``. Every route
+takes its price and limits from ``ProviderConfig.terms`` (the maintained table, or the file's own values), so no
+assembly can lose them. Keys are read here, from the broker's own environment by the variable the file names
+(or from a key file), and never go anywhere near a machine. A Python caller may pass ready provider objects (a
+scripted provider in a test, say) that replace the table's entry of the same name; they are priced the same way.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarmyard.broker.keys import Secret
+from swarmyard.broker.keys import ProviderKeys, Secret
+from swarmyard.broker.providers import KINDS
 from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.settings import ModelRoute, Tokenizer
-from swarmyard.config import EMBEDDED_MODELS, ProviderConfig, ProviderKind
+from swarmyard.config import EMBEDDED_MODELS, ProviderConfig, ProviderKind, ScriptedReply, load_replies
 from swarmyard.errors import ConfigError
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
+    from swarmyard.broker.providers.scripted import Reply
     from swarmyard.plane.tokens import TokenAuthority
     from swarmyard.store.protocol import Store
 
@@ -29,8 +33,29 @@ if TYPE_CHECKING:
 BASE_URLS = {ProviderKind.OPENAI: "https://api.openai.com/v1", ProviderKind.ANTHROPIC: "https://api.anthropic.com"}
 #: Default key variables of the hosted kinds.
 KEY_VARS = {ProviderKind.OPENAI: "OPENAI_API_KEY", ProviderKind.ANTHROPIC: "ANTHROPIC_API_KEY"}
-#: Embedded model names the ``local`` kind knows, and how each is found.
-LOCAL_MODELS = EMBEDDED_MODELS
+#: How a hosted kind's input is bounded: OpenAI's models count with cl100k (pinned); others by bytes.
+TOKENIZERS = {ProviderKind.OPENAI: Tokenizer.CL100K}
+#: The answer limit of a route whose file and table say nothing (the embedded model writes less).
+DEFAULT_MAX_OUTPUT = 4096
+LOCAL_MAX_OUTPUT = 1024
+
+
+def _class(kind: ProviderKind) -> Any:
+    module, _, name = KINDS[kind.value].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _route(name: str, cfg: ProviderConfig, model: str, *, tokenizer: Tokenizer = Tokenizer.BYTES,
+           max_output: int = DEFAULT_MAX_OUTPUT, context_tokens: int | None = None) -> ModelRoute:
+    """One model's route with its price; a provider's own window (the local model's) bounds the file's."""
+    try:
+        terms = cfg.terms(model)
+    except ValueError as exc:  # parsed configs were checked already; this is a table built in Python
+        raise ConfigError(str(exc), field=f"providers.{name}") from None
+    windows = [w for w in (terms.context_tokens, context_tokens) if w is not None]
+    return ModelRoute(model, name, input_per_mtok=terms.input_per_mtok, output_per_mtok=terms.output_per_mtok,
+                      max_output_tokens=terms.max_output_tokens or max_output, tokenizer=tokenizer,
+                      context_tokens=min(windows) if windows else None)
 
 
 def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[ModelRoute]]:
@@ -45,69 +70,97 @@ def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[M
             raise ConfigError(f"model file {path} not found", field=f"providers.{name}.model_file")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()  # the user's own file: pin what is there now
         file = local.ModelFile(model, path, digest)
-    elif LOCAL_MODELS.get(model) == "qwen":
+    elif EMBEDDED_MODELS.get(model) == "qwen":
         file = local.assemble_qwen(cache_dir)
-    elif LOCAL_MODELS.get(model) == "smollm2":
+    elif EMBEDDED_MODELS.get(model) == "smollm2":
         file = local.smollm2()
     else:
-        raise ConfigError(f"unknown embedded model {model!r}: choose one of {sorted(LOCAL_MODELS)} or give "
+        raise ConfigError(f"unknown embedded model {model!r}: choose one of {sorted(EMBEDDED_MODELS)} or give "
                           "model_file", field=f"providers.{name}.models")
     # 4 slots of 4,096 tokens each. A busy 2-core host makes a few tokens a second per slot, so a whole answer
     # can take minutes: wait for it (it is on loopback).
     provider = local.LocalProvider(file, name=name, slot_tokens=4096, n_parallel=4,
                                    timeouts=Timeouts(read_s=900.0))
-    return provider, [ModelRoute(model, name, tokenizer=Tokenizer.PROVIDER, max_output_tokens=1024,
-                                 context_tokens=provider.context_tokens)]
+    return provider, [_route(name, cfg, model, tokenizer=Tokenizer.PROVIDER, max_output=LOCAL_MAX_OUTPUT,
+                             context_tokens=provider.context_tokens)]
+
+
+def scripted_replies(replies: Mapping[str, tuple[ScriptedReply, ...]]) -> dict[str, list[Reply]]:
+    """A replies file's entries as the scripted provider's replies."""
+    from swarmyard.broker.providers.scripted import CallTools, Fail, FailKind, Say
+
+    def one(reply: ScriptedReply) -> Reply:
+        if reply.say is not None:
+            return Say(reply.say, output_tokens=reply.output_tokens, input_tokens=reply.input_tokens)
+        if reply.fail is not None:
+            return Fail(FailKind(reply.fail), reply.text)
+        return CallTools(tuple((call.name, dict(call.arguments)) for call in reply.tool_calls), reply.text)
+
+    return {model: [one(reply) for reply in script] for model, script in replies.items()}
+
+
+def check_table(config: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before anything is started, a table the broker could not serve: a scripted provider with no
+    replies file (it would answer nothing, and the run end with no synthesis)."""
+    for name, cfg in config.items():
+        if cfg.kind is ProviderKind.SCRIPTED and cfg.replies is None and not (given and name in given):
+            raise ConfigError("a scripted provider needs replies = FILE (its replies, in order, per model)",
+                              field=f"providers.{name}.replies")
 
 
 def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping[str, str],
-          given: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[ModelRoute]]:
-    """Instantiate every provider of the table (or take the given object) and route its models to it."""
+          given: Mapping[str, Any] | None = None, keys: ProviderKeys | None = None,
+          timeouts: Timeouts | None = None) -> tuple[dict[str, Any], list[ModelRoute]]:
+    """Instantiate every provider of the table (or take the given object) and route its models to it.
+
+    A hosted provider's key is ``keys``' entry of its name if there is one, else the variable ``api_key_env``
+    (or its kind's usual one) names in ``env``; ``timeouts`` apply to hosted upstreams.
+    """
+    check_table(config, given)
     providers: dict[str, Any] = {}
     routes: list[ModelRoute] = []
     for name, cfg in config.items():
         if given and name in given:
             providers[name] = given[name]
-            routes += [ModelRoute(model, name) for model in cfg.models]
+            routes += [_route(name, cfg, model) for model in cfg.models]
             continue
-        if cfg.kind is ProviderKind.LOCAL:
-            providers[name], more = _local(name, cfg, cache_dir)
-            routes += more
-            continue
-        if cfg.kind in (ProviderKind.OPENAI, ProviderKind.OPENAI_COMPATIBLE, ProviderKind.ANTHROPIC):
-            var = cfg.api_key_env or KEY_VARS.get(cfg.kind)
-            key = env.get(var) if var else None
-            if cfg.kind is not ProviderKind.OPENAI_COMPATIBLE and not key:
-                raise ConfigError(f"set {var} in the environment of the run (it stays in the broker)",
-                                  field=f"providers.{name}.api_key_env")
-            base = cfg.base_url or BASE_URLS[cfg.kind]
-            module, cls = (("swarmyard.broker.providers.anthropic", "AnthropicProvider")
-                           if cfg.kind is ProviderKind.ANTHROPIC
-                           else ("swarmyard.broker.providers.openai_compat", "OpenAICompatProvider"))
-            providers[name] = getattr(importlib.import_module(module), cls)(
-                base, Secret(key) if key else None, name=name)
-            tokenizer = Tokenizer.CL100K if cfg.kind is ProviderKind.OPENAI else Tokenizer.BYTES
-            routes += [ModelRoute(model, name, tokenizer=tokenizer) for model in cfg.models]
-            continue
-        if cfg.kind is ProviderKind.SCRIPTED:
-            from swarmyard.broker.providers.scripted import ScriptedProvider
-
-            providers[name] = ScriptedProvider(name=name)
-        else:
-            from swarmyard.broker.providers.simulated import SimulatedProvider
-
-            providers[name] = SimulatedProvider(name=name)
-        routes += [ModelRoute(model, name) for model in cfg.models]
+        match cfg.kind:
+            case ProviderKind.LOCAL:
+                providers[name], more = _local(name, cfg, cache_dir)
+                routes += more
+                continue
+            case ProviderKind.OPENAI | ProviderKind.OPENAI_COMPATIBLE | ProviderKind.ANTHROPIC:
+                var = cfg.api_key_env or KEY_VARS.get(cfg.kind)
+                key = (keys.get(name) if keys else None) or (Secret(env[var]) if var and env.get(var) else None)
+                if cfg.kind is not ProviderKind.OPENAI_COMPATIBLE and key is None:
+                    raise ConfigError(f"set {var} in the environment of the run (it stays in the broker)",
+                                      field=f"providers.{name}.api_key_env")
+                providers[name] = _class(cfg.kind)(cfg.base_url or BASE_URLS[cfg.kind], key, name=name,
+                                                   timeouts=timeouts)
+                tokenizer = TOKENIZERS.get(cfg.kind, Tokenizer.BYTES)
+                routes += [_route(name, cfg, model, tokenizer=tokenizer) for model in cfg.models]
+                continue
+            case ProviderKind.SCRIPTED:
+                assert cfg.replies is not None  # check_table
+                try:
+                    script = load_replies(Path(cfg.replies))
+                except ValueError as exc:  # changed since the file was parsed
+                    raise ConfigError(str(exc), field=f"providers.{name}.replies") from None
+                providers[name] = _class(cfg.kind)(scripted_replies(script), name=name)
+            case ProviderKind.SIMULATED:
+                providers[name] = _class(cfg.kind)(name=name)
+        routes += [_route(name, cfg, model) for model in cfg.models]
     return providers, routes
 
 
 def configured_broker(store: Store, tokens: TokenAuthority, config: Mapping[str, ProviderConfig], *,
-                      cache_dir: Path | None = None, given: Mapping[str, Any] | None = None) -> Broker:
-    """A broker serving the table's providers; keys come from this process's own environment (the broker holds
-    them), model files from ``cache_dir`` (by default the user cache's ``swarmyard/models``)."""
+                      cache_dir: Path | None = None, given: Mapping[str, Any] | None = None,
+                      keys: ProviderKeys | None = None, timeouts: Timeouts | None = None) -> Broker:
+    """The broker serving the table's providers (see ``build``); model files come from ``cache_dir`` (by
+    default the user cache's ``swarmyard/models``)."""
     from swarmyard.broker.app import Broker
     from swarmyard.broker.settings import BrokerSettings
 
     cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
-    providers, routes = build(config, cache_dir=cache, env=os.environ, given=given)
+    providers, routes = build(config, cache_dir=cache, env=os.environ, given=given, keys=keys, timeouts=timeouts)
     return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))
