@@ -4,6 +4,7 @@
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
     │   └── ConfigError                 a swarm file or setting is invalid; names the field
     ├── InvalidInputError (400)         a request or call argument is malformed
+    │   └── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
     ├── AuthError
@@ -12,6 +13,7 @@
     │       └── DepthExceededError      a delegation past the goal's maximum depth
     ├── RateLimitedError (429)          too many calls; ``retry_after_s`` says when to retry
     ├── StoreError
+    │   ├── StoreBusyError (503)        a no-wait store call found the write lock taken; nothing was done; retryable
     │   ├── FencingError (409)          a write for a task whose claim is no longer the caller's
     │   │   ├── StaleFencingTokenError  the presented token is older than the task's current one
     │   │   └── LeaseExpiredError       the token is current but the lease ran out (or the claim ended)
@@ -42,29 +44,93 @@
     └── MissingExtraError               an optional dependency is not installed; says what to ``pip install``
 
 Every error carries ``code`` (a stable snake_case name), ``status`` and ``retryable`` and renders to JSON with
-``to_dict()``; the ids involved are attributes, so callers never parse messages.
+``to_dict()``; the ids involved are attributes, so callers never parse messages. ``SwarmyardError.from_dict()``
+is its mirror on the other side of the wire: the body's ``code`` names the class, and the message, ``retryable``
+and every detail come back as they left (each attribute an error carries is one of its details).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import inspect
+from collections.abc import Mapping
+from typing import Any
 
 
 class SwarmyardError(Exception):
     """Root of every error swarmyard raises on purpose."""
 
-    code: ClassVar[str] = "swarmyard_error"
-    status: ClassVar[int] = 500
-    retryable: bool = False  # an instance may say otherwise (a provider's 429 may be retried, a drop never)
+    code: str = "swarmyard_error"
+    status: int = 500
+    retryable: bool = False  # the class's default; an instance may say otherwise (a 429 may be retried, a drop never)
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, *, retryable: bool | None = None, **details: Any) -> None:
         super().__init__(message)
         self.message = message
+        self.retryable = type(self).retryable if retryable is None else retryable
         self.details: dict[str, Any] = details
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            taken = _BY_CODE.setdefault(cls.code, cls)
+            if taken is not cls:
+                raise TypeError(f"{cls.__name__} and {taken.__name__} share the error code {cls.code!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The error as the JSON body the control plane answers with."""
         return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable, **self.details}}
+
+    @staticmethod
+    def from_dict(body: Mapping[str, Any], *, status: int | None = None) -> SwarmyardError:
+        """The error a ``to_dict()`` body describes, rebuilt as its own class (chosen by ``code``).
+
+        A code this side does not know (a newer peer, a proxy, the plane's ``internal_error``) comes back as a
+        plain ``SwarmyardError`` that keeps the code, the message, ``retryable`` and ``status`` (when given).
+        """
+        raw = body.get("error")
+        error: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        given, message, flag = error.get("code"), error.get("message"), error.get("retryable")
+        code = given if isinstance(given, str) and given else "bad_response"  # not an error body at all
+        text = message if isinstance(message, str) else f"{code} (no message)"
+        retryable = flag if isinstance(flag, bool) else None
+        details = {k: v for k, v in error.items() if k not in ("code", "message", "retryable")}
+        kind = _BY_CODE.get(code)
+        if kind is None:
+            unknown = SwarmyardError(text, retryable=retryable, **details)
+            unknown.code = code
+            if status is not None:
+                unknown.status = status
+            return unknown
+        # The class's own __init__ formats a message from its fields; the message that crossed the wire is
+        # already formatted, so the instance is made without it and given what to_dict() carried.
+        made = kind.__new__(kind)
+        SwarmyardError.__init__(made, text, retryable=retryable, **details)
+        for name in _fields(kind):
+            setattr(made, name, details.get(name))
+        return made
+
+
+_BY_CODE: dict[str, type[SwarmyardError]] = {SwarmyardError.code: SwarmyardError}
+
+
+_FIELDS: dict[type[SwarmyardError], tuple[str, ...]] = {}
+
+
+def _fields(kind: type[SwarmyardError]) -> tuple[str, ...]:
+    """The attributes an error class carries: the named parameters of its and its bases' ``__init__``."""
+    if kind in _FIELDS:
+        return _FIELDS[kind]
+    names: list[str] = []
+    for klass in kind.__mro__:
+        init = klass.__dict__.get("__init__")
+        if klass is SwarmyardError or not issubclass(klass, SwarmyardError) or init is None:
+            continue
+        for parameter in inspect.signature(init).parameters.values():
+            if parameter.name not in ("self", "message", "retryable", *names) and parameter.kind not in (
+                    inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
+                names.append(parameter.name)
+    _FIELDS[kind] = tuple(names)
+    return _FIELDS[kind]
 
 
 class UserError(SwarmyardError):
@@ -251,6 +317,8 @@ class IllegalTransitionError(StoreError):
             from_state=from_state,
             to_state=to_state,
         )
+        self.kind = kind
+        self.id = id
         self.from_state = from_state
         self.to_state = to_state
 
@@ -343,9 +411,8 @@ class ProviderError(SwarmyardError):
     status = 502
 
     def __init__(self, message: str, *, retryable: bool = False, upstream_status: int | None = None) -> None:
-        super().__init__(message, upstream_status=upstream_status)
+        super().__init__(message, retryable=retryable, upstream_status=upstream_status)
         self.upstream_status = upstream_status
-        self.retryable = retryable
 
 
 class UpstreamUnknownError(ProviderError):
@@ -416,7 +483,7 @@ class ScoringLimitError(ScoringError):
         super().__init__(f"the scoring code hit its {limit} limit ({value})", reason=limit)
         self.limit = limit
         self.value = value
-        self.details["value"] = value
+        self.details.update(limit=limit, value=value)
 
 
 class EvaluatorUnavailableError(EvaluatorError):
@@ -449,7 +516,7 @@ class InvalidSignatureError(AuditError):
     code = "invalid_signature"
 
     def __init__(self, reason: str, *, key_name: str | None = None) -> None:
-        super().__init__(reason, key_name=key_name)
+        super().__init__(reason, reason=reason, key_name=key_name)
         self.reason = reason
         self.key_name = key_name
 
@@ -488,6 +555,10 @@ class MissingExtraError(UserError):
     def __init__(self, feature: str, extra: str, package: str) -> None:
         super().__init__(
             f"{feature} needs the {package!r} package: pip install 'swarmyard[{extra}]'",
+            feature=feature,
             extra=extra,
             package=package,
         )
+        self.feature = feature
+        self.extra = extra
+        self.package = package

@@ -43,7 +43,15 @@ from swarmyard.domain import (
     ReservationState,
     TaskSpec,
 )
-from swarmyard.errors import BudgetError, ConfigError, ContextLengthError, InvalidInputError, ProviderError
+from swarmyard.errors import (
+    BudgetError,
+    BudgetExceededError,
+    CallCapExceededError,
+    ConfigError,
+    ContextLengthError,
+    InvalidInputError,
+    ProviderError,
+)
 from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
@@ -422,14 +430,15 @@ def test_broker_model_types_refusals(broker: BrokerRig) -> None:
         asyncio.run(_ask(broker))
     assert failed.value.retryable
     asyncio.run(_ask(broker))  # the failed call spent one of the task's two calls, this one the other
-    with pytest.raises(BudgetError, match="429"):
+    with pytest.raises(CallCapExceededError):  # the broker's typed refusal, rebuilt by its code
         asyncio.run(_ask(broker))
     [goal] = broker.store.list_goals()
     broker.store.create_task(goal.id, TaskSpec("poor", budget_micro_usd=10, call_cap=5))
     token, poor = TokenAuthority(b"s" * 32, broker.store, FakeClock()).issue(goal.id, "main", ttl_s=3600)
     assert broker.store.claim(goal.id, poor.worker_id, 3600) is not None
-    with pytest.raises(BudgetError, match="402"):
+    with pytest.raises(BudgetExceededError) as poorer:
         asyncio.run(_ask(BrokerRig(broker.url, broker.store, broker.script, token)))
+    assert poorer.value.available == 10 and poorer.value.envelope.startswith("task ")
     assert len(broker.script.requests) == 2  # neither refusal reached the provider
     assert not broker.store.list_reservations(goal.id, state=ReservationState.HELD)
 

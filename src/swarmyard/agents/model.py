@@ -83,21 +83,19 @@ class BrokerChatModel:
         return body
 
     async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        """Ask once; a budget refusal (402/429/403) ends the agent, other failures are ``ProviderError``."""
+        """Ask once. A budget refusal is a ``BudgetError`` (it ends the agent), a conversation too long for the
+        model a ``ContextLengthError``; every other failure is a ``ProviderError`` whose ``retryable`` says
+        whether asking again is safe (never once the request may have reached the model)."""
         try:
             response = await self._client.post("/v1/chat/completions", json=self._body(messages, only))
-        except httpx.HTTPError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # nothing reached the broker: nothing can have been held or spent
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
-        if response.status_code in (402, 403, 429):
-            raise BudgetError(f"the broker refused the call ({response.status_code}): {response.text[:200]}")
-        if response.status_code == 400 and (error := _error(response)).get("code") == "context_length_exceeded":
-            raise ContextLengthError(self._model, error.get("input_tokens"), error.get("context_tokens"))
+        except httpx.HTTPError as exc:
+            # the request may have been admitted and sent upstream: asking again could pay twice
+            raise ProviderError(f"the broker's answer was lost ({type(exc).__name__}): {exc}") from exc
         if response.status_code >= 400:
-            raise ProviderError(
-                f"broker answered {response.status_code}: {response.text[:300]}",
-                retryable=response.status_code >= 500,
-                upstream_status=response.status_code,
-            )
+            raise _refusal(response)
         try:
             data = response.json()
             message = data["choices"][0]["message"]
@@ -121,13 +119,32 @@ class BrokerChatModel:
         return reply
 
 
-def _error(response: httpx.Response) -> dict[str, Any]:
-    """The ``error`` object of a broker's error answer (empty when the body is not one)."""
+def _refusal(response: httpx.Response) -> SwarmyardError:
+    """The broker's error answer as the error the agent acts on.
+
+    The broker's typed error is rebuilt by its code; budget and context refusals are raised as they are, and
+    anything else is a ``ProviderError`` retryable only if both the body and ``x-should-retry`` allow it (an
+    ``upstream_unknown`` says no in both: its cost is unknown and a second call would be a second hold).
+    """
     try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return error if isinstance(error, dict) else {}
+        body = response.json()
+    except ValueError:
+        body = None
+    status = response.status_code
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        # not the broker's answer (a relay or proxy in between): whether the call was made is unknown
+        return ProviderError(f"broker answered {status}: {response.text[:300]}", upstream_status=status)
+    error = SwarmyardError.from_dict(body, status=status)
+    if isinstance(error, BudgetError | ContextLengthError):
+        return error
+    retryable = error.retryable and response.headers.get("x-should-retry", "").lower() != "false"
+    if isinstance(error, ProviderError):
+        error.retryable = retryable
+        return error
+    failure = ProviderError(f"broker answered {status} ({error.code}): {error.message[:300]}",
+                            retryable=retryable, upstream_status=status)
+    failure.__cause__ = error
+    return failure
 
 
 def is_budget_stop(exc: SwarmyardError) -> bool:

@@ -12,16 +12,7 @@ from typing import Any
 
 import httpx
 
-from swarmyard.errors import (
-    BudgetError,
-    ConflictError,
-    ForbiddenError,
-    InvalidInputError,
-    InvalidTokenError,
-    LeaseExpiredError,
-    RateLimitedError,
-    SwarmyardError,
-)
+from swarmyard.errors import InvalidInputError, SwarmyardError
 
 #: Longest tool output handed back to the model (small models have small contexts).
 MAX_RESULT_CHARS = 2000
@@ -36,25 +27,6 @@ class ClaimedTask:
     title: str
     prompt: str
     group: str
-
-
-def _error_for(status: int, body: dict[str, Any], task_id: str | None, token: int | None) -> SwarmyardError:
-    raw = body.get("error")
-    error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    message = str(error.get("message") or body)[:300]
-    if status == 409 and task_id is not None:
-        return LeaseExpiredError(task_id, token or 0, error.get("current"))
-    if status == 409:
-        return ConflictError(message)
-    if status == 401:
-        return InvalidTokenError(message)
-    if status == 403:
-        return ForbiddenError(message)
-    if status == 402:
-        return BudgetError(message)
-    if status == 429:
-        return RateLimitedError(message, retry_after_s=float(error.get("retry_after_s") or 1.0))
-    return InvalidInputError(message, field=error.get("field"))
 
 
 def _parse_claim(data: Any) -> ClaimedTask | None:
@@ -91,14 +63,10 @@ class PlaneTools:
         try:
             data = response.json() if response.content else None
         except ValueError:
-            data = {"error": {"message": response.text[:300]}}
+            data = {"error": {"code": "bad_response", "message": response.text[:300]}}
         if response.status_code >= 400:
-            raise _error_for(
-                response.status_code,
-                data if isinstance(data, dict) else {},
-                self.task.task_id if self.task else None,
-                self.task.fencing_token if self.task else None,
-            )
+            # the plane's typed error, rebuilt by its code: a stale token stays stale, a busy store retryable
+            raise SwarmyardError.from_dict(data if isinstance(data, dict) else {}, status=response.status_code)
         return data
 
     async def claim(self, task_id: str | None = None) -> ClaimedTask | None:

@@ -49,12 +49,12 @@ def operator_request(server: str, token_file: Path, method: str, path: str, *,
             response = http.request(method, path, params=params, json=body)
         except Exception as exc:  # an unreachable server is a usage problem, not a crash
             raise UserError(f"cannot reach the control plane at {server}: {exc}") from exc
-    answer: dict[str, Any] = decode(response)
+    answer = decode(response)
     if response.status_code >= 400:
-        err = answer.get("error", {})
-        failure = SwarmyardError(str(err.get("message", response.text)))
-        failure.code = str(err.get("code", "error"))  # type: ignore[misc]
-        raise failure
+        # the server's own typed error, rebuilt by its code (a stale token stays a StaleFencingTokenError)
+        raise SwarmyardError.from_dict(answer if isinstance(answer, dict) else {}, status=response.status_code)
+    if not isinstance(answer, dict):
+        raise SwarmyardError.from_dict({}, status=response.status_code)
     return answer
 
 

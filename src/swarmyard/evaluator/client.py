@@ -17,16 +17,7 @@ from typing import Self
 
 import httpx
 
-from swarmyard.errors import (
-    EvaluatorError,
-    EvaluatorUnavailableError,
-    HoldoutUsedError,
-    InvalidInputError,
-    PayloadTooLargeError,
-    ScoringError,
-    ScoringLimitError,
-    SwarmyardError,
-)
+from swarmyard.errors import EvaluatorError, EvaluatorUnavailableError, SwarmyardError
 from swarmyard.evaluator.score import SignedScore
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -34,26 +25,18 @@ _BASE = "http://evaluator"
 
 
 def _error_from(response: httpx.Response) -> SwarmyardError:
-    """Rebuild the typed error the evaluator answered with."""
+    """Rebuild the typed error the evaluator answered with (``SwarmyardError.from_dict``, by its code)."""
     try:
-        body = response.json()["error"]
-        code, message = str(body["code"]), str(body["message"])
-    except (ValueError, KeyError, TypeError):
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
         return EvaluatorError(f"the evaluator answered HTTP {response.status_code} without an error body")
-    match code:
-        case "holdout_used":
-            return HoldoutUsedError(str(body.get("goal_id")))
-        case "scoring_limit":
-            return ScoringLimitError(str(body.get("reason")), int(body.get("value", 0)))
-        case "scoring_error":
-            return ScoringError(message, reason=str(body.get("reason")))
-        case "payload_too_large":
-            return PayloadTooLargeError(str(body.get("what")), int(body.get("size", 0)),
-                                        int(body.get("limit", 0)))
-        case "invalid_input":
-            return InvalidInputError(message, field=body.get("field"))
-        case _:
-            return EvaluatorError(f"{code}: {message}")
+    error = SwarmyardError.from_dict(body, status=response.status_code)
+    if type(error) is SwarmyardError:
+        # a code this client does not know is still the evaluator's failure
+        return EvaluatorError(f"{error.code}: {error.message}", retryable=error.retryable)
+    return error
 
 
 def _signed(response: httpx.Response) -> SignedScore:
