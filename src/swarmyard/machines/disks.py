@@ -116,12 +116,15 @@ class Disk:
         """Where the machine's own writes land (the disk itself without overlayfs)."""
         return self.root / "upper" if self.overlay else self.merged
 
-    def make_folders(self) -> None:
-        """Create the disk's folders (the merged view, and overlayfs's upper and work folders)."""
+    def make_folders(self, owner: tuple[int, int] | None = None) -> None:
+        """Create the disk's folders (the merged view, and overlayfs's upper and work folders); the machine's
+        writable root (upper, else the disk itself) belongs to ``owner`` when given."""
         self.merged.mkdir(parents=True, exist_ok=True)
         if self.overlay:
             (self.root / "upper").mkdir(exist_ok=True)
             (self.root / "work").mkdir(exist_ok=True)
+        if owner is not None:
+            os.chown(self.upper, *owner)
         self.made = True
 
     def overlay_options(self) -> str:

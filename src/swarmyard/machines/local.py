@@ -4,8 +4,8 @@ Inside, a machine sees a read-only view of only what an agent needs (/usr, a cop
 prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the Python that runs swarmyard), its own disk
 at ``/machine`` (an overlay mounted in the machine's own mount namespace, see
 :mod:`~swarmyard.machines.launchers`), private /proc, /dev and /tmp, a tmpfs over /sys, and loopback only.
-Its uid is 1000 in a new user namespace with no capabilities; its init applies Landlock so writes land only on
-its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
+Its uid is 1000 with no capabilities, which on the host is an id no account has when swarmyard runs as root (see
+:mod:`~swarmyard.machines.identity`); its init applies Landlock so writes land only on its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Literal
 
 from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import doctor, launchers, native, sysroot
+from swarmyard.machines import doctor, identity, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
 from swarmyard.machines.environment import ENV_BIN
+from swarmyard.machines.identity import HOST_UID, SANDBOX_UID
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import (
     _SPAWNER,
@@ -43,12 +44,22 @@ NATIVE_INIT = f"{RUN_DIR}/init"
 #: Which init boots each machine: ``native`` (the C one, compiled at first use), ``python``, or ``auto`` (the C one
 #: when this host can compile it, else the Python one).
 InitKind = Literal["auto", "native", "python"]
+#: The swarmyard package folder (``src/swarmyard`` in an editable install), the only part of a checkout bound.
+PACKAGE_DIR = str(Path(SOURCE_ROOT) / "swarmyard")
+
+
 def python_paths() -> list[str]:
-    """Host folders the in-sandbox Python needs, bound read-only at the same paths (so absolute RUNPATHs work)."""
-    wanted = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), SOURCE_ROOT}
+    """Host folders the in-sandbox Python needs, bound read-only at the same paths (so absolute RUNPATHs work).
+
+    The interpreter's prefixes (its standard library and site-packages; a virtualenv's own), any other
+    site-packages folder on ``sys.path``, and the swarmyard package folder itself (an editable install puts its
+    source root on ``sys.path``: only the package is bound, not the checkout around it). Never the working folder
+    (``sys.path[0]`` under ``python -m``), ``$PYTHONPATH`` entries or ``$HOME``: a worker would read them all.
+    """
+    wanted = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), PACKAGE_DIR}
     for entry in sys.path:
         real = os.path.realpath(entry) if entry else ""
-        if real and os.path.isdir(real) and not any(real.startswith(w + "/") or real == w for w in wanted):
+        if os.path.basename(real) in ("site-packages", "dist-packages") and os.path.isdir(real):
             wanted.add(real)
     # Nothing under /usr is needed twice, and a parent folder makes its children redundant.
     chosen = sorted(w for w in wanted if not w.startswith("/usr/"))
@@ -79,6 +90,7 @@ class LocalBackend(SupervisedBackend):
         self._hierarchy = discover()
         self._python = os.path.realpath(sys.executable)
         self._binds = python_paths()
+        self._userns = identity.private_userns()
         self.native_init: Path | None = None
         if init == "native":
             self.native_init = native.build()
@@ -170,21 +182,19 @@ class LocalBackend(SupervisedBackend):
             have += [f"cgroup-{c}" for c in sorted(machine.cgroups.enforced)]
         if self.overlay:
             have.append("overlayfs")
+        if self._userns is not None:
+            have.append("unmapped-uid")
         return tuple(have)
 
     def _static_argv(self) -> list[str]:
         """The part of the bwrap command that is the same for every machine of this backend, built once."""
         argv = [
             self.report.bwrap or "bwrap",
-            "--unshare-all",
             "--die-with-parent",
             "--new-session",
             "--cap-drop",
             "ALL",
-            "--uid",
-            "1000",
-            "--gid",
-            "1000",
+            *self._identity_args(),
             "--hostname",
             "machine",
             "--ro-bind",
@@ -207,16 +217,40 @@ class LocalBackend(SupervisedBackend):
             "/dev",
             "--tmpfs",
             "/sys",
+            "--perms",
+            "1777",
             "--tmpfs",
             "/tmp",
             "--ro-bind",
             str(self.sysroot / "run"),
             "/run",
         ]
-        # After the tmpfs mounts: a Python or a checkout that lives under /tmp must not be hidden by them.
+        # After the tmpfs mounts: a Python or a checkout that lives under /tmp must not be hidden by them. The
+        # folders above each bind are made first, searchable: bwrap as the namespace's root would make them 0700.
+        made = {"/", "/tmp", "/usr"}
         for bind in self._binds:
+            for parent in reversed(Path(bind).parents):
+                if str(parent) not in made:
+                    made.add(str(parent))
+                    argv += ["--perms", "0755", "--dir", str(parent)]
             argv += ["--ro-bind", bind, bind]
         return argv
+
+    def _identity_args(self) -> list[str]:
+        if self._userns is None:
+            # bwrap's own user namespace: the sandbox's 1000 is the invoking uid on the host.
+            return ["--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+        # The shared namespace of :mod:`~swarmyard.machines.identity`: bwrap sets up as its root, and the init
+        # drops to 1000 (the host's unmapped HOST_UID) before anything else; bwrap itself can only switch the uid
+        # before the gid, which fails once the uid is no longer root.
+        # Every namespace but the user one is new, as with --unshare-all (which would make a user namespace too).
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                "--userns", str(self._userns), "--uid", "0", "--gid", "0",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+
+    def sandbox_owner(self) -> tuple[int, int] | None:
+        """The host uid and gid a machine's own folders (its disk, its control folder) must belong to."""
+        return None if self._userns is None else (HOST_UID, HOST_UID)
 
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         spec = machine.spec
@@ -234,14 +268,20 @@ class LocalBackend(SupervisedBackend):
         landlock = spec.isolation.landlock and self.report.landlock_abi >= 1
         landlock_required = spec.isolation.landlock and not spec.isolation.allow_weaker
         if spec.control_socket is not None:
+            identity.admit(spec.control_socket)
             argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
         pass_fds: tuple[int, ...] = ()
+        close_after: tuple[int, ...] = ()
         if spec.isolation.seccomp and self.report.seccomp:
             fd = doctor.seccomp_fd()
             argv += ["--seccomp", str(fd)]
-            pass_fds = (fd,)
+            pass_fds = close_after = (fd,)
+        if self._userns is not None:
+            pass_fds += (self._userns,)  # shared by every machine: kept open
+        drop = [] if self._userns is None else ["--user", str(SANDBOX_UID)]
         if self.native_init is not None:
-            argv += [NATIVE_INIT, "--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w), "--cwd", HOME]
+            argv += [NATIVE_INIT, *drop, "--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w),
+                     "--cwd", HOME]
             if spec.control_socket is not None:
                 argv += ["--relay-target", PLANE_SOCKET, "--relay-port", str(RELAY_PORT)]
             if landlock:
@@ -255,6 +295,8 @@ class LocalBackend(SupervisedBackend):
                 "cwd": HOME,
                 "landlock_required": landlock_required,
             }
+            if self._userns is not None:
+                config["user"] = SANDBOX_UID
             if spec.control_socket is not None:
                 config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
             if landlock:
@@ -270,7 +312,7 @@ class LocalBackend(SupervisedBackend):
             pass_fds=pass_fds,
             cgroup_procs=machine.cgroups.procs_files if machine.cgroups is not None else [],
             rlimits=rlimits,
-            close_after=pass_fds,
+            close_after=close_after,
         )
 
     def machine_env(self, machine_id: str) -> dict[str, str]:

@@ -25,6 +25,9 @@
 #include <string.h>
 #include <mntent.h>
 #include <sched.h>
+#include <grp.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -835,6 +838,46 @@ static void prune_mounts(void) {
     }
 }
 
+/* Attach IMAGE (an ext4 file system image the size of the machine's disk quota) to a free loop device and mount
+ * it at DIR: the overlay's upper and work folders live there, so a full disk is ENOSPC inside the machine and the
+ * host loses at most the image's size. The device detaches itself when the file system is unmounted (with the
+ * launcher's mount namespace, when the sandbox's last process exits). */
+static int mount_space(const char *image, const char *dir) {
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    int file = open(image, O_RDWR | O_CLOEXEC);
+    int done = -1;
+    if (ctl < 0 || file < 0) {
+        fprintf(stderr, "launch: cannot open the disk image %s: %s\n", image, strerror(errno));
+        goto out;
+    }
+    for (int tries = 0; tries < 64 && done != 0; tries++) {
+        int number = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (number < 0) break;
+        char device[32];
+        snprintf(device, sizeof device, "/dev/loop%d", number);
+        int loop = open(device, O_RDWR | O_CLOEXEC);
+        if (loop < 0) break;
+        struct loop_config config;
+        memset(&config, 0, sizeof config);
+        config.fd = (uint32_t)file;
+        config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        if (ioctl(loop, LOOP_CONFIGURE, &config) != 0) {
+            int busy = errno == EBUSY; /* another launcher took the same free device first */
+            close(loop);
+            if (busy) continue;
+            break;
+        }
+        done = mount(device, dir, "ext4", MS_NOSUID | MS_NODEV, "");
+        close(loop);
+        if (done != 0) break;
+    }
+    if (done != 0) fprintf(stderr, "launch: cannot mount the disk image %s: %s\n", image, strerror(errno));
+out:
+    if (ctl >= 0) close(ctl);
+    if (file >= 0) close(file);
+    return done;
+}
+
 /* Mount the machine's overlay disk at TARGET (over any disk mounted there before, at park time). */
 static int mount_disk(const char *target, const char *options) {
     if (umount2(target, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
@@ -860,6 +903,9 @@ static int launch(int argc, char **argv) {
             if (set_rlimit_as(argv[++i]) != 0) return 126;
         } else if (strcmp(argv[i], "--private-mounts") == 0) {
             if (private_mounts() != 0) return 126;
+        } else if (i + 2 < argc && strcmp(argv[i], "--space") == 0) {
+            if (mount_space(argv[i + 1], argv[i + 2]) != 0) return 126;
+            i += 2;
         } else if (i + 2 < argc && strcmp(argv[i], "--disk") == 0) {
             if (mount_disk(argv[i + 1], argv[i + 2]) != 0) return 126;
             i += 2;
@@ -877,7 +923,7 @@ static int launch(int argc, char **argv) {
 #define PARK_MAX_FDS 8
 #define PARK_MAX_ITEMS 1024
 
-/* `init --park FD --parent PID [--join FILE]... [--private-mounts [--disk TARGET OPTIONS]]`: a launcher started
+/* `init --park FD --parent PID [--join FILE]... [--private-mounts [--space IMAGE DIR] [--disk TARGET OPTIONS]]`: a launcher started
  * ahead of demand (see launchers.py). It joins its cgroups first (a cgroup move waits for an RCU grace period,
  * ~12 ms, unless another move happened moments before), takes a mount namespace of its own and mounts the disk
  * it was told to, then waits on the SOCK_SEQPACKET socket FD for one order: NUL-terminated items `fd=N` (one
@@ -897,6 +943,9 @@ static int park(int argc, char **argv) {
         } else if (strcmp(argv[i], "--private-mounts") == 0) {
             if (private_mounts() != 0) return 126;
             prune_mounts();
+        } else if (i + 2 < argc && strcmp(argv[i], "--space") == 0) {
+            if (mount_space(argv[i + 1], argv[i + 2]) != 0) return 126;
+            i += 2;
         } else if (i + 2 < argc && strcmp(argv[i], "--disk") == 0) {
             if (mount_disk(argv[i + 1], argv[i + 2]) != 0) return 126;
             i += 2;
@@ -968,9 +1017,19 @@ static int park(int argc, char **argv) {
     return 127;
 }
 
+/* Leave the root of the machine's user namespace (which bwrap needed to set the sandbox up) for UID, gid the same,
+ * no supplementary groups; after this the process has no capability left. */
+static int drop_to(uid_t uid) {
+    if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) {
+        perror("init: cannot drop to the machine's uid");
+        return -1;
+    }
+    return 0;
+}
+
 static void usage(void) {
     fprintf(stderr,
-            "usage: init --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
+            "usage: init [--user UID] --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
             "            [--writable DIR]... [--device DIR]... [--landlock] [--landlock-required]\n");
     exit(2);
 }
@@ -980,6 +1039,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--park") == 0) return park(argc, argv);
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
+    long drop_uid = -1;
     char *writable[16], *devices[16];
     int nwritable = 0, ndevices = 0;
     for (int i = 1; i < argc; i++) {
@@ -993,9 +1053,11 @@ int main(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(a, "--device") == 0 && ndevices < 16) devices[ndevices++] = argv[++i];
         else if (strcmp(a, "--landlock") == 0) want_landlock = 1;
         else if (strcmp(a, "--landlock-required") == 0) landlock_required = 1;
+        else if (i + 1 < argc && strcmp(a, "--user") == 0) drop_uid = (long)atoi(argv[++i]);
         else usage();
     }
     if (!ctl || ready_fd < 0) usage();
+    if (drop_uid >= 0 && drop_to((uid_t)drop_uid) != 0) return 1;
     signal(SIGPIPE, SIG_IGN);
     /* Bind by a relative name: a run folder deep under a temp dir can exceed the 108-byte socket path limit. */
     char *dir = strdup(ctl);

@@ -252,6 +252,12 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Bind, restrict, report ready on ``ready_fd``, then serve forever."""
     config: dict[str, Any] = json.loads((argv or sys.argv)[1])
+    if config.get("user") is not None:
+        # Leave the root of the machine's user namespace (bwrap set the sandbox up as it) before anything else.
+        uid = int(config["user"])
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     signal.signal(signal.SIGTERM, _terminate)
     # Bind by a relative name: a run folder deep under a temp dir can exceed the 108-byte socket path limit.
     os.chdir(os.path.dirname(config["ctl"]))

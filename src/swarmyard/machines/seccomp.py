@@ -1,8 +1,8 @@
 """A seccomp filter built by hand as classic BPF, in the byte layout bwrap's ``--seccomp FD`` reads.
 
 The filter checks the architecture first (a 32-bit or x32 syscall could otherwise reach a denied call under another
-number), then denies a fixed list of syscalls with ``EPERM``, namespace flags on ``clone``, and the terminal
-injection ioctls ``TIOCSTI`` and ``TIOCLINUX``. The kernel truncates an ioctl request to 32 bits, so only the low
+number), then denies a fixed list of syscalls with ``EPERM`` (io_uring among them), namespace flags on ``clone``,
+and the terminal injection ioctls ``TIOCSTI`` and ``TIOCLINUX``. The kernel truncates an ioctl request to 32 bits, so only the low
 word of the argument is compared: ``TIOCSTI | 1 << 32`` (the "high-bit variant") is denied the same way.
 ``clone3`` answers ``ENOSYS``: its flags sit in memory BPF cannot read, and libc falls back to ``clone``.
 """
@@ -63,6 +63,11 @@ DENIED_SYSCALLS: dict[str, int] = {
     "fsmount": 432,
     "fspick": 433,
     "mount_setattr": 442,
+    # io_uring runs file and socket operations from kernel workers, around the per-syscall checks above (the
+    # common container default denies it too).
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
 }
 _IOCTL = 16
 _CLONE = 56

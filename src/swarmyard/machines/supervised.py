@@ -232,8 +232,15 @@ class SupervisedBackend:
         root.mkdir(mode=0o700)
         (root / "owner").write_text(_owner())
         (root / "ctl").mkdir()
-        Disk(root, lowers=(), overlay=self.overlay).make_folders()
+        owner = self.sandbox_owner()
+        Disk(root, lowers=(), overlay=self.overlay).make_folders(owner)
+        if owner is not None:
+            os.chown(root / "ctl", *owner)  # the init binds its control socket there
         return root
+
+    def sandbox_owner(self) -> tuple[int, int] | None:
+        """The host uid and gid a machine's own folders must belong to (``None``: this process's own)."""
+        return None
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
         return ()
