@@ -6,8 +6,11 @@ import typer
 
 from swarmyard.bench import AREAS, BenchResult, run_area
 from swarmyard.cli import render
+from swarmyard.errors import UserError
 
 app = typer.Typer(help="Measure performance against same-process baselines.", no_args_is_help=True)
+#: the areas whose run takes a worker count (the others would silently ignore one)
+TAKES_WORKERS = frozenset({"swarm"})
 
 
 def show(result: BenchResult, as_json: bool) -> None:
@@ -31,8 +34,10 @@ def _make(area: str) -> None:
     def command(
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         quick: bool = typer.Option(False, "--quick", help="A smaller, faster run."),
-        workers: int = typer.Option(0, "--workers", help="Worker count (areas that take one)."),
+        workers: int = typer.Option(0, "--workers", min=0, help="Worker count (areas that take one: swarm)."),
     ) -> None:
+        if workers and area not in TAKES_WORKERS:
+            raise UserError(f"bench {area} takes no --workers (only {', '.join(sorted(TAKES_WORKERS))} does)")
         options: dict[str, object] = {"workers": workers} if workers else {}
         show(run_area(area, quick=quick, **options), as_json)
 

@@ -33,8 +33,11 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Machine folders under the run folder (machines live as long as the process that made them)."""
+    from swarmyard.errors import UserError
     from swarmyard.machines.supervised import default_root
 
+    if root is not None and not root.is_dir():
+        raise UserError(f"--root {root}: no such folder")  # a typo would otherwise list nothing, as if all were fine
     base = (root or default_root()) / "m"
     rows = (
         [
