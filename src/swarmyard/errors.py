@@ -4,6 +4,7 @@
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
     │   └── ConfigError                 a swarm file or setting is invalid; names the field
     ├── InvalidInputError (400)         a request or call argument is malformed
+    │   └── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
     │   └── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
@@ -159,6 +160,17 @@ class InvalidInputError(SwarmyardError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message, field=field)
         self.field = field
+
+
+class NestingTooDeepError(InvalidInputError):
+    """A JSON body nested deeper than the fixed limit, refused before any parser reads it."""
+
+    code = "nesting_too_deep"
+
+    def __init__(self, limit: int, *, field: str = "body") -> None:
+        super().__init__(f"{field} is JSON nested deeper than {limit} levels", field=field)
+        self.details["limit"] = limit
+        self.limit = limit
 
 
 class ContextLengthError(InvalidInputError):

@@ -46,6 +46,7 @@ from swarmyard.broker.chat import (
 )
 from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiFormat
 from swarmyard.broker.jsonbody import parse_object
+from swarmyard.broker.keys import scrubbed
 from swarmyard.broker.providers.protocol import CallState, Provider
 from swarmyard.broker.settings import BrokerSettings, ModelRoute, Tokenizer
 from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
@@ -118,6 +119,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect as exc:
         raise InvalidInputError("the client went away while sending the body", field="body") from exc
     return b"".join(chunks)
+
+
+def _outgoing(exc: SwarmyardError) -> dict[str, Any]:
+    """An error's body as a worker may see it: an upstream's error text can echo a provider key (plain,
+    JSON-escaped, URL-encoded, base64, hex), so every key the broker holds is scrubbed out of it."""
+    return cast(dict[str, Any], scrubbed(exc.to_dict()))
 
 
 class _JsonResponse(Response):
@@ -222,7 +229,7 @@ class Broker:
 
     @staticmethod
     def _error(exc: SwarmyardError, fmt: ApiFormat | None = None) -> JSONResponse:
-        body = exc.to_dict()
+        body = _outgoing(exc)
         headers = {"x-should-retry": "true" if exc.retryable else "false"}
         return JSONResponse(fmt.error_body(body) if fmt else body, status_code=exc.status, headers=headers)
 
@@ -433,13 +440,20 @@ class Broker:
 
     # -- endpoints ------------------------------------------------------------------------------------------
 
+    def _signed(self, request: Request) -> str:
+        """The request's worker token once its signature and expiry check out: nobody without one gets a
+        byte of their body read. (Revocation is checked with the reservation, in the store.)"""
+        token = _token(request)
+        self.tokens.verify_signed(token)
+        return token
+
     async def generate(self, request: Request, fmt: ApiFormat) -> Response:
         """One generation endpoint (chat completions, responses or messages)."""
         try:
+            token = self._signed(request)
             raw = await _read_body(request, self.settings.max_body_bytes)
             chat = fmt.parse(parse_object(raw))
             route = self._route(chat.model)
-            token = _token(request)
             admitted = await self._admission(token, chat, route, len(raw))
         except SwarmyardError as exc:
             return self._error(exc, fmt)
@@ -520,7 +534,7 @@ class Broker:
             # bytes were streamed: whatever failed, the cost is unknown
             state.sent = True
             error = await self._failed(admitted, state, exc)
-            yield writer.error(fmt.error_body(error.to_dict()))
+            yield writer.error(fmt.error_body(_outgoing(error)))
         finally:
             if not done:
                 # the worker went away mid-stream; the upstream call may go on costing
@@ -531,10 +545,10 @@ class Broker:
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the input bound the broker would reserve for."""
         try:
+            token = self._signed(request)
             raw = await _read_body(request, self.settings.max_body_bytes)
             chat = messages_format.parse_request(parse_object(raw), counting=True)
             route = self._route(chat.model)
-            token = _token(request)
 
             def count() -> int:
                 self.tokens.verify(token)

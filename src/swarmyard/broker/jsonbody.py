@@ -7,13 +7,15 @@ from typing import Any
 import orjson
 
 from swarmyard.errors import InvalidInputError
+from swarmyard.plane.limits import check_nesting
 
 #: ``max_tokens`` above this is refused as absurd before any provider or price is consulted.
 ABSURD_MAX_TOKENS = 1_000_000
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object."""
+    """The body as a JSON object; too deep a body is refused before the parser reads it."""
+    check_nesting(raw)
     try:
         body = orjson.loads(raw)  # stricter than json (no NaN, 64-bit integers): all refusals are 400s anyway
     except (ValueError, UnicodeDecodeError) as exc:

@@ -1,16 +1,22 @@
 """Provider keys: read from the broker's environment or from a key file created 0600 with ``O_EXCL``.
 
 Keys never come from a worker. A ``Secret`` never shows its value in ``repr`` or ``str``, so a key cannot slip
-into a log line or an error message by formatting.
+into a log line or an error message by formatting; ``scrub`` takes every key this process holds out of text
+that came from elsewhere (an upstream's error body), in whichever encoding the upstream echoed it.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import json
 import os
+import re
 import stat
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from swarmyard.errors import ConfigError
 from swarmyard.keys import write_secret_file
@@ -23,13 +29,21 @@ ENV_NAMES: dict[str, str] = {
 }
 
 
-class Secret:
-    """A provider key; ``reveal()`` is the only way to read it."""
+#: What a key is replaced with in scrubbed text.
+REDACTED = "***"
+#: Encoded forms shorter than this are not searched for (a key that short would match ordinary text).
+_MIN_FORM_CHARS = 8
+_HELD: weakref.WeakSet[Secret] = weakref.WeakSet()
 
-    __slots__ = ("_value",)
+
+class Secret:
+    """A provider key; ``reveal()`` is the only way to read it. Every live one is scrubbed by ``scrub``."""
+
+    __slots__ = ("__weakref__", "_value")
 
     def __init__(self, value: str) -> None:
         self._value = value
+        _HELD.add(self)
 
     def reveal(self) -> str:
         """The key itself, for the one header that carries it upstream."""
@@ -98,3 +112,69 @@ def default_key_file() -> Path:
     """Where ``swarmyard broker serve`` looks for a key file when none is given."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "swarmyard" / "provider-keys.json"
+
+
+def _base64_cores(data: bytes) -> list[str]:
+    """The parts of the base64 of any text holding ``data`` that depend on ``data`` alone: at each of the three
+    alignments, the characters whose six bits all come from ``data`` (the ones at the edges mix with
+    whatever stands beside it)."""
+    cores = []
+    for shift in range(3):
+        encoded = base64.b64encode(bytes(shift) + data).decode("ascii")
+        start = -(-8 * shift // 6)  # the first character none of whose bits come from the padding in front
+        end = 8 * (shift + len(data)) // 6  # past the last character whose bits all come from data
+        cores.append(encoded[start:end])
+    return cores
+
+
+def _char_pattern(char: str) -> str:
+    """A character, or any of the ways JSON and URLs escape it (``\\u00XX``, ``\\/``, ``%XX``, ``+``)."""
+    ways = [re.escape(char)]
+    code = ord(char)
+    if code < 0x10000:
+        ways.append(r"\\+u" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in f"{code:04x}"))
+    short = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}.get(char)
+    if short is not None:
+        ways.append(r"\\+" + re.escape(short))
+    for byte in char.encode("utf-8"):
+        ways.append("%" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in f"{byte:02x}"))
+    if char == " ":
+        ways.append(r"\+")
+    return "(?:" + "|".join(ways) + ")"
+
+
+@functools.lru_cache(maxsize=64)
+def _key_pattern(value: str) -> re.Pattern[str]:
+    """One pattern for every form of a key: itself, hex, and the base64 (standard and URL-safe) of it at
+    each alignment; each character of each form also JSON-escaped or URL-encoded."""
+    data = value.encode("utf-8")
+    forms = {value, data.hex()}
+    for core in _base64_cores(data):
+        forms |= {core, core.replace("+", "-").replace("/", "_")}
+    alternatives = []
+    for form in sorted((f for f in forms if len(f) >= _MIN_FORM_CHARS), key=len, reverse=True):
+        hexed = form == data.hex()
+        alternatives.append("".join(
+            f"[{c}{c.upper()}]" if hexed and c.isalpha() else _char_pattern(c) for c in form))
+    return re.compile("|".join(alternatives) or r"(?!)")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every key this process holds replaced by ``***``, in every encoding ``_key_pattern``
+    knows: for text from outside (an upstream's error body) before anyone else may read it."""
+    for secret in list(_HELD):
+        value = secret.reveal()
+        if value:
+            text = _key_pattern(value).sub(REDACTED, text)
+    return text
+
+
+def scrubbed(value: Any) -> Any:
+    """A JSON value (an error body) with ``scrub`` applied to every string in it, keys of objects too."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrubbed(k): scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrubbed(v) for v in value]
+    return value

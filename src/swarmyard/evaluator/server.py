@@ -18,6 +18,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import socket
 import stat
 import sys
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Modules that load lazily on the first request; imported while still root, since after the switch the
 #: evaluator's user may not be able to read the interpreter's library folders.
+#: What each query parameter may hold (the control plane's id and split patterns).
+_QUERY_PATTERNS = {"goal": re.compile(r"[A-Za-z0-9_.:-]{1,200}"), "split": re.compile(r"[a-z_]{1,40}")}
 _WARM_IMPORTS = ("anyio._backends._asyncio", "uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.off",
                  "uvicorn.loops.asyncio", "h11", "email.utils", "concurrent.futures.thread", "sqlite3",
                  "encodings.idna", "starlette.formparsers")
@@ -66,11 +69,23 @@ def create_app(evaluator: Evaluator) -> Starlette:
                 raise PayloadTooLargeError("artifact", len(body), limit)
         return bytes(body)
 
-    def goal_of(request: Request) -> str:
-        goal = request.query_params.get("goal")
-        if goal is None:
+    def query(request: Request, *allowed: str) -> dict[str, str]:
+        # each parameter once, none unknown, each matching its pattern: the goal is written to the holdout
+        # ledger and signed into the score, so it is an id like every other, never free text
+        params = request.query_params
+        for name in params:
+            if name not in allowed:
+                raise InvalidInputError(f"unknown query parameter {name[:40]!r}", field=name[:40])
+            if len(params.getlist(name)) > 1:
+                raise InvalidInputError(f"the {name} query parameter is given more than once", field=name)
+        values = {"split": "search", **params}
+        if "goal" not in values:
             raise InvalidInputError("the goal query parameter is required", field="goal")
-        return goal
+        for name, value in values.items():
+            if not _QUERY_PATTERNS[name].fullmatch(value):
+                raise InvalidInputError(f"the {name} query parameter must match {_QUERY_PATTERNS[name].pattern}",
+                                        field=name)
+        return values
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, "name": evaluator.bundle.name})
@@ -80,14 +95,15 @@ def create_app(evaluator: Evaluator) -> Starlette:
                              "public_key": base64.b64encode(evaluator.public_key).decode("ascii")})
 
     async def score(request: Request) -> JSONResponse:
-        goal, split = goal_of(request), request.query_params.get("split", "search")
+        values = query(request, "goal", "split")
+        goal, split = values["goal"], values["split"]
         artifact = await read_artifact(request)
         # scoring blocks for up to the bundle's timeout: keep it off the event loop
         signed = await anyio.to_thread.run_sync(evaluator.score, goal, artifact, split)
         return JSONResponse(signed.to_dict())
 
     async def holdout(request: Request) -> JSONResponse:
-        goal = goal_of(request)
+        goal = query(request, "goal")["goal"]
         artifact = await read_artifact(request)
         signed = await anyio.to_thread.run_sync(evaluator.final_holdout, goal, artifact)
         return JSONResponse(signed.to_dict())

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from swarmyard import __version__
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import InvalidInputError, InvalidTokenError, SwarmyardError
-from swarmyard.plane.limits import read_limited, retry_after_header
+from swarmyard.plane.limits import check_nesting, read_limited, retry_after_header
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
 from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
@@ -98,12 +98,23 @@ class _Plane:
         return await self.store_threads.run(fn)
 
     async def body(self, request: Request, model: type[BaseModel]) -> Any:
+        """The request's body validated as ``model``: call it only once the caller is authenticated."""
         raw = await read_limited(request.stream(), request.headers.get("content-length"),
-                                 self.settings.max_body_bytes)
-        try:
-            return model.model_validate_json(raw or b"{}")
-        except ValidationError as exc:
-            raise _validation_error(exc) from exc
+                                 self.settings.max_request_bytes)
+        return validated(model, raw)
+
+
+def validated(model: type[BaseModel], raw: bytes) -> Any:
+    """``raw`` as ``model``: too deep a body is refused before the parser reads it, and every refusal is a
+    typed 400 naming the field."""
+    check_nesting(raw)
+    if b"\\u0000" in raw and b"\\u0000" in raw.replace(b"\\\\", b""):  # an escaped backslash is not an escape
+        # a NUL in a string is refused here: PostgreSQL cannot store one in text, SQLite would
+        raise InvalidInputError("strings may not contain NUL (\\u0000)", field="body")
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        raise _validation_error(exc) from exc
 
 
 async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
@@ -132,6 +143,9 @@ class _ToolEndpoint:
         self._spec = spec
         self._method = getattr(plane.tools, spec.name)
         self._serializer = spec.response.__pydantic_serializer__
+        # only an artifact is big; every other tool's body is small JSON
+        self._max_bytes = (plane.settings.max_body_bytes if spec.name == "submit_artifact"
+                           else plane.settings.max_request_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         plane, spec = self._plane, self._spec
@@ -145,11 +159,11 @@ class _ToolEndpoint:
         body: bytes | None = None
         try:
             token = _bearer(auth)
-            raw = await read_limited(_body_chunks(receive), declared, plane.settings.max_body_bytes)
-            try:
-                req: Any = spec.request.model_validate_json(raw or b"{}")
-            except ValidationError as exc:
-                raise _validation_error(exc) from exc
+            # Whoever has no valid worker token gets no byte of their body read (revocation is checked
+            # with the tool's store call; the signature and the expiry need no store).
+            plane.tokens.verify_signed(token)
+            raw = await read_limited(_body_chunks(receive), declared, self._max_bytes)
+            req: Any = validated(spec.request, raw)
             if spec.name == "submit_artifact":
                 result: BaseModel = await plane.tools.submit_artifact(token, req, plane.offload)
             else:

@@ -1,7 +1,7 @@
 """Request and response bodies of the worker tools and the operator API, as pydantic models.
 
-These models are the contract: requests are validated with them (a failure is a 400 naming the field) and
-the OpenAPI schema at ``/openapi.json`` is written from them, so the published schema cannot drift.
+These models are the contract: requests are validated with them, strictly (a failure is a 400 naming the
+field), and the OpenAPI schema at ``/openapi.json`` is written from them, so the published schema cannot drift.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ WorkerPostKind = Annotated[PostKind, Field(description="note, direction, progres
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a count, a fencing token or an amount of money is a JSON integer, never "1", true or 1.0
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ClaimTaskRequest(_Body):

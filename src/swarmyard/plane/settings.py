@@ -18,11 +18,13 @@ class PlaneSettings:
     SQLite (one writer at a time: more threads only queue on its write lock, and measured with
     ``swarmyard bench plane`` eight gave about 0.7x the calls/s of two), 8 for PostgreSQL (each statement
     is a round trip that other threads can overlap).
+    ``max_body_bytes`` bounds a ``submit_artifact`` body, ``max_request_bytes`` every other request body.
     """
 
     lease_s: float = 300.0
     renew_min_interval_s: float = 0.0
     max_body_bytes: int = DEFAULT_ARTIFACT_LIMIT_BYTES * 4 // 3 + 4096  # base64 of the largest artifact
+    max_request_bytes: int = 1024 * 1024  # every other body: tool calls but submit_artifact, the operator API
     max_post_bytes: int = DEFAULT_POST_LIMIT_BYTES
     rate_per_s: float = 50.0
     rate_burst: int = 100

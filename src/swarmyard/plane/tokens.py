@@ -27,6 +27,8 @@ from swarmyard.store.protocol import Store
 _PREFIX = "sy1"
 # Tokens whose signature verified, kept so each call does not redo base64, HMAC and JSON: a bounded map
 _OPENED_MAX = 4096
+# A token this authority signs is about 200 characters; anything far longer is not one of ours
+_TOKEN_MAX_CHARS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,17 +93,24 @@ class TokenAuthority:
         return payload
 
     def _verify_mac(self, token: str) -> dict[str, object]:
+        # The MAC is checked before the payload is decoded: a forged payload (say JSON nested 20,000 deep)
+        # never reaches a parser. Only what this authority signed is parsed.
         parts = token.split(".")
-        if len(parts) != 3 or parts[0] != _PREFIX:
+        if len(token) > _TOKEN_MAX_CHARS or len(parts) != 3 or parts[0] != _PREFIX:
             raise InvalidTokenError("malformed token")
         try:
             mac = _unb64(parts[2])
-            payload = json.loads(_unb64(parts[1]))
-        except (ValueError, UnicodeDecodeError) as exc:
+            expected = hmac.new(self._secret, f"{_PREFIX}.{parts[1]}".encode(), hashlib.sha256).digest()
+        except (ValueError, UnicodeEncodeError) as exc:
             raise InvalidTokenError("malformed token") from exc
-        expected = hmac.new(self._secret, f"{_PREFIX}.{parts[1]}".encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(mac, expected) or not isinstance(payload, dict):
+        if not hmac.compare_digest(mac, expected):
             raise InvalidTokenError("token signature does not verify")
+        try:
+            payload = json.loads(_unb64(parts[1]))
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise InvalidTokenError("malformed token") from exc
+        if not isinstance(payload, dict):
+            raise InvalidTokenError("malformed token")
         return payload
 
     def issue(self, goal_id: str, group: str, *, ttl_s: float,

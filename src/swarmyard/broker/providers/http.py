@@ -12,6 +12,7 @@ import httpx
 import orjson
 
 from swarmyard.broker.keys import Secret
+from swarmyard.broker.keys import scrub as scrub_held
 from swarmyard.errors import ContextLengthError, ProviderError, UpstreamLostError
 
 if TYPE_CHECKING:
@@ -39,10 +40,11 @@ class Timeouts:
 
 
 def scrub(text: str, key: Secret | None) -> str:
-    """``text`` with the provider key (if it appears) replaced, and cut to a readable length."""
+    """``text`` with the provider key (if it appears) replaced, and every key the broker holds in any
+    encoding (``swarmyard.broker.keys.scrub``), before it is cut to a readable length."""
     if key is not None and key.reveal():
         text = text.replace(key.reveal(), "***")
-    return text[:300]
+    return scrub_held(text)[:300]
 
 
 #: How OpenAI (and compatibles), llama.cpp and Anthropic say a prompt does not fit the context window.
