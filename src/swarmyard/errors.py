@@ -4,8 +4,8 @@
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
     │   └── ConfigError                 a swarm file or setting is invalid; names the field
     ├── InvalidInputError (400)         a request or call argument is malformed
+    │   ├── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     │   └── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
-    │   └── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
     ├── AuthError
@@ -30,7 +30,7 @@
     │   └── ExecTimeoutError            an exec ran past its timeout and its process tree was killed
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
     │   ├── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
-    │   └── UpstreamLostError (502)     a provider's connection dropped or timed out after the request left
+    │   └── UpstreamLostError (502)     the answer was lost after the request left: dropped, timed out, cut, garbled
     ├── EvaluatorError                  the evaluator refused or failed
     │   ├── HoldoutUsedError (409)      ``final_holdout`` was already answered for this goal
     │   ├── BundleError                 an evaluator bundle or its evaluator.toml is malformed; names the field
@@ -439,7 +439,8 @@ class UpstreamUnknownError(ProviderError):
 
 
 class UpstreamLostError(ProviderError):
-    """A provider's connection dropped or timed out after the request left; the broker records it as unknown."""
+    """After the request left, no whole answer came back (the connection dropped or timed out, the body was cut
+    or is not a well-formed answer); the broker records the call as unknown."""
 
     code = "upstream_lost"
 

@@ -19,6 +19,7 @@ _ANSWERS = {
     b"/closing": b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
     b"/short": b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\ncut",
     b"/drop": b"",
+    b"/badlength": b"HTTP/1.1 200 OK\r\ncontent-length: many\r\n\r\n{}",
 }
 
 
@@ -32,7 +33,7 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, see
             answer = _ANSWERS[path]
             writer.write(answer)
             await writer.drain()
-            if path in (b"/closing", b"/short", b"/drop"):
+            if path in (b"/closing", b"/short", b"/drop", b"/badlength"):
                 return
     except (asyncio.IncompleteReadError, ConnectionError):
         return
@@ -103,3 +104,26 @@ def test_nothing_listening_is_a_retryable_provider_error() -> None:
             assert caught.value.retryable and not isinstance(caught.value, UpstreamLostError)
 
         asyncio.run(main())
+
+
+def test_an_unreadable_head_is_lost_and_frees_its_connection() -> None:
+    seen: list[bytes] = []
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: _serve(r, w, seen), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        # one connection only: a head that leaked its slot would make the second call wait for ever
+        client = UpstreamClient(f"http://127.0.0.1:{port}", {}, Timeouts(connect_s=2, read_s=2), name="test",
+                                max_connections=1)
+        try:
+            for _ in range(2):
+                with pytest.raises(UpstreamLostError, match="content-length"):
+                    await client.post("/badlength", b"{}")
+            response = await client.post("/length", b"{}")
+            assert await response.read() == b"hello"
+        finally:
+            await client.aclose()
+            server.close()
+
+    asyncio.run(main())
+    assert len(seen) == 3

@@ -32,7 +32,7 @@ from swarmyard.broker.jsonbody import (
     req_list,
     req_str,
 )
-from swarmyard.errors import InvalidInputError, ProviderError
+from swarmyard.errors import InvalidInputError, UpstreamLostError
 
 _STOP = {
     FinishReason.STOP: "end_turn",
@@ -333,26 +333,43 @@ def _finish(value: Any) -> FinishReason:
     )
 
 
+def _tokens(value: Any) -> int | None:
+    """A token count as an upstream reports it: a non-negative integer, or nothing usable."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _block_text(block: dict[str, Any]) -> str:
+    text = block["text"]
+    if not isinstance(text, str):
+        raise TypeError("a text block's text is not a string")
+    return text
+
+
+def _block_call(block: dict[str, Any]) -> ToolCall:
+    call_id, name = block["id"], block["name"]
+    if not isinstance(call_id, str) or not isinstance(name, str):
+        raise TypeError("a tool_use block's id and name are strings")
+    return ToolCall(call_id, name, json.dumps(block.get("input", {})))
+
+
 def parse_upstream_response(body: Any) -> ChatResponse:
-    """An upstream Messages ``message`` as the internal answer."""
+    """An upstream Messages ``message`` as the internal answer; anything else is ``UpstreamLostError`` (the
+    request was sent and what came back is not an answer: its cost is unknown)."""
     try:
-        texts = [b["text"] for b in body["content"] if b["type"] == "text"]
-        calls = tuple(
-            ToolCall(b["id"], b["name"], json.dumps(b.get("input", {})))
-            for b in body["content"]
-            if b["type"] == "tool_use"
-        )
+        texts = [_block_text(b) for b in body["content"] if b["type"] == "text"]
+        calls = tuple(_block_call(b) for b in body["content"] if b["type"] == "tool_use")
         usage = body.get("usage") or {}
+        counts = (_tokens(usage.get("input_tokens")), _tokens(usage.get("output_tokens")))
         return ChatResponse(
             str(body["id"]),
             str(body.get("model", "")),
             "".join(texts),
             calls,
             _finish(body.get("stop_reason")),
-            Usage(int(usage["input_tokens"]), int(usage["output_tokens"])) if usage else None,
+            Usage(counts[0], counts[1]) if counts[0] is not None and counts[1] is not None else None,
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProviderError("upstream answer is not an Anthropic message", retryable=False) from exc
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise UpstreamLostError(f"upstream answer is not an Anthropic message ({type(exc).__name__})") from exc
 
 
 class EventReader:
@@ -377,7 +394,8 @@ class EventReader:
         kind = data.get("type")
         if kind == "message_start":
             usage = (data.get("message") or {}).get("usage") or {}
-            self.input_tokens = usage.get("input_tokens", self.input_tokens)
+            if "input_tokens" in usage:
+                self.input_tokens = _tokens(usage["input_tokens"])
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
@@ -397,12 +415,15 @@ class EventReader:
         elif kind == "message_delta":
             self.finish = _finish((data.get("delta") or {}).get("stop_reason"))
             usage = data.get("usage") or {}
-            self.output_tokens = usage.get("output_tokens", self.output_tokens)
+            if "output_tokens" in usage:
+                self.output_tokens = _tokens(usage["output_tokens"])
             if usage.get("input_tokens") is not None:
-                self.input_tokens = usage["input_tokens"]
+                self.input_tokens = _tokens(usage["input_tokens"])
         elif kind == "message_stop":
             self.stopped = True
         elif kind == "error":
+            # the request was sent and the stream broke off (overloaded, say): the answer is incomplete and
+            # whatever it had generated may be billed, so its cost is unknown, not nothing
             message = str((data.get("error") or {}).get("message", "upstream stream error"))[:300]
-            raise ProviderError(f"anthropic stream error: {message}", retryable=False)
+            raise UpstreamLostError(f"anthropic stream error: {message}")
         return []

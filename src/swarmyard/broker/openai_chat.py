@@ -33,7 +33,7 @@ from swarmyard.broker.jsonbody import (
     req_list,
     req_str,
 )
-from swarmyard.errors import InvalidInputError
+from swarmyard.errors import InvalidInputError, UpstreamLostError
 
 _ROLES = {
     "system": Role.SYSTEM,
@@ -280,36 +280,51 @@ def _finish(value: Any) -> FinishReason:
     return FinishReason.STOP
 
 
+def _tokens(value: Any) -> int | None:
+    """A token count as an upstream reports it: a non-negative integer, or nothing usable."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _usage(value: Any) -> Usage | None:
     if not isinstance(value, dict):
         return None
-    prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
+    prompt, completion = _tokens(value.get("prompt_tokens")), _tokens(value.get("completion_tokens"))
+    if prompt is not None and completion is not None:
         return Usage(prompt, completion)
-    return None
+    return None  # counted by the broker instead
+
+
+def _upstream_call(raw: Any) -> ToolCall:
+    function = raw["function"]
+    call_id, name, arguments = raw["id"], function["name"], function.get("arguments", "")
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+        raise TypeError("a tool call's id, name and arguments are strings")
+    return ToolCall(call_id, name, arguments)
 
 
 def parse_upstream_response(body: Any) -> ChatResponse:
-    """An upstream ``chat.completion`` as the internal answer."""
+    """An upstream ``chat.completion`` as the internal answer.
+
+    Anything else is ``UpstreamLostError``: the request was sent and what came back is not an answer, so the
+    model may have run and its cost is unknown (a ``content`` of ``123`` is not text).
+    """
     try:
         choice = body["choices"][0]
         message = choice["message"]
-        calls = tuple(
-            ToolCall(str(c["id"]), str(c["function"]["name"]), str(c["function"].get("arguments", "")))
-            for c in message.get("tool_calls") or []
-        )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise TypeError("message.content is not a string")
+        calls = tuple(_upstream_call(c) for c in message.get("tool_calls") or [])
         return ChatResponse(
             str(body.get("id", "")),
             str(body.get("model", "")),
-            message.get("content") or "",
+            content or "",
             calls,
             _finish(choice.get("finish_reason")),
             _usage(body.get("usage")),
         )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        from swarmyard.errors import ProviderError
-
-        raise ProviderError("upstream answer is not a chat completion", retryable=False) from exc
+        raise UpstreamLostError(f"upstream answer is not a chat completion ({exc})") from exc
 
 
 class ChunkReader:

@@ -88,8 +88,12 @@ async def _drain(lines: AsyncIterator[str]) -> None:
         pass
 
 
-async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | None, Any]]:
-    """``(event name, parsed data)`` for each SSE event; stops at ``[DONE]``."""
+async def sse_events(response: UpstreamResponse, *, until_done: bool = False) -> AsyncIterator[tuple[str | None, Any]]:
+    """``(event name, parsed data)`` for each SSE event; stops at ``[DONE]``.
+
+    With ``until_done`` a body that ends before ``[DONE]`` is a lost answer: a stream cut after its last event
+    looks the same as a finished one until its terminator is missing.
+    """
     event: str | None = None
     lines = response.lines()
     async for line in lines:
@@ -104,34 +108,43 @@ async def sse_events(response: UpstreamResponse) -> AsyncIterator[tuple[str | No
                 await _drain(lines)
                 return
             try:
-                yield event, orjson.loads(data)
+                parsed = orjson.loads(data)
             except ValueError as exc:
                 raise UpstreamLostError("upstream sent a malformed stream event") from exc
+            yield event, parsed
+    if until_done:
+        raise UpstreamLostError("the upstream stream ended before [DONE]")
 
 
 async def post_json(client: UpstreamClient, path: str, body: dict[str, Any], state: CallState, *, provider: str,
                     key: Secret | None) -> Any:
-    """POST ``body`` upstream and return the decoded JSON answer; ``state.sent`` is set before the bytes leave."""
+    """POST ``body`` upstream and return the decoded JSON answer; ``state.sent`` is set before the bytes leave.
+
+    Once the request has left, only a whole JSON answer counts as one: a body that does not parse (cut where
+    the connection's close framed it, or garbage) is ``UpstreamLostError``, since the model may have run.
+    """
     payload = orjson.dumps(body)
     state.sent = True
     response = await client.post(path, payload)
     await raise_for_status(response, provider, key)
+    raw = await response.read()
     try:
-        return orjson.loads(await response.read())
+        return orjson.loads(raw)
     except ValueError as exc:
-        raise ProviderError(f"{provider}: upstream answer is not JSON", retryable=False) from exc
+        raise UpstreamLostError(f"{provider}: upstream answer is not whole JSON ({len(raw)} bytes)") from exc
 
 
 async def stream_json_events(client: UpstreamClient, path: str, body: dict[str, Any], state: CallState,
                              feed: Callable[[dict[str, Any]], Iterable[StreamEvent]], *, provider: str,
-                             key: Secret | None) -> AsyncIterator[StreamEvent]:
-    """POST ``body`` upstream and pass each SSE JSON event through ``feed`` as it arrives."""
+                             key: Secret | None, until_done: bool = False) -> AsyncIterator[StreamEvent]:
+    """POST ``body`` upstream and pass each SSE JSON event through ``feed`` as it arrives (``until_done``: the
+    stream must end with ``[DONE]``, as OpenAI-compatible ones do)."""
     payload = orjson.dumps(body)
     state.sent = True
     response = await client.post(path, payload)
     try:
         await raise_for_status(response, provider, key)
-        async for _, data in sse_events(response):
+        async for _, data in sse_events(response, until_done=until_done):
             if isinstance(data, dict):
                 for event in feed(data):
                     yield event

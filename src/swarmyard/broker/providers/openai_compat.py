@@ -56,7 +56,7 @@ class OpenAICompatProvider:
         """One streaming call, events passed on as each chunk arrives."""
         reader = openai_chat.ChunkReader()
         async for event in stream_json_events(self._client, "/chat/completions", self._body(request), state,
-                                              reader.feed, provider=self.name, key=self._key):
+                                              reader.feed, provider=self.name, key=self._key, until_done=True):
             yield event
         if not reader.finished:
             # a clean close without a finish reason still lost the end of the answer

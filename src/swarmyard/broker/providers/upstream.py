@@ -236,6 +236,9 @@ class UpstreamClient:
                     status, headers = _parse_head(raw)
                     if status >= 200:
                         break  # 1xx interim answers carry nothing for us
+            # a head whose framing cannot be read (a bad content-length) is lost here, while the connection
+            # still goes back (closed) to the pool
+            return UpstreamResponse(self, conn, status, headers)
         except TimeoutError as exc:
             self._give_back(conn, reuse=False)
             raise UpstreamLostError(f"{self.name}: upstream timed out after the request was sent") from exc
@@ -248,7 +251,6 @@ class UpstreamClient:
         except BaseException:
             self._give_back(conn, reuse=False)
             raise
-        return UpstreamResponse(self, conn, status, headers)
 
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when their responses end."""
