@@ -33,6 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "tests" / "vectors"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Runs keep their secrets under the user's state folder: in tests, a throwaway one, not the real home's."""
+    before = os.environ.get("SWARMYARD_STATE_DIR")
+    os.environ["SWARMYARD_STATE_DIR"] = str(tmp_path_factory.mktemp("state") / "swarmyard")
+    yield
+    if before is None:
+        os.environ.pop("SWARMYARD_STATE_DIR", None)
+    else:
+        os.environ["SWARMYARD_STATE_DIR"] = before
+
+
 @dataclass(frozen=True)
 class ClaimedWorker:
     """A goal with one task, a worker token for the goal, and the task claimed by that worker."""

@@ -2,7 +2,8 @@
 
 A run's ``audit/`` folder holds::
 
-    log.key             the log's Ed25519 seed (0600, created with O_EXCL)
+    log.key             the log's Ed25519 seed (0600, created with O_EXCL), unless it is kept elsewhere (a run
+                        keeps it in its private state folder, see ``swarmyard.swarm.run_secrets``)
     log.vkey            its verifier key (``ORIGIN+keyid+key``): what ``audit verify`` trusts
     witness.vkey        the witness's cosignature verifier key, pinned on first contact
     leaves              every leaf hash, 32 bytes each, in leaf order (lets ``audit verify`` name the exact
@@ -84,7 +85,9 @@ class AuditLog:
     """Appends the source's events to the tree and writes checkpoints, cosigned by the witness if any."""
 
     def __init__(self, source: EventSource, audit_dir: Path, origin: str, *,
-                 witness: WitnessClient | None = None, every_n: int = 1000) -> None:
+                 witness: WitnessClient | None = None, every_n: int = 1000, key_path: Path | None = None) -> None:
+        """``key_path``: where the signing seed lives (a run keeps it outside the folder others read); by
+        default ``log.key`` in ``audit_dir``."""
         if every_n < 1:
             raise InvalidInputError("every_n must be at least 1", field="every_n")
         self.source = source
@@ -94,7 +97,7 @@ class AuditLog:
         self.every_n = every_n
         audit_dir.mkdir(parents=True, exist_ok=True)
         (audit_dir / CHECKPOINTS).mkdir(exist_ok=True)
-        self.signer = Signer(origin, load_or_create_ed25519(audit_dir / LOG_KEY))
+        self.signer = Signer(origin, load_or_create_ed25519(key_path or audit_dir / LOG_KEY))
         _pin(audit_dir / LOG_VKEY, self.signer.verifier.vkey, "the log key")
         self.witness_verifier: Verifier | None = None
         if witness is not None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         Limits,
         MachineInfo,
         MachineState,
+        OutputCap,
     )
 
 _EXPORTS = {
@@ -31,6 +32,7 @@ _EXPORTS = {
     "Limits": "swarmyard.machines.protocol",
     "MachineInfo": "swarmyard.machines.protocol",
     "MachineState": "swarmyard.machines.protocol",
+    "OutputCap": "swarmyard.machines.protocol",
 }
 
 
@@ -42,5 +44,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [  # noqa: RUF022 - grouped as in _EXPORTS
     "BACKENDS", "AsyncMachines", "Machines", "Backend", "ExecEvent", "ExecResult", "Isolation", "Limits",
-    "MachineInfo", "MachineState",
+    "MachineInfo", "MachineState", "OutputCap",
 ]

@@ -69,11 +69,19 @@ def _argv(cmd: Command) -> list[str]:
     return argv
 
 
+#: The smallest disk a machine can be given: an ext4 file system needs a few MiB of its own.
+MIN_DISK_BYTES = 16 << 20
+
+
 def _check_limits(limits: Limits) -> Limits:
-    for name in ("memory_bytes", "pids", "cpus"):
+    for name in ("memory_bytes", "pids", "cpus", "disk_bytes"):
         value = getattr(limits, name)
-        if value is not None and (not isinstance(value, int | float) or value <= 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
             raise InvalidInputError(f"limit {name} must be positive", field=f"limits.{name}")
+    disk = limits.disk_bytes
+    if disk is not None and (not isinstance(disk, int) or disk < MIN_DISK_BYTES):
+        raise InvalidInputError(f"limit disk_bytes must be a whole number of bytes, at least {MIN_DISK_BYTES}",
+                                field="limits.disk_bytes")
     return limits
 
 

@@ -11,18 +11,49 @@ from pathlib import Path
 
 from swarmyard.errors import SandboxError
 from swarmyard.machines import wire
-from swarmyard.machines.protocol import ExecEvent, ExecResult
+from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
 #: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.
 GRACE_S = 5.0
 
 
+class _Kept:
+    """One stream of an exec as the host keeps it: a head, a tail, and a count of everything written."""
+
+    def __init__(self, cap: OutputCap) -> None:
+        self._cap = cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._cap.head_bytes - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self._cap.tail_bytes > 0:
+            self.tail += data
+            if len(self.tail) > 2 * self._cap.tail_bytes:
+                # trimmed in batches: a frame at a time would move the whole tail for every frame
+                del self.tail[: len(self.tail) - self._cap.tail_bytes]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + min(len(self.tail), self._cap.tail_bytes)
+
+    def value(self) -> bytes:
+        tail = self.tail[-self._cap.tail_bytes :] if self._cap.tail_bytes else b""
+        return bytes(self.head) + bytes(tail)
+
+
 class InitClient:
     """Talks to one machine's init over its Unix socket (one connection per request)."""
 
-    def __init__(self, machine_id: str, socket_path: Path) -> None:
+    def __init__(self, machine_id: str, socket_path: Path, output_cap: OutputCap | None = None) -> None:
         self.machine_id = machine_id
         self.socket_path = socket_path
+        self.output_cap = output_cap or OutputCap()
 
     def _connect(self, timeout_s: float | None) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -55,8 +86,13 @@ class InitClient:
         host_timeout = None if timeout_s is None else timeout_s + GRACE_S
         request = wire.encode_request("exec", argv=argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
         sock = self._connect(host_timeout)
-        stdout: list[bytes] = []
-        stderr: list[bytes] = []
+        stdout, stderr = _Kept(self.output_cap), _Kept(self.output_cap)
+
+        def result(exit_code: int, timed_out: bool) -> ExecResult:
+            return ExecResult(stdout.value(), stderr.value(), exit_code, timed_out, time.monotonic() - started,
+                              truncated=stdout.truncated or stderr.truncated, stdout_bytes=stdout.total,
+                              stderr_bytes=stderr.total)
+
         try:
             wire.send_frame(sock, b"q", request)
             while True:
@@ -64,12 +100,7 @@ class InitClient:
                     frame = wire.recv_frame(sock)
                 except TimeoutError:
                     # Closing the connection makes the init kill the command's process tree.
-                    yield ExecEvent(
-                        "exit",
-                        result=ExecResult(
-                            b"".join(stdout), b"".join(stderr), 137, True, time.monotonic() - started
-                        ),
-                    )
+                    yield ExecEvent("exit", result=result(137, True))
                     return
                 if frame is None:
                     raise SandboxError(
@@ -77,20 +108,11 @@ class InitClient:
                     )
                 kind, payload = frame
                 if kind in (b"o", b"e"):
-                    (stdout if kind == b"o" else stderr).append(payload)
+                    (stdout if kind == b"o" else stderr).add(payload)
                     yield ExecEvent("stdout" if kind == b"o" else "stderr", data=payload)
                 elif kind == b"x":
                     status = json.loads(payload)
-                    yield ExecEvent(
-                        "exit",
-                        result=ExecResult(
-                            b"".join(stdout),
-                            b"".join(stderr),
-                            int(status["exit_code"]),
-                            bool(status["timed_out"]),
-                            time.monotonic() - started,
-                        ),
-                    )
+                    yield ExecEvent("exit", result=result(int(status["exit_code"]), bool(status["timed_out"])))
                     return
                 else:
                     raise self._error(payload)

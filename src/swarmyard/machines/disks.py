@@ -2,16 +2,27 @@
 
 A fork snapshots the source's upper layer (only what the source changed, usually small) into a new read-only
 layer, so neither machine sees the other's later writes while the baseline below them is shared, never copied.
+
+A disk with a quota (``Limits.disk_bytes``) keeps its upper layer in a file system of its own: a sparse ext4 image
+of exactly that size, copied from a template made once per size, attached to a loop device and mounted beside
+the disk (its ``space``). The kernel enforces it: a full disk is ``ENOSPC`` inside the machine, and the host's
+free space drops by at most the image's size. A size-limited tmpfs would be cheaper to mount, but its pages are
+charged to the machine's memory limit and the host's RAM (a 1 GiB disk would eat a 1 GiB memory limit), and
+project quotas need a host file system mounted with them; loop devices need only root, which overlayfs needs too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +45,125 @@ def _libc() -> ctypes.CDLL:
 def mount_overlay(lowers: tuple[Path, ...], upper: Path, work: Path, target: Path) -> None:
     """Mount overlayfs with mount(2) directly: running mount(8) costs a process and ~3 ms per machine."""
     _mount(f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}", target)
+
+
+_MS_NOSUID = 2
+_MS_NODEV = 4
+# linux/loop.h
+_LOOP_CTL_GET_FREE = 0x4C82
+_LOOP_CONFIGURE = 0x4C0A
+_LO_FLAGS_AUTOCLEAR = 4
+#: struct loop_config: u32 fd, u32 block_size, struct loop_info64 (232 bytes, lo_flags at offset 52), u64[8].
+_LOOP_CONFIG_SIZE = 4 + 4 + 232 + 64
+_LO_FLAGS_OFFSET = 8 + 52
+_TEMPLATES = threading.Lock()
+
+
+def quota_supported() -> bool:
+    """Whether this process can give disks a quota: root with loop devices and ``mke2fs``."""
+    return (
+        os.geteuid() == 0
+        and os.access("/dev/loop-control", os.R_OK | os.W_OK)
+        and shutil.which("mke2fs", path=_CLEAN_ENV["PATH"]) is not None
+    )
+
+
+def space_template(folder: Path, size: int, owner: tuple[int, int] | None) -> Path:
+    """The empty ext4 image of ``size`` bytes (made once per size and owner) that each quota'd disk copies.
+
+    It holds ``upper/`` (the machine's writable root, owned by ``owner``) and ``work/`` (overlayfs's).
+    No journal (a machine's disk does not outlive a crash of its host) and lazy inode tables: the image is a
+    sparse file of about 100 KiB, whatever its size.
+    """
+    uid, gid = owner or (os.getuid(), os.getgid())
+    path = folder / f"ext4-{size}-{uid}.img"
+    with _TEMPLATES:
+        if path.exists():
+            return path
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".img-", dir=folder))
+        try:
+            tree = staging / "tree"
+            (tree / "upper").mkdir(parents=True)
+            (tree / "work").mkdir(mode=0o700)
+            os.chmod(tree / "upper", 0o755)
+            os.chown(tree / "upper", uid, gid)
+            image = staging / "image"
+            with open(image, "wb") as handle:
+                handle.truncate(size)
+            done = subprocess.run(
+                ["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
+                 "-E", "lazy_itable_init=1,nodiscard", "-d", str(tree), str(image)],
+                env=_CLEAN_ENV, capture_output=True, check=False,
+            )
+            if done.returncode != 0:
+                raise SandboxError(f"cannot make a {size}-byte disk image: "
+                                   f"{done.stderr.decode(errors='replace').strip()}")
+            image.rename(path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def sparse_copy(source: Path, target: Path) -> None:
+    """Copy ``source`` to a new file ``target`` writing only its data extents (the holes stay holes)."""
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(src).st_size
+            offset = 0
+            while offset < size:
+                try:
+                    start = os.lseek(src, offset, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    raise
+                end = os.lseek(src, start, os.SEEK_HOLE)
+                while start < end:
+                    chunk = os.pread(src, min(end - start, 1 << 20), start)
+                    os.pwrite(dst, chunk, start)
+                    start += len(chunk)
+                offset = end
+            os.ftruncate(dst, size)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def mount_space(image: Path, target: Path) -> None:
+    """Attach ``image`` to a free loop device (detached again when unmounted) and mount it at ``target``."""
+    control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(64):
+            number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
+            device = f"/dev/loop{number}"
+            loop = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                config = bytearray(_LOOP_CONFIG_SIZE)
+                struct.pack_into("=I", config, 0, backing)
+                struct.pack_into("=I", config, _LO_FLAGS_OFFSET, _LO_FLAGS_AUTOCLEAR)
+                try:
+                    fcntl.ioctl(loop, _LOOP_CONFIGURE, bytes(config))
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY:
+                        continue  # another machine took that free device first
+                    raise
+                if _libc().mount(device.encode(), os.fsencode(target), b"ext4", _MS_NOSUID | _MS_NODEV, b"") != 0:
+                    err = ctypes.get_errno()
+                    raise SandboxError(f"cannot mount the disk image at {target}: {os.strerror(err)}")
+                return
+            finally:
+                os.close(loop)
+        raise SandboxError("no free loop device for a machine's disk", retryable=True)
+    except OSError as exc:
+        raise SandboxError(f"cannot attach the disk image {image.name}: {exc}") from exc
+    finally:
+        os.close(backing)
+        os.close(control)
 
 
 def _mount(options: str, target: Path) -> None:
@@ -105,6 +235,8 @@ class Disk:
     empty: Path | None = None
     #: Whether :meth:`make_folders` already ran (so :meth:`mount` skips it).
     made: bool = False
+    #: The disk's quota: its upper layer lives in an ext4 image of this size (``None``: on the host's disk).
+    space_bytes: int | None = None
 
     @property
     def merged(self) -> Path:
@@ -112,14 +244,36 @@ class Disk:
         return self.root / "disk"
 
     @property
+    def image(self) -> Path:
+        """The disk's ext4 image (with a quota)."""
+        return self.root / "disk.img"
+
+    @property
+    def space(self) -> Path:
+        """Where the image is mounted (with a quota): it holds the upper and work folders."""
+        return self.root / "space"
+
+    @property
+    def _layers(self) -> Path:
+        return self.space if self.space_bytes is not None else self.root
+
+    @property
     def upper(self) -> Path:
         """Where the machine's own writes land (the disk itself without overlayfs)."""
-        return self.root / "upper" if self.overlay else self.merged
+        return self._layers / "upper" if self.overlay else self.merged
 
-    def make_folders(self, owner: tuple[int, int] | None = None) -> None:
+    def make_folders(self, owner: tuple[int, int] | None = None, template: Path | None = None) -> None:
         """Create the disk's folders (the merged view, and overlayfs's upper and work folders); the machine's
-        writable root (upper, else the disk itself) belongs to ``owner`` when given."""
+        writable root (upper, else the disk itself) belongs to ``owner`` when given. With a quota, ``template``
+        is the empty image to copy (its upper folder already belongs to ``owner``)."""
         self.merged.mkdir(parents=True, exist_ok=True)
+        if self.space_bytes is not None:
+            if template is None or not self.overlay:
+                raise SandboxError("a disk with a quota needs overlayfs and its image template")
+            self.space.mkdir(exist_ok=True)
+            sparse_copy(template, self.image)
+            self.made = True
+            return
         if self.overlay:
             (self.root / "upper").mkdir(exist_ok=True)
             (self.root / "work").mkdir(exist_ok=True)
@@ -137,7 +291,11 @@ class Disk:
                 empty = self.root / "empty"
                 empty.mkdir(exist_ok=True)
             lowers = (empty,)
-        return f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={self.upper},workdir={self.root / 'work'}"
+        return f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={self.upper},workdir={self._layers / 'work'}"
+
+    def space_args(self) -> list[str]:
+        """The launcher's options that mount this disk's image before its overlay (none without a quota)."""
+        return [] if self.space_bytes is None else ["--space", str(self.image), str(self.space)]
 
     def mount(self) -> None:
         """Create the folders (unless made already) and mount the overlay here (else the disk is a plain folder).
@@ -147,20 +305,28 @@ class Disk:
         """
         if not self.made:
             self.make_folders()
+        if self.space_bytes is not None:
+            mount_space(self.image, self.space)
         if self.overlay:
             _mount(self.overlay_options(), self.merged)
 
-    def snapshot(self, target: Path) -> tuple[Path, ...]:
-        """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers."""
+    def snapshot(self, target: Path, through: Path = Path("/")) -> tuple[Path, ...]:
+        """Freeze this disk's current state as read-only layers for a fork; returns the fork's lower layers.
+
+        ``through``: the root the disk is seen from (a machine's own mount namespace, ``/proc/PID/root``, when
+        its image or overlay is mounted only there).
+        """
         if not self.overlay:
-            clone_tree(self.merged, target)
+            clone_tree(through / self.merged.relative_to("/"), target)
             return ()
-        clone_tree(self.upper, target)
+        clone_tree(through / self.upper.relative_to("/"), target)
         return (target, *self.lowers)
 
     def unmount(self) -> None:
-        """Unmount the overlay (lazily if something still holds it) and remove the machine's folders."""
+        """Unmount the overlay and the image (lazily if something still holds them) and remove the folders."""
         if self.overlay and self.merged.is_mount():
             unmount(self.merged)
+        if self.space_bytes is not None and self.space.is_mount():
+            unmount(self.space)  # the loop device detaches itself once the file system is gone
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.root)

@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Literal
 
 from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import doctor, identity, launchers, native, sysroot
+from swarmyard.machines import disks, doctor, identity, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
 from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.identity import HOST_UID, SANDBOX_UID
-from swarmyard.machines.protocol import MachineSpec
+from swarmyard.machines.protocol import MachineSpec, OutputCap
 from swarmyard.machines.supervised import (
     _SPAWNER,
+    DEFAULT_DISK_BYTES,
     SOURCE_ROOT,
     Launch,
     Machine,
@@ -79,10 +80,12 @@ class LocalBackend(SupervisedBackend):
         report: doctor.HostReport | None = None,
         init: InitKind = "auto",
         parked: int = launchers.DEFAULT_SIZE,
+        output_cap: OutputCap | None = None,
     ) -> None:
         """``parked``: how many launchers wait ahead of demand in fresh cgroups (0: every create joins its own;
-        see :mod:`swarmyard.machines.launchers`). Only the compiled init can park."""
-        super().__init__(root)
+        see :mod:`swarmyard.machines.launchers`). Only the compiled init can park. ``output_cap``: how much of
+        each exec's output the host keeps."""
+        super().__init__(root, output_cap=output_cap)
         self.report = report or _cached_probe(self.root)
         if self.report.bwrap is None:
             raise SandboxUnavailableError(f"bubblewrap is not installed: {doctor.BWRAP_HINT}")
@@ -91,6 +94,7 @@ class LocalBackend(SupervisedBackend):
         self._python = os.path.realpath(sys.executable)
         self._binds = python_paths()
         self._userns = identity.private_userns()
+        self._quota = self.overlay and disks.quota_supported()
         self.native_init: Path | None = None
         if init == "native":
             self.native_init = native.build()
@@ -133,6 +137,8 @@ class LocalBackend(SupervisedBackend):
         lacking = wanted - self._hierarchy.controllers()
         if iso.cgroups and lacking:
             missing.append(f"cgroup controllers {sorted(lacking)}")
+        if iso.cgroups and spec.limits.disk_bytes is not None and not self._quota:
+            missing.append("a disk quota (needs root, overlayfs, loop devices and mke2fs)")
         if missing and not iso.allow_weaker:
             raise SandboxUnavailableError(
                 "this host cannot give the isolation asked for: "
@@ -146,7 +152,13 @@ class LocalBackend(SupervisedBackend):
 
     def _take_parked(self, spec: MachineSpec) -> launchers.ParkedLauncher | None:
         self.check(spec)
+        if self.space_bytes(spec.limits.disk_bytes) != self.space_bytes(DEFAULT_DISK_BYTES):
+            return None  # parked launchers mounted a disk of the default size
         return self._pool.take(spec.limits) if self._pool is not None else None
+
+    def space_bytes(self, disk_bytes: int | None) -> int | None:
+        """The quota of a disk asking for ``disk_bytes``: enforced when this host can (see ``check``)."""
+        return disk_bytes if self._quota else None
 
     def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
         spec = machine.spec
@@ -159,7 +171,8 @@ class LocalBackend(SupervisedBackend):
         return MachineCgroups(self._hierarchy, spec.id, spec.limits)
 
     def _parked_disk_args(self, folder: Path) -> list[str]:
-        return self.disk_args(Disk(folder, lowers=(), overlay=True, empty=self.root / "empty", made=True))
+        return self.disk_args(Disk(folder, lowers=(), overlay=True, empty=self.root / "empty", made=True,
+                                   space_bytes=self.space_bytes(DEFAULT_DISK_BYTES)))
 
     def park(self) -> None:
         """Park this backend's launchers now, in the calling thread (else the first create starts it)."""
@@ -184,6 +197,8 @@ class LocalBackend(SupervisedBackend):
             have.append("overlayfs")
         if self._userns is not None:
             have.append("unmapped-uid")
+        if machine.disk.space_bytes is not None:
+            have.append("disk-quota")
         return tuple(have)
 
     def _static_argv(self) -> list[str]:

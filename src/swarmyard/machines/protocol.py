@@ -34,6 +34,20 @@ class Limits:
     memory_bytes: int | None = 1 << 30
     pids: int | None = 512
     cpus: float | None = None
+    #: The machine's writable disk, enforced by the kernel (a full disk is ``ENOSPC`` inside the machine).
+    disk_bytes: int | None = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCap:
+    """How much of each stream of an exec the host keeps: the first ``head_bytes`` and the last ``tail_bytes``.
+
+    A command can write far more than the host should hold (a worker printing gigabytes); what falls between the
+    two is counted and dropped as it arrives, so memory stays bounded whatever the command writes.
+    """
+
+    head_bytes: int = 2 << 20
+    tail_bytes: int = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +63,20 @@ class Isolation:
 
 @dataclass(frozen=True, slots=True)
 class ExecResult:
-    """The outcome of one command run in a machine; ``exit_code`` is ``128 + signal`` for a killed command."""
+    """The outcome of one command run in a machine; ``exit_code`` is ``128 + signal`` for a killed command.
+
+    ``stdout`` and ``stderr`` hold at most a head and a tail of each stream (see :class:`OutputCap`); when either
+    lost its middle, ``truncated`` is set and ``stdout_bytes``/``stderr_bytes`` say how much the command wrote.
+    """
 
     stdout: bytes
     stderr: bytes
     exit_code: int
     timed_out: bool
     duration_s: float
+    truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -29,19 +29,23 @@ from swarmyard.errors import NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
-from swarmyard.machines.disks import Disk, clone_tree, unmount
+from swarmyard.machines.disks import Disk, clone_tree, space_template, unmount
 from swarmyard.machines.launchers import ParkedLauncher
 from swarmyard.machines.protocol import (
     TRANSITIONS,
     Baseline,
     ExecEvent,
     ExecResult,
+    Limits,
     MachineInfo,
     MachineSpec,
     MachineState,
+    OutputCap,
 )
 
 _log = logging.getLogger(__name__)
+#: The disk quota a machine gets unless its limits say otherwise.
+DEFAULT_DISK_BYTES = Limits().disk_bytes
 #: The package's import root, put on the init's ``sys.path`` (it runs with ``-I -S`` to start fast).
 SOURCE_ROOT = str(Path(swarmyard.__file__).resolve().parent.parent)
 # The init needs only stdlib modules of this package: bare package objects skip the package __init__s (and the
@@ -171,8 +175,10 @@ class SupervisedBackend:
     #: process mounts it in its own namespace).
     mounts_in_launcher = False
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, output_cap: OutputCap | None = None) -> None:
+        """``output_cap``: how much of each exec's stdout and stderr the host keeps (a head and a tail)."""
         self.root = (root or default_root()).resolve()
+        self.output_cap = output_cap or OutputCap()
         for part in ("m", "layers", "baselines", "empty"):
             (self.root / part).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._machines: dict[str, Machine] = {}
@@ -193,10 +199,10 @@ class SupervisedBackend:
                 continue
             if owner is None and time.time() - folder.stat().st_mtime < 600:
                 continue  # being made right now by another process (the owner file comes first but be safe)
-            disk = folder / "disk"
-            with contextlib.suppress(OSError, SandboxError):
-                if disk.is_mount():
-                    unmount(disk)
+            for mounted in (folder / "disk", folder / "space"):
+                with contextlib.suppress(OSError, SandboxError):
+                    if mounted.is_mount():
+                        unmount(mounted)
             subprocess.run(["rm", "-rf", "--one-file-system", str(folder)], env={"PATH": "/usr/bin:/bin"},
                            check=False, capture_output=True)
             # The folder's name is its cgroups' name too (a machine id, or a parked launcher's slot).
@@ -222,24 +228,31 @@ class SupervisedBackend:
         """A launcher (with its folder) made ahead of demand for this machine, if the backend keeps any."""
         return None
 
-    def make_folder(self, name: str) -> Path:
+    def make_folder(self, name: str, disk_bytes: int | None = DEFAULT_DISK_BYTES) -> Path:
         """Make a machine's folder under ``m/``: its owner file, its control folder and its disk's folders.
 
         A machine's folder is named after the machine, or after the parked launcher it was made for ahead of
-        demand (``slot_...``); either way its owner file lets :meth:`reap_orphans` find it.
+        demand (``slot_...``); either way its owner file lets :meth:`reap_orphans` find it. ``disk_bytes``: the
+        disk's quota (a backend that cannot enforce one makes a plain disk).
         """
         root = self.root / "m" / name
         root.mkdir(mode=0o700)
         (root / "owner").write_text(_owner())
         (root / "ctl").mkdir()
         owner = self.sandbox_owner()
-        Disk(root, lowers=(), overlay=self.overlay).make_folders(owner)
+        space = self.space_bytes(disk_bytes)
+        template = None if space is None else space_template(self.root / "images", space, owner)
+        Disk(root, lowers=(), overlay=self.overlay, space_bytes=space).make_folders(owner, template)
         if owner is not None:
             os.chown(root / "ctl", *owner)  # the init binds its control socket there
         return root
 
     def sandbox_owner(self) -> tuple[int, int] | None:
         """The host uid and gid a machine's own folders must belong to (``None``: this process's own)."""
+        return None
+
+    def space_bytes(self, disk_bytes: int | None) -> int | None:
+        """The quota a disk asking for ``disk_bytes`` gets here (``None``: this backend enforces none)."""
         return None
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
@@ -255,7 +268,7 @@ class SupervisedBackend:
 
     def disk_args(self, disk: Disk) -> list[str]:
         """The launcher's options that mount ``disk`` in a mount namespace of its own."""
-        return ["--private-mounts", "--disk", str(disk.merged), disk.overlay_options()]
+        return ["--private-mounts", *disk.space_args(), "--disk", str(disk.merged), disk.overlay_options()]
 
     def _launcher_argv(self, launch: Launch, disk: Disk | None = None) -> list[str]:
         argv = [str(self.launcher), "--launch"]
@@ -286,7 +299,11 @@ class SupervisedBackend:
         source = self._get(source_id)
         layer_id = new_id("layer")
         layer = self.root / "layers" / layer_id
-        lowers = source.disk.snapshot(layer)
+        through = Path("/")
+        if self.overlay and self.mounts_in_launcher and source.proc is not None:
+            # Mounted in the source's own mount namespace: seen from here through its sandbox process's root.
+            through = Path(f"/proc/{source.proc.pid}/root")
+        lowers = source.disk.snapshot(layer, through)
         if not self.overlay:
             # Without overlayfs the snapshot is the whole disk; it becomes the fork's disk directly.
             return self._boot(spec, lowers=(), layers=(), forked_from=source_id, seed=layer)
@@ -316,9 +333,10 @@ class SupervisedBackend:
         if parked is not None and parked.folder is not None:
             root = parked.folder
         else:
-            root = self.make_folder(spec.id)
+            root = self.make_folder(spec.id, spec.limits.disk_bytes)
         disk = Disk(
-            root, lowers=lowers if self.overlay else (), overlay=self.overlay, empty=self.root / "empty", made=True
+            root, lowers=lowers if self.overlay else (), overlay=self.overlay, empty=self.root / "empty", made=True,
+            space_bytes=self.space_bytes(spec.limits.disk_bytes),
         )
         if not self.overlay and lowers:
             clone_tree(lowers[0], disk.merged)
@@ -341,7 +359,7 @@ class SupervisedBackend:
             root=root,
             disk=disk,
             layers=layers,
-            client=InitClient(spec.id, self._socket_path(root)),
+            client=InitClient(spec.id, self._socket_path(root), self.output_cap),
             parked=parked,
         )
         with self._lock:
@@ -505,6 +523,15 @@ class SupervisedBackend:
             raise UserError(f"baseline source {source} is not a folder")
         staging = self.root / "baselines" / f".{name}.{new_id('tmp')}"
         clone_tree(source, staging)
+        owner = self.sandbox_owner()
+        if owner is not None:
+            # The machines' own files, as a machine's disk is: a machine may change what its baseline holds
+            # (in its own upper layer), which overlayfs checks against the owner of the file below.
+            done = subprocess.run(["chown", "-R", "--no-dereference", f"{owner[0]}:{owner[1]}", str(staging)],
+                                  env={"PATH": "/usr/bin:/bin"}, capture_output=True, check=False)
+            if done.returncode != 0:
+                raise SandboxError(f"cannot hand baseline {name!r} to the machines: "
+                                   f"{done.stderr.decode(errors='replace').strip()}")
         staging.rename(target)
         return Baseline(name=name, path=target)
 

@@ -32,6 +32,9 @@ def open_store(url: str, *, clock: Clock | None = None, blob_dir: Path | None = 
         path = Path(url.removeprefix("sqlite:///"))
         if not path.is_absolute() and url.startswith("sqlite:////"):
             path = Path("/" + str(path))
+        if str(path) != ":memory:" and path.parent.is_dir() and not path.exists():
+            # Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database's own mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         engine = SqliteEngine(path, checkpoint_every_commits=200 if serving else None)
         return SqlStore(url, engine, clock=clock, blob_dir=blob_dir or path.parent / "blobs", **limits)
     if url.startswith(("postgresql://", "postgres://")):

@@ -4,6 +4,13 @@
 the round is done (a hung worker's lease expires and another worker takes its task); between rounds of the
 ``groups`` policy, broadcast each group's best findings; 4. the lead writes the synthesis; 5. delete the
 machines (in ``finally``, so also on error and Ctrl-C) and write the report.
+
+No retry loop: an agent that ended without a finding is a failed try of the task it held. A slot waits before
+its next launch after a failed try (``workers.retry_backoff_s``, doubled each time, at most
+``MAX_RETRY_BACKOFF_S``), and a task whose tries failed the same way (same ending, same exit code)
+``workers.max_failures`` times in a row is marked failed with that error; the run goes on with the other tasks.
+An agent that fails that many times without ever holding a task retires its slot; the open tasks no slot is
+left for are failed with its error.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from swarmyard.agents.builtin import Role
 from swarmyard.clock import Clock, SystemClock
-from swarmyard.config import SwarmConfig
+from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
 from swarmyard.domain import Finding, Goal, PostKind, Task, TaskState
 from swarmyard.errors import AuditError, FencingError, NotFoundError, UserError
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
@@ -108,9 +115,43 @@ class RunResult:
 
 
 def _open(task: Task, now: float) -> bool:
-    return task.state in (TaskState.PENDING, TaskState.FAILED) or (
+    return task.state is TaskState.PENDING or (
         task.state is TaskState.CLAIMED and (task.lease_expires_at or 0) <= now
     )
+
+
+#: Task states a round is finished with (a failed task is not tried again).
+_ENDED = (TaskState.DONE, TaskState.CANCELLED, TaskState.FAILED)
+#: Endings of an agent run that held no task and still went wrong.
+_BAD_ENDINGS = frozenset({"error", "timeout"})
+
+
+@dataclass(slots=True)
+class Streak:
+    """Failed tries in a row: the way the last failed (ending, exit code), how many in a row failed that way,
+    how many failed in all, and the last error."""
+
+    way: tuple[str, int | None] | None = None
+    count: int = 0
+    tries: int = 0
+    reason: str = ""
+
+    def add(self, span: WorkerSpan) -> None:
+        """Count one more failed try; a different way starts the streak of the same way again."""
+        way = (span.ending, span.exit_code)
+        self.count = self.count + 1 if way == self.way else 1
+        self.tries += 1
+        self.way = way
+        self.reason = span.error or span.ending
+
+    def given_up(self, limit: int) -> str | None:
+        """Why to stop trying: ``limit`` failures the same way in a row, or twice that many in all (failures
+        that keep changing their way are still a loop); ``None`` while neither."""
+        if self.count >= limit:
+            return f"{self.count} tries failed the same way: {self.reason}"
+        if self.tries >= 2 * limit:
+            return f"{self.tries} tries failed in a row; the last: {self.reason}"
+        return None
 
 
 class Coordinator:
@@ -145,6 +186,10 @@ class Coordinator:
         self._on_progress = on_progress
         self._running: dict[str, str] = {}  # slot -> task id it was started for ("" when any)
         self._goal_id = ""
+        self._task_streaks: dict[str, Streak] = {}  # task id -> its failed tries in a row
+        self._slot_streaks: dict[str, Streak] = {}  # slot -> its agents' failures without a task, in a row
+        self._slot_failed: dict[str, int] = {}  # slot -> failed runs in a row, any way (for the backoff)
+        self._retired: dict[str, str] = {}  # slot -> why it launches no more agents
 
     # -- claims the coordinator settles ---------------------------------------------------------------------
     def _findings_for(self, goal_id: str, task_id: str) -> list[Finding]:
@@ -177,7 +222,7 @@ class Coordinator:
         """(open, unfinished) tasks of ``group`` outside the lead's."""
         now = self.clock.now()
         tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group not in SIDE_GROUPS]
-        unfinished = [t for t in tasks if t.state not in (TaskState.DONE, TaskState.CANCELLED)]
+        unfinished = [t for t in tasks if t.state not in _ENDED]
         return sum(1 for t in unfinished if _open(t, now)), len(unfinished)
 
     def _past_deadline(self, goal: Goal) -> bool:
@@ -192,13 +237,50 @@ class Coordinator:
         self.spans.append(span)
         if self._on_span is not None:
             self._on_span(span)
-        for task in self.store.list_tasks(self._goal_id, state=TaskState.CLAIMED):
-            if task.worker_id == span.worker_id:
-                if self._findings_for(task.goal_id, task.id):
-                    self._complete(task)
-                else:
-                    self._give_back(task)
+        held = [t for t in self.store.list_tasks(self._goal_id, state=TaskState.CLAIMED)
+                if t.worker_id == span.worker_id]
+        failed = False
+        for task in held:
+            if self._findings_for(task.goal_id, task.id):
+                self._complete(task)
+                continue
+            failed = True
+            streak = self._task_streaks.setdefault(task.id, Streak())
+            streak.add(span)
+            why = streak.given_up(self.config.workers.max_failures)
+            if why is not None:
+                self._fail(task, why)
+            else:
+                self._give_back(task)
+        if held:
+            self._slot_streaks.pop(slot.name, None)
+        elif span.ending in _BAD_ENDINGS:
+            failed = True
+            self._slot_streaks.setdefault(slot.name, Streak()).add(span)
+        self._slot_failed[slot.name] = self._slot_failed.get(slot.name, 0) + 1 if failed else 0
         return span
+
+    def _fail(self, task: Task, reason: str) -> None:
+        """Mark a task failed for good: with the claim its last agent left, else one the coordinator takes."""
+        log.warning("task %s (%s) failed: %s", task.id, task.title, reason)
+        try:
+            if task.fencing_token is None:
+                raise FencingError("no claim", task_id=task.id, presented=0, current=None)
+            self.store.fail(task.id, task.fencing_token, reason)
+        except FencingError:
+            claim = self.store.claim(task.goal_id, COORDINATOR, 60.0, task_id=task.id)
+            if claim is not None:  # else another worker holds it now: its try counts on
+                self.store.fail(task.id, claim.token, reason)
+
+    async def _backoff(self, goal: Goal, slot: str) -> None:
+        """After a failed run, wait before the slot launches again (never past the deadline)."""
+        failures = self._slot_failed.get(slot, 0)
+        if failures == 0:
+            return
+        wait = min(MAX_RETRY_BACKOFF_S, self.config.workers.retry_backoff_s * 2 ** (failures - 1))
+        if goal.deadline is not None:
+            wait = min(wait, max(0.0, goal.deadline - self.clock.now()))
+        await asyncio.sleep(wait)
 
     def _give_back(self, task: Task) -> None:
         """A claim whose agent has exited without a finding (it crashed, or was killed at its exec timeout)
@@ -212,6 +294,12 @@ class Coordinator:
 
     async def _slot_loop(self, goal: Goal, slot: WorkerSlot, gate: asyncio.Semaphore) -> None:
         while not self._past_deadline(goal):
+            streak = self._slot_streaks.get(slot.name)
+            why = streak.given_up(self.config.workers.max_failures) if streak is not None else None
+            if why is not None:
+                self._retired[slot.name] = why
+                log.warning("%s launches no more agents: %s", slot.name, why)
+                return
             open_now, unfinished = self._remaining(goal, slot.group)
             if unfinished == 0:
                 return
@@ -219,6 +307,7 @@ class Coordinator:
                 # a peer holds the last tasks; wait for them to finish or for a lease to lapse
                 await asyncio.sleep(POLL_S)
                 continue
+            await self._backoff(goal, slot.name)
             async with gate:
                 await self._record(slot)
 
@@ -228,6 +317,14 @@ class Coordinator:
             WorkerSlot(f"worker-{i}", self.policy.worker_group(i)) for i in range(self.config.workers.count)
         ]
         await asyncio.gather(*(self._slot_loop(goal, slot, gate) for slot in slots))
+        if self._past_deadline(goal):
+            return
+        # every slot has returned: a task still open has no slot left to run it (they all retired)
+        retired = {slot.group: self._retired[slot.name] for slot in slots if slot.name in self._retired}
+        now = self.clock.now()
+        for task in self.store.list_tasks(goal.id):
+            if task.group in retired and task.group not in SIDE_GROUPS and _open(task, now):
+                self._fail(task, f"no agent could take it: {retired[task.group]}")
 
     def _consolidate(self, goal: Goal, round_index: int) -> None:
         findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS]
@@ -264,13 +361,25 @@ class Coordinator:
                 f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS
             ]
             task = create_lead_task(self.store, goal, self.config, findings)
-        for _ in range(2):  # one retry: a lead whose exec timed out leaves its task for a second lead
+        # a lead that failed leaves its task for the next one, up to max_failures tries in all
+        for _ in range(self.config.workers.max_failures):
             if self._findings_for(goal.id, task.id) or self._past_deadline(goal):
                 break
-            while not _open(self.store.get_task(task.id), self.clock.now()):
+            current = self.store.get_task(task.id)
+            while not _open(current, self.clock.now()) and current.state not in _ENDED:
                 await asyncio.sleep(POLL_S)
+                current = self.store.get_task(task.id)
+            if current.state in _ENDED:
+                break
+            await self._backoff(goal, "lead")
             await self._record(WorkerSlot("lead", LEAD_GROUP, Role.LEAD, task.id))
         synthesis = self._findings_for(goal.id, task.id)
+        task = self.store.get_task(task.id)
+        if not synthesis and task.state not in _ENDED and _open(task, self.clock.now()):
+            streak = self._task_streaks.get(task.id)
+            if streak is not None and not self._past_deadline(goal):
+                self._fail(task, f"{self.config.workers.max_failures} leads ended without a synthesis; the "
+                                 f"last: {streak.reason}")
         return synthesis[-1] if synthesis else None
 
     # -- progress -------------------------------------------------------------------------------------------
@@ -338,10 +447,12 @@ class Coordinator:
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
         synthesis: Finding | None = None
-        from swarmyard.audit.log import AuditLog
+        from swarmyard.audit.log import LOG_KEY, AuditLog
+        from swarmyard.swarm.run_secrets import run_secrets
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
-                         witness=self.witness, every_n=self.audit_every_n)
+                         witness=self.witness, every_n=self.audit_every_n,
+                         key_path=run_secrets(self.run_id) / LOG_KEY)
         ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
         try:
             await self.launcher.start(goal)

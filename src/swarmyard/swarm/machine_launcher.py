@@ -28,6 +28,7 @@ from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
+from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
@@ -37,6 +38,19 @@ log = logging.getLogger(__name__)
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
+
+
+def _why(result: ExecResult) -> str:
+    """How an agent run ended, in a line: its timeout, or its exit code and the last line it wrote that is
+    not a request log (on stderr, else stdout)."""
+    if result.timed_out:
+        return f"timed out after {result.duration_s:.0f} s"
+    for stream in (result.stderr, result.stdout):
+        lines = [line.strip() for line in stream.decode("utf-8", "replace").splitlines()
+                 if line.strip() and "HTTP Request:" not in line]
+        if lines:
+            return f"exit {result.exit_code}: {lines[-1][:300]}"
+    return f"exit {result.exit_code}"
 
 
 class MachineLauncher:
@@ -71,7 +85,9 @@ class MachineLauncher:
         from swarmyard.plane.settings import PlaneSettings
 
         self._goal = goal
-        self._tokens = TokenAuthority(load_or_create_secret(self.run_dir / "token.secret"), self.store)
+        # outside the run folder: machines, reports and whoever reads the run never see it
+        secret = run_secrets(self.run_dir.name) / TOKEN_SECRET
+        self._tokens = TokenAuthority(load_or_create_secret(secret), self.store)
         from swarmyard.broker.providers.configured import configured_broker
 
         self._broker = configured_broker(self.store, self._tokens, self.config.providers,
@@ -215,7 +231,8 @@ class MachineLauncher:
             if ending != "done":
                 log.warning("%s: agent exit %s: %s | %s", slot.name, result.exit_code, result.stderr[-500:],
                             result.stdout[-1500:])
-            return WorkerSpan(who.worker_id, claimed, started, time.time(), ending, 1, slot.name)
+            return WorkerSpan(who.worker_id, claimed, started, time.time(), ending, 1, slot.name,
+                              result.exit_code, _why(result))
         ending, task_id, steps_done = "timeout" if result.timed_out else "error", None, 0
         if not result.timed_out and result.stdout:
             try:
@@ -227,16 +244,23 @@ class MachineLauncher:
             # agent CLIs often report on stdout (codex --json): show the tail of both
             log.warning("%s: agent %s (exit %s): %s | %s", slot.name, ending, result.exit_code,
                         result.stderr[-500:], result.stdout[-1500:])
-        return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name)
+        return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name,
+                          None if result.timed_out else result.exit_code, _why(result))
 
     def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: ExecResult,
                   took_s: float) -> None:
-        """The agent's own output, whole, in the run folder: what to read when a worker or the lead failed."""
+        """The agent's own output in the run folder: what to read when a worker or the lead failed.
+
+        At most the head and tail of each stream the machine kept (see ``machines.OutputCap``): a worker that
+        floods its output cannot fill the host's disk through its log.
+        """
         folder = self.run_dir / "agents"
         folder.mkdir(exist_ok=True)
         ending = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        cut = (f"\n(output cut: it wrote {result.stdout_bytes} bytes of stdout and {result.stderr_bytes} of stderr; "
+               "the head and tail of each are kept)\n" if result.truncated else "")
         text = (f"# {slot.name} ({slot.role.value}, {agent.value}) worker {worker_id}: {ending} after "
-                f"{took_s:.1f} s\n\n## stderr\n{result.stderr.decode('utf-8', 'replace')}\n\n"
+                f"{took_s:.1f} s\n{cut}\n## stderr\n{result.stderr.decode('utf-8', 'replace')}\n\n"
                 f"## stdout\n{result.stdout.decode('utf-8', 'replace')}\n")
         (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8")
 

@@ -59,7 +59,9 @@ class Swarm:
         if resume:
             url = RunState.load(run_dir / "run.json").store_url
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            # 0700: the store, the audit log and the agents' logs are the run's own (its secrets live elsewhere)
+            runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run_dir.mkdir(mode=0o700, exist_ok=True)
             url = self.config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
         store = open_store(url, serving=True)
         try:
