@@ -10,6 +10,7 @@ import typer
 
 from swarmyard.cli import render
 from swarmyard.config import SandboxKind, load_config
+from swarmyard.domain import TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.data import WorkerSpan
 from swarmyard.swarm.coordinator import ProgressRow
@@ -68,7 +69,11 @@ def command(
     witness: Annotated[str | None, typer.Option(
         "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path.")] = None,
 ) -> None:
-    """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend."""
+    """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend.
+
+    Exit 0 with a synthesis; 1 when the run ended without one (its report says why). Tasks given up on are
+    named on stderr either way.
+    """
     from swarmyard.swarm.swarm import Swarm
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
@@ -87,9 +92,16 @@ def command(
             live.stop()
     data = result.data
     print(data.synthesis.body if data.synthesis else "(no synthesis was written)")
+    for task in data.tasks:
+        if task.state is TaskState.FAILED:
+            render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,
+                                markup=False)
+    where = result.report.html if result.report else "-"
     if not quiet:
         tokens = data.input_tokens + data.output_tokens
-        where = result.report.html if result.report else "-"
         render.stderr.print(f"run {result.run_id}: {data.wall_s:.1f} s, {data.calls} calls, {tokens} tokens, "
                             f"{format_usd(data.spent_micro_usd)}; report {where}",
                             highlight=False)
+    if data.synthesis is None:
+        render.stderr.print(f"run {result.run_id} ended without a synthesis (see {where})", highlight=False)
+        raise typer.Exit(1)

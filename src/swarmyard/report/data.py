@@ -18,6 +18,10 @@ class WorkerSpan:
     ending: str
     steps: int = 0
     slot: str = ""
+    #: the agent's exit code (``None``: it timed out, or never ran a process)
+    exit_code: int | None = None
+    #: why it ended badly, in a line (the last line of its stderr, say); empty when it did not
+    error: str = ""
 
     @property
     def row(self) -> str:

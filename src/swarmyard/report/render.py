@@ -7,7 +7,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmyard.domain import Finding
+from swarmyard.domain import Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
 from swarmyard.report.data import ReportData
@@ -53,6 +53,11 @@ def _worker_rows(data: ReportData) -> list[tuple[str, ...]]:
     return [*rows, ("total", *total)]
 
 
+def _failed(data: ReportData) -> list[Task]:
+    """Tasks that were given up on, with why (``Task.result``)."""
+    return [t for t in data.tasks if t.state is TaskState.FAILED]
+
+
 def _cites(f: Finding) -> str:
     return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
 
@@ -64,6 +69,11 @@ def markdown(data: ReportData) -> str:
     if data.synthesis:
         out += [f"Cites: {_cites(data.synthesis)}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
+    failed = _failed(data)
+    if failed:
+        out += ["## Failed tasks", "", "| task | id | tries | why |", "|---|---|---:|---|"]
+        out += [f"| {t.title} | `{t.id}` | {t.attempts} | {(t.result or '-').replace('|', '/')} |" for t in failed]
+        out += [""]
     out += ["## Per worker", "", "| " + " | ".join(_WORKER_HEAD) + " |", "|---|---:|---:|---:|---:|"]
     out += ["| " + " | ".join(row) + " |" for row in _worker_rows(data)] + [""]
     out += ["## Findings", ""]
@@ -111,6 +121,10 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
     per_worker = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _WORKER_HEAD) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _worker_rows(data))
     synthesis = e(data.synthesis.body) if data.synthesis else "No synthesis was written."
+    failed = "".join(f"<tr><td>{e(t.title)}</td><td>{e(t.id)}</td><td>{t.attempts}</td><td>{e(t.result or '-')}</td>"
+                     "</tr>" for t in _failed(data))
+    failed_section = (f'<section id="failed"><h2>Failed tasks</h2><table><tr><th>task</th><th>id</th>'
+                      f"<th>tries</th><th>why</th></tr>{failed}</table></section>\n" if failed else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>swarmyard run {e(data.run_id)}</title>
 <style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
@@ -121,7 +135,7 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
 <section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
-<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
+{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
 {_img(spend, "Spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>
