@@ -151,10 +151,12 @@ def parse_request(body: dict[str, Any], *, counting: bool = False) -> ChatReques
 # -- rendering for the worker --
 
 
-def _input(arguments: str) -> Any:
+def tool_input(arguments: str) -> Any:
+    """A tool call's JSON arguments as the object Messages carries in ``tool_use.input`` (text that is not
+    JSON, or nests past what the parser takes, is kept whole under ``_raw``)."""
     try:
         return json.loads(arguments) if arguments else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"_raw": arguments}
 
 
@@ -165,7 +167,7 @@ def render_response(response: ChatResponse, model: str, usage: Usage) -> dict[st
         content.append({"type": "text", "text": response.text})
     for call in response.tool_calls:
         content.append(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)}
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(call.arguments)}
         )
     return {
         "id": response.id,
@@ -303,7 +305,7 @@ def upstream_body(request: ChatRequest) -> dict[str, Any]:
             continue
         blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
         blocks += [
-            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c.arguments)}
             for c in message.tool_calls
         ]
         push(message.role.value, blocks)

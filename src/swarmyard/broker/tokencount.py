@@ -1,8 +1,10 @@
 """Offline token counting: an upper bound on a request's input tokens, and the method that produced it.
 
 A tokenizer is used only when its file's SHA-256 matches the one pinned here; otherwise the UTF-8 byte
-count is the bound (a token is at least one byte). A fixed per-message overhead covers role markers and
-the chat template, which no counter sees.
+count is the bound (a token is at least one byte). Every piece of text that may reach the upstream is counted,
+as the upstream body carries it: contents, tool-call and tool-result ids, tool-call arguments (the larger of
+as given and as re-written for an upstream that wants them as an object), tool schemas. A fixed per-message
+overhead covers role markers and the chat template, which no counter sees.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import importlib.util
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+import orjson
+
+from swarmyard.broker.anthropic import tool_input
 from swarmyard.broker.chat import ChatRequest
-from swarmyard.errors import MissingExtraError, UserError
+from swarmyard.errors import InvalidInputError, MissingExtraError, UserError
 
 #: Added for each message (role markers, separators) and once per request (the reply's priming tokens).
 MESSAGE_OVERHEAD_TOKENS = 8
@@ -121,26 +126,54 @@ def cl100k() -> Cl100kCounter:
         return _cl100k
 
 
-def request_text_parts(request: ChatRequest) -> list[str]:
-    """Every piece of text a request sends: contents, tool calls, tool schemas."""
-    import json
+def _schema_text(parameters: dict[str, Any], where: str) -> str:
+    """A tool's schema as the upstream body carries it (compact JSON, as orjson writes the body)."""
+    try:
+        return orjson.dumps(parameters).decode()
+    except (TypeError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
+        # no upstream body could carry it either (orjson stops at 255 levels): the request's own fault
+        raise InvalidInputError(f"{where} cannot be sent upstream: {exc}", field=where) from exc
 
-    parts: list[str] = []
+
+def _arguments_as_object(arguments: str) -> str | None:
+    """Tool-call arguments as an upstream that wants an object gets them (Anthropic's ``tool_use.input``):
+    parsed and written again, which can be longer than what was given (``1e9`` is ``1000000000.0``)."""
+    try:
+        text = orjson.dumps(tool_input(arguments)).decode()
+    except (TypeError, RecursionError):
+        return None  # that upstream body cannot be written at all: the call fails before anything is sent
+    return None if text == arguments else text
+
+
+def request_text_parts(request: ChatRequest) -> list[str | tuple[str, str]]:
+    """Every piece of text a request may send upstream: contents, tool-call ids, names and arguments, the
+    ids tool results answer, tool names, descriptions and schemas. A pair is one piece written two ways by
+    different upstream formats; the bound counts the larger."""
+    parts: list[str | tuple[str, str]] = []
     for message in request.messages:
         parts.append(message.content)
+        if message.tool_call_id:
+            parts.append(message.tool_call_id)
         for call in message.tool_calls:
+            parts.append(call.id)
             parts.append(call.name)
-            parts.append(call.arguments)
-    for tool in request.tools:
+            rewritten = _arguments_as_object(call.arguments)
+            parts.append(call.arguments if rewritten is None else (call.arguments, rewritten))
+    for index, tool in enumerate(request.tools):
         parts.append(tool.name)
         parts.append(tool.description)
-        parts.append(json.dumps(tool.parameters, separators=(",", ":")))
+        parts.append(_schema_text(tool.parameters, f"tools[{index}].parameters"))
     return parts
 
 
 def input_bound(request: ChatRequest, counter: TokenCounter) -> int:
     """An upper bound on the input tokens of ``request``."""
-    text_tokens = sum(counter.count(part) for part in request_text_parts(request) if part)
+    text_tokens = 0
+    for part in request_text_parts(request):
+        if isinstance(part, tuple):
+            text_tokens += max(counter.count(part[0]), counter.count(part[1]))
+        elif part:
+            text_tokens += counter.count(part)
     overhead = (
         MESSAGE_OVERHEAD_TOKENS * (len(request.messages) + len(request.tools)) + REQUEST_OVERHEAD_TOKENS
     )

@@ -1,0 +1,79 @@
+"""What the broker holds for a call covers every byte that may reach the upstream, over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import claimed_worker
+from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker.app import Broker
+from swarmyard.broker.loopback import serve_in_thread
+from swarmyard.broker.providers.scripted import Say, ScriptedProvider
+from swarmyard.clock import FakeClock
+from swarmyard.store import SqlStore, open_store
+
+
+@dataclass
+class Rig:
+    url: str
+    store: SqlStore
+    goal_id: str
+    headers: dict[str, str]
+    broker: Broker
+    script: ScriptedProvider
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    worker = claimed_worker(store, clock, secret=b"h" * 32, budget=10_000_000, call_cap=100)
+    script = ScriptedProvider({"*": [Say("ok", input_tokens=5, output_tokens=1)] * 5})
+    route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
+    app = create_broker_app(store, worker.tokens, {"scripted": script}, BrokerSettings(routes=(route,)), clock)
+    with serve_in_thread(app) as url:
+        yield Rig(url, store, worker.goal_id, {"authorization": f"Bearer {worker.token}"}, app.state.broker, script)
+    store.close()
+
+
+def test_a_body_of_tool_ids_is_held_for_its_size(rig: Rig) -> None:
+    big = "c" * 200_000
+    body: dict[str, Any] = {"model": "m", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": big, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": big, "content": "done"},
+    ]}
+    answered = httpx.post(f"{rig.url}/v1/chat/completions", json=body, headers=rig.headers, timeout=30)
+    assert answered.status_code == 200, answered.text
+    assert rig.broker.wait_settled(10)
+    [held] = rig.store.list_reservations(rig.goal_id)
+    # 1 micro-USD a token, and a token is at least a byte: both 200 kB ids are in the worst case
+    assert held.amount >= 400_000 + 10
+    counted = httpx.post(f"{rig.url}/v1/messages/count_tokens", headers=rig.headers, timeout=30, json={
+        "model": "m", "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": big, "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": big, "content": "done"}]}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] >= 400_000
+
+
+def test_a_schema_nested_1000_deep_is_a_typed_400_that_holds_nothing(rig: Rig) -> None:
+    schema = '{"a":' * 1000 + "{}" + "}" * 1000
+    raw = ('{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}],'
+           '"tools":[{"type":"function","function":{"name":"f","parameters":' + schema + "}}]}")
+    answered = httpx.post(f"{rig.url}/v1/chat/completions", content=raw, timeout=30,
+                          headers={**rig.headers, "content-type": "application/json"})
+    assert answered.status_code == 400, answered.text
+    assert answered.json()["error"]["retryable"] is False
+    assert rig.store.list_reservations(rig.goal_id) == []
+    assert rig.script.requests == []
+    # the broker still serves
+    ok = httpx.post(f"{rig.url}/v1/chat/completions", headers=rig.headers, timeout=30,
+                    json={"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    assert ok.status_code == 200
