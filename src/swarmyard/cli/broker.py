@@ -80,7 +80,12 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
     broker_app = Starlette(routes=broker.routes(), lifespan=_closing(broker))
     models = sorted({m for cfg in table.values() for m in cfg.models})
     typer.echo(f"broker on http://{host}:{port}/v1 serving {', '.join(models)}", err=True)
-    uvicorn.run(broker_app, host=host, port=port, log_level="warning")
+    # Server.run, not uvicorn.run: after a clean shutdown it re-raises the signal that stopped it (Ctrl-C exits
+    # 130) where uvicorn.run swallows it; and a port it could not bind is our error (exit 1), not its exit 3.
+    server = uvicorn.Server(uvicorn.Config(broker_app, host=host, port=port, log_level="warning"))
+    server.run()
+    if not server.started:
+        raise UserError(f"the broker could not listen on {host}:{port}")
 
 
 def _closing(broker: Broker) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:

@@ -82,6 +82,12 @@ def exit_code(app: Callable[..., Any], args: Sequence[str] | None = None) -> int
         return 1
     except KeyboardInterrupt:
         return 130
+    except SystemExit as exc:  # a library's own exit (uvicorn exits 3 when it cannot bind): ours are 0, 1, 2, 130
+        if exc.code is None or exc.code in (0, 1, 2, 130):
+            return int(exc.code or 0)
+        if not isinstance(exc.code, int):
+            stderr.print(f"[red]error[/red]: {exc.code}", highlight=False, markup=True)
+        return 1
     except abort as exc:
         # click raises Abort from the KeyboardInterrupt it caught; any other abort (a declined prompt) failed
         interrupted = isinstance(exc.__cause__, KeyboardInterrupt)

@@ -26,7 +26,9 @@ def list_(
     as_json: bool = JsonOption,
 ) -> None:
     """List a goal's tasks."""
-    tasks = target_at(store, server, token_file).list_tasks(goal_id, state=state, group=group)
+    target = target_at(store, server, token_file)
+    target.get_goal(goal_id)  # an unknown goal is an error, not an empty list
+    tasks = target.list_tasks(goal_id, state=state, group=group)
     if as_json:
         render.print_json(tasks)
         return

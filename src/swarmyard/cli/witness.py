@@ -27,8 +27,12 @@ def serve(
     """Serve the witness until interrupted."""
     from swarmyard.audit.note import Verifier
     from swarmyard.audit.witness import Witness, make_server
+    from swarmyard.errors import InvalidInputError
 
-    witness = Witness.from_files(name, key, state, logs=[Verifier.parse(v) for v in log or []],
+    if (socket is None) == (port is None):  # before the key file is made: a refused setup changes nothing
+        raise InvalidInputError("give one of --socket PATH or --port N", field="socket")
+    logs = [Verifier.parse(v) for v in log or []]
+    witness = Witness.from_files(name, key, state, logs=logs,
                                  trust_on_first_use=pin_first)
     server = make_server(witness, socket=socket, port=port)
     where = socket or f"127.0.0.1:{port}"
