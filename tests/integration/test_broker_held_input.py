@@ -14,7 +14,7 @@ from conftest import claimed_worker
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.loopback import serve_in_thread
-from swarmyard.broker.providers.scripted import Say, ScriptedProvider
+from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.clock import FakeClock
 from swarmyard.store import SqlStore, open_store
 
@@ -77,3 +77,18 @@ def test_a_schema_nested_1000_deep_is_a_typed_400_that_holds_nothing(rig: Rig) -
     ok = httpx.post(f"{rig.url}/v1/chat/completions", headers=rig.headers, timeout=30,
                     json={"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
     assert ok.status_code == 200
+
+
+def test_an_answer_nested_deeper_than_a_body_may_be_is_delivered_and_settled(rig: Rig) -> None:
+    # a small model can write [[[[... for ever; the worker's Messages answer carries it as text, not a 500
+    deep: dict[str, Any] = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    rig.script.add("m", CallTools((("f", deep),)))
+    answered = httpx.post(f"{rig.url}/v1/messages", headers=rig.headers, timeout=30, json={
+        "model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    assert answered.status_code == 200, answered.text
+    [block] = answered.json()["content"]
+    assert block["type"] == "tool_use" and block["input"]["_raw"].startswith('{"a": {"a":')
+    assert rig.broker.wait_settled(10)
+    assert [r.state.value for r in rig.store.list_reservations(rig.goal_id)] == ["settled"]

@@ -32,7 +32,8 @@ from swarmyard.broker.jsonbody import (
     req_list,
     req_str,
 )
-from swarmyard.errors import InvalidInputError, UpstreamLostError
+from swarmyard.errors import InvalidInputError, NestingTooDeepError, UpstreamLostError
+from swarmyard.plane.limits import check_nesting
 
 _STOP = {
     FinishReason.STOP: "end_turn",
@@ -152,11 +153,16 @@ def parse_request(body: dict[str, Any], *, counting: bool = False) -> ChatReques
 
 
 def tool_input(arguments: str) -> Any:
-    """A tool call's JSON arguments as the object Messages carries in ``tool_use.input`` (text that is not
-    JSON, or nests past what the parser takes, is kept whole under ``_raw``)."""
+    """A tool call's JSON arguments as the object Messages carries in ``tool_use.input``.
+
+    Text that is not JSON is kept whole under ``_raw``, and so is JSON nested deeper than a body may be: a
+    model can write ``[[[[...`` for ever, and orjson will not write past 255 levels (the answer to the worker
+    would fail after its call was made, leaving the hold held).
+    """
     try:
+        check_nesting(arguments.encode(), field="arguments")
         return json.loads(arguments) if arguments else {}
-    except (ValueError, RecursionError):
+    except (ValueError, NestingTooDeepError):
         return {"_raw": arguments}
 
 
