@@ -62,9 +62,11 @@ def _scan_command(spelled: list[str]) -> str:
 
 
 def _replies(command: str) -> dict[str, list[dict[str, object]]]:
-    run = {"tool_calls": [{"name": "shell", "arguments": {"command": command}}]}
-    submit = {"tool_calls": [{"name": "submit_finding", "arguments": {"title": "scan", "body": "scanned"}}]}
-    synthesis = {"tool_calls": [{"name": "submit_finding", "arguments": {"title": "synthesis", "body": "done"}}]}
+    run: dict[str, object] = {"tool_calls": [{"name": "shell", "arguments": {"command": command}}]}
+    submit: dict[str, object] = {"tool_calls": [{"name": "submit_finding", "arguments": {"title": "scan", "body": "scanned"}}]}
+    synthesis: dict[str, object] = {
+        "tool_calls": [{"name": "submit_finding", "arguments": {"title": "synthesis", "body": "done"}}]
+    }
     return {WORKER: [run, submit], LEAD: [synthesis]}
 
 
