@@ -55,3 +55,14 @@ def test_a_priced_file_passes_the_same_check(tmp_path: Path) -> None:
     done = _cli(tmp_path, "run", "swarm.toml")
     # past the prices: the next thing wrong with the file is what is named
     assert done.returncode == 1 and "run.sandbox" in done.stderr and "price" not in done.stderr, done.stderr
+
+
+def test_a_hosted_model_without_its_key_is_refused_before_anything(tmp_path: Path) -> None:
+    hosted = SWARM.replace("house-model-7", "gpt-4o-mini").replace(
+        'kind = "openai_compatible"\nbase_url = "http://127.0.0.1:9/v1"', 'kind = "openai"')
+    (tmp_path / "swarm.toml").write_text(hosted + f'[run]\nruns_dir = "{tmp_path / "runs"}"\n')
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "set OPENAI_API_KEY" in done.stderr and "config_error" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["swarm.toml"]

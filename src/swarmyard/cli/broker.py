@@ -72,7 +72,7 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
     if not table:
         raise UserError("no provider: give --providers or --provider, set OPENAI_API_KEY or ANTHROPIC_API_KEY, "
                         "or use --key-file or --local")
-    check_table(table)
+    check_table(table, env=os.environ, keys=keys)
     opened = store_at(store, serving=True)
     tokens = TokenAuthority(load_or_create_secret(secret_file), opened)
     broker = configured_broker(opened, tokens, table, cache_dir=cache_dir, keys=keys,

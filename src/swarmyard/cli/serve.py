@@ -8,6 +8,7 @@ read from this process's environment by the variable each entry names; they neve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,7 @@ def command(
     table = provider_table(providers, provider or [])
     from swarmyard.broker.providers.configured import check_table, configured_broker
 
-    check_table(table)  # before the store is touched: a table the broker cannot serve changes nothing
+    check_table(table, env=os.environ)  # before the store is touched: a table the broker cannot serve changes nothing
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
                              renew_min_interval_s=renew_interval_s)
     secret = load_or_create_secret(secret_file)

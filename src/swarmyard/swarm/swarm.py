@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,7 @@ class Swarm:
         from swarmyard.broker.providers.configured import check_table
         from swarmyard.swarm.machine_launcher import MachineLauncher
 
-        check_table(self.config.providers, self.providers)  # before anything is created
+        check_table(self.config.providers, self.providers, env=os.environ)  # before anything is created
         witness = _witness(self.config.run.witness)
         runs = Path(self.config.run.runs_dir)
         run_id = resume or new_id("run")

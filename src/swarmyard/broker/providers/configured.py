@@ -99,13 +99,31 @@ def scripted_replies(replies: Mapping[str, tuple[ScriptedReply, ...]]) -> dict[s
     return {model: [one(reply) for reply in script] for model, script in replies.items()}
 
 
-def check_table(config: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None = None) -> None:
+def _key(name: str, cfg: ProviderConfig, env: Mapping[str, str], keys: ProviderKeys | None) -> Secret | None:
+    """A hosted provider's key: the key file's entry of its name, else the variable its entry names."""
+    var = cfg.api_key_env or KEY_VARS.get(cfg.kind)
+    key = keys.get(name) if keys else None
+    if key is None and var and env.get(var):
+        key = Secret(env[var])
+    if key is None and cfg.kind in KEY_VARS:
+        raise ConfigError(f"set {var} in the environment of the run (it stays in the broker)",
+                          field=f"providers.{name}.api_key_env")
+    return key
+
+
+def check_table(config: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None = None, *,
+                env: Mapping[str, str] | None = None, keys: ProviderKeys | None = None) -> None:
     """Refuse, before anything is started, a table the broker could not serve: a scripted provider with no
-    replies file (it would answer nothing, and the run end with no synthesis)."""
+    replies file (it would answer nothing, and the run end with no synthesis), or, when ``env`` is given, a
+    hosted provider whose key is in neither ``env`` nor ``keys``."""
     for name, cfg in config.items():
-        if cfg.kind is ProviderKind.SCRIPTED and cfg.replies is None and not (given and name in given):
+        if given and name in given:
+            continue
+        if cfg.kind is ProviderKind.SCRIPTED and cfg.replies is None:
             raise ConfigError("a scripted provider needs replies = FILE (its replies, in order, per model)",
                               field=f"providers.{name}.replies")
+        if env is not None and cfg.kind in KEY_VARS:
+            _key(name, cfg, env, keys)
 
 
 def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping[str, str],
@@ -130,11 +148,7 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
                 routes += more
                 continue
             case ProviderKind.OPENAI | ProviderKind.OPENAI_COMPATIBLE | ProviderKind.ANTHROPIC:
-                var = cfg.api_key_env or KEY_VARS.get(cfg.kind)
-                key = (keys.get(name) if keys else None) or (Secret(env[var]) if var and env.get(var) else None)
-                if cfg.kind is not ProviderKind.OPENAI_COMPATIBLE and key is None:
-                    raise ConfigError(f"set {var} in the environment of the run (it stays in the broker)",
-                                      field=f"providers.{name}.api_key_env")
+                key = _key(name, cfg, env, keys)
                 providers[name] = _class(cfg.kind)(cfg.base_url or BASE_URLS[cfg.kind], key, name=name,
                                                    timeouts=timeouts)
                 tokenizer = TOKENIZERS.get(cfg.kind, Tokenizer.BYTES)
