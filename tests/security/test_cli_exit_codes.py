@@ -427,3 +427,17 @@ def test_audit_verify_a_forged_witness_checkpoint_is_1(home: Path) -> None:
 def test_audit_verify_usage_and_errors(home: Path) -> None:
     failed(sy(home, "audit", "verify", str(home)), "user_error")  # no audit/ folder
     failed(sy(home, "audit", "verify", str(home), "--log-key", "nope"), "user_error")
+
+
+def test_audit_verify_writes_nothing_to_the_store_it_checks(home: Path) -> None:
+    run, _ = _finished_run(home)
+    _sql(run, "INSERT INTO events (kind, body, created_at) VALUES ('forged', ?, 0)", b'{"kind":"forged"}')
+
+    def events() -> list[tuple[object, ...]]:
+        with sqlite3.connect(run / "store.db") as db:
+            return list(db.execute("SELECT id, leaf_index, kind, body FROM events ORDER BY id"))
+
+    before = events()
+    assert sy(home, "audit", "verify", str(run), "--json").returncode == 0  # the log covers what it sequenced
+    assert events() == before  # the unsequenced row was not given a leaf index by the check
+    assert before[-1][1] is None

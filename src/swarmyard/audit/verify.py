@@ -88,7 +88,7 @@ def _pinned(found: Verifier | None, pinned: Verifier | None, index: int, what: s
 
 def _read_batch(source: EventSource, start: int, end: int) -> tuple[list[Event], LogMismatchError | None]:
     """Events ``[start, end)``; an unreadable one (``rows.event``) ends the batch and is returned to raise once
-    the events before it are checked, so the first bad event is the one named."""
+    the events before it are checked, so that the first bad event is the one named."""
     try:
         return source.read_events(start, end), None
     except LogMismatchError as exc:
@@ -138,21 +138,28 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
 
     leaves_path = audit_dir / LEAVES
     recorded = leaves_path.read_bytes() if leaves_path.exists() else b""
-    count = source.sequence_events()
+    # Only what is already sequenced, read batch by batch: verifying never writes to the store it checks
+    # (sequence_events would give leaf indexes to rows someone added without one).
     tree = MerkleTree()
-    for start in range(0, count, READ_BATCH):
-        end = min(start + READ_BATCH, count)
+    start = 0
+    while True:
+        end = start + READ_BATCH
         events, unreadable = _read_batch(source, start, end)
-        for offset in range((end if unreadable is None else unreadable.index) - start):
+        for offset, event in enumerate(events):
             index = start + offset
-            if offset >= len(events) or events[offset].leaf_index != index:
+            if event.leaf_index != index:
                 raise LogMismatchError("event", index, "missing or out of order")
-            digest = leaf_hash(events[offset].body)
+            digest = leaf_hash(event.body)
             if recorded[index * HASH_SIZE:(index + 1) * HASH_SIZE] not in (b"", digest):
                 raise LogMismatchError("event", index, "its leaf hash differs from the one the log recorded")
             tree.append_hash(digest)
         if unreadable is not None:
+            if unreadable.index != start + len(events):
+                raise LogMismatchError("event", start + len(events), "missing or out of order")
             raise unreadable
+        if len(events) < end - start:
+            break
+        start = end
 
     previous: SignedCheckpoint | None = None
     for number, (signed, _) in enumerate(checkpoints, start=1):
