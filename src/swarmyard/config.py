@@ -6,7 +6,8 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [tasks]      lenses = [{title, prompt}, ...]  or  plan = N (a planning call splits the objective in N)
     [policy]     kind = independent | team | explore | groups, with that policy's options
                  (``policy = "team"`` is short for ``[policy] kind = "team"``)
-    [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s
+    [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s,
+                 max_failures, retry_backoff_s
     [lead]       agent, model, max_steps, prompt
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
