@@ -405,6 +405,9 @@ def test_audit_verify_rollback_below_the_witness_is_1(home: Path) -> None:
 
     # asking the witness itself, over its socket
     with serving_witness(witness, home / "w.sock"):
+        asked = sy(home, "witness", "checkpoint", ORIGIN, "--witness", str(home / "w.sock"))
+        assert asked.returncode == 0 and asked.stdout == saved.stdout
+        failed(sy(home, "witness", "checkpoint", "other.test/run", "--witness", str(home / "w.sock")), "not_found")
         caught = sy(home, "audit", "verify", str(run), *keys, "--witness", str(home / "w.sock"))
         assert caught.returncode == 1 and caught.stdout.startswith(f"BAD event {first}: missing"), caught.stdout
         unknown = sy(home, "audit", "verify", str(run), "--witness", str(home / "w.sock"),
