@@ -333,7 +333,7 @@ class LocalBackend(SupervisedBackend):
     def machine_env(self, machine_id: str) -> dict[str, str]:
         """The variables every machine starts with."""
         path = f"{ENV_BIN}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-        return {
+        env = {
             "PATH": path,
             "HOME": HOME,
             "USER": "agent",
@@ -342,6 +342,11 @@ class LocalBackend(SupervisedBackend):
             "TMPDIR": "/tmp",
             "LANG": "C.UTF-8",
         }
+        if not any(PACKAGE_DIR.startswith(b + "/") for b in self._binds):
+            # swarmyard came from a source folder (PYTHONPATH, or the folder ``python -m`` started in), not from
+            # the interpreter's site-packages: that folder holds only the package inside, so it goes on the path.
+            env["PYTHONPATH"] = SOURCE_ROOT
+        return env
 
 
 _PROBES: dict[Path, doctor.HostReport] = {}
