@@ -170,6 +170,12 @@ def test_debug_shows_the_traceback(home: Path) -> None:
     done = sy(home, "--debug", "goal", "show", "g_missing", "--store", store)
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "NotFoundError" in done.stderr
+    # not a refusal but a failure swarmyard did not name: still one line and 1, the traceback with --debug
+    (home / "junk.db").write_bytes(b"not a database " * 16)
+    junk = f"sqlite:///{home / 'junk.db'}"
+    assert "DatabaseError" in failed(sy(home, "goal", "list", "--store", junk), "internal")
+    done = sy(home, "--debug", "goal", "list", "--store", junk)
+    assert done.returncode == 1 and "Traceback" in done.stderr
 
 
 def test_bench_machines_and_certs(home: Path) -> None:
