@@ -148,8 +148,9 @@ sandbox = "local"
     assert [r["model"] for r in upstream.requests] == ["up-worker"] * 3 + ["up-lead"]
     [run_dir] = (short_tmp / "runs").iterdir()
     with sqlite3.connect(run_dir / "store.db") as db:
-        rows = db.execute("SELECT state, actual, input_tokens, output_tokens FROM reservations").fetchall()
-    assert rows == [("settled", CALL_COST, PROMPT_TOKENS, COMPLETION_TOKENS)] * 4  # no hold left, none unknown
+        rows = db.execute("SELECT state, actual, overage, input_tokens, output_tokens FROM reservations").fetchall()
+    # every hold settled (none left held, none unknown) at its actual cost, none above its hold
+    assert rows == [("settled", CALL_COST, 0, PROMPT_TOKENS, COMPLETION_TOKENS)] * 4
     spent = 4 * CALL_COST
     assert spent == 200_600
     report = (run_dir / "report.md").read_text()
