@@ -136,6 +136,8 @@ def test_store_nouns(home: Path) -> None:
     listed = sy(home, "goal", "list", "--json", "--store", store)
     assert listed.returncode == 0 and [g["id"] for g in json.loads(listed.stdout)] == [goal]
     failed(sy(home, "goal", "show", "g_missing", "--store", store), "not_found")
+    # an id that looks like markup is printed as it is (it crashed the error line with a MarkupError)
+    assert "'g_[/bold][x]'" in failed(sy(home, "goal", "show", "g_[/bold][x]", "--store", store), "not_found")
     failed(sy(home, "goal", "create", "x", "--budget-usd", "ten", "--call-cap", "1", "--store", store),
            "invalid_input")
 

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from swarmyard.errors import SwarmyardError
@@ -57,6 +58,11 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     stdout.print(table)
 
 
+def print_error(code: str, message: str) -> None:
+    """One line on stderr: ``error (code): message``; the message is text, never markup (it may hold ``[...]``)."""
+    stderr.print(f"[red]error[/red] ({code}): {escape(message)}", highlight=False, markup=True)
+
+
 def _click_classes() -> tuple[type[Exception], type[Exception]]:
     """The ``ClickException`` and ``Abort`` of the click that typer runs on.
 
@@ -78,7 +84,7 @@ def exit_code(app: Callable[..., Any], args: Sequence[str] | None = None) -> int
         if state.debug:
             traceback.print_exc()
         else:
-            stderr.print(f"[red]error[/red] ({exc.code}): {exc.message}", highlight=False, markup=True)
+            print_error(exc.code, exc.message)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -86,7 +92,7 @@ def exit_code(app: Callable[..., Any], args: Sequence[str] | None = None) -> int
         if exc.code is None or exc.code in (0, 1, 2, 130):
             return int(exc.code or 0)
         if not isinstance(exc.code, int):
-            stderr.print(f"[red]error[/red]: {exc.code}", highlight=False, markup=True)
+            print_error("exit", str(exc.code))
         return 1
     except abort as exc:
         # click raises Abort from the KeyboardInterrupt it caught; any other abort (a declined prompt) failed
@@ -102,8 +108,7 @@ def exit_code(app: Callable[..., Any], args: Sequence[str] | None = None) -> int
         if state.debug:
             traceback.print_exc()
         else:
-            stderr.print(f"[red]error[/red] (internal): {type(exc).__name__}: {exc} (--debug shows the traceback)",
-                         highlight=False, markup=True)
+            print_error("internal", f"{type(exc).__name__}: {exc} (--debug shows the traceback)")
         return 1
     # Outside standalone mode click returns the code of an explicit ``typer.Exit`` instead of exiting with it,
     # and a command's own return value (always None here) otherwise.
