@@ -182,6 +182,18 @@ def test_namespace_and_mount_syscalls_denied(world: tuple[Machines, MachineInfo,
     assert _errno_of(machines, info, code) == "EPERM"
 
 
+def test_io_uring_is_denied(world: tuple[Machines, MachineInfo, Path]) -> None:
+    """io_uring_setup, _enter and _register (425-427 on x86_64) answer EPERM; a bad call would answer EFAULT or
+    EBADF if the filter let it through."""
+    machines, info, _ = world
+    for number, args in ((425, "1,0"), (426, "-1,0,0,0,0,0"), (427, "-1,0,0,0")):
+        code = (
+            f"import ctypes;l=ctypes.CDLL(None,use_errno=True);r=l.syscall({number},{args});"
+            "raise OSError(ctypes.get_errno(),'') if r else None"
+        )
+        assert _errno_of(machines, info, code) == "EPERM", number
+
+
 def test_memory_limit_kills(world: tuple[Machines, MachineInfo, Path]) -> None:
     machines, info, _ = world
     result = machines.exec(info.id, ["python3", "-c", "b=bytearray(256<<20);print('ESCAPED')"], timeout=30)

@@ -447,12 +447,12 @@ class Coordinator:
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
         synthesis: Finding | None = None
-        from swarmyard.audit.log import LOG_KEY, AuditLog
-        from swarmyard.swarm.run_secrets import run_secrets
+        from swarmyard.audit.log import AuditLog
+        from swarmyard.swarm.run_secrets import log_key
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
                          witness=self.witness, every_n=self.audit_every_n,
-                         key_path=run_secrets(self.run_id) / LOG_KEY)
+                         key_path=log_key(self.run_id, self.run_dir / "audit"))
         ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
         try:
             await self.launcher.start(goal)

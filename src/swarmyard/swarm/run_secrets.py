@@ -19,6 +19,7 @@ from pathlib import Path
 from swarmyard.errors import UserError
 
 TOKEN_SECRET = "token.secret"
+LOG_KEY = "log.key"
 
 
 def state_dir() -> Path:
@@ -42,6 +43,13 @@ def run_secrets(run_id: str) -> Path:
         folder.mkdir(mode=0o700, exist_ok=True)
         _check_private(folder)
     return folder
+
+
+def log_key(run_id: str, audit_dir: Path) -> Path:
+    """Where run ``run_id`` signs its audit log from: its private folder, unless the run was made when the key
+    lived in ``audit/`` (a resumed run keeps signing with the key its checkpoints were signed with)."""
+    legacy = audit_dir / LOG_KEY
+    return legacy if legacy.exists() else run_secrets(run_id) / LOG_KEY
 
 
 def _check_private(folder: Path) -> None:
