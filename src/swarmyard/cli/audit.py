@@ -1,4 +1,5 @@
-"""``swarmyard audit verify RUN``: recompute a run's audit tree and check every checkpoint and cosignature."""
+"""``swarmyard audit verify RUN``: recompute a run's audit tree, check every checkpoint and cosignature, and
+(given the witness, its checkpoint or a size) that the log was not cut back below what it once held."""
 
 from __future__ import annotations
 
