@@ -47,12 +47,20 @@ def _class(kind: ProviderKind) -> Any:
 
 def _route(name: str, cfg: ProviderConfig, model: str, *, tokenizer: Tokenizer = Tokenizer.BYTES,
            max_output: int = DEFAULT_MAX_OUTPUT, context_tokens: int | None = None) -> ModelRoute:
-    """One model's route with its price; a provider's own window (the local model's) bounds the file's."""
+    """One model's route with its price; a provider's own window (the local model's) bounds the file's.
+
+    The table's context window is used only where the input is counted with a tokenizer: a byte-bounded
+    route's bound is several times the true count (fine for holding money, which it never under-holds), and
+    checked against a window it would refuse conversations that fit. The file's own ``context_tokens`` holds
+    on any route.
+    """
     try:
         terms = cfg.terms(model)
     except ValueError as exc:  # parsed configs were checked already; this is a table built in Python
         raise ConfigError(str(exc), field=f"providers.{name}") from None
-    windows = [w for w in (terms.context_tokens, context_tokens) if w is not None]
+    given = cfg.prices.get(model)
+    window = terms.context_tokens if tokenizer is not Tokenizer.BYTES else given.context_tokens if given else None
+    windows = [w for w in (window, context_tokens) if w is not None]
     return ModelRoute(model, name, input_per_mtok=terms.input_per_mtok, output_per_mtok=terms.output_per_mtok,
                       max_output_tokens=terms.max_output_tokens or max_output, tokenizer=tokenizer,
                       context_tokens=min(windows) if windows else None)
