@@ -7,7 +7,7 @@
   still start processes;
 - memory: a machine allocates far past its memory limit and is refused; the host's own processes are untouched.
 
-After each, the machine is deleted and no process runs as the sandbox's host uid.
+After each, the machine is deleted and no process is left in its cgroups.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import pytest
 
 from swarmyard.machines import Limits, Machines
 from swarmyard.machines.api import MIN_DISK_BYTES
-from swarmyard.machines.identity import HOST_UID, private_userns
 from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 
@@ -48,22 +47,27 @@ def machines(tmp_path: Path) -> Iterator[Machines]:
         yield found
     finally:
         found.close()
-        assert sandbox_processes() == [], "a machine's process outlived its delete"
 
 
-def sandbox_processes() -> list[int]:
-    """Host processes running as the sandbox's host uid (none when the machines are not remapped)."""
-    if private_userns() is None:
-        return []
+def machine_processes(info: MachineInfo) -> list[int]:
+    """Host processes in the machine's cgroups (named after its folder), as the host's /proc lists them."""
+    mark = f"/swarmyard/{Path(info.disk or '').parent.name}"
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if proc.stat().st_uid == HOST_UID:
+                if any(line.endswith(mark) for line in (proc / "cgroup").read_text().splitlines()):
                     found.append(int(proc.name))
-            except FileNotFoundError:
+            except OSError:
                 continue  # ended while we looked
     return found
+
+
+def deleted(machines: Machines, info: MachineInfo) -> None:
+    """Delete the machine; before, it had processes on the host (its init at least), after, none is left."""
+    assert machine_processes(info), "the check sees no process of a live machine"
+    machines.delete(info.id)
+    assert machine_processes(info) == []
 
 
 def host_can_fork() -> bool:
@@ -94,9 +98,8 @@ def test_a_full_disk_is_enospc_inside_and_costs_the_host_at_most_the_quota(machi
     assert 0.8 * quota < taken <= quota
     drop = free_before - shutil.disk_usage(tmp_path).free
     print(f"disk quota {quota} B: image holds {taken} B; host free space dropped {drop} B during the write")
-    machines.delete(info.id)
+    deleted(machines, info)
     assert not image.exists()
-    assert sandbox_processes() == []
 
 
 def test_the_default_disk_is_one_gib(machines: Machines) -> None:
@@ -125,8 +128,7 @@ def test_a_fork_bomb_stays_inside_its_pids_limit(machines: Machines) -> None:
     assert host_can_fork()
     after = machines.exec(info.id, ["echo", "alive"], timeout=30)
     assert after.stdout == b"alive\n"
-    machines.delete(info.id)
-    assert sandbox_processes() == []
+    deleted(machines, info)
     assert host_can_fork()
 
 
@@ -138,8 +140,7 @@ def test_memory_past_the_limit_is_refused_and_the_host_keeps_its_own(machines: M
     assert host_can_fork()
     after = machines.exec(info.id, ["echo", "alive"], timeout=30)
     assert after.stdout == b"alive\n"
-    machines.delete(info.id)
-    assert sandbox_processes() == []
+    deleted(machines, info)
 
 
 def test_a_flooded_exec_keeps_a_head_and_a_tail(machines: Machines) -> None:
