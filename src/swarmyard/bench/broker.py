@@ -144,8 +144,8 @@ def _run_loop(coro: Awaitable[Any]) -> Any:
 
 
 def _setup(folder: Path) -> str:
-    """A goal, a task, a price and a worker token holding a claim, in the store the broker will open."""
-    from swarmyard.domain import GoalSpec, Price, TaskSpec
+    """A goal, a task and a worker token holding a claim, in the store the broker will open."""
+    from swarmyard.domain import GoalSpec, TaskSpec
     from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
@@ -153,7 +153,6 @@ def _setup(folder: Path) -> str:
     try:
         goal = store.create_goal(GoalSpec("bench", budget_micro_usd=10**12, call_cap=0))
         store.create_task(goal.id, TaskSpec("bench", budget_micro_usd=10**12))
-        store.set_price(Price("fast", 1, 1))
         tokens = TokenAuthority(load_or_create_secret(folder / "token-secret"), store)
         token, identity = tokens.issue(goal.id, "main", ttl_s=86400)
         store.claim(goal.id, identity.worker_id, 86400)
@@ -276,7 +275,8 @@ def run(quick: bool = False, **options: object) -> BenchResult:
             raise RuntimeError(f"bench upstream failed: {upstream.stderr.read().decode() if upstream.stderr else ''}")
         (folder / "providers.toml").write_text(
             f'[providers.fast]\nkind = "openai_compatible"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
-            'models = ["fast"]\n', encoding="utf-8")
+            'models = ["fast"]\n[providers.fast.prices.fast]\ninput_usd_per_mtok = "0.000001"\n'
+            'output_usd_per_mtok = "0.000001"\n', encoding="utf-8")
         broker = subprocess.Popen(
             [sys.executable, "-m", "swarmyard.cli", "serve", "--store", f"sqlite:///{folder / 'store.db'}",
              "--socket", str(broker_sock), "--secret-file", str(folder / "token-secret"),
