@@ -131,6 +131,20 @@ def probe(scratch: Path | None = None) -> HostReport:
             else "not mountable here: disks are reflink-or-copy clones",
         ),
         Check("overlayfs in a user namespace", overlay_userns, "works" if overlay_userns else "refused"),
+        Check(
+            "disk quota",
+            overlay and disks.quota_supported(),
+            "each disk's writes land in a loop-mounted ext4 image of its size"
+            if overlay and disks.quota_supported()
+            else "needs root, overlayfs, /dev/loop-control and mke2fs: machines need allow_weaker",
+        ),
+        Check(
+            "unmapped uid",
+            os.geteuid() == 0 and shutil.which("unshare", path="/usr/bin:/bin") is not None,
+            "a machine's uid 1000 is a host uid no account has"
+            if os.geteuid() == 0
+            else "not root: a machine's uid is yours on the host (your 0600 files are readable where bound)",
+        ),
         Check("cgroup v1 controllers", bool(v1), ", ".join(v1) or "none writable"),
         Check("cgroup v2 controllers", bool(v2), ", ".join(v2) or "none enabled"),
         Check(
