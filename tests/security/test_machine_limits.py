@@ -27,7 +27,7 @@ import pytest
 
 from swarmyard.machines import Limits, Machines
 from swarmyard.machines.api import MIN_DISK_BYTES
-from swarmyard.machines.local import LocalBackend
+from swarmyard.machines.local import InitKind, LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 
 pytestmark = [
@@ -81,8 +81,18 @@ def booted(machines: Machines, name: str, limits: Limits) -> MachineInfo:
     return machines.wait_until_ready(info.id)
 
 
-def test_a_full_disk_is_enospc_inside_and_costs_the_host_at_most_the_quota(machines: Machines,
-                                                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize("init", ["native", "python"])
+def test_a_full_disk_is_enospc_inside_and_costs_the_host_at_most_the_quota(init: InitKind, tmp_path: Path) -> None:
+    """With the compiled init the launcher mounts the image in the machine's own mount namespace; with the Python
+    init this process mounts it in its own."""
+    machines = Machines(LocalBackend(tmp_path / "m", init=init))
+    try:
+        _fill(machines, tmp_path)
+    finally:
+        machines.close()
+
+
+def _fill(machines: Machines, tmp_path: Path) -> None:
     quota = 64 * MiB
     info = booted(machines, "filler", Limits(disk_bytes=quota))
     assert "disk-quota" in info.enforced

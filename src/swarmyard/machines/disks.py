@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -141,6 +142,10 @@ def mount_space(image: Path, target: Path) -> None:
         for _ in range(64):
             number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
             device = f"/dev/loop{number}"
+            if not os.path.exists(device):
+                # A /dev that is not devtmpfs (a container's) gets no node for a device made on demand.
+                with contextlib.suppress(FileExistsError):
+                    os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, number))
             loop = os.open(device, os.O_RDWR | os.O_CLOEXEC)
             try:
                 config = bytearray(_LOOP_CONFIG_SIZE)
@@ -152,7 +157,8 @@ def mount_space(image: Path, target: Path) -> None:
                     if exc.errno == errno.EBUSY:
                         continue  # another machine took that free device first
                     raise
-                if _libc().mount(device.encode(), os.fsencode(target), b"ext4", _MS_NOSUID | _MS_NODEV, b"") != 0:
+                if _libc().mount(device.encode(), os.fsencode(target), b"ext4", _MS_NOSUID | _MS_NODEV,
+                                b"noinit_itable") != 0:
                     err = ctypes.get_errno()
                     raise SandboxError(f"cannot mount the disk image at {target}: {os.strerror(err)}")
                 return
