@@ -1,11 +1,13 @@
 """The ``local`` backend: each machine is a bubblewrap sandbox with seccomp, Landlock and cgroup limits.
 
 Inside, a machine sees a read-only view of only what an agent needs (/usr, a copy of a few /etc files and a /run
-prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the Python that runs swarmyard), its own disk
-at ``/machine`` (an overlay mounted in the machine's own mount namespace, see
-:mod:`~swarmyard.machines.launchers`), private /proc, /dev and /tmp, a tmpfs over /sys, and loopback only.
-Its uid is 1000 with no capabilities, which on the host is an id no account has when swarmyard runs as root (see
-:mod:`~swarmyard.machines.identity`); its init applies Landlock so writes land only on its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
+prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the interpreter's prefixes and site-packages
+and the swarmyard package folder, see :func:`python_paths`), its own disk at ``/machine`` (an overlay mounted in
+the machine's own mount namespace, see :mod:`~swarmyard.machines.launchers`, whose writes land in an ext4 image
+the size of its quota, see :mod:`~swarmyard.machines.disks`), private /proc, /dev and /tmp, a tmpfs over /sys,
+and loopback only. Its uid is 1000 with no capabilities, which on the host is an id no account has when
+swarmyard runs as root (see :mod:`~swarmyard.machines.identity`); its init applies Landlock so writes land only
+on its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
 """
 
 from __future__ import annotations
