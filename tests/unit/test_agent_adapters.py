@@ -73,6 +73,7 @@ def test_codex_config_toml() -> None:
         "wire_api": "responses",
         "supports_websockets": False,
         "request_max_retries": 0,
+        "stream_max_retries": 0,
     }
     assert config["mcp_servers"]["swarmyard"]["command"] == "swarmyard"
     assert config["mcp_servers"]["swarmyard"]["env"]["SWARMYARD_TOKEN"] == "sy1.worker-token"

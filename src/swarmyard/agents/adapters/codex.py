@@ -37,7 +37,10 @@ class CodexAdapter:
                 'env_key = "SWARMYARD_TOKEN"',
                 'wire_api = "responses"',
                 "supports_websockets = false  # websockets would bypass base_url",
-                "request_max_retries = 0  # the broker says when a retry would pay twice",
+                # Codex reads no x-should-retry: it would resend a call the broker answered upstream_unknown
+                # (a second hold for one call); a stream it "reconnects" is the same request sent again
+                "request_max_retries = 0",
+                "stream_max_retries = 0",
                 "",
                 "[mcp_servers.swarmyard]",
                 f"command = {_toml_str(ctx.mcp_command[0])}",

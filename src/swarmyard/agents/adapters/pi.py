@@ -38,4 +38,9 @@ class PiAdapter:
             ctx.model,
             WORKER_INSTRUCTIONS.format(prompt=ctx.prompt),
         )
-        return AgentLaunch(argv, env, {f"{agent_dir}/models.json": json.dumps(models, indent=2)})
+        # pi's own auto-retry matches "502" in the error text and sends the turn again, whatever
+        # x-should-retry says: a call the broker answered upstream_unknown would be held (and billed) twice.
+        # The OpenAI SDK under it still retries what the broker marks retryable.
+        settings = {"retry": {"enabled": False}}
+        return AgentLaunch(argv, env, {f"{agent_dir}/models.json": json.dumps(models, indent=2),
+                                       f"{agent_dir}/settings.json": json.dumps(settings, indent=2)})

@@ -1,0 +1,135 @@
+"""External agent CLIs do not resend a call the broker answered ``upstream_unknown`` (``x-should-retry: false``).
+
+Each CLI runs through the runner's own launcher in a ``local`` machine, pointed at the broker through the
+in-sandbox relay, as in ``test_agents_external``. The scripted provider (the stand-in for a paid one) takes the
+first request it is sent, records it, and loses its answer after the request left: the broker marks the hold
+``unknown`` and answers 502 ``upstream_unknown`` with ``x-should-retry: false``. Whatever the CLI does next, it
+must not send that same request again (a second hold, and a second bill, for one call).
+
+Claude Code honours the header (the Anthropic SDK reads it). Codex reads no such header: its adapter turns its
+request and stream retries off. pi's own auto-retry matches "502" in the error text: its adapter turns it off
+(the OpenAI SDK under it, which honours the header, still retries what the broker marks retryable). opencode
+(the AI SDK's retry, which takes any 5xx as retryable) and aider (its own loop, retrying for up to 60 s) resend,
+and neither has a setting that stops it: for them the broker's ledger is what holds, one ``unknown`` hold for
+the lost call and a settled one for each resend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.agents.adapters import get_adapter, venvs
+from swarmyard.broker.chat import ChatRequest
+from swarmyard.broker.providers.scripted import Fail, FailKind, Say, ScriptedProvider
+from swarmyard.config import load_config
+from swarmyard.domain import ReservationState
+from swarmyard.store import open_store
+from swarmyard.swarm.launcher import WorkerSlot
+from swarmyard.swarm.machine_launcher import MachineLauncher
+from swarmyard.swarm.setup import create_goal, create_round_tasks
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
+
+MODEL = "scripted-agent-model"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-r-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _swarm_file(folder: Path, agent: str) -> Path:
+    path = folder / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "Say hello to the team."
+budget_usd = "1"
+call_cap = 50
+deadline_s = 600
+[[tasks.lenses]]
+title = "greet"
+prompt = "Say hello."
+[policy]
+kind = "team"
+[workers]
+agent = "{agent}"
+count = 1
+concurrency = 1
+exec_timeout_s = 90
+model = "{MODEL}"
+[lead]
+model = "{MODEL}"
+[providers.script]
+kind = "scripted"
+models = ["{MODEL}"]
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+def _lose_the_first_call(short_tmp: Path, agent: str) -> tuple[ScriptedProvider, list[ReservationState]]:
+    """Run one worker of ``agent`` whose first model call is lost after it left; what reached the provider,
+    and the states of the holds."""
+    spec = get_adapter(agent).venv
+    if spec is not None:
+        venvs.require(spec)
+    else:
+        assert shutil.which(agent), f"{agent} is not installed: scripts/test installs it from the npm registry"
+    config = load_config(_swarm_file(short_tmp, agent))
+    run_dir = short_tmp / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    answer = "finding.md\n```\nHello.\n```\n" if agent == "aider" else "Hello, team."
+    provider = ScriptedProvider({MODEL: [Fail(FailKind.AFTER_SEND)] + [Say(answer)] * 20}, name="script")
+    launcher = MachineLauncher(config, store, run_dir, {"script": provider})
+
+    async def one_worker() -> None:
+        from swarmyard.clock import SystemClock
+        from swarmyard.swarm.policies import make_policy
+
+        goal = create_goal(store, config, SystemClock())
+        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
+        await launcher.start(goal)
+        try:
+            await launcher.run(WorkerSlot("worker-0", "team"))
+        finally:
+            await launcher.close()
+
+    try:
+        asyncio.run(one_worker())
+        states = [r.state for g in store.list_goals() for r in store.list_reservations(g.id)]
+    finally:
+        store.close()
+    assert provider.requests, f"{agent}'s first model request never reached the broker"
+    return provider, states
+
+
+def _resent(provider: ScriptedProvider) -> list[ChatRequest]:
+    lost = provider.requests[0]
+    return [r for r in provider.requests[1:] if r.messages == lost.messages and r.tools == lost.tools]
+
+
+@pytest.mark.parametrize("agent", ["codex", "claude", "pi"])
+def test_a_lost_call_is_not_sent_again(short_tmp: Path, agent: str) -> None:
+    provider, states = _lose_the_first_call(short_tmp, agent)
+    assert _resent(provider) == [], f"{agent} sent the lost call {1 + len(_resent(provider))} times"
+    assert states.count(ReservationState.UNKNOWN) == 1 and ReservationState.HELD not in states
+
+
+@pytest.mark.parametrize("agent", ["opencode", "aider"])
+def test_a_cli_that_resends_leaves_the_lost_call_unknown_and_settles_the_rest(short_tmp: Path, agent: str) -> None:
+    provider, states = _lose_the_first_call(short_tmp, agent)
+    # one hold per request that reached the broker: the lost one unknown, every other (resends too) settled
+    assert len(states) == len(provider.requests)
+    assert states[0] is ReservationState.UNKNOWN
+    assert set(states[1:]) <= {ReservationState.SETTLED}
