@@ -130,6 +130,7 @@ def world() -> Iterator[dict[str, object]]:
     replies = base / "replies.json"
     replies.write_text(json.dumps(_replies(_scan_command(spelled))))
     (work / "swarm.toml").write_text(swarm_text(replies))
+    (home / "swarm.toml").write_text(swarm_text(replies))
     try:
         yield {"work": work, "home": home, "extra": extra, "canaries": found, "control": control}
     finally:
@@ -153,26 +154,28 @@ def _scan_of(run_dir: Path) -> tuple[list[str], list[str], str]:
     return mounts.splitlines(), [h for h in hits.splitlines() if h.strip()], uid.strip()
 
 
-@pytest.mark.parametrize("entry", ["console-script", "python-m"])
-def test_a_run_machine_sees_no_folder_home_pythonpath_or_secret(world: dict[str, object], entry: str) -> None:
+@pytest.mark.parametrize(("entry", "start"), [("console-script", "work"), ("python-m", "work"),
+                                              ("python-m", "home")])
+def test_a_run_machine_sees_no_folder_home_pythonpath_or_secret(world: dict[str, object], entry: str,
+                                                                 start: str) -> None:
     work, home, extra = Path(str(world["work"])), Path(str(world["home"])), Path(str(world["extra"]))
     argv = [str(CONSOLE_SCRIPT)] if entry == "console-script" else [sys.executable, "-m", "swarmyard.cli"]
-    done = subprocess.run([*argv, "run", "swarm.toml", "--quiet"], cwd=work, env=_env(home, extra),
+    folder = work if start == "work" else home  # python -m puts the folder it starts in first on sys.path
+    done = subprocess.run([*argv, "run", "swarm.toml", "--quiet"], cwd=folder, env=_env(home, extra),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = [p for p in (work / "runs").iterdir() if p.name != "run_earlier"]
+    (run_dir,) = [p for p in (folder / "runs").iterdir() if p.name != "run_earlier"]
 
     mounts, hits, uid = _scan_of(run_dir)
     assert hits == [str(world["control"])], f"canaries readable inside the machine: {hits}"
     assert uid == "1000"
-    # No mount of the working folder, the home or the PYTHONPATH folder: the one mount from the working folder is
-    # the plane's socket, bound by itself.
+    # No mount of the working folder, the home or the PYTHONPATH folder: the one mount from any of them is the
+    # plane's socket in the run folder, bound by itself.
     for line in mounts:
         root = line.split()[3]
-        for folder in (home, extra):
-            assert not (root == str(folder) or root.startswith(f"{folder}/")), line
-        if root == str(work) or root.startswith(f"{work}/"):
-            assert root == str(run_dir / "plane.sock"), line
+        for place in (work, home, extra):
+            if root == str(place) or root.startswith(f"{place}/"):
+                assert root == str(run_dir / "plane.sock"), line
 
     # The run's own secrets: outside the run folder, in a private folder under the user's state dir.
     assert not list(run_dir.rglob("token.secret")) and not list(run_dir.rglob("log.key"))
