@@ -13,12 +13,16 @@ machines keep bwrap's single mapping; :func:`private_userns` then answers ``None
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
 import threading
 from pathlib import Path
 
+from swarmyard.errors import SandboxError
+
+_log = logging.getLogger(__name__)
 #: The machine's uid and gid as its processes see them.
 SANDBOX_UID = 1000
 #: The host uid and gid the sandbox's 1000 maps to: owned by no account (checked at first use).
@@ -38,8 +42,12 @@ def private_userns() -> int | None:
 
 
 def _make() -> int | None:
+    if os.geteuid() != 0:
+        return None
     unshare = shutil.which("unshare", path="/usr/bin:/bin")
-    if os.geteuid() != 0 or unshare is None or _host_has(HOST_UID):
+    if unshare is None or _host_has(HOST_UID):
+        _log.warning("machines run as this process's uid on the host: %s",
+                     "util-linux's unshare is missing" if unshare is None else f"uid {HOST_UID} is taken")
         return None
     # The helper makes the namespace and waits on its stdin; this process writes the maps from outside it.
     helper = subprocess.Popen(
@@ -94,8 +102,11 @@ def admit(socket_path: Path) -> None:
     """
     if private_userns() is None:
         return
-    info = os.stat(socket_path)
-    if info.st_gid != HOST_UID:
-        os.chown(socket_path, -1, HOST_UID)
-    if info.st_mode & 0o060 != 0o060:
-        os.chmod(socket_path, (info.st_mode & 0o7777) | 0o060)
+    try:
+        info = os.stat(socket_path)
+        if info.st_gid != HOST_UID:
+            os.chown(socket_path, -1, HOST_UID)
+        if info.st_mode & 0o060 != 0o060:
+            os.chmod(socket_path, (info.st_mode & 0o7777) | 0o060)
+    except OSError as exc:
+        raise SandboxError(f"machines cannot be let reach the socket {socket_path}: {exc}") from exc
