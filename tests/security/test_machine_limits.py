@@ -71,6 +71,18 @@ def deleted(machines: Machines, info: MachineInfo) -> None:
     assert machine_processes(info) == []
 
 
+def attached(image: Path) -> bool:
+    """Whether a loop device of the host is backed by ``image`` (the kernel lists each in /sys/block)."""
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            name = backing.read_text().strip().removesuffix(" (deleted)")
+        except OSError:
+            continue  # detached while we looked
+        if name == str(image):
+            return True
+    return False
+
+
 def host_can_fork() -> bool:
     """The host can still start a process."""
     return subprocess.run(["true"], check=False).returncode == 0
@@ -109,8 +121,48 @@ def _fill(machines: Machines, tmp_path: Path) -> None:
     assert 0.8 * quota < taken <= quota
     drop = free_before - shutil.disk_usage(tmp_path).free
     print(f"disk quota {quota} B: image holds {taken} B; host free space dropped {drop} B during the write")
+    assert attached(image)
     deleted(machines, info)
     assert not image.exists()
+    # Its loop device detaches itself once the file system is gone with the machine's last mount of it (the
+    # kernel may finish that a moment after the last process exits: waited for, with a deadline).
+    deadline = time.monotonic() + 30
+    while attached(image):
+        assert time.monotonic() < deadline, f"a loop device still holds {image}"
+        time.sleep(0.05)
+
+
+_OWNER = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from swarmyard.machines import Limits, Machines\n"
+    "from swarmyard.machines.local import LocalBackend\n"
+    "machines = Machines(LocalBackend(Path(sys.argv[1]), init=sys.argv[2]))\n"
+    "info = machines.wait_until_ready(machines.create('orphan', limits=Limits(disk_bytes=32 << 20)).id)\n"
+    "print(Path(info.disk).parent / 'disk.img', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+@pytest.mark.parametrize("init", ["native", "python"])
+def test_a_killed_owner_leaves_no_disk_behind(init: InitKind, tmp_path: Path) -> None:
+    """The process that made a machine is SIGKILLed: its sandbox dies with it, and the next backend on the same
+    folder reaps what is left (with the Python init, the disk's mounts in the host's namespace); the disk image's
+    loop device is then detached and the machine's folder gone."""
+    root = tmp_path / "m"
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(root), init], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    image = Path(owner.stdout.readline().strip())
+    assert attached(image)
+    owner.kill()
+    owner.wait()
+    LocalBackend(root, init=init).close()  # reaps machines whose owner died
+    deadline = time.monotonic() + 30
+    while attached(image):
+        assert time.monotonic() < deadline, f"a loop device still holds {image}"
+        time.sleep(0.05)
+    assert not image.parent.exists()
 
 
 def test_the_default_disk_is_one_gib(machines: Machines) -> None:
