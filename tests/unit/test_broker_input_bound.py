@@ -153,3 +153,14 @@ def test_a_schema_nested_too_deep_to_send_is_a_typed_refusal() -> None:
     with pytest.raises(InvalidInputError) as refused:
         input_bound(request, ByteBoundCounter())
     assert refused.value.field == "tools[0].parameters" and refused.value.status == 400
+
+
+@pytest.mark.parametrize("arguments", ["[" * 300 + "]" * 300, "not json"])
+def test_arguments_no_upstream_body_could_carry_as_json_go_as_text(arguments: str) -> None:
+    # Messages wants tool_use.input as an object; what orjson cannot write (past 255 levels) or what is not
+    # JSON at all goes whole under _raw, and the bound counts it as it goes
+    request = ChatRequest("m", (Message(Role.ASSISTANT, "", (ToolCall("call_1", "f", arguments),)),), max_tokens=8)
+    sent = orjson.dumps(anthropic.upstream_body(request))
+    [block] = orjson.loads(sent)["messages"][0]["content"]
+    assert block["input"] == {"_raw": arguments}
+    assert upstream_tokens(sent, ByteBoundCounter()) <= input_bound(request, ByteBoundCounter())

@@ -33,7 +33,7 @@ from swarmyard.broker.jsonbody import (
     req_str,
 )
 from swarmyard.errors import InvalidInputError, NestingTooDeepError, UpstreamLostError
-from swarmyard.plane.limits import check_nesting
+from swarmyard.plane.limits import MAX_JSON_DEPTH, check_nesting
 
 _STOP = {
     FinishReason.STOP: "end_turn",
@@ -155,13 +155,16 @@ def parse_request(body: dict[str, Any], *, counting: bool = False) -> ChatReques
 def tool_input(arguments: str) -> Any:
     """A tool call's JSON arguments as the object Messages carries in ``tool_use.input``.
 
-    Text that is not JSON is kept whole under ``_raw``, and so is JSON nested deeper than a body may be: a
-    model can write ``[[[[...`` for ever, and orjson will not write past 255 levels (the answer to the worker
-    would fail after its call was made, leaving the hold held).
+    Text that is not JSON is kept whole under ``_raw``, and so is JSON nested deeper than a body may be (a model
+    can write ``[[[[...`` for ever, and orjson writes no deeper than 255 levels: the answer to the worker would
+    fail after its call was made, leaving the hold held). orjson reads an integer past 64 bits as a float.
     """
+    if not arguments:
+        return {}
     try:
-        check_nesting(arguments.encode(), field="arguments")
-        return json.loads(arguments) if arguments else {}
+        if arguments.count("[") + arguments.count("{") > MAX_JSON_DEPTH:
+            check_nesting(arguments.encode(), field="arguments")
+        return orjson.loads(arguments)
     except (ValueError, NestingTooDeepError):
         return {"_raw": arguments}
 
