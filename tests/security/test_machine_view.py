@@ -225,3 +225,21 @@ def test_a_private_file_that_a_bind_exposes_is_unreadable_inside(tmp_path: Path)
         machines.close()
         private.unlink()
         public.unlink()
+
+
+def test_a_store_and_its_wal_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """store.db is created 0600 before SQLite opens it, and SQLite gives its -wal and -shm the database's mode:
+    with a umask that would leave them world-readable, all three are 0600 while the store is open."""
+    from swarmyard.store import open_store
+
+    before = os.umask(0o000)
+    try:
+        store = open_store(f"sqlite:///{tmp_path / 'store.db'}", serving=True)
+    finally:
+        os.umask(before)
+    try:
+        store.record_event("test.private", {"n": 1})
+        for name in ("store.db", "store.db-wal", "store.db-shm"):
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    finally:
+        store.close()
