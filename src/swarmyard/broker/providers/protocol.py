@@ -2,7 +2,8 @@
 
 A provider sets ``CallState.sent`` just before its request bytes leave. It raises ``ProviderError`` when the
 upstream answered with an error or nothing was sent (the broker releases the hold), and ``UpstreamLostError``
-when the connection dropped or timed out after sending (the broker marks the hold unknown).
+when, after sending, no whole and well-formed answer came back: the connection dropped or timed out, the body
+was cut or does not parse, a stream ended before its end (the broker marks the hold unknown).
 """
 
 from __future__ import annotations
