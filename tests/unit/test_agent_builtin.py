@@ -51,6 +51,7 @@ from swarmyard.errors import (
     ContextLengthError,
     InvalidInputError,
     ProviderError,
+    UpstreamUnknownError,
 )
 from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
@@ -441,6 +442,17 @@ def test_broker_model_types_refusals(broker: BrokerRig) -> None:
     assert poorer.value.available == 10 and poorer.value.envelope.startswith("task ")
     assert len(broker.script.requests) == 2  # neither refusal reached the provider
     assert not broker.store.list_reservations(goal.id, state=ReservationState.HELD)
+
+
+def test_broker_model_takes_a_lost_call_as_final(broker: BrokerRig) -> None:
+    # the broker held the call, sent it, lost the answer: 502 upstream_unknown, x-should-retry: false
+    broker.script.add("m", Fail(FailKind.AFTER_SEND))
+    with pytest.raises(UpstreamUnknownError) as lost:
+        asyncio.run(_ask(broker))
+    assert not lost.value.retryable
+    [goal] = broker.store.list_goals()
+    [held] = broker.store.list_reservations(goal.id)
+    assert (held.id, held.state) == (lost.value.reservation_id, ReservationState.UNKNOWN)
 
 
 def test_broker_model_types_a_full_context_window(broker: BrokerRig) -> None:

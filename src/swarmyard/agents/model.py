@@ -123,8 +123,10 @@ def _refusal(response: httpx.Response) -> SwarmyardError:
     """The broker's error answer as the error the agent acts on.
 
     The broker's typed error is rebuilt by its code; budget and context refusals are raised as they are, and
-    anything else is a ``ProviderError`` retryable only if both the body and ``x-should-retry`` allow it (an
-    ``upstream_unknown`` says no in both: its cost is unknown and a second call would be a second hold).
+    anything else is a ``ProviderError`` retryable only if the body says so and ``x-should-retry`` says
+    ``true``, which the broker sends with every error of its own. An ``upstream_unknown`` says no in both (its
+    cost is unknown and a second call would be a second hold); an answer without the header (the plane's
+    ``internal_error``, a proxy's) did not come from the broker's judgement, and may have followed a hold.
     """
     try:
         body = response.json()
@@ -137,7 +139,7 @@ def _refusal(response: httpx.Response) -> SwarmyardError:
     error = SwarmyardError.from_dict(body, status=status)
     if isinstance(error, BudgetError | ContextLengthError):
         return error
-    retryable = error.retryable and response.headers.get("x-should-retry", "").lower() != "false"
+    retryable = error.retryable and response.headers.get("x-should-retry", "").lower() == "true"
     if isinstance(error, ProviderError):
         error.retryable = retryable
         return error
