@@ -61,6 +61,8 @@ ANSWERS: dict[str, bytes] = {
     "up-stream-between": _SSE + _EVENTS[0] + _EVENTS[1],
     "up-stream-no-done": _SSE + b"".join(_EVENTS[:4]),
     "up-stream-garbage": _SSE + b"data: {this is not json\n\n",
+    "up-stream-content-123": _SSE + _EVENTS[0] + b'data: {"choices":[{"index":0,"delta":{"content":123}}]}\n\n'
+    + b"".join(_EVENTS[2:]),
 }
 #: Anthropic Messages upstream answers (the path says which API was asked).
 MESSAGES: dict[str, bytes] = {
@@ -72,6 +74,11 @@ MESSAGES: dict[str, bytes] = {
         b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
         b'"delta":{"type":"text_delta","text":"partial"}}\n\n'
         b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'),
+    "up-stream-text-123": _SSE + (
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":3}}}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":123}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'),
 }
 WHOLE = ("whole", "whole-stream")
 LOST = tuple(name.removeprefix("up-") for name in ANSWERS if name.removeprefix("up-") not in WHOLE)

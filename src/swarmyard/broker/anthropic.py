@@ -416,7 +416,10 @@ class EventReader:
         elif kind == "content_block_delta":
             delta = data.get("delta") or {}
             if delta.get("type") == "text_delta":
-                return [TextDelta(str(delta.get("text", "")))]
+                text = delta.get("text", "")
+                if not isinstance(text, str):
+                    raise UpstreamLostError("upstream stream sent a text_delta whose text is not a string")
+                return [TextDelta(text)]
             if delta.get("type") == "input_json_delta":
                 return [
                     ToolCallDelta(

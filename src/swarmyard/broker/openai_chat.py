@@ -344,8 +344,12 @@ class ChunkReader:
             self.usage = usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events.append(TextDelta(str(delta["content"])))
+            content = delta.get("content")
+            if content is not None and not isinstance(content, str):
+                # not text: the stream is not an answer, and the call it belongs to is lost (its cost unknown)
+                raise UpstreamLostError("upstream stream sent a delta whose content is not a string")
+            if content:
+                events.append(TextDelta(content))
             for call in delta.get("tool_calls") or []:
                 index = int(call.get("index", 0))
                 function = call.get("function") or {}
