@@ -1,6 +1,6 @@
 """Once the request has left, only a whole, well-formed answer settles: a cut, garbled or ill-typed one is
 ``unknown`` (never released), answered ``upstream_unknown`` with ``x-should-retry: false``, and
-``swarmyard budget reconcile`` (the console script) brings the envelopes back exactly.
+``swarmyard budget reconcile`` (the console script) brings the envelopes back exactly, on SQLite and PostgreSQL.
 
 The upstream is a bare asyncio HTTP/1.1 server on loopback whose answer is chosen by the requested model.
 """
@@ -15,7 +15,6 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
@@ -123,7 +122,7 @@ def upstream() -> Iterator[Upstream]:
 class Rig:
     url: str
     store: SqlStore
-    db: Path
+    store_url: str
     token: str
     goal_id: str
     task_id: str
@@ -131,10 +130,9 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path, upstream: Upstream) -> Iterator[Rig]:
+def rig(store_url: str, upstream: Upstream) -> Iterator[Rig]:
     clock = FakeClock()
-    db = tmp_path / "store.db"
-    store = open_store(f"sqlite:///{db}", clock=clock)
+    store = open_store(store_url, clock=clock)
     worker = claimed_worker(store, clock, secret=b"u" * 32, budget=1_000_000, call_cap=1000)
     timeouts = Timeouts(connect_s=2, read_s=5)
     providers = {
@@ -147,7 +145,7 @@ def rig(tmp_path: Path, upstream: Upstream) -> Iterator[Rig]:
                                output_per_mtok=1_000_000) for name in LOST_MESSAGES)
     app = create_broker_app(store, worker.tokens, providers, BrokerSettings(routes=routes), clock)
     with serve_in_thread(app) as url:
-        yield Rig(url, store, db, worker.token, worker.goal_id, worker.task_id, app.state.broker)
+        yield Rig(url, store, store_url, worker.token, worker.goal_id, worker.task_id, app.state.broker)
     store.close()
 
 
@@ -192,7 +190,7 @@ def test_only_a_whole_answer_settles_and_reconcile_restores_the_envelopes(rig: R
     unknown = [reservations[m] for m in (*LOST, *LOST_MESSAGES)]
     assert goal.envelope.reserved == sum(r.amount for r in unknown) > 0
     # the operator settles one lost call at its real cost and releases the rest, through the console script
-    store = f"sqlite:///{rig.db}"
+    store = rig.store_url
     done = _cli("budget", "reconcile", unknown[0].id, "--actual", "17", "--store", store)
     assert done.returncode == 0, done.stderr
     for reservation in unknown[1:]:
