@@ -95,19 +95,18 @@ class SwarmyardError(Exception):
         text = message if isinstance(message, str) else f"{code} (no message)"
         retryable = flag if isinstance(flag, bool) else None
         details = {k: v for k, v in error.items() if k not in ("code", "message", "retryable")}
-        kind = _BY_CODE.get(code)
-        if kind is None:
-            unknown = SwarmyardError(text, retryable=retryable, **details)
-            unknown.code = code
-            if status is not None:
-                unknown.status = status
-            return unknown
+        kind = _BY_CODE.get(code, SwarmyardError)
         # The class's own __init__ formats a message from its fields; the message that crossed the wire is
         # already formatted, so the instance is made without it and given what to_dict() carried.
         made = kind.__new__(kind)
-        SwarmyardError.__init__(made, text, retryable=retryable, **details)
+        SwarmyardError.__init__(made, text, retryable=retryable)
+        made.details = details  # set, not passed as keywords: a body's keys are the peer's to choose
         for name in _fields(kind):
             setattr(made, name, details.get(name))
+        if code not in _BY_CODE:
+            made.code = code
+            if status is not None:
+                made.status = status
         return made
 
 

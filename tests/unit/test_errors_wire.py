@@ -108,3 +108,14 @@ def test_a_code_this_side_does_not_know_keeps_what_it_said() -> None:
                                          "retryable": True}}
     odd = SwarmyardError.from_dict({"detail": "not ours"}, status=502)
     assert (odd.code, odd.retryable, odd.status) == ("bad_response", False, 502)
+
+
+def test_a_body_cannot_choose_what_it_is_made_of() -> None:
+    # keys that are parameter names of the constructors, or attributes of every error, stay details
+    body = {"error": {"code": "stale_fencing_token", "message": "m", "self": 1, "details": 2, "__class__": 3,
+                      "task_id": "tsk_1", "presented": 1, "current": 2}}
+    error = SwarmyardError.from_dict(body)
+    assert type(error) is StaleFencingTokenError and error.task_id == "tsk_1"
+    assert error.details["self"] == 1 and error.details["details"] == 2 and error.to_dict() == {
+        "error": {"code": "stale_fencing_token", "message": "m", "retryable": False, **{
+            k: v for k, v in body["error"].items() if k not in ("code", "message")}}}
