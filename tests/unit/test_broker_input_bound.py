@@ -1,9 +1,9 @@
 """The input bound counts every byte that may reach the upstream.
 
-Random request bodies go through the broker's own entry (``parse_object`` and the API format's parser); the
-bodies the OpenAI-compatible and the Anthropic upstreams would be sent are serialized as the providers
-serialize them, and every piece of text in what was serialized is counted: it never comes to more than the
-bound the broker reserved for. Only the body's skeleton (keys, roles, types, the model name, sampling settings)
+Random request bodies (Chat Completions, Messages, Responses) go through the broker's own entry (``parse_object``
+and the API format's parser); the bodies the OpenAI-compatible and the Anthropic upstreams would be sent are
+serialized as the providers serialize them, and every piece of text in what was serialized is counted, with the
+bytes bound and with cl100k: it never comes to more than the bound the broker reserved for. Only the body's skeleton (keys, roles, types, the model name, sampling settings)
 is left to the per-message overhead, which stands for the chat template's markers.
 """
 
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from swarmyard.broker import anthropic, openai_chat
 from swarmyard.broker.chat import ChatRequest, Message, Role, Tool, ToolCall
-from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT
+from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
 from swarmyard.errors import InvalidInputError
@@ -113,6 +113,22 @@ messages_bodies = st.fixed_dictionaries({
                                              "input_schema": st.dictionaries(_text, _json, max_size=4)}),
                       max_size=3)})
 
+_item = st.one_of(
+    st.fixed_dictionaries({"type": st.just("message"), "role": st.sampled_from(["system", "developer", "user",
+                                                                               "assistant"]), "content": _text}),
+    st.fixed_dictionaries({"type": st.just("message"), "role": st.just("user"), "content": st.lists(
+        st.fixed_dictionaries({"type": st.just("input_text"), "text": _text}), min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": _name, "name": _name,
+                           "arguments": _arguments}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": _name, "output": _text}),
+)
+responses_bodies = st.fixed_dictionaries({
+    "model": st.just("m"), "instructions": _text, "max_output_tokens": st.integers(1, 4096),
+    "input": st.lists(_item, min_size=1, max_size=6),
+    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "name": _name, "description": _text,
+                                             "parameters": st.dictionaries(_text, _json, max_size=4)}),
+                      max_size=3)})
+
 COUNTERS = {"bytes": ByteBoundCounter(), "cl100k": cl100k()}
 
 
@@ -133,6 +149,12 @@ def test_no_chat_completions_body_reaches_the_upstream_with_more_tokens_than_its
 @given(messages_bodies)
 def test_no_messages_body_reaches_the_upstream_with_more_tokens_than_its_bound(body: dict[str, Any]) -> None:
     _check(ANTHROPIC.parse(parse_object(orjson.dumps(body))))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(responses_bodies)
+def test_no_responses_body_reaches_the_upstream_with_more_tokens_than_its_bound(body: dict[str, Any]) -> None:
+    _check(RESPONSES.parse(parse_object(orjson.dumps(body))))
 
 
 def test_ids_are_counted() -> None:
