@@ -3,7 +3,8 @@
 It runs inside the worker's machine with only its capability token (``SWARMYARD_TOKEN``) and the plane's
 address; it holds no state of its own but the current claim, which it fills into later calls so an agent
 need not copy ``task_id`` and ``fencing_token`` around (an agent may still pass them explicitly).
-Tool errors come back as results with ``is_error`` and the plane's typed error JSON, so the agent sees them.
+Tool errors come back as results with ``is_error`` and the plane's typed error JSON, so the agent sees them; a
+message that is not readable JSON-RPC (malformed, nested past the parser's limit) gets a JSON-RPC parse error.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import httpx
 import mcp_types as types
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from swarmyard import __version__
 from swarmyard.errors import UserError
@@ -98,5 +102,23 @@ async def run_stdio(env: Mapping[str, str]) -> None:
         if env.get("SWARMYARD_TASK_ID") and env.get("SWARMYARD_FENCING_TOKEN", "").isdigit():
             claim = {"task_id": env["SWARMYARD_TASK_ID"], "fencing_token": int(env["SWARMYARD_FENCING_TOKEN"])}
         server = build_server(Relay(http, claim))
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        async with stdio_server() as (read, write), anyio.create_task_group() as tasks:
+            passed, received = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            tasks.start_soon(answer_unreadable, read, write, passed)
+            await server.run(received, write, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+
+
+async def answer_unreadable(read: Any, write: Any, into: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+    """Pass each message from ``read`` on ``into``; answer one the JSON-RPC parser refused (not JSON, nested past
+    its limit, a lone surrogate) with a parse error on ``write`` (JSON-RPC 2.0: ``id`` null), where the library
+    would drop it without a word and leave the agent waiting."""
+    async with into:
+        async for item in read:
+            if isinstance(item, Exception):
+                refusal = types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
+                    code=types.PARSE_ERROR, message="the message is not JSON-RPC this server can read (malformed, "
+                                                    "or nested too deep)"))
+                await write.send(SessionMessage(refusal))
+            else:
+                await into.send(item)
