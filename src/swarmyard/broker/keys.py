@@ -136,8 +136,8 @@ def _char_pattern(char: str) -> str:
     short = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}.get(char)
     if short is not None:
         ways.append(r"\\+" + re.escape(short))
-    for byte in char.encode("utf-8"):
-        ways.append("%" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in f"{byte:02x}"))
+    ways.append("".join("%" + "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in f"{byte:02x}")
+                        for byte in char.encode("utf-8")))
     if char == " ":
         ways.append(r"\+")
     return "(?:" + "|".join(ways) + ")"
