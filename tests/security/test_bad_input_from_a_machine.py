@@ -75,6 +75,10 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 class _Model(BaseHTTPRequestHandler):
     """A worker's first step runs the attack; once a tool result is in the conversation, it submits it."""
 
+    # keep-alive, as a provider is: the broker reuses its upstream connections (an HTTP/1.0 server closing each
+    # one after its answer races the next request onto it, which is a lost answer)
+    protocol_version = "HTTP/1.1"
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 

@@ -53,6 +53,10 @@ class _Upstream(BaseHTTPRequestHandler):
 
     seen_keys: ClassVar[list[str]] = []
 
+    # keep-alive, as a provider is: the broker reuses its upstream connections (an HTTP/1.0 server closing each
+    # one after its answer races the next request onto it, which is a lost answer)
+    protocol_version = "HTTP/1.1"
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
