@@ -152,7 +152,8 @@ def _key_pattern(value: str) -> re.Pattern[str]:
     for core in _base64_cores(data):
         forms |= {core, core.replace("+", "-").replace("/", "_")}
     alternatives = []
-    for form in sorted((f for f in forms if len(f) >= _MIN_FORM_CHARS), key=len, reverse=True):
+    # the key itself always; an encoded form only when long enough not to match ordinary text by chance
+    for form in sorted((f for f in forms if f == value or len(f) >= _MIN_FORM_CHARS), key=len, reverse=True):
         hexed = form == data.hex()
         alternatives.append("".join(
             f"[{c}{c.upper()}]" if hexed and c.isalpha() else _char_pattern(c) for c in form))
