@@ -8,11 +8,13 @@ the totals line), not the quality of the answer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterator
@@ -72,6 +74,40 @@ def smollm2_variant(folder: Path) -> Path:
     return path
 
 
+def _footprint(folder: Path) -> int:
+    """Bytes under ``folder``: the run's store, logs and agent outputs all grow while it makes progress."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += path.stat().st_size
+    return total
+
+
+def run_while_progressing(argv: list[str], *, cwd: Path, env: dict[str, str],
+                          idle_s: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end, killing it only when nothing it writes has grown for ``idle_s`` seconds.
+
+    A run on a busy 2-core machine may take several times its quiet duration; what it must not do is stall.
+    """
+    out, err = cwd / "run.stdout", cwd / "run.stderr"
+    with out.open("wb") as out_f, err.open("wb") as err_f:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f)
+        seen, last_change = -1, time.monotonic()
+        while True:
+            try:
+                proc.wait(timeout=2.0)
+                break
+            except subprocess.TimeoutExpired:
+                now_seen = _footprint(cwd)
+                if now_seen != seen:
+                    seen, last_change = now_seen, time.monotonic()
+                elif time.monotonic() - last_change > idle_s:
+                    proc.kill()
+                    proc.wait()
+                    pytest.fail(f"the run made no progress for {idle_s:.0f} s: {err.read_text()[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out.read_text(), err.read_text())
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A folder with a short path: the plane's Unix socket lives in the run folder (at most 107 bytes)."""
@@ -84,8 +120,7 @@ def test_three_scouts_on_smollm2_ends_with_a_synthesis(short_tmp: Path) -> None:
     swarm = smollm2_variant(short_tmp)
     # a clean environment, as a user's shell would give: no provider key, and never the test runner's own
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
-    done = subprocess.run([sys.executable, "-c", CLI, "run", str(swarm)], cwd=short_tmp, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = run_while_progressing([sys.executable, "-c", CLI, "run", str(swarm)], cwd=short_tmp, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() and "(no synthesis was written)" not in done.stdout
     totals = done.stderr.strip().splitlines()[-1]
