@@ -1,10 +1,12 @@
 """The control plane's ASGI app: worker tools, operator API, OpenAPI schema, metrics, and mounted extras.
 
-Requests are validated with the pydantic models of ``swarmyard.plane.models`` (a failure is a 400 naming
-the field); every ``SwarmyardError`` becomes its typed JSON body with its ``status`` (plus ``Retry-After``
-on 429); anything else is logged and answered with a 500 that leaks nothing. Store calls run on worker
-threads, never on the event loop: one hop per call (a whole tool: token check, rate limit, lease and the
-store statements together), handed over in batches (``swarmyard.plane.storecalls``).
+A body is read only once the caller's token checks out, up to a size cap (413), and refused if its JSON nests
+past ``MAX_JSON_DEPTH`` before any parser sees it; then it is validated, strictly, with the pydantic models of
+``swarmyard.plane.models`` (a failure is a 400 naming the field); every ``SwarmyardError`` becomes its typed JSON
+body with its ``status`` (plus ``Retry-After`` on 429); anything else is logged and answered with a 500 that
+leaks nothing. Store calls run on worker threads, never on the event loop: one hop per call (a whole tool: token
+check, rate limit, lease and the store statements together), handed over in batches
+(``swarmyard.plane.storecalls``).
 """
 
 from __future__ import annotations
