@@ -48,12 +48,14 @@ class Served:
                             base_url="http://plane", headers=headers, timeout=60)
 
 
-def serve(folder: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start the console script and wait, bounded, until it answers ``/healthz``."""
+def serve(folder: Path, *extra: str, env: dict[str, str] | None = None,
+          store: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the console script (on ``store``, by default a SQLite file in ``folder``) and wait, bounded, until
+    it answers ``/healthz``."""
     assert SWARMYARD.exists(), f"{SWARMYARD} is missing: pip install -e ."
     sock = folder / "plane.sock"
     proc = subprocess.Popen(
-        [str(SWARMYARD), "serve", "--store", f"sqlite:///{folder / 'store.db'}", "--socket", str(sock),
+        [str(SWARMYARD), "serve", "--store", store or f"sqlite:///{folder / 'store.db'}", "--socket", str(sock),
          "--secret-file", str(folder / "token-secret"), "--operator-token-file", str(folder / "operator-token"),
          "--rate", "10000", "--burst", "10000", *extra],
         env=env or child_env(), cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -81,12 +83,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def served_with_claim(*extra: str, env: dict[str, str] | None = None, budget_micro_usd: int = 5_000_000
-                      ) -> Iterator[Served]:
+def served_with_claim(*extra: str, env: dict[str, str] | None = None, budget_micro_usd: int = 5_000_000,
+                      store: str | None = None) -> Iterator[Served]:
     """``swarmyard serve`` with ``extra`` flags, a goal and a task made through the operator API, and a worker
     holding the task's claim (taken through ``claim_task``)."""
     folder = Path(tempfile.mkdtemp(prefix="sy-sec-"))  # short: a Unix socket path has at most 107 bytes
-    proc = serve(folder, *extra, env=env)
+    proc = serve(folder, *extra, env=env, store=store)
     try:
         operator = (folder / "operator-token").read_text().strip()
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(folder / "plane.sock")), base_url="http://plane",

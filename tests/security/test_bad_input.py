@@ -228,3 +228,34 @@ def test_a_good_call_still_works_after_all_of_it(served: Served) -> None:
                                                           "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200, reply.text
     assert served.proc.poll() is None
+
+
+def pg_snapshot(url: str) -> dict[str, list[Any]]:
+    """Every row of every table in the test's PostgreSQL schema."""
+    import psycopg
+
+    with psycopg.connect(url) as db:
+        tables = [r[0] for r in db.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+        return {t: sorted(db.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables}
+
+
+@pytest.mark.postgres
+def test_nul_and_surrogates_are_typed_400s_on_postgresql_too(pg_url: str) -> None:
+    # PostgreSQL cannot store a NUL in text: without the plane's own refusal this was the store's error, a 500
+    with served_with_claim(store=pg_url) as running:
+        before = pg_snapshot(pg_url)
+        assert before["tasks"], "the schema the server uses holds the test's task"
+        with running.client(running.worker) as worker:
+            for raw in (b'"a\\u0000b"', b'"\\ud800"', b'"\xff"'):
+                for tool, field in (("board_post", "body"), ("submit_finding", "title")):
+                    answer = worker.post(f"/v1/tools/{tool}", content=body(fenced(running, body="b", title="t"))
+                                         .replace(b'"' + field.encode() + b'": "' + (b"b" if field == "body" else b"t")
+                                                  + b'"', b'"' + field.encode() + b'": ' + raw))
+                    assert (answer.status_code, answer.json()["error"]["code"]) == BAD_JSON, answer.text
+        with running.client(running.operator) as operator:
+            answer = operator.post("/v1/operator/goals", content=b'{"objective": "a\\u0000", "budget_micro_usd": 1, '
+                                                                 b'"call_cap": 1}')
+            assert (answer.status_code, answer.json()["error"]["code"]) == BAD_JSON, answer.text
+        assert running.proc.poll() is None
+        assert pg_snapshot(pg_url) == before
