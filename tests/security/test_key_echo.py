@@ -138,12 +138,14 @@ def assert_no_key(text: str, where: str) -> None:
 @pytest.mark.parametrize("model", sorted(FORMS))
 def test_an_echoed_key_in_any_encoding_never_reaches_the_worker(served: Served, model: str) -> None:
     messages = [{"role": "user", "content": "hi"}]
-    calls = [("/v1/chat/completions", {"model": model, "max_tokens": 8, "messages": messages}),
-             ("/v1/chat/completions", {"model": model, "max_tokens": 8, "messages": messages, "stream": True}),
-             ("/v1/responses", {"model": model, "max_output_tokens": 8, "input": "hi"}),
-             ("/v1/messages", {"model": model, "max_tokens": 8, "messages": messages}),
-             ("/v1/messages", {"model": f"an-{model}", "max_tokens": 8, "messages": messages}),
-             ("/v1/messages", {"model": f"an-{model}", "max_tokens": 8, "messages": messages, "stream": True})]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"model": model, "max_tokens": 8, "messages": messages}),
+        ("/v1/chat/completions", {"model": model, "max_tokens": 8, "messages": messages, "stream": True}),
+        ("/v1/responses", {"model": model, "max_output_tokens": 8, "input": "hi"}),
+        ("/v1/messages", {"model": model, "max_tokens": 8, "messages": messages}),
+        ("/v1/messages", {"model": f"an-{model}", "max_tokens": 8, "messages": messages}),
+        ("/v1/messages", {"model": f"an-{model}", "max_tokens": 8, "messages": messages, "stream": True}),
+    ]
     before = len(_Upstream.seen_keys)
     with served.client(served.worker) as worker:
         for path, request in calls:
