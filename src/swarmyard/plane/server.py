@@ -174,9 +174,16 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
     servers = _servers(app, listen, log_level, sockets)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    interrupted = False
+
+    def on_signal(signum: int) -> None:
+        nonlocal interrupted
+        interrupted = interrupted or signum == signal.SIGINT
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
 
     async def watch() -> None:
         await stop.wait()
@@ -198,6 +205,8 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
                 await close()
             except Exception:
                 log.exception("closing the app failed")
+    if interrupted:  # after a clean shutdown: Ctrl-C is exit 130, SIGTERM (a supervisor's stop) exit 0
+        raise KeyboardInterrupt
 
 
 def _run(main: Any) -> None:
@@ -233,11 +242,12 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
         raise UserError("--workers must be at least 1")
     sockets = bind(listen)
     children: set[int] = set()
-    stopping = False
+    stopping = interrupted = False
 
     def forward(signum: int, frame: object) -> None:
-        nonlocal stopping
+        nonlocal stopping, interrupted
         stopping = True
+        interrupted = interrupted or signum == signal.SIGINT
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -254,6 +264,8 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
                     for sig, handler in previous.items():
                         signal.signal(sig, handler)
                     _run(_serve_async(make_app(), listen, log_level, None, sockets))
+                except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop here too
+                    pass
                 except BaseException:
                     log.exception("control plane process %d failed", os.getpid())
                     code = 1
@@ -278,6 +290,8 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
                 listen.socket_path.unlink()
     if failed:
         raise UserError("a control plane process exited unexpectedly (see the log above)")
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 class BackgroundServer:
