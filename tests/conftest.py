@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from swarmyard.audit.witness import HttpWitnessClient, Witness
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import Clock, FakeClock
 from swarmyard.domain import GoalSpec, TaskSpec
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.plane.tools import Evaluator
 from swarmyard.store.protocol import Store
 
@@ -125,10 +125,10 @@ class LivePlane:
     """
 
     def __init__(self, clock: FakeClock, evaluator: Evaluator | None = None) -> None:
+        from swarmyard.auth.tokens import TokenAuthority
         from swarmyard.plane.app import create_app
         from swarmyard.plane.server import BackgroundServer, Listen
         from swarmyard.plane.settings import PlaneSettings
-        from swarmyard.plane.tokens import TokenAuthority
         from swarmyard.store import open_store
 
         self.folder = Path(tempfile.mkdtemp(prefix="sy-"))  # short: Unix socket paths are limited to 108 bytes

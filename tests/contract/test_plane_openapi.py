@@ -10,11 +10,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import FakeClock
 from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.plane.app import create_app
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import open_store
 
 

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from conftest import claimed_worker
+from swarmyard.auth.tokens import load_or_create_secret
 from swarmyard.clock import SystemClock
 from swarmyard.domain import ReservationState
-from swarmyard.plane.tokens import load_or_create_secret
 from swarmyard.store import open_store
 
 PROMPT, COMPLETION = 1000, 500

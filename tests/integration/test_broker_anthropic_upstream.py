@@ -11,8 +11,8 @@ import pytest
 from swarmyard.broker.chat import ChatRequest, Finished, Message, Role, TextDelta
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.anthropic import AnthropicProvider
-from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.errors import ProviderError, UpstreamLostError
 
 KEY = "sk-ant-upstream-key-0123456789"

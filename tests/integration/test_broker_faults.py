@@ -21,8 +21,8 @@ from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.loopback import serve_in_thread
-from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
+from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.clock import FakeClock
 from swarmyard.domain import ReservationState
 from swarmyard.store import SqlStore, open_store

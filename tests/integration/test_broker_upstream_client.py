@@ -7,8 +7,7 @@ import socket
 
 import pytest
 
-from swarmyard.broker.providers.http import Timeouts
-from swarmyard.broker.providers.upstream import UpstreamClient
+from swarmyard.broker.providers.upstream import Timeouts, UpstreamClient
 from swarmyard.errors import ProviderError, UpstreamLostError
 
 _ANSWERS = {

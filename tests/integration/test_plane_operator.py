@@ -13,11 +13,11 @@ import httpx
 import pytest
 from test_plane_tools import Plane, start_plane
 
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import FakeClock
 from swarmyard.plane.app import create_app
 from swarmyard.plane.certs import init_certs
 from swarmyard.plane.server import BackgroundServer, Listen, TlsFiles
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import open_store
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from test_plane_tools import Plane, _goal, start_plane
 
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import FakeClock
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.tokens import TokenAuthority
 
 
 @pytest.fixture

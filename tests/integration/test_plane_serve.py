@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
+from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec
-from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.store import open_store
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import FakeClock
 from swarmyard.domain import GoalSpec, PostKind, TaskSpec
 from swarmyard.plane.app import create_app
 from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import open_store
 from swarmyard.store.protocol import Store
 

@@ -28,6 +28,7 @@ from swarmyard.agents.actions import (
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import LocalTools, PlaneTools
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.scripted import CallTools, Fail, FailKind, Say, ScriptedProvider
@@ -53,7 +54,6 @@ from swarmyard.errors import (
     ProviderError,
     UpstreamUnknownError,
 )
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store import SqlStore, open_store
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from swarmyard.broker.keys import Secret, scrub
 from swarmyard.errors import NestingTooDeepError
-from swarmyard.plane.limits import check_nesting
+from swarmyard.jsondepth import check_nesting
 
 _TEXT = st.text(alphabet=st.sampled_from('ab[]{}"\\/:, \n\u00e9\u2028'), max_size=8)
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,

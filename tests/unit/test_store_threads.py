@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from swarmyard.errors import StaleFencingTokenError
-from swarmyard.plane.storecalls import StoreThreads
+from swarmyard.store.threads import StoreThreads
 
 
 def test_calls_run_on_store_threads_and_return_their_results() -> None:

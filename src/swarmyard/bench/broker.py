@@ -103,8 +103,7 @@ def _proxy_main(port: int, socket_path: str) -> None:
     """
     from starlette.types import Receive, Scope, Send
 
-    from swarmyard.broker.providers.http import Timeouts
-    from swarmyard.broker.providers.upstream import UpstreamClient
+    from swarmyard.broker.providers.upstream import Timeouts, UpstreamClient
     from swarmyard.plane.server import Listen, serve
 
     client: UpstreamClient | None = None
@@ -145,8 +144,8 @@ def _run_loop(coro: Awaitable[Any]) -> Any:
 
 def _setup(folder: Path) -> str:
     """A goal, a task and a worker token holding a claim, in the store the broker will open."""
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.domain import GoalSpec, TaskSpec
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     store = open_store(f"sqlite:///{folder / 'store.db'}")

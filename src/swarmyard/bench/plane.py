@@ -162,8 +162,8 @@ def _run_loop(coro: Any) -> dict[str, Any]:
 
 
 def _setup(folder: Path, workers: int) -> tuple[str, list[str]]:
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.domain import GoalSpec, TaskSpec
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     store = open_store(f"sqlite:///{folder / 'store.db'}")
@@ -271,10 +271,10 @@ def _serve_echo(socket_path: str, processes: str) -> None:
 
 
 def _serve_plane(folder: str, renew_s: str, processes: str) -> None:
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.plane.app import create_app
     from swarmyard.plane.server import Listen, serve_processes
     from swarmyard.plane.settings import PlaneSettings
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     base = Path(folder)

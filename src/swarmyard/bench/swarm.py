@@ -39,12 +39,12 @@ def app_from_env() -> Any:
     """The control plane with the broker mounted, on the simulated provider (one per server process)."""
     import os
 
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.broker.app import broker_routes
     from swarmyard.broker.providers.simulated import SimulatedProvider
     from swarmyard.broker.settings import BrokerSettings, ModelRoute
     from swarmyard.plane.app import create_app
     from swarmyard.plane.settings import PlaneSettings
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     store = open_store(os.environ["SWARMYARD_BENCH_STORE"], serving=True)  # as swarmyard serve opens it
@@ -260,7 +260,7 @@ def _wait_ready(sock: Path, server: Any, replicas: int) -> None:
 
 def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) -> SwarmRun:
     """Start ``replicas`` plane + broker processes, run ``workers`` simulated workers against them, time them."""
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.store import open_store
 
     folder = Path(tempfile.mkdtemp(prefix="sy-bench-swarm-", dir="/tmp"))  # short: socket paths are limited

@@ -33,7 +33,7 @@ from swarmyard.broker.jsonbody import (
     req_str,
 )
 from swarmyard.errors import InvalidInputError, NestingTooDeepError, UpstreamLostError
-from swarmyard.plane.limits import MAX_JSON_DEPTH, check_nesting
+from swarmyard.jsondepth import MAX_JSON_DEPTH, check_nesting
 
 _STOP = {
     FinishReason.STOP: "end_turn",

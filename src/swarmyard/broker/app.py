@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
+from swarmyard.auth.tokens import TokenAuthority, token_hash
 from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker import ledger
 from swarmyard.broker.chat import (
@@ -67,9 +68,8 @@ from swarmyard.errors import (
     UpstreamLostError,
     UpstreamUnknownError,
 )
-from swarmyard.plane.storecalls import StoreThreads
-from swarmyard.plane.tokens import TokenAuthority, token_hash
 from swarmyard.store.protocol import Store
+from swarmyard.store.threads import StoreThreads
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class Broker:
         self.clock = clock or SystemClock()
         # Calls the event loop cannot make without waiting (a busy store, a tokenizer's count) go to these
         # threads: one on SQLite, which has one writer anyway.
-        self._threads = StoreThreads(1 if store.url.startswith("sqlite") else _STORE_THREADS, name="broker-store")
+        self._threads = StoreThreads(1 if store.single_writer else _STORE_THREADS, name="broker-store")
         self._settling: set[asyncio.Task[None]] = set()  # settlements on their way to the threads
         self._prices: dict[str, tuple[float, Price]] = {}
         # settlements handed to the pool and not yet written; wait_settled waits for zero

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from swarmyard.errors import InvalidInputError
-from swarmyard.plane.limits import check_nesting
+from swarmyard.jsondepth import check_nesting
 
 #: ``max_tokens`` above this is refused as absurd before any provider or price is consulted.
 ABSURD_MAX_TOKENS = 1_000_000

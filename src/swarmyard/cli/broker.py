@@ -48,12 +48,12 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
     """Serve the broker until Ctrl-C."""
     import uvicorn
 
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.broker.keys import ProviderKeys
     from swarmyard.broker.providers.configured import check_table, configured_broker
-    from swarmyard.broker.providers.http import Timeouts
+    from swarmyard.broker.providers.upstream import Timeouts
     from swarmyard.config import provider_table
     from swarmyard.errors import UserError
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 
     keys = ProviderKeys.from_env(os.environ)
     if key_file is not None:

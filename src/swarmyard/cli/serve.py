@@ -80,12 +80,12 @@ def command(
     workers: int = _Workers,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, and the model broker) until Ctrl-C."""
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
     from swarmyard.plane.app import create_app
     from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve, serve_processes
     from swarmyard.plane.settings import PlaneSettings
-    from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 
     tls_parts = (tls_cert, tls_key, tls_ca)
     if any(p is not None for p in tls_parts) and not all(p is not None for p in tls_parts):

@@ -6,7 +6,7 @@ past ``MAX_JSON_DEPTH`` before any parser sees it; then it is validated, strictl
 body with its ``status`` (plus ``Retry-After`` on 429); anything else is logged and answered with a 500 that
 leaks nothing. Store calls run on worker threads, never on the event loop: one hop per call (a whole tool: token
 check, rate limit, lease and the store statements together), handed over in batches
-(``swarmyard.plane.storecalls``).
+(``swarmyard.store.threads``).
 """
 
 from __future__ import annotations
@@ -26,17 +26,18 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from swarmyard import __version__
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import InvalidInputError, InvalidTokenError, SwarmyardError
-from swarmyard.plane.limits import check_nesting, read_limited, retry_after_header
+from swarmyard.jsondepth import check_nesting
+from swarmyard.plane.limits import read_limited, retry_after_header
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
 from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.storecalls import StoreThreads
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
 from swarmyard.store.protocol import Store
+from swarmyard.store.threads import StoreThreads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,7 +92,7 @@ class _Plane:
         self.metrics = PlaneMetrics(store)
         self.tools = WorkerTools(store, tokens, settings, clock, self.metrics, evaluator)
         self.operator = OperatorApi(store, tokens, settings, on_revoke=self.tools.forget_worker)
-        threads = settings.store_concurrency or (2 if store.url.startswith("sqlite") else 8)
+        threads = settings.store_concurrency or (2 if store.single_writer else 8)
         self.store_threads = StoreThreads(threads)
         self.openapi = build_openapi(__version__)
 

@@ -13,11 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec, TaskState
 from swarmyard.errors import PayloadTooLargeError
 from swarmyard.plane import models as m
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.tokens import TokenAuthority
 from swarmyard.store.protocol import Store
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
 from swarmyard.domain import Citation, Claim, PostKind, TaskSpec
 from swarmyard.errors import ForbiddenError, InvalidInputError, PayloadTooLargeError, StaleFencingTokenError
@@ -25,7 +26,6 @@ from swarmyard.plane import models as m
 from swarmyard.plane.limits import RateLimiter
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
-from swarmyard.plane.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.store.protocol import Store
 
 T = TypeVar("T")

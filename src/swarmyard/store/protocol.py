@@ -42,6 +42,9 @@ class Store(Protocol):
     """The durable state of goals, tasks, claims, the board, findings, artifacts, the ledger and the audit events."""
 
     url: str
+    #: True when the store takes one write at a time (SQLite's write lock): more threads than one or two
+    #: would only queue on it.
+    single_writer: bool
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -131,6 +131,7 @@ class SqlStore:
                  artifact_limit: int = DEFAULT_ARTIFACT_LIMIT_BYTES) -> None:
         self.url = url
         self._e = engine
+        self.single_writer = not engine.postgres
         self._clock = clock or SystemClock()
         self.blob_dir = blob_dir
         self.post_limit = post_limit

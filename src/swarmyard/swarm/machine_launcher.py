@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
+from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.config import AgentKind, PolicyKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.local import HOME as MACHINE_HOME
-from swarmyard.plane.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot

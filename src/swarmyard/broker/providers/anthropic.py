@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.providers.http import Timeouts, post_json, stream_json_events
+from swarmyard.broker.providers.http import post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState
-from swarmyard.broker.providers.upstream import UpstreamClient
+from swarmyard.broker.providers.upstream import Timeouts, UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import UpstreamLostError
 

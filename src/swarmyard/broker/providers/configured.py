@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from swarmyard.broker.keys import ProviderKeys, Secret
 from swarmyard.broker.providers import KINDS
-from swarmyard.broker.providers.http import Timeouts
+from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.broker.settings import ModelRoute, Tokenizer
 from swarmyard.config import EMBEDDED_MODELS, ProviderConfig, ProviderKind, ScriptedReply, load_replies
 from swarmyard.errors import ConfigError
 
 if TYPE_CHECKING:
+    from swarmyard.auth.tokens import TokenAuthority
     from swarmyard.broker.app import Broker
     from swarmyard.broker.providers.scripted import Reply
-    from swarmyard.plane.tokens import TokenAuthority
     from swarmyard.store.protocol import Store
 
 #: Default upstream base URLs of the hosted kinds.

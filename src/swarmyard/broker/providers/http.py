@@ -1,42 +1,25 @@
-"""What the HTTP upstream providers share: timeouts, status checks, SSE reading, scrubbing."""
+"""What the HTTP upstream providers share: status checks, SSE reading, scrubbing."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.keys import scrub as scrub_held
+from swarmyard.broker.providers.upstream import UpstreamClient, UpstreamResponse
 from swarmyard.errors import ContextLengthError, ProviderError, UpstreamLostError
 
 if TYPE_CHECKING:
     from swarmyard.broker.chat import StreamEvent
     from swarmyard.broker.providers.protocol import CallState
-    from swarmyard.broker.providers.upstream import UpstreamClient, UpstreamResponse
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 _DRAIN_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Upstream timeouts in seconds; ``read_s`` bounds each wait for bytes, ``total_s`` a whole call."""
-
-    connect_s: float = 5.0
-    read_s: float = 120.0
-    write_s: float = 30.0
-
-    def httpx(self) -> httpx.Timeout:
-        """As an httpx timeout."""
-        return httpx.Timeout(
-            connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.connect_s
-        )
 
 
 def scrub(text: str, key: Secret | None) -> str:

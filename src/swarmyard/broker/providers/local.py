@@ -34,9 +34,9 @@ from swarmyard.broker.chat import (
     ToolCallDelta,
     ToolCallStart,
 )
-from swarmyard.broker.providers.http import Timeouts
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.broker.tokencount import FunctionCounter, TokenCounter, file_sha256
 from swarmyard.errors import ConfigError, MissingExtraError
 from swarmyard.ids import new_id

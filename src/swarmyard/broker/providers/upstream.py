@@ -17,13 +17,23 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from swarmyard.broker.providers.http import Timeouts
 from swarmyard.errors import ProviderError, UpstreamLostError
 
 _HEAD_LIMIT = 1 << 20  # the most header bytes an upstream may send
 _READ_SIZE = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Upstream timeouts in seconds; ``read_s`` bounds each wait for bytes, ``connect_s`` a connection (and a
+    wait for a free one), ``write_s`` sending the request."""
+
+    connect_s: float = 5.0
+    read_s: float = 120.0
+    write_s: float = 30.0
 
 
 class _Connection:
