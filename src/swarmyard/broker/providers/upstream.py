@@ -57,7 +57,7 @@ class UpstreamResponse:
     """A response whose status and headers were read; the body is read with ``read`` or ``lines``."""
 
     def __init__(
-        self, client: UpstreamClient, conn: _Connection, status: int, headers: dict[str, str]
+        self, client: UpstreamClient, conn: _Connection, status: int, headers: dict[str, str], version: str
     ) -> None:
         self.status = status
         self.headers = headers
@@ -75,10 +75,12 @@ class UpstreamResponse:
             if not length.strip().isdigit():
                 raise UpstreamLostError(f"{self._name}: upstream sent a bad content-length")
             self._remaining = int(length)
-        # a body framed by the connection's close, or a server that says so, ends the connection's use
-        self._keep = (self._chunked or self._remaining is not None) and "close" not in headers.get(
-            "connection", ""
-        ).lower()
+        # a body framed by the connection's close, or a server that says it will close, ends the connection's
+        # use: HTTP/1.1 closes only on "Connection: close", HTTP/1.0 unless it says "keep-alive" (RFC 9112 9.3);
+        # a connection put back that the server then closes fails the next call after its request left
+        tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
+        persistent = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
+        self._keep = (self._chunked or self._remaining is not None) and persistent
         self._done = False
 
     async def _read(self, pending: Awaitable[bytes]) -> bytes:
@@ -243,12 +245,12 @@ class UpstreamClient:
             async with asyncio.timeout(self.timeouts.read_s):
                 while True:
                     raw = await conn.reader.readuntil(b"\r\n\r\n")
-                    status, headers = _parse_head(raw)
+                    version, status, headers = _parse_head(raw)
                     if status >= 200:
                         break  # 1xx interim answers carry nothing for us
             # a head whose framing cannot be read (a bad content-length) is lost here, while the connection
             # still goes back (closed) to the pool
-            return UpstreamResponse(self, conn, status, headers)
+            return UpstreamResponse(self, conn, status, headers, version)
         except TimeoutError as exc:
             self._give_back(conn, reuse=False)
             raise UpstreamLostError(f"{self.name}: upstream timed out after the request was sent") from exc
@@ -269,8 +271,8 @@ class UpstreamClient:
             self._idle.pop().close()
 
 
-def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
-    """Status and lower-cased headers of a response head; ``ValueError`` if it is not HTTP/1.x."""
+def _parse_head(raw: bytes) -> tuple[str, int, dict[str, str]]:
+    """Version, status and lower-cased headers of a response head; ``ValueError`` if it is not HTTP/1.x."""
     lines = raw.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     if not version.startswith("HTTP/1."):
@@ -283,4 +285,4 @@ def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
             key = name.strip().lower()
             # repeated headers join with commas (RFC 9110 5.3), which is what matters for transfer-encoding
             headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    return status, headers
+    return version, status, headers
