@@ -20,6 +20,7 @@
     │   │   └── LeaseExpiredError       the token is current but the lease ran out (or the claim ended)
     │   ├── IllegalTransitionError (409) a state change the transition table forbids
     │   ├── ConflictError (409)         a uniqueness or ordering conflict
+    │   │   └── DuplicateOfUnknownError  the same body again after its call went ``unknown`` (``reservation_id``)
     │   └── MigrationError              the schema is newer than this code, or a migration failed
     ├── BudgetError
     │   ├── BudgetExceededError (402)   an envelope cannot afford the worst case (``envelope``, ``needed``, ``available``)
@@ -339,6 +340,22 @@ class ConflictError(StoreError):
 
     code = "conflict"
     status = 409
+
+
+class DuplicateOfUnknownError(ConflictError):
+    """A worker sent again the very body of a call whose hold is ``unknown``: the first may have been billed,
+    so the broker neither holds nor sends this one. Never retry it; reconcile the reservation named."""
+
+    code = "duplicate_of_unknown"
+
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(
+            f"this request repeats one whose answer was lost after it was sent (reservation {reservation_id}, "
+            f"unknown until reconciled); it was not sent again",
+            retryable=False,
+        )
+        self.reservation_id = reservation_id
+        self.details["reservation_id"] = reservation_id
 
 
 class MigrationError(StoreError):

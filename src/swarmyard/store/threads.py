@@ -19,7 +19,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from swarmyard.errors import StoreBusyError
+
+if TYPE_CHECKING:
+    from swarmyard.store.protocol import Store
 
 T = TypeVar("T")
 _Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
@@ -133,3 +138,20 @@ def _deliver(results: list[_Done]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def without_waiting(store: Store, call: Callable[[], T]) -> tuple[bool, T | None]:
+    """``call()`` right here, on the calling thread, if ``store`` can take it without waiting: (True, its
+    result); else (False, None), having done nothing, and the caller hands it to the store threads instead.
+    Its other errors are raised.
+
+    Why: on the event loop a call that would wait blocks every request, but one that cannot (SQLite with its
+    write lock free) is cheaper here than the two thread hand-offs.
+    """
+    with store.nowait() as nowait:
+        if nowait:
+            try:
+                return True, call()
+            except StoreBusyError:
+                pass
+    return False, None
