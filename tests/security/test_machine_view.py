@@ -2,7 +2,8 @@
 
 A run is started the way a user starts one, through the real console script and through ``python -m
 swarmyard.cli``, from a folder that holds canary ``.env``, ``token.secret`` and ``log.key`` files (and an earlier
-run's folder), with ``$HOME`` and ``$PYTHONPATH`` pointing at throwaway folders full of canaries. The worker's
+run's folder), with ``$HOME`` and ``$PYTHONPATH`` pointing at throwaway folders full of canaries (the PYTHONPATH folder and the
+user site under that home are both named ``site-packages``, and both are on the run's ``sys.path``). The worker's
 model (a scripted provider read from a replies file) has its agent run one shell command in its machine: it
 writes the machine's mount table and the name of every readable file holding a canary to the agent's own stderr,
 which the runner keeps in the run's agent log. Then: no canary anywhere (but the control one, planted in the
@@ -104,7 +105,9 @@ def world() -> Iterator[dict[str, object]]:
 
     Under a short temp path: the plane's Unix socket lives in the run folder (at most 107 bytes)."""
     base = Path(os.path.realpath(tempfile.mkdtemp(prefix="sy-")))
-    work, home, extra = base / "w", base / "home", base / "pylib"
+    # The PYTHONPATH folder and the user site are both named site-packages, as a bind of "every site-packages
+    # folder on sys.path" would have taken them.
+    work, home, extra = base / "w", base / "home", base / "pylib" / "site-packages"
     found: dict[str, str] = {}
     spelled: list[str] = []
 
@@ -124,6 +127,9 @@ def world() -> Iterator[dict[str, object]]:
     plant(home / ".ssh" / "id_ed25519", "ssh")
     plant(home / ".npmrc", "npmrc", 0o644)
     plant(extra / "settings.py", "pythonpath", 0o644)
+    plant(extra / "secret.txt", "pythonpathsite", 0o644)
+    user_site = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    plant(user_site / "usersite.txt", "usersite", 0o644)
     # The control: a canary where every machine looks (the package folder), which the scan must find.
     control = Path(PACKAGE_DIR) / f".canary-control-{secrets.token_hex(6)}"
     plant(control, "control", 0o644)

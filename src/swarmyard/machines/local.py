@@ -1,7 +1,7 @@
 """The ``local`` backend: each machine is a bubblewrap sandbox with seccomp, Landlock and cgroup limits.
 
 Inside, a machine sees a read-only view of only what an agent needs (/usr, a copy of a few /etc files and a /run
-prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the interpreter's prefixes and site-packages
+prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the interpreter's own install folders
 and the swarmyard package folder, see :func:`python_paths`), its own disk at ``/machine`` (an overlay mounted in
 the machine's own mount namespace, see :mod:`~swarmyard.machines.launchers`, whose writes land in an ext4 image
 the size of its quota, see :mod:`~swarmyard.machines.disks`), private /proc, /dev and /tmp, a tmpfs over /sys,
@@ -12,9 +12,13 @@ on its disk and /tmp. The host is probed once; a machine weaker than its :class:
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import resource
+import site
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 from typing import Literal
@@ -54,19 +58,62 @@ PACKAGE_DIR = str(Path(SOURCE_ROOT) / "swarmyard")
 def python_paths() -> list[str]:
     """Host folders the in-sandbox Python needs, bound read-only at the same paths (so absolute RUNPATHs work).
 
-    The interpreter's prefixes (its standard library and site-packages; a virtualenv's own), any other
-    site-packages folder on ``sys.path``, and the swarmyard package folder itself (an editable install puts its
-    source root on ``sys.path``: only the package is bound, not the checkout around it). Never the working folder
-    (``sys.path[0]`` under ``python -m``), ``$PYTHONPATH`` entries or ``$HOME``: a worker would read them all.
+    Only the interpreter's own install: for ``sys.prefix`` and ``sys.base_prefix``, sysconfig's stdlib, platstdlib,
+    purelib and platlib, the interpreter's bin folders, its shared libpython and a virtualenv's ``pyvenv.cfg``;
+    and the swarmyard package folder itself (an editable install puts its source root on ``sys.path``: only the
+    package is bound, not the checkout around it). Never another ``sys.path`` entry: not the working folder
+    (``sys.path[0]`` under ``python -m``), not ``$PYTHONPATH`` entries, not the user site under ``$HOME``, whatever
+    their names end in. A dependency of swarmyard found only in the user site is refused (see
+    :func:`_refuse_user_site_dependencies`) rather than bound with the rest of that folder.
     """
-    wanted = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), PACKAGE_DIR}
-    for entry in sys.path:
-        real = os.path.realpath(entry) if entry else ""
-        if os.path.basename(real) in ("site-packages", "dist-packages") and os.path.isdir(real):
-            wanted.add(real)
+    wanted = {PACKAGE_DIR, os.path.dirname(os.path.realpath(sys.executable)), ENV_BIN}
+    for prefix in {sys.prefix, sys.base_prefix}:
+        base = {"base": prefix, "platbase": prefix, "installed_base": prefix, "installed_platbase": prefix}
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            wanted.add(os.path.realpath(sysconfig.get_path(key, vars=base)))
+        cfg = os.path.join(prefix, "pyvenv.cfg")  # how a virtualenv's interpreter finds its own site-packages
+        if os.path.isfile(cfg):
+            wanted.add(os.path.realpath(cfg))
+    libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and soname:
+        wanted.add(os.path.realpath(os.path.join(libdir, soname)))  # the file itself, not the folder it is in
+    _refuse_user_site_dependencies()
     # Nothing under /usr is needed twice, and a parent folder makes its children redundant.
-    chosen = sorted(w for w in wanted if not w.startswith("/usr/"))
+    chosen = sorted(w for w in wanted if os.path.exists(w) and not w.startswith("/usr/"))
     return [w for w in chosen if not any(w.startswith(o + "/") for o in chosen if o != w)]
+
+
+def _refuse_user_site_dependencies() -> None:
+    """Raise when a package swarmyard needs in a machine is installed only in the user site, which no machine sees.
+
+    The user site is ``$HOME``'s (``~/.local/lib/pythonX.Y/site-packages``): binding it would hand a worker
+    everything else installed there. swarmyard's own package folder may live there (it is bound by itself)."""
+    user_site = os.path.realpath(site.getusersitepackages())
+    todo, seen = ["swarmyard"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        where = os.path.realpath(str(dist.locate_file("")))
+        if name != "swarmyard" and (where == user_site or where.startswith(user_site + "/")):
+            raise SandboxUnavailableError(
+                f"{name}, which swarmyard needs inside every machine, is installed only in the user site {where}, "
+                "which machines never see (it holds whatever else was installed there): install it into "
+                f"the interpreter's own site-packages ({sysconfig.get_path('purelib')}) or a virtualenv"
+            )
+        for requirement in dist.requires or ():
+            named = _REQUIREMENT_NAME.match(requirement)
+            if named is not None and "extra ==" not in requirement:
+                todo.append(named.group(0))
+
+
+#: The distribution name at the start of a requirement string (``psycopg[binary]>=3.2`` -> ``psycopg``).
+_REQUIREMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class LocalBackend(SupervisedBackend):
