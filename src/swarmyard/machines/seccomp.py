@@ -2,8 +2,10 @@
 
 The filter checks the architecture first (a 32-bit or x32 syscall could otherwise reach a denied call under another
 number), then denies a fixed list of syscalls with ``EPERM`` (io_uring among them), namespace flags on ``clone``,
-and the terminal injection ioctls ``TIOCSTI`` and ``TIOCLINUX``. The kernel truncates an ioctl request to 32 bits, so only the low
-word of the argument is compared: ``TIOCSTI | 1 << 32`` (the "high-bit variant") is denied the same way.
+the terminal injection ioctls ``TIOCSTI`` and ``TIOCLINUX``, and every socket family but the four a machine uses
+(``socket`` and ``socketpair`` answer ``EAFNOSUPPORT``, as for a family the kernel lacks, so a program falls
+back). The kernel truncates an ioctl request to 32 bits, so only the low word of the argument is compared:
+``TIOCSTI | 1 << 32`` (the "high-bit variant") is denied the same way.
 ``clone3`` answers ``ENOSYS``: its flags sit in memory BPF cannot read, and libc falls back to ``clone``.
 """
 
@@ -30,6 +32,8 @@ _OFF_NR = 0
 _OFF_ARCH = 4
 _OFF_ARG0_LO = 16
 _OFF_ARG1_LO = 24
+_SOCKET = 41
+_SOCKETPAIR = 53
 
 #: x86_64 syscall numbers denied with EPERM.
 DENIED_SYSCALLS: dict[str, int] = {
@@ -74,6 +78,12 @@ _CLONE = 56
 _CLONE3 = 435
 #: Terminal ioctls that push input into another process's terminal or console.
 DENIED_IOCTLS: dict[str, int] = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+#: The socket families a machine may open; the network namespace confines only these. AF_UNIX: the init's
+#: control socket and the relay's way to the plane; AF_INET and AF_INET6: the relay's loopback port and
+#: anything an agent serves or calls on loopback; AF_NETLINK: glibc's getaddrinfo asks the kernel for the
+#: addresses configured (AI_ADDRCONFIG), as Python and Node do. Everything else (AF_VSOCK, which reaches the
+#: hypervisor around the namespace, AF_PACKET, AF_BLUETOOTH, AF_ALG, AF_XDP...) is refused.
+ALLOWED_SOCKET_FAMILIES: dict[str, int] = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
 #: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 _CLONE_NS_FLAGS = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
@@ -124,6 +134,13 @@ def build_program() -> list[tuple[int, int, int, int]]:
         deny,
         _stmt(_LD_W_ABS, _OFF_NR),
     ]
+    # socket(domain, ...) and socketpair(domain, ...): an allowed domain goes on to the checks below (past the
+    # reload of the syscall number), any other is EAFNOSUPPORT. The kernel reads the domain as an int: the low word.
+    families = sorted(ALLOWED_SOCKET_FAMILIES.values())
+    n = len(families)
+    prog += [_jump(_JEQ_K, _SOCKET, 1, 0), _jump(_JEQ_K, _SOCKETPAIR, 0, n + 3), _stmt(_LD_W_ABS, _OFF_ARG0_LO)]
+    prog += [_jump(_JEQ_K, family, n - i, 0) for i, family in enumerate(families)]
+    prog += [_stmt(_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT), _stmt(_LD_W_ABS, _OFF_NR)]
     # ioctl(fd, request, ...): compare only the low 32 bits of the request, as the kernel does.
     ioctls = sorted(DENIED_IOCTLS.values())
     prog += [_jump(_JEQ_K, _IOCTL, 0, 1 + 2 * len(ioctls)), _stmt(_LD_W_ABS, _OFF_ARG1_LO)]
