@@ -19,9 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarmyard.broker import anthropic, openai_chat
 from swarmyard.broker.chat import ChatRequest, Message, Role, Tool, ToolCall
-from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES
+from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, anthropic, openai_chat
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.tokencount import ByteBoundCounter, TokenCounter, cl100k, input_bound
 from swarmyard.errors import InvalidInputError

@@ -25,11 +25,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from swarmyard.auth.tokens import TokenAuthority
-from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker.admission import Admission, Admitted
 from swarmyard.broker.chat import ChatRequest, Finished, FinishReason, StreamEvent, StreamTally, Usage
 from swarmyard.broker.eventstream import EventStream, coalesced
 from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiFormat
+from swarmyard.broker.formats import anthropic as messages_format
 from swarmyard.broker.holds import Hold, Holds
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.keys import scrubbed

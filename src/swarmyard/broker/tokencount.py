@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from swarmyard.broker.anthropic import tool_input
 from swarmyard.broker.chat import ChatRequest
+from swarmyard.broker.formats.anthropic import tool_input
 from swarmyard.errors import InvalidInputError, MissingExtraError, UserError
 
 #: Added for each message (role markers, separators) and once per request (the reply's priming tokens).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from swarmyard.broker import anthropic as messages_format
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
+from swarmyard.broker.formats import anthropic as messages_format
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState

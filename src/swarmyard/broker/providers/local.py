@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 
-from swarmyard.broker import openai_chat
 from swarmyard.broker.chat import (
     ChatRequest,
     ChatResponse,
@@ -34,6 +33,7 @@ from swarmyard.broker.chat import (
     ToolCallDelta,
     ToolCallStart,
 )
+from swarmyard.broker.formats import openai_chat
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.upstream import Timeouts

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from swarmyard.broker import openai_chat
 from swarmyard.broker.chat import ChatRequest, ChatResponse, Finished, StreamEvent
+from swarmyard.broker.formats import openai_chat
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState

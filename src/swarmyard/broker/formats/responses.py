@@ -22,6 +22,7 @@ from swarmyard.broker.chat import (
     ToolCallStart,
     Usage,
 )
+from swarmyard.broker.formats.openai_chat import content_text, parse_tool_choice
 from swarmyard.broker.jsonbody import (
     as_object,
     opt_bool,
@@ -31,7 +32,6 @@ from swarmyard.broker.jsonbody import (
     opt_str,
     req_str,
 )
-from swarmyard.broker.openai_chat import content_text, parse_tool_choice
 from swarmyard.errors import InvalidInputError
 from swarmyard.ids import new_id
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from swarmyard.broker import anthropic, openai_chat, responses
 from swarmyard.broker.chat import ChatRequest, ChatResponse, FinishReason, StreamEvent, Usage
+from swarmyard.broker.formats import anthropic, openai_chat, responses
 from swarmyard.ids import new_id
 
 
