@@ -41,6 +41,7 @@ from pydantic import (
     model_validator,
 )
 
+from swarmyard.domain import Quotas
 from swarmyard.errors import ConfigError, InvalidInputError
 from swarmyard.money import MicroUSD, usd_to_micro
 from swarmyard.prices import known_model, usd_per_mtok_to_micro
@@ -101,6 +102,9 @@ NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
+_QUOTAS = Quotas()
+
+
 class GoalConfig(_Frozen):
     """The objective of the run and its limits."""
 
@@ -109,6 +113,12 @@ class GoalConfig(_Frozen):
     call_cap: PositiveInt = 200
     deadline_s: PositiveSeconds = 1800.0
     max_depth: NonNegativeInt = 2
+    #: what the goal's workers may store in total (see :class:`~swarmyard.domain.Quotas`): artifact bytes, each
+    #: task's share of them, board posts and board bytes; a write past one is refused with ``quota_exceeded``
+    artifact_quota_bytes: PositiveInt = _QUOTAS.artifact_bytes
+    task_artifact_quota_bytes: PositiveInt = _QUOTAS.task_artifact_bytes
+    board_quota_posts: PositiveInt = _QUOTAS.board_posts
+    board_quota_bytes: PositiveInt = _QUOTAS.board_bytes
 
     @field_validator("budget_usd", mode="before")
     @classmethod
@@ -134,6 +144,12 @@ class GoalConfig(_Frozen):
     def budget_micro_usd(self) -> MicroUSD:
         """The budget in micro-USD."""
         return usd_to_micro(self.budget_usd)
+
+    @property
+    def quotas(self) -> Quotas:
+        """What the goal may store, as the store keeps it."""
+        return Quotas(self.artifact_quota_bytes, self.task_artifact_quota_bytes, self.board_quota_posts,
+                      self.board_quota_bytes)
 
 
 class Lens(_Frozen):

@@ -91,6 +91,23 @@ RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Quotas:
+    """What one goal may store in total, whatever its workers submit: kept on the goal's row when it is created
+    (a goal made before quotas existed gets the store's), enforced in the same transaction as each write.
+
+    ``task_artifact_bytes`` is each task's share of ``artifact_bytes`` (per task, not per worker: a worker token is
+    bound to its task's claims, and a task's retries by other workers share its share). Content-addressed
+    duplicates within a goal are stored once and counted once. Board quotas count workers' posts only: the
+    coordinator's and the operator's posts are never refused, so a worker cannot crowd them out.
+    """
+
+    artifact_bytes: int = 256 * 1024 * 1024
+    task_artifact_bytes: int = 64 * 1024 * 1024
+    board_posts: int = 10_000
+    board_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class GoalSpec:
     """What a caller asks for when creating a goal."""
 
@@ -101,6 +118,8 @@ class GoalSpec:
     max_depth: int = 2
     policy: str = "team"
     evaluator: str | None = None
+    #: ``None``: the store's defaults
+    quotas: Quotas | None = None
 
 
 @dataclass(frozen=True, slots=True)

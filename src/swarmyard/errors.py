@@ -8,6 +8,7 @@
     │   └── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
+    │   └── QuotaExceededError (413)    a goal's or task's artifacts or board past their total (``used``, ...)
     ├── AuthError
     │   ├── InvalidTokenError (401)     forged, malformed, expired or revoked capability token
     │   └── ForbiddenError (403)        a valid token used outside its scope (other goal, other group)
@@ -212,6 +213,25 @@ class PayloadTooLargeError(SwarmyardError):
         self.what = what
         self.size = size
         self.limit = limit
+
+
+class QuotaExceededError(PayloadTooLargeError):
+    """A write that would take a goal's or a task's stored total past its quota (artifact bytes, board posts or
+    board bytes): refused whole, nothing stored. Not retryable: the total only grows."""
+
+    code = "quota_exceeded"
+    status = 413
+
+    def __init__(self, what: str, size: int, used: int, limit: int, *, goal_id: str,
+                 task_id: str | None = None) -> None:
+        SwarmyardError.__init__(
+            self,
+            f"{what} would be {used + size} with this write of {size}, over the quota of {limit} (goal {goal_id}"
+            + (f", task {task_id})" if task_id else ")"),
+            what=what, size=size, used=used, limit=limit, goal_id=goal_id, task_id=task_id,
+        )
+        self.what, self.size, self.used, self.limit = what, size, used, limit
+        self.goal_id, self.task_id = goal_id, task_id
 
 
 class AuthError(SwarmyardError):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,6 +19,7 @@ from swarmyard.domain import (
     GoalSpec,
     PostKind,
     Price,
+    Quotas,
     ReservationState,
     TaskSpec,
     TaskState,
@@ -31,6 +34,7 @@ from swarmyard.errors import (
     LeaseExpiredError,
     NotFoundError,
     PayloadTooLargeError,
+    QuotaExceededError,
     StaleFencingTokenError,
 )
 from swarmyard.store import SqlStore, open_store
@@ -202,6 +206,102 @@ def test_artifacts_are_content_addressed(store: SqlStore) -> None:
     assert info.value.limit == 4096
     with pytest.raises(NotFoundError):
         store.read_artifact(goal, "0" * 64)
+
+
+def _claimed_tasks(store: SqlStore, goal: str, n: int) -> list[tuple[str, int]]:
+    for i in range(n):
+        store.create_task(goal, TaskSpec(f"t{i}"))
+    claims = [store.claim(goal, f"w{i}", 30) for i in range(n)]
+    return [(c.task.id, c.token) for c in claims if c is not None]
+
+
+def test_artifact_quotas_per_goal_and_per_task_count_each_blob_once(store: SqlStore) -> None:
+    goal = _goal(store, quotas=Quotas(artifact_bytes=10_000, task_artifact_bytes=4_000, board_posts=10,
+                                      board_bytes=1000))
+    (t1, k1), (t2, k2), (t3, k3) = _claimed_tasks(store, goal, 3)
+    first = store.put_artifact(t1, k1, b"a" * 3000, author="w0")
+    # The same bytes again, from this task or another, are the stored blob: counted once, never refused.
+    assert store.put_artifact(t1, k1, b"a" * 3000, author="w0") == first
+    assert store.put_artifact(t2, k2, b"a" * 3000, author="w1") == first
+    with pytest.raises(QuotaExceededError) as info:
+        store.put_artifact(t1, k1, b"b" * 1001, author="w0")  # 3000 + 1001 > the task's 4000
+    assert (info.value.code, info.value.status, info.value.what) == ("quota_exceeded", 413, "the task's artifact bytes")
+    assert (info.value.used, info.value.size, info.value.limit, info.value.task_id) == (3000, 1001, 4000, t1)
+    refused = hashlib.sha256(b"b" * 1001).hexdigest()
+    with pytest.raises(NotFoundError):
+        store.get_artifact(goal, refused)
+    assert not (store.blob_dir / refused[:2] / refused[2:]).exists()  # nothing written for a refused blob
+    store.put_artifact(t1, k1, b"b" * 1000, author="w0")  # exactly the task's share
+    store.put_artifact(t2, k2, b"c" * 4000, author="w1")
+    store.put_artifact(t3, k3, b"d" * 2000, author="w2")  # the goal holds 10000 of its 10000 now
+    with pytest.raises(QuotaExceededError) as info:
+        store.put_artifact(t3, k3, b"e", author="w2")
+    assert (info.value.what, info.value.used, info.value.limit, info.value.goal_id) == (
+        "the goal's artifact bytes", 10_000, 10_000, goal)
+    assert store.put_artifact(t3, k3, b"d" * 2000, author="w2").size == 2000  # a duplicate still answers
+    # Another goal has its own total.
+    other = _goal(store, quotas=Quotas(artifact_bytes=10_000))
+    ((t4, k4),) = _claimed_tasks(store, other, 1)
+    assert store.put_artifact(t4, k4, b"e", author="w3").size == 1
+
+
+def test_a_goal_without_quotas_in_its_spec_gets_the_store_s(store_url: str, clock: FakeClock) -> None:
+    s = open_store(store_url, clock=clock, quotas=Quotas(artifact_bytes=100, task_artifact_bytes=100))
+    try:
+        goal = _goal(s)
+        ((task, token),) = _claimed_tasks(s, goal, 1)
+        s.put_artifact(task, token, b"x" * 100, author="w")
+        with pytest.raises(QuotaExceededError):
+            s.put_artifact(task, token, b"y", author="w")
+    finally:
+        s.close()
+
+
+def test_concurrent_artifact_submits_cannot_overshoot_the_goal_quota(store_url: str, clock: FakeClock) -> None:
+    """Twelve workers of one goal submit 1000 distinct bytes each at once against a quota of 5500: exactly five
+    are stored, the others are refused as over quota, and the goal's total is what was stored."""
+    s = open_store(store_url, clock=clock, pool_size=12)
+    try:
+        goal = _goal(s, quotas=Quotas(artifact_bytes=5500, task_artifact_bytes=5500))
+        claimed = _claimed_tasks(s, goal, 12)
+        start = threading.Barrier(len(claimed))
+
+        def submit(i: int) -> str:
+            task, token = claimed[i]
+            start.wait()
+            try:
+                s.put_artifact(task, token, bytes([i]) * 1000, author=f"w{i}")
+            except QuotaExceededError:
+                return "refused"
+            return "stored"
+
+        with ThreadPoolExecutor(len(claimed)) as pool:
+            outcomes = list(pool.map(submit, range(len(claimed))))
+        assert sorted(outcomes) == ["refused"] * 7 + ["stored"] * 5
+        ((task, token),) = _claimed_tasks(s, goal, 1)
+        with pytest.raises(QuotaExceededError) as info:
+            s.put_artifact(task, token, b"z" * 501, author="late")
+        assert info.value.used == 5000
+    finally:
+        s.close()
+
+
+def test_board_quotas_refuse_workers_posts_past_the_count_or_the_bytes(store: SqlStore) -> None:
+    goal = _goal(store, quotas=Quotas(board_posts=3, board_bytes=250))
+    ((task, token),) = _claimed_tasks(store, goal, 1)
+    store.post(task, token, PostKind.NOTE, "x" * 100, author="w")
+    with pytest.raises(QuotaExceededError) as info:
+        store.post(task, token, PostKind.NOTE, "y" * 151, author="w")
+    assert (info.value.what, info.value.used, info.value.size, info.value.limit) == ("the goal's board bytes", 100,
+                                                                                        151, 250)
+    store.post(task, token, PostKind.NOTE, "y" * 100, author="w")
+    store.post(task, token, PostKind.NOTE, "z", author="w")
+    with pytest.raises(QuotaExceededError) as info:
+        store.post(task, token, PostKind.NOTE, "again", author="w")
+    assert (info.value.what, info.value.used, info.value.limit) == ("the goal's board posts", 3, 3)
+    # The coordinator's posts are never refused: a worker cannot crowd them out.
+    store.post_as_operator(goal, PostKind.NOTE, "consolidated", author="coordinator", group="main")
+    assert [p.body[:1] for p in store.read_board(goal)] == ["x", "y", "z", "c"]
 
 
 def test_ledger_reserve_settle_release_unknown_reconcile(store: SqlStore) -> None:

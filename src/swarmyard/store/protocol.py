@@ -24,6 +24,7 @@ from swarmyard.domain import (
     Post,
     PostKind,
     Price,
+    Quotas,
     Reservation,
     ReservationState,
     Task,
@@ -36,6 +37,9 @@ from swarmyard.domain import (
 DEFAULT_POST_LIMIT_BYTES = 16 * 1024
 DEFAULT_FINDING_LIMIT_BYTES = 64 * 1024
 DEFAULT_ARTIFACT_LIMIT_BYTES = 16 * 1024 * 1024
+
+#: A goal's quotas unless its spec says otherwise (see :class:`~swarmyard.domain.Quotas`).
+DEFAULT_QUOTAS = Quotas()
 
 
 class Store(Protocol):

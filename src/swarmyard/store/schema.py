@@ -105,7 +105,29 @@ def _m003_reservation_usage(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m004_quotas(t: Types, postgres: bool) -> list[str]:
+    # What a goal may store (see domain.Quotas; NULL: the store's defaults, for goals made before this) beside
+    # what it has stored, so a write checks and counts in one row it already locks. Counted from what is there.
+    b = t.bigint
+    octets = "OCTET_LENGTH(p.body)" if postgres else "LENGTH(CAST(p.body AS BLOB))"
+    return [
+        f"ALTER TABLE goals ADD COLUMN artifact_quota {b}",
+        f"ALTER TABLE goals ADD COLUMN task_artifact_quota {b}",
+        f"ALTER TABLE goals ADD COLUMN post_quota {b}",
+        f"ALTER TABLE goals ADD COLUMN post_bytes_quota {b}",
+        f"ALTER TABLE goals ADD COLUMN artifact_bytes {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE goals ADD COLUMN worker_posts {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE goals ADD COLUMN worker_post_bytes {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN artifact_bytes {b} NOT NULL DEFAULT 0",
+        "UPDATE goals SET artifact_bytes = COALESCE((SELECT SUM(size) FROM artifacts a WHERE a.goal_id = goals.id), 0),"
+        " worker_posts = (SELECT COUNT(*) FROM posts p WHERE p.goal_id = goals.id AND p.task_id IS NOT NULL),"
+        f" worker_post_bytes = COALESCE((SELECT SUM({octets}) FROM posts p"
+        " WHERE p.goal_id = goals.id AND p.task_id IS NOT NULL), 0)",
+        "UPDATE tasks SET artifact_bytes = COALESCE((SELECT SUM(size) FROM artifacts a WHERE a.task_id = tasks.id), 0)",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
-MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage]
+MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas]

@@ -33,6 +33,7 @@ from swarmyard.domain import (
     Post,
     PostKind,
     Price,
+    Quotas,
     Reservation,
     ReservationState,
     Task,
@@ -53,6 +54,7 @@ from swarmyard.errors import (
     MigrationError,
     NotFoundError,
     PayloadTooLargeError,
+    QuotaExceededError,
     StaleFencingTokenError,
 )
 from swarmyard.ids import new_id
@@ -63,6 +65,7 @@ from swarmyard.store.protocol import (
     DEFAULT_ARTIFACT_LIMIT_BYTES,
     DEFAULT_FINDING_LIMIT_BYTES,
     DEFAULT_POST_LIMIT_BYTES,
+    DEFAULT_QUOTAS,
 )
 from swarmyard.store.schema import MIGRATIONS, POSTGRES_TYPES, SQLITE_TYPES
 
@@ -128,7 +131,8 @@ class SqlStore:
 
     def __init__(self, url: str, engine: Engine, *, clock: Clock | None = None, blob_dir: Path,
                  post_limit: int = DEFAULT_POST_LIMIT_BYTES, finding_limit: int = DEFAULT_FINDING_LIMIT_BYTES,
-                 artifact_limit: int = DEFAULT_ARTIFACT_LIMIT_BYTES) -> None:
+                 artifact_limit: int = DEFAULT_ARTIFACT_LIMIT_BYTES, quotas: Quotas = DEFAULT_QUOTAS) -> None:
+        """``quotas``: what a goal may store when its spec names none (and for goals older than quotas)."""
         self.url = url
         self._e = engine
         self.single_writer = not engine.postgres
@@ -137,6 +141,7 @@ class SqlStore:
         self.post_limit = post_limit
         self.finding_limit = finding_limit
         self.artifact_limit = artifact_limit
+        self.quotas = quotas
         self._migrate()
 
     # -- plumbing -------------------------------------------------------------------------------------------
@@ -226,12 +231,17 @@ class SqlStore:
             raise InvalidInputError("deadline must be a time in seconds", field="deadline")
         if spec.policy not in POLICIES:
             raise InvalidInputError(f"policy must be one of {sorted(POLICIES)}, got {spec.policy!r}", field="policy")
+        quotas = spec.quotas or self.quotas
+        for name in ("artifact_bytes", "task_artifact_bytes", "board_posts", "board_bytes"):
+            _int(getattr(quotas, name), f"quotas.{name}")
         goal_id, now = new_id("goal"), self._now()
         with self._e.write() as cur:
             cur.execute("INSERT INTO goals (id, objective, budget, call_cap, deadline, max_depth, policy, evaluator,"
-                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, artifact_quota, task_artifact_quota, post_quota, post_bytes_quota)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (goal_id, objective, budget, call_cap, spec.deadline, max_depth, spec.policy,
-                         spec.evaluator, now))
+                         spec.evaluator, now, quotas.artifact_bytes, quotas.task_artifact_bytes, quotas.board_posts,
+                         quotas.board_bytes))
             self._event(cur, "goal.created", now, {"goal": goal_id, "objective": objective, "budget": budget,
                                                    "call_cap": call_cap, "max_depth": max_depth,
                                                    "policy": spec.policy,
@@ -490,8 +500,29 @@ class SqlStore:
         now = self._now()
         with self._e.write() as cur:
             task = self._fence(cur, task_id, token, now)
+            self._count_worker_post(cur, task.goal_id, task_id, len(body.encode()))
             return self._insert_post(cur, task.goal_id, kind, group or task.group, author, task_id, token, body,
                                      now)
+
+    def _count_worker_post(self, cur: Cursor, goal_id: str, task_id: str, size: int) -> None:
+        """Count a worker's post against its goal's board quotas, or refuse it: one conditional update of the goal's
+        row, which concurrent posts wait on (PostgreSQL re-checks the condition on the row they then see)."""
+        q = self.quotas
+        row = self._one(cur, "UPDATE goals SET worker_posts = worker_posts + 1, worker_post_bytes = worker_post_bytes"
+                             " + ? WHERE id = ? AND worker_posts < COALESCE(post_quota, ?) AND worker_post_bytes + ?"
+                             " <= COALESCE(post_bytes_quota, ?) RETURNING worker_posts",
+                        (size, goal_id, q.board_posts, size, q.board_bytes))
+        if row is not None:
+            return
+        row = self._one(cur, "SELECT worker_posts, COALESCE(post_quota, ?), worker_post_bytes, "
+                             "COALESCE(post_bytes_quota, ?) FROM goals WHERE id = ?",
+                        (q.board_posts, q.board_bytes, goal_id))
+        if row is None:
+            raise NotFoundError("goal", goal_id)
+        posts, post_quota, used, bytes_quota = (int(v) for v in row)
+        if posts >= post_quota:
+            raise QuotaExceededError("the goal's board posts", 1, posts, post_quota, goal_id=goal_id, task_id=task_id)
+        raise QuotaExceededError("the goal's board bytes", size, used, bytes_quota, goal_id=goal_id, task_id=task_id)
 
     def post_as_operator(self, goal_id: str, kind: PostKind, body: str, *, author: str, group: str) -> Post:
         """Append a post with no task (coordinator consolidations, operator notes)."""
@@ -555,10 +586,26 @@ class SqlStore:
         sha = hashlib.sha256(data).hexdigest()
         with self._e.write() as cur:
             task = self._fence(cur, task_id, token, now)
+            # The goal's row is locked before the blob is looked for: a concurrent submit to the same goal waits
+            # here, then finds the blob the first one stored (not counted twice) or the total it left.
+            suffix = " FOR UPDATE" if self._e.postgres else ""
+            used, quota, task_quota = (int(v) for v in self._one(
+                cur, f"SELECT artifact_bytes, COALESCE(artifact_quota, ?), COALESCE(task_artifact_quota, ?) FROM goals"
+                     f" WHERE id = ?{suffix}", (self.quotas.artifact_bytes, self.quotas.task_artifact_bytes,
+                                                task.goal_id)))
             existing = self._one(cur, f"SELECT {rows.ARTIFACT_COLS} FROM artifacts WHERE goal_id = ? AND "
                                       "sha256 = ?", (task.goal_id, sha))
             if existing is not None:
                 return rows.artifact(existing)
+            if used + len(data) > quota:
+                raise QuotaExceededError("the goal's artifact bytes", len(data), used, quota, goal_id=task.goal_id,
+                                         task_id=task_id)
+            task_used = int(self._one(cur, "SELECT artifact_bytes FROM tasks WHERE id = ?", (task_id,))[0])
+            if task_used + len(data) > task_quota:
+                raise QuotaExceededError("the task's artifact bytes", len(data), task_used, task_quota,
+                                         goal_id=task.goal_id, task_id=task_id)
+            cur.execute("UPDATE goals SET artifact_bytes = artifact_bytes + ? WHERE id = ?", (len(data), task.goal_id))
+            cur.execute("UPDATE tasks SET artifact_bytes = artifact_bytes + ? WHERE id = ?", (len(data), task_id))
             # The blob is written before the row commits: a crash leaves at worst an unreferenced blob.
             self._write_blob(sha, bytes(data))
             cur.execute(f"INSERT INTO artifacts ({rows.ARTIFACT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",

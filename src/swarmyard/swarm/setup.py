@@ -22,6 +22,7 @@ def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
         deadline=clock.now() + g.deadline_s,
         max_depth=g.max_depth,
         policy=config.policy.kind.value,
+        quotas=g.quotas,
     )
     return store.create_goal(spec)
 
