@@ -2,7 +2,8 @@
 
     SwarmyardError                      root; ``status`` is the HTTP status the control plane answers with
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
-    │   └── ConfigError                 a swarm file or setting is invalid; names the field
+    │   ├── ConfigError                 a swarm file or setting is invalid; names the field
+    │   └── InsecureSecretError         a secret file others can read or that is not the user's (``path``)
     ├── InvalidInputError (400)         a request or call argument is malformed
     │   ├── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     │   └── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
@@ -150,6 +151,17 @@ class ConfigError(UserError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message if field is None else f"{field}: {message}", field=field)
         self.field = field
+
+
+class InsecureSecretError(UserError):
+    """A secret file (the control plane's token secret) that another user can read or that is not this user's:
+    whoever reads it forges any capability token, so it is refused, never used."""
+
+    code = "insecure_secret"
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        super().__init__(f"{path}: {why}; refusing to use it as a secret ({fix})", path=path, why=why, fix=fix)
+        self.path, self.why, self.fix = path, why, fix
 
 
 class InvalidInputError(SwarmyardError):

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
+import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from swarmyard.canonical import canonical_json
 from swarmyard.clock import Clock, SystemClock
-from swarmyard.errors import ForbiddenError, InvalidTokenError, NotFoundError
+from swarmyard.errors import ForbiddenError, InsecureSecretError, InvalidTokenError, NotFoundError
 from swarmyard.ids import new_id
 from swarmyard.keys import write_secret_file
 from swarmyard.store.protocol import Store
@@ -55,11 +58,33 @@ def _unb64(text: str) -> bytes:
 
 
 def load_or_create_secret(path: Path) -> bytes:
-    """The control plane's 32-byte token secret, created 0600 on first use."""
-    if not path.exists():
-        with contextlib.suppress(FileExistsError):  # another process created it first
-            write_secret_file(path, secrets.token_bytes(32))
-    secret = path.read_bytes()
+    """The control plane's 32-byte token secret, created with ``O_CREAT | O_EXCL`` and mode 0600 on first use.
+
+    An existing file is read only if it is a regular file of this user's that no group or other user can read or
+    write (checked on the descriptor read, not on the name): anyone who can read it forges an operator token.
+    Otherwise :class:`~swarmyard.errors.InsecureSecretError`, which says how to fix it."""
+    with contextlib.suppress(FileExistsError):  # it exists, or another process created it first
+        write_secret_file(path, secrets.token_bytes(32))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InsecureSecretError(str(path), "it is a symbolic link", "point --secret-file at the file "
+                                      "itself") from exc
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise InsecureSecretError(str(path), "it is not a regular file", "point --secret-file at a file")
+        if info.st_uid != os.getuid():
+            raise InsecureSecretError(str(path), f"it belongs to uid {info.st_uid}, not to this user "
+                                      f"({os.getuid()})", f"chown {os.getuid()} {path} && chmod 600 {path}, or "
+                                      "let swarmyard create a new one")
+        if info.st_mode & 0o077:
+            raise InsecureSecretError(str(path), f"its mode is {stat.S_IMODE(info.st_mode):o}: others can read "
+                                      "or write it", f"chmod 600 {path}, and make a new one if anyone else may "
+                                      "have read it (tokens signed with it are forgeable)")
+        secret = handle.read()
     if len(secret) < 32:
         raise InvalidTokenError(f"token secret at {path.name} is too short")
     return secret

@@ -22,8 +22,10 @@ app = typer.Typer(help="The model broker: OpenAI, Responses and Anthropic endpoi
 
 _Host = typer.Option("127.0.0.1", "--host", help="Address to listen on.")
 _Port = typer.Option(8788, "--port", help="Port to listen on.")
-_SecretFile = typer.Option(Path("token-secret"), "--secret-file",
-                           help="The control plane's token secret (created 0600 if absent).")
+_SecretFile = typer.Option(None, "--secret-file",
+                           help="The control plane's token secret: created 0600 if absent, refused if anyone else "
+                                "can read it (default: the one swarmyard serve uses, serve/token.secret in "
+                                "$SWARMYARD_STATE_DIR, else ~/.local/state/swarmyard).")
 _KeyFile = typer.Option(None, "--key-file", help="Provider keys by provider name (JSON, mode 0600).")
 _Providers = typer.Option(None, "--providers",
                           help="Serve this file's [providers] table (a swarm file works), prices included.")
@@ -41,7 +43,7 @@ _EMBEDDED = {"qwen": "qwen2.5-coder-0.5b-instruct", "smollm2": "smollm2-135m-ins
 
 
 @app.command()
-def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret_file: Path = _SecretFile,
+def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret_file: Path | None = _SecretFile,
           key_file: Path | None = _KeyFile, providers: Path | None = _Providers,
           provider: list[str] | None = _Provider, local: str = _Local, cache_dir: Path = _CacheDir,
           read_timeout_s: float = _ReadTimeout) -> None:
@@ -74,7 +76,9 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
                         "or use --key-file or --local")
     check_table(table, env=os.environ, keys=keys)
     opened = store_at(store, serving=True)
-    tokens = TokenAuthority(load_or_create_secret(secret_file), opened)
+    from swarmyard.swarm.run_secrets import serve_secret
+
+    tokens = TokenAuthority(load_or_create_secret(secret_file or serve_secret()), opened)
     broker = configured_broker(opened, tokens, table, cache_dir=cache_dir, keys=keys,
                                timeouts=Timeouts(read_s=read_timeout_s))
     broker_app = Starlette(routes=broker.routes(), lifespan=_closing(broker))

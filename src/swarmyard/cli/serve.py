@@ -29,8 +29,10 @@ _Port = typer.Option(8787, "--port", help="TCP port (with --host).")
 _Cert = typer.Option(None, "--tls-cert", help="Server certificate (PEM).")
 _Key = typer.Option(None, "--tls-key", help="Server key (PEM).")
 _Ca = typer.Option(None, "--tls-ca", help="CA that client certificates must chain to (mutual TLS).")
-_Secret = typer.Option(Path("token-secret"), "--secret-file",
-                       help="The control plane's token secret (created 0600 if absent).")
+_Secret = typer.Option(None, "--secret-file",
+                       help="The control plane's token secret: created 0600 if absent, refused if anyone else "
+                            "can read it (default: serve/token.secret in $SWARMYARD_STATE_DIR, else "
+                            "~/.local/state/swarmyard).")
 _OperatorFile = typer.Option(Path("operator-token"), "--operator-token-file",
                              help="Where the operator token is written (0600) if absent.")
 _Lease = typer.Option(300.0, "--lease-s", min=1.0, help="Lease length of a claim, in seconds.")
@@ -67,7 +69,7 @@ def command(
     tls_cert: Path | None = _Cert,
     tls_key: Path | None = _Key,
     tls_ca: Path | None = _Ca,
-    secret_file: Path = _Secret,
+    secret_file: Path | None = _Secret,
     operator_token_file: Path = _OperatorFile,
     lease_s: float = _Lease,
     rate: float = _Rate,
@@ -99,7 +101,9 @@ def command(
     check_table(table, env=os.environ)  # before the store is touched: a table the broker cannot serve changes nothing
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
                              renew_min_interval_s=renew_interval_s)
-    secret = load_or_create_secret(secret_file)
+    from swarmyard.swarm.run_secrets import serve_secret
+
+    secret = load_or_create_secret(secret_file or serve_secret())
     opened = store_at(store, serving=True)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
         write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())

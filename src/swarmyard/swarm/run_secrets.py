@@ -5,6 +5,7 @@ Each run has a private folder of its own under the user's state folder::
     $SWARMYARD_STATE_DIR/runs/RUN/      (default $XDG_STATE_HOME/swarmyard, i.e. ~/.local/state/swarmyard)
         token.secret    the control plane's token secret (whoever holds it forges any capability token)
         log.key         the audit log's Ed25519 signing seed (whoever holds it re-signs a rewritten log)
+    $SWARMYARD_STATE_DIR/serve/token.secret   ``swarmyard serve``'s token secret without ``--secret-file``
 
 Every folder from ``swarmyard/`` down is 0700 and each secret is created 0600 with ``O_EXCL`` (never written and
 then chmod-ed). The run folder keeps only public keys: ``audit/log.vkey`` is what ``swarmyard audit verify`` reads.
@@ -35,10 +36,20 @@ def run_secrets(run_id: str) -> Path:
     """The private folder of run ``run_id``'s secrets, made (0700 at every level of swarmyard's) if absent."""
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise UserError(f"not a run id: {run_id!r}")
+    return _private("runs", run_id)
+
+
+def serve_secret() -> Path:
+    """Where ``swarmyard serve`` and ``swarmyard broker serve`` keep their token secret unless told otherwise:
+    ``serve/token.secret`` in the state folder (made 0700 if absent), never the working folder."""
+    return _private("serve") / TOKEN_SECRET
+
+
+def _private(*parts: str) -> Path:
     top = state_dir()
     top.parent.mkdir(parents=True, exist_ok=True)
     folder = top
-    for part in ("", "runs", run_id):
+    for part in ("", *parts):
         folder = folder / part if part else folder
         folder.mkdir(mode=0o700, exist_ok=True)
         _check_private(folder)
