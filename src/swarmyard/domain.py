@@ -1,15 +1,14 @@
 """The nouns of a run: goals, tasks, claims, posts, findings, artifacts, envelopes and reservations.
 
-All are frozen dataclasses; states are ``StrEnum``s with explicit transition tables. Money is ``int``
-micro-USD; times are float seconds from the injected clock.
+All are frozen dataclasses; states are ``StrEnum``s, whose transitions the store enforces
+(``IllegalTransitionError``). Money is ``int`` micro-USD; times are float seconds
+from the injected clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-from swarmyard.errors import IllegalTransitionError
 
 
 class TaskState(StrEnum):
@@ -20,23 +19,6 @@ class TaskState(StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-#: Allowed task transitions. CLAIMED -> CLAIMED is a renewal or a re-claim after the lease expired.
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.PENDING: frozenset({TaskState.CLAIMED, TaskState.CANCELLED}),
-    TaskState.CLAIMED: frozenset({TaskState.CLAIMED, TaskState.PENDING, TaskState.DONE, TaskState.FAILED,
-                                  TaskState.CANCELLED}),
-    TaskState.FAILED: frozenset({TaskState.PENDING}),
-    TaskState.DONE: frozenset(),
-    TaskState.CANCELLED: frozenset(),
-}
-
-
-def check_task_transition(task_id: str, current: TaskState, target: TaskState) -> None:
-    """Raise ``IllegalTransitionError`` unless ``current -> target`` is in the table."""
-    if target not in TASK_TRANSITIONS[current]:
-        raise IllegalTransitionError("task", task_id, current.value, target.value)
 
 
 class PostKind(StrEnum):
@@ -80,14 +62,6 @@ class ReservationState(StrEnum):
     SETTLED = "settled"
     RELEASED = "released"
     UNKNOWN = "unknown"
-
-
-RESERVATION_TRANSITIONS: dict[ReservationState, frozenset[ReservationState]] = {
-    ReservationState.HELD: frozenset({ReservationState.SETTLED, ReservationState.RELEASED, ReservationState.UNKNOWN}),
-    ReservationState.UNKNOWN: frozenset({ReservationState.SETTLED, ReservationState.RELEASED}),
-    ReservationState.SETTLED: frozenset(),
-    ReservationState.RELEASED: frozenset(),
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@
     │   └── DeadlinePassedError (403)   the goal's deadline has passed
     ├── SandboxError                    a machine could not be made, run or torn down as asked
     │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
-    │   └── ExecTimeoutError            an exec ran past its timeout and its process tree was killed
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
     │   ├── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
     │   └── UpstreamLostError (502)     the answer was lost after the request left: dropped, timed out, cut, garbled
@@ -455,13 +454,6 @@ class SandboxUnavailableError(SandboxError):
     """The host lacks what the requested isolation needs."""
 
     code = "sandbox_unavailable"
-
-
-class ExecTimeoutError(SandboxError):
-    """An exec ran past its timeout; its process tree was killed."""
-
-    code = "exec_timeout"
-    retryable = True
 
 
 class ProviderError(SwarmyardError):

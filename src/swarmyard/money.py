@@ -39,8 +39,3 @@ def format_usd(amount: int) -> str:
     sign = "-" if amount < 0 else ""
     whole, frac = divmod(abs(amount), MICRO_PER_USD)
     return f"{sign}${whole}.{frac:06d}"
-
-
-def cost_of_tokens(tokens: int, micro_usd_per_mtok: int) -> MicroUSD:
-    """The cost of ``tokens`` at a price in micro-USD per million tokens, rounded up to a whole micro-USD."""
-    return MicroUSD(-(-tokens * micro_usd_per_mtok // 1_000_000))

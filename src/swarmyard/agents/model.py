@@ -147,8 +147,3 @@ def _refusal(response: httpx.Response) -> SwarmyardError:
                             retryable=retryable, upstream_status=status)
     failure.__cause__ = error
     return failure
-
-
-def is_budget_stop(exc: SwarmyardError) -> bool:
-    """Whether an error means no more model calls can be made for this task."""
-    return isinstance(exc, BudgetError)

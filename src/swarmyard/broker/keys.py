@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import re
 import stat
 import weakref
@@ -106,12 +105,6 @@ class ProviderKeys:
 
     def __repr__(self) -> str:
         return f"ProviderKeys({sorted(self._keys)})"
-
-
-def default_key_file() -> Path:
-    """Where ``swarmyard broker serve`` looks for a key file when none is given."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "swarmyard" / "provider-keys.json"
 
 
 def _base64_cores(data: bytes) -> list[str]:

@@ -43,11 +43,6 @@ def _libc() -> ctypes.CDLL:
     return _LIBC
 
 
-def mount_overlay(lowers: tuple[Path, ...], upper: Path, work: Path, target: Path) -> None:
-    """Mount overlayfs with mount(2) directly: running mount(8) costs a process and ~3 ms per machine."""
-    _mount(f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work}", target)
-
-
 _MS_NOSUID = 2
 _MS_NODEV = 4
 # linux/loop.h
