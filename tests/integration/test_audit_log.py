@@ -4,6 +4,7 @@ names a tampered event, checkpoint or cosignature."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -171,7 +172,11 @@ def test_a_run_with_another_log_key_is_refused_by_the_witness(tmp_path: Path, cl
     source, audit, witness = _finished_run(tmp_path, clock, events=12)
     (audit / "log.key").unlink()
     (audit / "log.vkey").unlink()
-    log = AuditLog(source, audit, ORIGIN, witness=witness)  # a fresh key under the same origin
+    # the log itself refuses to go on from checkpoints its key did not sign
+    with pytest.raises(LogMismatchError, match="checkpoint 2: does not verify with this log's key"):
+        AuditLog(source, audit, ORIGIN, witness=witness)
+    shutil.rmtree(audit)
+    log = AuditLog(source, audit, ORIGIN, witness=witness)  # a fresh log and key under the same origin
     with pytest.raises(WitnessRefusedError):
         log.checkpoint()
     log.close()
@@ -303,3 +308,44 @@ def test_a_log_re_signed_with_a_fresh_key_is_caught_only_by_a_pinned_key(tmp_pat
         assert result.exit_code == 1 and result.stdout.startswith("BAD key 0:"), result.output
     bad_key = runner.invoke(app, ["audit", "verify", str(run), *empty, "--log-key", "nope"])
     assert isinstance(bad_key.exception, UserError) and "neither a verifier key" in bad_key.exception.message
+
+
+def test_a_reopened_log_refuses_events_it_cannot_account_for(clock: FakeClock, tmp_path: Path) -> None:
+    """A crashed run (no ``run.closed``): events past its last checkpoint are signed on resume, unless dated
+    well before the witness cosigned that checkpoint; a closed run signs none it did not write itself."""
+    from swarmyard.audit.log import LATE_S, RUN_CLOSED
+    from swarmyard.errors import AuditError
+    from swarmyard.store import open_store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(url, clock=clock, blob_dir=tmp_path / "blobs")
+    witness = _witness(tmp_path, clock)
+    try:
+        log = AuditLog(store, tmp_path / "audit", ORIGIN, witness=witness)
+        store.create_goal(GoalSpec(objective="audit me", budget_micro_usd=1000, call_cap=1))
+        log.checkpoint()  # then the run crashes: no run.closed, the log not closed
+        log.close()
+        with sqlite3.connect(tmp_path / "store.db") as db:
+            db.execute("INSERT INTO events (kind, body, created_at) VALUES ('x', ?, ?)",
+                       (b'{"kind":"x"}', clock.now() - LATE_S - 5))
+        with pytest.raises(AuditError, match=r"refusing to sign event 1 \('x'\): it is dated 65 s before the witness"):
+            AuditLog(store, tmp_path / "audit", ORIGIN, witness=witness)
+        with sqlite3.connect(tmp_path / "store.db") as db:
+            db.execute("UPDATE events SET created_at = ? WHERE kind = 'x'", (clock.now(),))
+        log = AuditLog(store, tmp_path / "audit", ORIGIN, witness=witness)  # dated after: it may be the run's
+        store.record_event(RUN_CLOSED, {"run": "run-1"})
+        log.checkpoint()
+        log.close()
+        store.record_event("late", {})
+        with pytest.raises(AuditError, match=r"refusing to sign event 3 \('late'\): it was written after the run "
+                                             r"closed at checkpoint 2"):
+            AuditLog(store, tmp_path / "audit", ORIGIN, witness=witness)
+        # a leaves file that no longer has the checkpoint's root is named before anything is signed
+        with sqlite3.connect(tmp_path / "store.db") as db:
+            db.execute("DELETE FROM events WHERE kind = 'late'")
+        leaves = tmp_path / "audit" / "leaves"
+        leaves.write_bytes(bytes(32) + leaves.read_bytes()[32:])
+        with pytest.raises(LogMismatchError, match="checkpoint 2: the leaves file does not have its root"):
+            AuditLog(store, tmp_path / "audit", ORIGIN, witness=witness)
+    finally:
+        store.close()

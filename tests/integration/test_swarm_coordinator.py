@@ -257,14 +257,15 @@ def test_a_witness_cosigns_every_checkpoint_and_its_loss_is_reported(tmp_path: P
     assert result.data.extra["audit witness"] == client.verifier().vkey
 
     # a witness that refuses at the end (here: another log, with its own key, claims the same origin) must not
-    # cost the run its report, and the report says the last checkpoint is not cosigned
+    # cost the run its report, which says the last checkpoint is not cosigned; then the run fails
+    from swarmyard.errors import AuditError
+
     with serving_witness(witness, sock) as client:
         coordinator, _ = _coordinator(tmp_path / "second", _config("team"), clock=clock)
         coordinator.witness = client
-        result = asyncio.run(coordinator.run())
-    assert result.synthesis is not None
-    assert result.data.extra["audit witness"].startswith("last checkpoint NOT cosigned")
-    assert result.report is not None and "NOT cosigned" in result.report.markdown.read_text()
+        with pytest.raises(AuditError, match=r"the witness did not cosign the last checkpoint .*fork or rewrite"):
+            asyncio.run(coordinator.run())
+    assert "last checkpoint NOT cosigned" in (coordinator.run_dir / "report.md").read_text()
 
 
 def test_a_run_asking_for_an_unreachable_witness_starts_nothing(tmp_path: Path) -> None:

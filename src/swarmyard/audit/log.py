@@ -11,6 +11,14 @@ A run's ``audit/`` folder holds::
     checkpoints/NNNNNN.note   one signed note per checkpoint, with the witness's cosignature line
 
 Leaf ``i`` is the canonical JSON body of the event with leaf index ``i``, hashed as ``SHA-256(0x00 || body)``.
+
+Reopening a log that has checkpoints (a resumed run) checks it before signing anything more: the last
+checkpoint against this log's key and the leaves file, the source's events against the leaves, and then the
+events no checkpoint covers yet. A run that ended records a ``run.closed`` event and checkpoints it, with
+nothing running that could write: an event past that checkpoint was written by no run, and the log refuses to
+sign it (an ``AuditError`` naming the event). A run that crashed has events past its last checkpoint that no one can
+tell from forged ones by the store alone; the log refuses only those dated more than ``LATE_S`` before the
+witness cosigned that checkpoint (the sync that made it had sequenced every event committed by then).
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from swarmyard.audit.checkpoint import Checkpoint, SignedCheckpoint, read_checkpoint
-from swarmyard.audit.merkle import HASH_SIZE
+from swarmyard.audit.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint, read_checkpoint
+from swarmyard.audit.merkle import HASH_SIZE, leaf_hash
 from swarmyard.audit.note import NoteSignature, Signer, Verifier, sign_note
 from swarmyard.audit.tree import MerkleTree
 from swarmyard.audit.witness import WitnessClient
@@ -37,6 +45,11 @@ WITNESS_VKEY = "witness.vkey"
 LEAVES = "leaves"
 CHECKPOINTS = "checkpoints"
 READ_BATCH = 5000
+#: The event a run records, and checkpoints, as it ends: nothing may follow it until the run is resumed.
+RUN_CLOSED = "run.closed"
+#: How long before the witness cosigned a run's last checkpoint an event past it may be dated (a write that
+#: committed while the checkpoint was being made, clocks apart).
+LATE_S = 60.0
 
 
 class EventSource(Protocol):
@@ -81,6 +94,11 @@ def _pin(path: Path, value: str, what: str) -> None:
     _write_atomic(path, value + "\n")
 
 
+def _unaccounted(index: int, kind: str, why: str) -> AuditError:
+    return AuditError(f"refusing to sign event {index} ({kind!r}): {why}; see `swarmyard audit verify`",
+                      index=index, kind=kind)
+
+
 class AuditLog:
     """Appends the source's events to the tree and writes checkpoints, cosigned by the witness if any."""
 
@@ -110,6 +128,7 @@ class AuditLog:
         self._last_checkpoint_size = 0
         self._witnessed_size = 0
         self._load_checkpoints()
+        self._check_reopened()
 
     @property
     def verifier(self) -> Verifier:
@@ -132,6 +151,47 @@ class AuditLog:
             witness = self.witness_verifier
             if witness is not None and any(s.key_id == witness.key_id for s in signed.note.signatures):
                 self._witnessed_size = signed.checkpoint.size
+
+    def _check_reopened(self) -> None:
+        """Check an existing log before it signs anything more (see the module docstring)."""
+        paths = list_checkpoints(self.audit_dir)
+        if not paths:
+            return
+        number = len(paths)
+        try:
+            signed, _ = open_checkpoint(paths[-1].read_text(), self.verifier, origin=self.origin)
+        except AuditError as exc:
+            raise LogMismatchError("checkpoint", number, f"does not verify with this log's key: {exc.message}") from exc
+        cp = signed.checkpoint
+        if self.tree.size < cp.size or self.tree.root(cp.size) != cp.root_hash:
+            raise LogMismatchError("checkpoint", number, f"the {LEAVES} file does not have its root at size {cp.size}")
+        count = self.source.sequence_events()
+        if count < cp.size:
+            raise LogMismatchError("event", count, f"missing: checkpoint {number} covers {cp.size} events")
+        closed = False
+        for start in range(0, count, READ_BATCH):
+            events = self.source.read_events(start, min(start + READ_BATCH, count))
+            for offset, event in enumerate(events):
+                index = start + offset
+                if index < self.tree.size and leaf_hash(event.body) != self.tree.leaf_hash(index):
+                    raise LogMismatchError("event", index, "its leaf hash differs from the one the log recorded")
+                if index == cp.size - 1:
+                    closed = event.kind == RUN_CLOSED
+                if index >= cp.size:
+                    self._check_late(event, index, number, closed, signed)
+
+    def _check_late(self, event: Event, index: int, number: int, closed: bool, signed: SignedCheckpoint) -> None:
+        """Refuse an event past checkpoint ``number`` that the run cannot have written after it."""
+        if closed:
+            raise _unaccounted(index, event.kind, f"it was written after the run closed at checkpoint {number}, "
+                                                  f"by no run")
+        witness = self.witness_verifier
+        times = [sig.timestamp for sig in signed.note.signatures
+                 if witness is not None and sig.key_id == witness.key_id and sig.timestamp is not None
+                 and witness.verify(signed.note.text, sig.signature)]
+        if times and event.created_at < times[0] - LATE_S:
+            raise _unaccounted(index, event.kind, f"it is dated {times[0] - event.created_at:.0f} s before the "
+                                                  f"witness cosigned checkpoint {number}, which would have covered it")
 
     def sync(self) -> int:
         """Sequence the source's new events and append them as leaves; return the tree size."""

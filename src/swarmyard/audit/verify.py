@@ -5,13 +5,19 @@ cosignature and its index):
 
 1. every checkpoint note: the log's signature, its origin, the witness's cosignature where one is pinned, and
    checkpoint numbering without gaps;
-2. every event: leaf indexes contiguous from 0, and its leaf hash equal to the one the log recorded;
+2. every event: leaf indexes contiguous from 0, its leaf hash equal to the one the log recorded, and the
+   columns outside the hash held to its body (``kind``, and ``created_at`` against ``at_ms``);
 3. every checkpoint's root equal to the root recomputed from the events at its size, and a consistency proof
    from the previous checkpoint that verifies;
-4. no event past the last checkpoint, and (with a witness) the last checkpoint cosigned;
+4. no event past the last checkpoint, sequenced or not (given the store as ``tables``), and (with a witness)
+   the last checkpoint cosigned. A run still in progress (``in_progress``) may have events its last checkpoint
+   does not cover yet: they are counted, not checked, unless the log says the run closed (its last checkpoint
+   ends with a ``run.closed`` event), when any such event is one no run wrote;
 5. no rollback: the log holds at least as many events as the witness last cosigned (its checkpoint, given as
    ``witnessed``, must carry the log's signature and the witness's cosignature, and its root must be the log's
-   root at that size) and at least ``min_size``.
+   root at that size) and at least ``min_size``;
+6. given the store as ``tables``, every goal, task, finding and artifact row against what the events say of it
+   (``swarmyard.audit.tables``); skipped for a run in progress, whose rows move ahead of its log.
 
 The keys come from the run folder unless the caller pins them. A folder alone proves only that it is
 self-consistent: whoever can rewrite the store can also write a fresh log key and re-sign every checkpoint.
@@ -28,9 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmyard.audit.checkpoint import SignedCheckpoint, open_checkpoint
-from swarmyard.audit.log import LEAVES, LOG_VKEY, READ_BATCH, WITNESS_VKEY, EventSource, list_checkpoints
+from swarmyard.audit.log import (
+    LEAVES,
+    LOG_VKEY,
+    READ_BATCH,
+    RUN_CLOSED,
+    WITNESS_VKEY,
+    EventSource,
+    list_checkpoints,
+)
 from swarmyard.audit.merkle import HASH_SIZE, leaf_hash, verify_consistency
 from swarmyard.audit.note import Verifier
+from swarmyard.audit.tables import Ledger, Tables, check_tables, parse_body
 from swarmyard.audit.tree import MerkleTree
 from swarmyard.domain import Event
 from swarmyard.errors import AuditError, InvalidProofError, InvalidSignatureError, LogMismatchError
@@ -49,6 +64,12 @@ class VerifyReport:
     pinned: bool = False
     #: the largest size the log was checked not to have been rolled back below (None: not checked)
     fresh_size: int | None = None
+    #: events no checkpoint covers yet (only a run in progress may have any): not checked
+    uncovered: int = 0
+    #: the log says the run closed at its last checkpoint
+    closed: bool = False
+    #: the store's rows were checked against the events
+    tables_checked: bool = False
 
 
 def _open_checkpoints(audit_dir: Path, log: Verifier,
@@ -118,13 +139,15 @@ def _check_witnessed(note: str, log: Verifier, witness: Verifier | None, tree: M
 
 def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None = None,
                witness_key: Verifier | None = None, witnessed: Sequence[str] = (),
-               min_size: int = 0) -> VerifyReport:
+               min_size: int = 0, tables: Tables | None = None, in_progress: bool = False) -> VerifyReport:
     """Verify a run's audit log against its events; raise ``LogMismatchError`` at the first bad thing.
 
     ``log_key`` and ``witness_key`` pin the keys instead of trusting the folder's (key 0 is the log's,
     key 1 the witness's in the error). ``witnessed`` are checkpoints the witness cosigned (its latest, as
     ``GET /checkpoint`` answers it) and ``min_size`` a size the caller knows the log reached: a log with fewer
-    events fails as rolled back.
+    events fails as rolled back. ``tables`` (the store) adds the unsequenced events and the rows to the check;
+    ``in_progress`` lets events past the last checkpoint of a run that has not closed through: counted,
+    not checked.
     """
     vkey_path = audit_dir / LOG_VKEY
     if not vkey_path.exists():
@@ -141,6 +164,8 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
     # Only what is already sequenced, read batch by batch: verifying never writes to the store it checks
     # (sequence_events would give leaf indexes to rows someone added without one).
     tree = MerkleTree()
+    ledger = Ledger()
+    closes: set[int] = set()
     start = 0
     while True:
         end = start + READ_BATCH
@@ -153,6 +178,10 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
             if recorded[index * HASH_SIZE:(index + 1) * HASH_SIZE] not in (b"", digest):
                 raise LogMismatchError("event", index, "its leaf hash differs from the one the log recorded")
             tree.append_hash(digest)
+            body = parse_body(event, index)
+            ledger.add(index, event.kind, body)
+            if event.kind == RUN_CLOSED:
+                closes.add(index)
         if unreadable is not None:
             if unreadable.index != start + len(events):
                 raise LogMismatchError("event", start + len(events), "missing or out of order")
@@ -182,8 +211,17 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
         previous = signed
     if previous is None:
         raise LogMismatchError("checkpoint", 1, "the run has no checkpoint")
-    if previous.checkpoint.size != tree.size:
-        raise LogMismatchError("event", previous.checkpoint.size, "not covered by any checkpoint")
+    covered = previous.checkpoint.size
+    closed = covered - 1 in closes
+    lenient = in_progress and not closed
+    why = "the run closed at the last checkpoint" if closed else "no checkpoint covers it"
+    if covered != tree.size and not lenient:
+        raise LogMismatchError("event", covered, f"not covered by any checkpoint ({why})")
+    unsequenced = tables.unsequenced_events(10_000) if tables is not None else []
+    if unsequenced and not lenient:
+        first = unsequenced[0]
+        raise LogMismatchError("unsequenced", first.id, f"event row {first.id} ({first.kind!r}) has no leaf index: "
+                                                        f"not covered by any checkpoint ({why})")
     if witness is not None and not checkpoints[-1][1]:
         raise LogMismatchError("cosignature", len(checkpoints), "the last checkpoint is not cosigned")
     fresh = [_check_witnessed(note, log, witness, tree) for note in witnessed]
@@ -191,5 +229,9 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
         raise LogMismatchError("event", tree.size, f"missing: the log should hold at least {min_size} events and "
                                                    f"holds {tree.size} (rolled back)")
     fresh_size = max([*fresh, min_size]) if fresh or min_size else None
-    return VerifyReport(tree.size, tree.root(), log.name, len(checkpoints), sum(c for _, c in checkpoints),
-                        pinned=log_key is not None or witness_key is not None, fresh_size=fresh_size)
+    if tables is not None and not in_progress:
+        check_tables(tables, ledger)
+    return VerifyReport(covered, tree.root(covered), log.name, len(checkpoints), sum(c for _, c in checkpoints),
+                        pinned=log_key is not None or witness_key is not None, fresh_size=fresh_size,
+                        uncovered=tree.size - covered + len(unsequenced), closed=closed,
+                        tables_checked=tables is not None and not in_progress)

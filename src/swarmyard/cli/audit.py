@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from swarmyard.audit.note import Verifier
 from swarmyard.cli import render
 from swarmyard.errors import AuditError, UserError
+
+if TYPE_CHECKING:
+    from swarmyard.audit.verify import VerifyReport
 
 app = typer.Typer(help="The tamper-evident audit log of a run.", no_args_is_help=True)
 
@@ -86,6 +89,10 @@ def verify(
                                      "(`swarmyard witness checkpoint`): a log rolled back below it fails.")] = None,
     min_size: Annotated[int, typer.Option(
         "--min-size", min=0, help="The log must hold at least this many events.")] = 0,
+    in_progress: Annotated[bool, typer.Option(
+        "--in-progress", help="The run is still going: events its last checkpoint does not cover yet are counted, "
+                              "not failed, and the tables are not checked (unless the log says the run closed).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print the tree size and root (exit 0), or the first bad event, checkpoint or key (exit 1).
@@ -93,6 +100,10 @@ def verify(
     Without pinned keys the folder is only checked against itself: pin the log's key (or the witness's)
     to detect a folder rewritten with a fresh key. Pinned keys do not catch a log cut back to one of its
     own earlier checkpoints: give --witness, --witness-checkpoint or --min-size for that.
+
+    A finished run fails on any event no checkpoint covers (unsequenced rows included) and on any goal, task,
+    finding or artifact row that differs from what its events say; --in-progress lets a live run's newest
+    events through, counted, and skips the rows.
     """
     from swarmyard.audit.verify import verify_run
     from swarmyard.errors import LogMismatchError
@@ -111,7 +122,7 @@ def verify(
     store = open_store(store_url, blob_dir=folder / "blobs")
     try:
         report = verify_run(store, folder / "audit", log_key=pinned_log, witness_key=witness_verifier,
-                            witnessed=witnessed, min_size=min_size)
+                            witnessed=witnessed, min_size=min_size, tables=store, in_progress=in_progress)
     except LogMismatchError as exc:
         if as_json:
             render.print_json({"ok": False, "what": exc.what, "index": exc.index, "reason": exc.reason})
@@ -125,11 +136,13 @@ def verify(
     if as_json:
         render.print_json({"ok": True, "origin": report.origin, "size": report.size, "root": root,
                            "root_hex": report.root_hash.hex(), "checkpoints": report.checkpoints,
-                           "cosigned": report.cosigned, "pinned": pinned, "fresh_size": report.fresh_size})
+                           "cosigned": report.cosigned, "pinned": pinned, "fresh_size": report.fresh_size,
+                           "uncovered": report.uncovered, "closed": report.closed,
+                           "tables_checked": report.tables_checked})
     else:
         render.stdout.print(f"OK {report.origin} size {report.size} root {root} "
                             f"({report.checkpoints} checkpoints, {report.cosigned} cosigned; "
-                            f"{_describe(pinned, report.fresh_size)})",
+                            f"{_describe(pinned, report.fresh_size)}; {_progress(report)})",
                             highlight=False, markup=False)
     if not pinned:
         render.stderr.print("note: checked self-consistency only: the folder agrees with itself, but a store and "
@@ -138,6 +151,14 @@ def verify(
     if report.fresh_size is None:
         render.stderr.print("note: rollback not checked: a log cut back to an earlier checkpoint passes; give "
                             "--witness, --witness-checkpoint or --min-size", highlight=False, markup=False)
+
+
+def _progress(report: VerifyReport) -> str:
+    if report.uncovered:
+        return f"in progress: {report.uncovered} newer events not covered yet, tables not checked"
+    if not report.tables_checked:
+        return "in progress: tables not checked"
+    return f"{'closed' if report.closed else 'not closed'}, tables match"
 
 
 def _origin(audit_dir: Path, pinned: Verifier | None) -> str:

@@ -148,6 +148,10 @@ class Store(Protocol):
         """Artifact bytes (verified against the hash)."""
         ...
 
+    def list_artifacts(self, goal_id: str) -> list[Artifact]:
+        """A goal's artifact rows, oldest first."""
+        ...
+
     def submit_finding(self, task_id: str, token: int, *, author: str, title: str, body: str,
                        citations: Sequence[Citation] = ()) -> Finding:
         """Record a finding; every citation must resolve within the goal."""
@@ -239,4 +243,8 @@ class Store(Protocol):
 
     def read_events(self, start: int, end: int) -> list[Event]:
         """Sequenced events with ``start <= leaf_index < end``."""
+        ...
+
+    def unsequenced_events(self, limit: int = 100) -> list[Event]:
+        """Events with no leaf index yet, oldest id first, at most ``limit`` (read-only: ``audit verify``)."""
         ...

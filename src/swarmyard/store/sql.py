@@ -1008,3 +1008,18 @@ class SqlStore:
             cur.execute(f"SELECT {rows.EVENT_COLS} FROM events WHERE leaf_index >= ? AND leaf_index < ? "
                         "ORDER BY leaf_index", (start, end))
             return [rows.event(r) for r in cur.fetchall()]
+
+    def unsequenced_events(self, limit: int = 100) -> list[Event]:
+        """Events with no leaf index yet, oldest id first, at most ``limit`` (read-only)."""
+        limit = _int(limit, "limit", minimum=1)
+        with self._e.read() as cur:
+            cur.execute(f"SELECT {rows.EVENT_COLS} FROM events WHERE leaf_index IS NULL ORDER BY id LIMIT ?",
+                        (min(limit, 10_000),))
+            return [rows.event(r) for r in cur.fetchall()]
+
+    def list_artifacts(self, goal_id: str) -> list[Artifact]:
+        """A goal's artifact rows, oldest first."""
+        with self._e.read() as cur:
+            cur.execute(f"SELECT {rows.ARTIFACT_COLS} FROM artifacts WHERE goal_id = ? ORDER BY created_at, sha256",
+                        (goal_id,))
+            return [rows.artifact(r) for r in cur.fetchall()]

@@ -447,7 +447,7 @@ class Coordinator:
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
         synthesis: Finding | None = None
-        from swarmyard.audit.log import AuditLog
+        from swarmyard.audit.log import RUN_CLOSED, AuditLog
         from swarmyard.swarm.run_secrets import log_key
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
@@ -477,13 +477,17 @@ class Coordinator:
                 ticker.cancel()
             await self.launcher.close()
         extra: dict[str, str] = {}
+        not_cosigned: AuditError | None = None
         try:
+            # Nothing runs now that could write: the log's last leaf says so, and a resume refuses to sign any
+            # event found after it (see swarmyard.audit.log).
+            self.store.record_event(RUN_CLOSED, {"goal": goal.id, "run": self.run_id})
             try:
                 audit.checkpoint()
             except AuditError as exc:
                 # The log-signed checkpoint is on disk before the witness is asked; a witness that is gone or
-                # refuses must not cost the run its report, but the report says so.
-                log.warning("the witness did not cosign the last checkpoint: %s", exc.message)
+                # refuses must not cost the run its report, but the report says so and the run fails after it.
+                not_cosigned = exc
                 extra["audit witness"] = f"last checkpoint NOT cosigned: {exc.message}"
             audit_root = base64.b64encode(audit.tree.root()).decode()
             audit_key = audit.verifier.vkey
@@ -494,6 +498,11 @@ class Coordinator:
         data = self.report_data(goal, synthesis, time.monotonic() - started)
         data = replace(data, audit_root=audit_root, audit_key=audit_key, extra={**data.extra, **extra})
         report = write_report(data, self.run_dir)
+        if not_cosigned is not None:
+            raise AuditError(f"run {self.run_id}: the witness did not cosign the last checkpoint "
+                             f"({not_cosigned.message}); the log's own checkpoint and the report in {self.run_dir} "
+                             f"are written; resume the run once the witness is back",
+                             run_id=self.run_id) from not_cosigned
         return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
 
     def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
