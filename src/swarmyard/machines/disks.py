@@ -9,6 +9,10 @@ the disk (its ``space``). The kernel enforces it: a full disk is ``ENOSPC`` insi
 free space drops by at most the image's size. A size-limited tmpfs would be cheaper to mount, but its pages are
 charged to the machine's memory limit and the host's RAM (a 1 GiB disk would eat a 1 GiB memory limit), and
 project quotas need a host file system mounted with them; loop devices need only root, which overlayfs needs too.
+
+Without root, a disk with a quota is that tmpfs instead (``tmpfs_bytes``), mounted by bubblewrap in the machine's
+own user and mount namespaces: still ``ENOSPC`` at the quota, and nothing on the host's disk, but it is memory.
+It starts with a copy of its baseline or fork snapshot (its ``seed``), made inside the machine before its init.
 """
 
 from __future__ import annotations
@@ -238,6 +242,11 @@ class Disk:
     made: bool = False
     #: The disk's quota: its upper layer lives in an ext4 image of this size (``None``: on the host's disk).
     space_bytes: int | None = None
+    #: The disk's quota when the disk is a tmpfs of this size that the sandbox mounts in its own mount namespace
+    #: (no root needed; it costs RAM, not host disk). The host's folder is then only the seed, if any.
+    tmpfs_bytes: int | None = None
+    #: What a tmpfs disk starts with: a baseline, or a fork's snapshot (``None``: it starts empty).
+    seed: Path | None = None
 
     @property
     def merged(self) -> Path:

@@ -41,6 +41,8 @@ class HostReport:
     cgroup_v2: tuple[str, ...]
     cgroup_kill: bool
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    #: Whether bwrap can mount a size-limited tmpfs (``--size``, bubblewrap 0.7 and later): a disk quota without root.
+    tmpfs_size: bool = False
 
     @property
     def cgroup_controllers(self) -> set[str]:
@@ -69,7 +71,7 @@ def probe(scratch: Path | None = None) -> HostReport:
     """Try every capability and report what works; never raises for a missing one."""
     bwrap = shutil.which("bwrap", path=_CLEAN_ENV["PATH"])
     version = None
-    userns = seccomp_ok = False
+    userns = seccomp_ok = tmpfs_size = False
     if bwrap is not None:
         done = _run([bwrap, "--version"])
         version = done.stdout.decode().strip().split()[-1] if done and done.returncode == 0 else None
@@ -82,6 +84,9 @@ def probe(scratch: Path | None = None) -> HostReport:
                 seccomp_ok = done is not None and done.returncode == 0
             finally:
                 os.close(fd)
+        done = _run([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--size", str(1 << 20),
+                     "--tmpfs", "/tmp", "true"])
+        tmpfs_size = done is not None and done.returncode == 0
     abi = landlock.abi_version()
     scratch = scratch or Path(tempfile.gettempdir())
     overlay = os.geteuid() == 0 and disks.overlay_supported(scratch)
@@ -131,13 +136,7 @@ def probe(scratch: Path | None = None) -> HostReport:
             else "not mountable here: disks are reflink-or-copy clones",
         ),
         Check("overlayfs in a user namespace", overlay_userns, "works" if overlay_userns else "refused"),
-        Check(
-            "disk quota",
-            overlay and disks.quota_supported(),
-            "each disk's writes land in a loop-mounted ext4 image of its size"
-            if overlay and disks.quota_supported()
-            else "needs root, overlayfs, /dev/loop-control and mke2fs: machines need allow_weaker",
-        ),
+        _disk_quota(overlay and disks.quota_supported(), tmpfs_size, hierarchy),
         Check(
             "unmapped uid",
             os.geteuid() == 0 and shutil.which("unshare", path="/usr/bin:/bin") is not None,
@@ -175,4 +174,23 @@ def probe(scratch: Path | None = None) -> HostReport:
         cgroup_v2=v2,
         cgroup_kill=hierarchy.v2_kill,
         checks=checks,
+        tmpfs_size=tmpfs_size,
     )
+
+
+#: What to do on a host where no kind of disk quota works (the refusal of ``LocalBackend.check`` says it too).
+NO_QUOTA_HINT = (
+    "run as root with loop devices and mke2fs (an ext4 image per disk), or install bubblewrap 0.7 or later "
+    "(a tmpfs per disk); else accept disks without a quota: Limits(disk_bytes=None)"
+)
+
+
+def _disk_quota(image: bool, tmpfs: bool, hierarchy: cgroups.Hierarchy) -> Check:
+    if image:
+        return Check("disk quota", True, "each disk's writes land in a loop-mounted ext4 image of its size")
+    if tmpfs:
+        charged = ("counted in the machine's memory limit" if "memory" in hierarchy.controllers()
+                   else "and no memory cgroup here counts it: each machine may take its quota of host RAM")
+        return Check("disk quota", True, "each disk is a tmpfs of its size inside the machine (no root for an "
+                     f"ext4 image): what a machine stores there is RAM, not host disk, {charged}")
+    return Check("disk quota", False, f"none: {NO_QUOTA_HINT}")

@@ -5,9 +5,11 @@ prepared once per backend, see :mod:`~swarmyard.machines.sysroot`; the interpret
 and the swarmyard package folder, see :func:`python_paths`), its own disk at ``/machine`` (an overlay mounted in
 the machine's own mount namespace, see :mod:`~swarmyard.machines.launchers`, whose writes land in an ext4 image
 the size of its quota, see :mod:`~swarmyard.machines.disks`), private /proc, /dev and /tmp, a tmpfs over /sys,
-and loopback only. Its uid is 1000 with no capabilities, which on the host is an id no account has when
-swarmyard runs as root (see :mod:`~swarmyard.machines.identity`); its init applies Landlock so writes land only
-on its disk and /tmp. The host is probed once; a machine weaker than its :class:`Isolation` asks for is refused.
+and loopback only. Without root, a disk with a quota is a tmpfs of that size which bwrap mounts at ``/machine``
+in the machine's own namespaces (see ``DiskKind``). Its uid is 1000 with no capabilities, which on the host is
+an id no account has when swarmyard runs as root (see :mod:`~swarmyard.machines.identity`); its init applies
+Landlock so writes land only on its disk and /tmp. The host is probed once; a machine weaker than its
+:class:`Isolation` asks for is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import sysconfig
 import threading
 from pathlib import Path
-from typing import Literal
+from typing import Literal, assert_never
 
 from swarmyard.errors import SandboxUnavailableError
 from swarmyard.machines import disks, doctor, identity, launchers, native, sysroot
@@ -51,6 +53,12 @@ NATIVE_INIT = f"{RUN_DIR}/init"
 #: Which init boots each machine: ``native`` (the C one, compiled at first use), ``python``, or ``auto`` (the C one
 #: when this host can compile it, else the Python one).
 InitKind = Literal["auto", "native", "python"]
+#: Where a disk's quota comes from: ``image`` (an ext4 image on a loop device: root), ``tmpfs`` (a tmpfs of the
+#: quota's size mounted by bwrap inside the machine: no root, but its contents are RAM, charged to the machine's
+#: memory cgroup where it has one), or ``auto`` (the image where this process can make one, else the tmpfs).
+DiskKind = Literal["auto", "image", "tmpfs"]
+#: Where a tmpfs disk's seed (its baseline, or a fork's snapshot) is seen inside the machine, read-only.
+SEED = "/.seed"
 #: The swarmyard package folder (``src/swarmyard`` in an editable install), the only part of a checkout bound.
 PACKAGE_DIR = str(Path(SOURCE_ROOT) / "swarmyard")
 
@@ -130,10 +138,11 @@ class LocalBackend(SupervisedBackend):
         init: InitKind = "auto",
         parked: int = launchers.DEFAULT_SIZE,
         output_cap: OutputCap | None = None,
+        disk: DiskKind = "auto",
     ) -> None:
         """``parked``: how many launchers wait ahead of demand in fresh cgroups (0: every create joins its own;
         see :mod:`swarmyard.machines.launchers`). Only the compiled init can park. ``output_cap``: how much of
-        each exec's output the host keeps."""
+        each exec's output the host keeps. ``disk``: how disk quotas are enforced (see ``DiskKind``)."""
         super().__init__(root, output_cap=output_cap)
         self.report = report or _cached_probe(self.root)
         if self.report.bwrap is None:
@@ -143,7 +152,12 @@ class LocalBackend(SupervisedBackend):
         self._python = os.path.realpath(sys.executable)
         self._binds = python_paths()
         self._userns = identity.private_userns()
-        self._quota = self.overlay and disks.quota_supported()
+        #: How this backend's disks get their quota (``None``: they cannot, see ``check``).
+        self.disk_kind = _disk_kind(disk, self.overlay and disks.quota_supported(), self.report.tmpfs_size)
+        self._quota = self.disk_kind == "image"
+        if self.disk_kind == "tmpfs":
+            # A tmpfs disk is the machine's whole disk: a baseline is copied onto it, not laid under it.
+            self.overlay = False
         self.native_init: Path | None = None
         if init == "native":
             self.native_init = native.build()
@@ -186,8 +200,8 @@ class LocalBackend(SupervisedBackend):
         lacking = wanted - self._hierarchy.controllers()
         if iso.cgroups and lacking:
             missing.append(f"cgroup controllers {sorted(lacking)}")
-        if iso.cgroups and spec.limits.disk_bytes is not None and not self._quota:
-            missing.append("a disk quota (needs root, overlayfs, loop devices and mke2fs)")
+        if iso.cgroups and spec.limits.disk_bytes is not None and self.disk_kind is None:
+            missing.append(f"a disk quota ({doctor.NO_QUOTA_HINT})")
         if missing and not iso.allow_weaker:
             raise SandboxUnavailableError(
                 "this host cannot give the isolation asked for: "
@@ -208,6 +222,10 @@ class LocalBackend(SupervisedBackend):
     def space_bytes(self, disk_bytes: int | None) -> int | None:
         """The quota of a disk asking for ``disk_bytes``: enforced when this host can (see ``check``)."""
         return disk_bytes if self._quota else None
+
+    def tmpfs_bytes(self, disk_bytes: int | None) -> int | None:
+        """The size of the tmpfs a machine asking for ``disk_bytes`` mounts as its disk (``None``: none)."""
+        return disk_bytes if self.disk_kind == "tmpfs" else None
 
     def _make_cgroups(self, machine: Machine) -> MachineCgroups | None:
         spec = machine.spec
@@ -248,6 +266,8 @@ class LocalBackend(SupervisedBackend):
             have.append("unmapped-uid")
         if machine.disk.space_bytes is not None:
             have.append("disk-quota")
+        if machine.disk.tmpfs_bytes is not None:
+            have += ["disk-quota", "disk-in-memory"]
         return tuple(have)
 
     def _static_argv(self) -> list[str]:
@@ -316,19 +336,41 @@ class LocalBackend(SupervisedBackend):
         """The host uid and gid a machine's own folders (its disk, its control folder) must belong to."""
         return None if self._userns is None else (HOST_UID, HOST_UID)
 
+    def _disk_args(self, disk: Disk) -> list[str]:
+        """bwrap's options for the machine's disk at ``HOME``: the host's folder, or a tmpfs of the quota's size
+        (with its seed bound read-only, copied in by :meth:`_disk_setup`)."""
+        if disk.tmpfs_bytes is None:
+            return ["--bind", str(disk.merged), HOME]
+        args = [] if disk.seed is None else ["--ro-bind", str(disk.seed), SEED]
+        if self._userns is not None:
+            # bwrap mounts it as the namespace's root: handing it to the machine's uid takes CAP_CHOWN, which
+            # the init drops with every other capability when it leaves root.
+            args += ["--cap-add", "CAP_CHOWN"]
+        return [*args, "--size", str(disk.tmpfs_bytes), "--perms", "0755", "--tmpfs", HOME]
+
+    def _disk_setup(self, disk: Disk) -> list[str]:
+        """A shell that readies a tmpfs disk inside the machine, then execs the init (none when nothing to do).
+
+        The copy of the seed runs inside the machine, as the machine's uid: its pages are charged to the machine,
+        and a seed larger than the quota fails the boot with ENOSPC.
+        """
+        steps: list[str] = []
+        as_machine = ""
+        if disk.tmpfs_bytes is not None and self._userns is not None:
+            steps.append(f"chown {SANDBOX_UID}:{SANDBOX_UID} {HOME}")
+            as_machine = f"setpriv --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups "
+        if disk.tmpfs_bytes is not None and disk.seed is not None:
+            steps.append(f"{as_machine}cp -a {SEED}/. {HOME}/")
+        if not steps:
+            return []
+        failed = (f"echo 'cannot put the machine files on its {disk.tmpfs_bytes}-byte disk (a tmpfs): "
+                  "does its baseline fit in its quota?' >&2; exit 1")
+        return ["/bin/sh", "-c", f"{{ {' && '.join(steps)}; }} || {{ {failed}; }}; exec \"$@\"", "sh"]
+
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         spec = machine.spec
-        argv = [
-            *self._prefix,
-            "--bind",
-            str(machine.root / "ctl"),
-            f"{RUN_DIR}/ctl",
-            "--bind",
-            str(machine.disk.merged),
-            HOME,
-            "--chdir",
-            HOME,
-        ]
+        argv = [*self._prefix, "--bind", str(machine.root / "ctl"), f"{RUN_DIR}/ctl",
+                *self._disk_args(machine.disk), "--chdir", HOME]
         landlock = spec.isolation.landlock and self.report.landlock_abi >= 1
         landlock_required = spec.isolation.landlock and not spec.isolation.allow_weaker
         if spec.control_socket is not None:
@@ -343,6 +385,7 @@ class LocalBackend(SupervisedBackend):
         if self._userns is not None:
             pass_fds += (self._userns,)  # shared by every machine: kept open
         drop = [] if self._userns is None else ["--user", str(SANDBOX_UID)]
+        argv += self._disk_setup(machine.disk)
         if self.native_init is not None:
             argv += [NATIVE_INIT, *drop, "--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w),
                      "--cwd", HOME]
@@ -408,3 +451,19 @@ def _cached_probe(root: Path) -> doctor.HostReport:
         if not _PROBES:
             _PROBES[root] = doctor.probe(root)
         return next(iter(_PROBES.values()))
+
+
+def _disk_kind(asked: DiskKind, image: bool, tmpfs: bool) -> Literal["image", "tmpfs"] | None:
+    """The disk a backend asking for ``asked`` gets, on a host that can give ``image`` disks and ``tmpfs`` ones."""
+    match asked:
+        case "image" if not image:
+            raise SandboxUnavailableError("an ext4 image disk needs root, overlayfs, loop devices and mke2fs "
+                                          "(see swarmyard machines doctor)")
+        case "tmpfs" if not tmpfs:
+            raise SandboxUnavailableError("a tmpfs disk needs bubblewrap 0.7 or later (its --size option)")
+        case "image" | "tmpfs":
+            return asked
+        case "auto":
+            return "image" if image else "tmpfs" if tmpfs else None
+        case _:
+            assert_never(asked)

@@ -13,6 +13,7 @@ import os
 import queue
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -255,6 +256,10 @@ class SupervisedBackend:
         """The quota a disk asking for ``disk_bytes`` gets here (``None``: this backend enforces none)."""
         return None
 
+    def tmpfs_bytes(self, disk_bytes: int | None) -> int | None:
+        """The size of the tmpfs the sandbox mounts as a disk asking for ``disk_bytes`` (``None``: none)."""
+        return None
+
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
         return ()
 
@@ -303,6 +308,9 @@ class SupervisedBackend:
         if self.overlay and self.mounts_in_launcher and source.proc is not None:
             # Mounted in the source's own mount namespace: seen from here through its sandbox process's root.
             through = Path(f"/proc/{source.proc.pid}/root")
+        if source.disk.tmpfs_bytes is not None:
+            clone_tree(self._tmpfs_disk(source), layer)  # a snapshot of the whole disk, made from the host
+            return self._boot(spec, lowers=(), layers=(), forked_from=source_id, seed=layer)
         lowers = source.disk.snapshot(layer, through)
         if not self.overlay:
             # Without overlayfs the snapshot is the whole disk; it becomes the fork's disk directly.
@@ -337,8 +345,14 @@ class SupervisedBackend:
         disk = Disk(
             root, lowers=lowers if self.overlay else (), overlay=self.overlay, empty=self.root / "empty", made=True,
             space_bytes=self.space_bytes(spec.limits.disk_bytes),
+            tmpfs_bytes=self.tmpfs_bytes(spec.limits.disk_bytes),
         )
-        if not self.overlay and lowers:
+        if disk.tmpfs_bytes is not None and (lowers or seed is not None):
+            # The sandbox copies its seed onto its tmpfs itself: a baseline is bound as it is, a snapshot from here.
+            if seed is not None:
+                seed.rename(disk.merged)
+            disk.seed = lowers[0] if lowers else disk.merged
+        elif not self.overlay and lowers:
             clone_tree(lowers[0], disk.merged)
         elif seed is not None:
             seed.rename(disk.merged)
@@ -452,6 +466,13 @@ class SupervisedBackend:
                 relay_port=status.get("relay_port"),
                 enforced=self._enforced(machine, int(status.get("landlock_abi", 0))),
             )
+            if machine.disk.tmpfs_bytes is not None and machine.disk.seed == machine.disk.merged:
+                # The machine copied its fork's snapshot onto its tmpfs: the host's disk need not keep it.
+                for entry in machine.disk.merged.iterdir():
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
             return machine.info
 
     def _boot_log(self, machine: Machine) -> str:
@@ -539,6 +560,8 @@ class SupervisedBackend:
         """Freeze a machine's current disk as a baseline (after it checked out a repo, installed deps...)."""
         machine = self._get(machine_id)
         disk = machine.disk.merged
+        if machine.disk.tmpfs_bytes is not None:
+            return self.prepare_baseline(name, self._tmpfs_disk(machine))
         if self.overlay and self.mounts_in_launcher:
             if machine.proc is None:
                 raise SandboxError(f"machine {machine_id} has no disk mounted", machine_id=machine_id)
@@ -553,6 +576,15 @@ class SupervisedBackend:
                 self.delete(info.id)
 
     # -- internals ----------------------------------------------------------------------------------------------
+
+    def _tmpfs_disk(self, machine: Machine) -> Path:
+        """A machine's tmpfs disk as this process sees it: through the root of a process in its mount namespace."""
+        if machine.proc is None:
+            raise SandboxError(f"machine {machine.info.id} has no disk mounted", machine_id=machine.info.id)
+        inner = _inside(machine.proc.pid)
+        if inner is None:
+            raise SandboxError(f"machine {machine.info.id} is not running", machine_id=machine.info.id)
+        return Path(f"/proc/{inner}/root") / self.sandbox_prefix().lstrip("/")
 
     def _get(self, machine_id: str) -> Machine:
         with self._lock:
@@ -606,6 +638,22 @@ class SupervisedBackend:
                     check=False,
                     capture_output=True,
                 )
+
+
+def _inside(pid: int) -> int | None:
+    """The first process at or below ``pid`` in another mount namespace than this one's (bwrap's sandbox side)."""
+    own = os.readlink("/proc/self/ns/mnt")
+    todo = [pid]
+    while todo:
+        current = todo.pop(0)
+        try:
+            if os.readlink(f"/proc/{current}/ns/mnt") != own:
+                return current
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue  # ended while we looked
+        todo += [int(child) for child in children]
+    return None
 
 
 def _start_time(pid: int) -> str | None:
