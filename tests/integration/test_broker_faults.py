@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from conftest import claimed_worker
+from loopback import serve_in_thread
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
-from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.clock import FakeClock

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from conftest import claimed_worker
+from loopback import serve_in_thread
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
-from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.protocol import Provider
 from swarmyard.broker.providers.scripted import Fail, FailKind, Say, ScriptedProvider

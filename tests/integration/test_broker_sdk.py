@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from conftest import claimed_worker
+from loopback import serve_in_thread
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
-from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.broker.settings import Tokenizer
 from swarmyard.clock import FakeClock

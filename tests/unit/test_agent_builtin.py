@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from conftest import LivePlane, claimed_worker
+from loopback import serve_in_thread
 from swarmyard.agents.actions import (
     TOOLS,
     action_schema,
@@ -30,7 +31,6 @@ from swarmyard.agents.model import BrokerChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
-from swarmyard.broker.loopback import serve_in_thread
 from swarmyard.broker.providers.scripted import CallTools, Fail, FailKind, Say, ScriptedProvider
 from swarmyard.clock import FakeClock
 from swarmyard.domain import (

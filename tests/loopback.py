@@ -1,4 +1,4 @@
-"""Serve an ASGI app on a free loopback port in a background thread (tests, benchmarks, in-process runs)."""
+"""Serve an ASGI app on a free loopback port in a background thread, for the tests."""
 
 from __future__ import annotations
 
