@@ -160,3 +160,69 @@ def test_witness_serve_command(tmp_path: Path, signer: Signer) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _raw_exchange(sock: Path, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection and read the answer until the witness closes it."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)  # a failure bound only: a witness waiting for the rest of the body hangs here
+        conn.connect(str(sock))
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+            if b"\r\n\r\n" in answer and b"payload_too_large" in answer:
+                break
+        return answer
+
+
+def test_witness_serve_refuses_big_bodies_unread_and_odd_sizes_with_a_400(tmp_path: Path,
+                                                                          signer: Signer) -> None:
+    sock = tmp_path / "odd.sock"
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "swarmyard.cli", "witness", "serve", "--key", str(tmp_path / "k"),
+               "--state", str(tmp_path / "s.json"), "--socket", str(sock)]
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("witness ")
+        ready = threading.Event()
+        for _ in range(1000):
+            if sock.exists():
+                break
+            ready.wait(0.01)
+        # 400 MiB declared, 5 bytes sent: the answer comes by the declared length, nothing more is read
+        declared = (b"POST /add-checkpoint HTTP/1.1\r\nhost: w\r\ncontent-length: 419430400\r\n\r\nold 0")
+        answer = _raw_exchange(sock, declared)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        # a chunked body that declares nothing is cut off by the running count
+        chunk = b"x" * 16384
+        chunked = (b"POST /add-checkpoint HTTP/1.1\r\nhost: w\r\ntransfer-encoding: chunked\r\n\r\n"
+                   + (b"4000\r\n" + chunk + b"\r\n") * 5 + b"0\r\n\r\n")
+        answer = _raw_exchange(sock, chunked)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+        raw = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://w")
+        tree = _tree(b"leaf", 4)
+        note = _note(signer, tree, 4)
+        for head in ("old \u00b2", "old \u2460", "old " + "9" * 5000, "old \u0661", "old 01", "old +1",
+                     "old  1", "old 1_0"):
+            response = raw.post("/add-checkpoint", content=f"{head}\n\n{note}".encode())
+            assert response.status_code == 400, (head[:10], response.text)
+            assert response.json()["error"]["code"] == "invalid_input"
+        # a checkpoint note whose own size is 5000 digits is refused as malformed, not a crash
+        big = note.replace("\n4\n", "\n" + "9" * 5000 + "\n", 1)
+        response = raw.post("/add-checkpoint", content=f"old 0\n\n{big}".encode(),
+                            headers={"x-swarmyard-log-key": signer.verifier.vkey})
+        assert response.status_code == 403, response.text
+        assert response.json()["error"]["code"] == "invalid_signature"
+        # and the witness still cosigns a good one
+        response = raw.post("/add-checkpoint", content=f"old 0\n\n{note}".encode(),
+                            headers={"x-swarmyard-log-key": signer.verifier.vkey})
+        assert response.status_code == 200, response.text
+        raw.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -41,8 +41,10 @@ class Checkpoint:
         if len(lines) < 3 or not lines[0] or any(not line for line in lines[3:]):
             raise InvalidSignatureError("a checkpoint needs origin, size and root lines")
         origin, size_text, root_text = lines[:3]
-        if not size_text.isdigit() or not size_text.isascii() or (size_text != "0" and size_text[0] == "0"):
-            raise InvalidSignatureError(f"checkpoint size {size_text!r} is not a decimal number")
+        # at most 20 digits (2**64 - 1): int() refuses more than 4300 with a ValueError, not a typed error
+        if (not size_text.isdigit() or not size_text.isascii() or len(size_text) > 20
+                or (size_text != "0" and size_text[0] == "0")):
+            raise InvalidSignatureError(f"checkpoint size {size_text[:40]!r} is not a decimal number")
         try:
             root = base64.b64decode(root_text, validate=True)
         except (binascii.Error, ValueError) as exc:

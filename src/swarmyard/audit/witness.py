@@ -10,9 +10,10 @@ Over HTTP it speaks the C2SP tlog-witness ``add-checkpoint`` request body::
     \\n
     <signed checkpoint note>
 
-and answers with its cosignature line. ``GET /key`` answers its verifier key, and ``GET /checkpoint?origin=O``
-the last checkpoint it cosigned for log ``O`` (the signed note with its cosignature line): what ``audit verify``
-compares a run's log with, so that a log rolled back below what the witness saw fails.
+and answers with its cosignature line; a body over ``MAX_REQUEST_BYTES`` is refused (413) by its declared length
+before it is read, or by a running count when chunked. ``GET /key`` answers its verifier key, and
+``GET /checkpoint?origin=O`` the last checkpoint it cosigned for log ``O`` (the signed note with its cosignature
+line): what ``audit verify`` compares a run's log with, so that a log rolled back below what the witness saw fails.
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ from swarmyard.errors import (
     WitnessRefusedError,
 )
 from swarmyard.keys import load_or_create_ed25519
+from swarmyard.plane.limits import read_limited
 
 log = logging.getLogger(__name__)
 
 LOG_KEY_HEADER = "x-swarmyard-log-key"
 MAX_REQUEST_BYTES = 64 * 1024
+#: digits of the largest tree size (2**64 - 1) a request may name
+_MAX_SIZE_DIGITS = 20
 
 
 class WitnessClient(Protocol):
@@ -208,8 +212,11 @@ def parse_add_checkpoint(body: str) -> tuple[int, list[bytes], str]:
         raise InvalidInputError("add-checkpoint body must start with 'old <size>' and a blank line",
                                 field="body")
     size_text = lines[0][4:]
-    if not size_text.isdigit():
-        raise InvalidInputError(f"old size {size_text!r} is not a decimal number", field="old")
+    # ASCII digits only, no leading zero, and short: ``isdigit`` alone takes "²" and "①", which int() refuses,
+    # and int() refuses more than 4300 digits; a tree size fits in 20
+    if (not size_text.isascii() or not size_text.isdigit() or len(size_text) > _MAX_SIZE_DIGITS
+            or (size_text != "0" and size_text[0] == "0")):
+        raise InvalidInputError(f"old size {size_text[:40]!r} is not a decimal number", field="old")
     try:
         proof = [base64.b64decode(line, validate=True) for line in lines[1:]]
     except (binascii.Error, ValueError) as exc:
@@ -235,10 +242,9 @@ def create_app(witness: Witness) -> Starlette:
     """The witness's ASGI app; the state file is written in the thread pool, never on the event loop."""
 
     async def add_checkpoint(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_REQUEST_BYTES:
-            return JSONResponse({"error": {"code": "payload_too_large"}}, status_code=413)
         try:
+            # refused by its declared length before a byte is read, and by a running count (chunked bodies)
+            body = await read_limited(request.stream(), request.headers.get("content-length"), MAX_REQUEST_BYTES)
             old_size, proof, note = parse_add_checkpoint(body.decode("utf-8"))
             cosignature = await run_in_threadpool(witness.add_checkpoint, old_size, proof, note,
                                                   log_vkey=request.headers.get(LOG_KEY_HEADER))
