@@ -196,6 +196,21 @@ def test_strict_integers_for_fencing_tokens_counts_and_money(served: Served) -> 
         refused(served, "GET", f"{g}/board", token=served.operator, params=query, expect=BAD_JSON)
 
 
+def test_operator_query_integers_are_ascii_digits_only(served: Served) -> None:
+    g = f"/v1/operator/goals/{served.goal_id}"
+    odd = ["1.0", "+1", "1_000", " 1", "1 ", "01", "00", "\u0661", "\u00b2", "1e3", "0x10", "-0", "",
+           "9" * 5000, str(2**62 + 1)]
+    for value in odd:
+        for name in ("after", "limit"):
+            refused(served, "GET", f"{g}/board", token=served.operator, params={name: value}, expect=BAD_JSON)
+        refused(served, "GET", f"{g}/findings", token=served.operator, params={"limit": value}, expect=BAD_JSON)
+    refused(served, "GET", f"{g}/board", token=served.operator, params={"limit": "5.0"}, expect=BAD_JSON)
+    with served.client(served.operator) as operator:
+        for query in ({"after": "0"}, {"after": str(2**62), "limit": "500"}, {"limit": "1"}):
+            assert operator.get(f"{g}/board", params=query).status_code == 200, query
+        assert operator.get(f"{g}/findings", params={"limit": "7"}).status_code == 200
+
+
 def test_odd_unicode_in_every_string(served: Served) -> None:
     bodies = [
         b'{"task_id": "%s", "fencing_token": %d, "body": "\\ud800", "title": "\\udfff"}',  # lone surrogates

@@ -7,11 +7,12 @@ worker thread. Every endpoint needs an operator token.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec, TaskState
@@ -19,6 +20,20 @@ from swarmyard.errors import PayloadTooLargeError
 from swarmyard.plane import models as m
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.store.protocol import Store
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def _decimal(value: object) -> int:
+    """A query string as an integer, strictly: pydantic's lax ``int`` takes "1.0", "+1", "1_000" and " 1"."""
+    if not isinstance(value, str) or _DECIMAL.fullmatch(value) is None:
+        raise ValueError("must be a whole number in ASCII digits, without sign, spaces, '_' or leading zeros")
+    return int(value)
+
+
+#: a query cursor and a page size: digits only, then the same bounds as in a body
+Cursor = Annotated[int, BeforeValidator(_decimal), Field(ge=0, le=2**62)]
+QueryLimit = Annotated[int, BeforeValidator(_decimal), Field(ge=1, le=500)]
 
 
 class _Query(BaseModel):
@@ -35,8 +50,8 @@ class TasksQuery(_Query):
 class BoardQuery(_Query):
     """A cursor and filters for a goal's board."""
 
-    after: Annotated[int, Field(ge=0, le=2**62)] = 0
-    limit: m.Limit = 100
+    after: Cursor = 0
+    limit: QueryLimit = 100
     group: m.Group | None = None
 
 
@@ -44,7 +59,7 @@ class FindingsQuery(_Query):
     """A cursor and filters for a goal's findings."""
 
     after: m.Id | None = None
-    limit: m.Limit = 100
+    limit: QueryLimit = 100
     group: m.Group | None = None
 
 
