@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+import re
+from decimal import Decimal
 from typing import NewType
 
 from swarmyard.errors import InvalidInputError
@@ -10,6 +11,10 @@ from swarmyard.errors import InvalidInputError
 MicroUSD = NewType("MicroUSD", int)
 
 MICRO_PER_USD = 1_000_000
+#: the most any amount may be: $1,000,000,000, the plane's own ceiling for a budget (SQLite INTEGER holds 2**63)
+MAX_MICRO_USD = 10**15
+_MAX_WHOLE_DIGITS = len(str(MAX_MICRO_USD // MICRO_PER_USD))
+_USD = re.compile(r"(?P<whole>[0-9]+)(?:\.(?P<frac>[0-9]{1,6}))?")
 
 
 def micro_usd(value: object, *, field: str = "amount") -> MicroUSD:
@@ -21,17 +26,42 @@ def micro_usd(value: object, *, field: str = "amount") -> MicroUSD:
     return MicroUSD(value)
 
 
+def parse_usd(text: str, *, field: str) -> MicroUSD:
+    """Dollars written ``^[0-9]+(\\.[0-9]{1,6})?$`` ("12", "0.15") as micro-USD, exactly.
+
+    ASCII digits only, at most six decimal places and at most ``MAX_MICRO_USD``: no sign, exponent, space,
+    underscore or other script's digits (``Decimal`` takes "1e3", "1_0", "\u0661" and " 1"), so an amount is
+    refused where it is read, before anything is stored.
+    """
+    match = _USD.fullmatch(text)
+    if match is None:
+        raise InvalidInputError(f"{field} must be dollars in ASCII digits with at most six decimal places, "
+                                f'such as "12.50"; got {text[:40]!r}', field=field)
+    whole = match["whole"].lstrip("0") or "0"
+    micro = (0 if len(whole) > _MAX_WHOLE_DIGITS else
+             int(whole) * MICRO_PER_USD + int((match["frac"] or "0").ljust(6, "0")))
+    if len(whole) > _MAX_WHOLE_DIGITS or micro > MAX_MICRO_USD:
+        raise InvalidInputError(f"{field} is over the ceiling of {format_usd(MAX_MICRO_USD)}", field=field)
+    return MicroUSD(micro)
+
+
 def usd_to_micro(usd: str | int | Decimal, *, field: str = "budget_usd") -> MicroUSD:
-    """Convert dollars (a decimal string, int or Decimal; never a float) to micro-USD, rounding up."""
+    """Convert dollars (a decimal string as ``parse_usd`` reads it, an int or a Decimal; never a float) to
+    micro-USD, exactly."""
     if isinstance(usd, bool | float):
         raise InvalidInputError(f"{field} must be a decimal string or integer, not {type(usd).__name__}", field=field)
-    try:
-        amount = Decimal(usd)
-    except (InvalidOperation, TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{field} is not a number: {usd!r}", field=field) from exc
-    if not amount.is_finite() or amount < 0:
-        raise InvalidInputError(f"{field} must be a finite amount of zero or more, got {usd!r}", field=field)
-    return MicroUSD(int((amount * MICRO_PER_USD).to_integral_value(rounding=ROUND_CEILING)))
+    if isinstance(usd, int):
+        if not 0 <= usd <= MAX_MICRO_USD // MICRO_PER_USD:
+            raise InvalidInputError(f"{field} must be zero to {format_usd(MAX_MICRO_USD)}", field=field)
+        return MicroUSD(usd * MICRO_PER_USD)
+    if isinstance(usd, Decimal):
+        if not usd.is_finite() or usd.adjusted() > _MAX_WHOLE_DIGITS:
+            raise InvalidInputError(f"{field} must be a finite amount up to {format_usd(MAX_MICRO_USD)}",
+                                    field=field)
+        usd = format(usd, "f")
+    if not isinstance(usd, str):
+        raise InvalidInputError(f"{field} must be a decimal string, not {type(usd).__name__}", field=field)
+    return parse_usd(usd, field=field)
 
 
 def format_usd(amount: int) -> str:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal
 
-from swarmyard.money import MICRO_PER_USD
+from swarmyard.errors import InvalidInputError
+from swarmyard.money import MICRO_PER_USD, parse_usd
 
 #: The table's provider ids for the hosted kinds (an ``openai_compatible`` route is matched by URL, then name).
 TABLE_PROVIDERS = {"openai": "openai", "anthropic": "anthropic"}
@@ -39,16 +40,9 @@ def usd_per_mtok_to_micro(value: str, *, field: str) -> int:
     if not isinstance(value, str):
         raise ValueError(f"{field} must be a decimal string such as \"0.15\" (money is never a float)")
     try:
-        amount = Decimal(value)
-    except InvalidOperation:
-        raise ValueError(f"{field} is not a number: {value!r}") from None
-    if not amount.is_finite() or amount < 0:
-        raise ValueError(f"{field} must be zero or more, got {value!r}")
-    micro = amount * MICRO_PER_USD
-    if micro != micro.to_integral_value():
-        raise ValueError(f"{field} {value!r} is finer than one micro-USD per million tokens "
-                         "(at most six decimal places)")
-    return int(micro)
+        return parse_usd(value, field=field)  # the one reading of a dollar string: ASCII, bounded, exact
+    except InvalidInputError as exc:
+        raise ValueError(exc.message) from None
 
 
 def _micro_up(amount: Decimal) -> int:

@@ -235,6 +235,52 @@ def test_run_and_mcp(home: Path) -> None:
     assert json.loads(served.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "swarmyard"
 
 
+_MONEY_SWARM = """
+[goal]
+objective = "x"
+budget_usd = {budget}
+[[tasks.lenses]]
+title = "one"
+prompt = "p"
+[workers]
+model = "up-1"
+[lead]
+model = "up-1"
+[providers.up]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:9/v1"
+models = ["up-1"]
+[providers.up.prices.up-1]
+input_usd_per_mtok = {price}
+output_usd_per_mtok = "2"
+[run]
+runs_dir = "runs"
+"""
+
+ODD_MONEY = ['"1e3"', '"1_0"', '"\u0661"', '" 1"', '"1 "', '"+1"', '"-1"', '"1e30"', '"1."', '".5"',
+             '"0.0000001"', '"NaN"', '"Infinity"', '"0x10"', '"\uff11"', '"' + "9" * 5000 + '"',
+             '"1000000001"', "1000000000000000000000"]
+
+
+@pytest.mark.parametrize("odd", ODD_MONEY)
+def test_odd_money_in_a_swarm_file_is_a_config_error_before_anything_exists(home: Path, odd: str) -> None:
+    for budget, price, field in ((odd, '"1"', "goal.budget_usd"), ('"1"', odd, "input_usd_per_mtok")):
+        if field == "input_usd_per_mtok" and not odd.startswith('"'):
+            continue  # a price is a string; an integer there is refused as not one
+        (home / "swarm.toml").write_text(_MONEY_SWARM.format(budget=budget, price=price))
+        line = failed(sy(home, "run", "swarm.toml"), "config_error")
+        assert field in line, line
+        assert not (home / "runs").exists()  # refused at parse time: no run folder, no store
+
+
+def test_plain_dollar_strings_still_parse(home: Path) -> None:
+    # the same file with good amounts gets past parsing: it fails only where the unreachable provider is used
+    from swarmyard.config import loads_config
+
+    config = loads_config(_MONEY_SWARM.format(budget='"12.5"', price='"0.000001"'))
+    assert config.goal.budget_micro_usd == 12_500_000
+
+
 def test_servers_refuse_bad_setups_with_1(home: Path) -> None:
     failed(sy(home, "serve", "--tls-cert", "c.pem", "--store", f"sqlite:///{home / 's.db'}"), "user_error")
     failed(sy(home, "broker", "serve", "--local", "none", "--store", f"sqlite:///{home / 's.db'}"), "user_error")

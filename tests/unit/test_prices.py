@@ -72,7 +72,7 @@ def test_local_simulated_and_scripted_cost_nothing_unless_set() -> None:
     ('[providers.v]\nkind = "simulated"\nmodels = ["m-1"]\n[providers.v.prices.m-1]\n'
      'input_usd_per_mtok = "0.0000005"\n', "six decimal places"),
     ('[providers.v]\nkind = "simulated"\nmodels = ["m-1"]\n[providers.v.prices.m-1]\n'
-     'input_usd_per_mtok = "-1"\n', "zero or more"),
+     'input_usd_per_mtok = "-1"\n', "ASCII digits"),
     ('[providers.v]\nkind = "simulated"\nmodels = ["m-1"]\n[providers.v.prices.m-2]\n'
      'input_usd_per_mtok = "1"\n', "not one of this provider's models"),
     ('[providers.v]\nkind = "simulated"\nmodels = ["m-1"]\n[providers.v.prices.m-1]\ncontext_tokens = 0\n',
