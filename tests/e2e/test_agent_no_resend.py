@@ -4,7 +4,8 @@ Through the console script: ``swarmyard run`` on a swarm file whose worker model
 upstream (the only test double: it stands in for a paid provider) that reads the request and drops the
 connection without an answer. The broker marks that hold ``unknown`` and answers 502 ``upstream_unknown`` with
 ``x-should-retry: false``; the agent (which asks again after a failure in passing) must take that as final:
-the upstream sees exactly one worker request, and the store holds exactly one worker reservation, ``unknown``.
+with one try allowed, the upstream sees exactly one worker request, and the store holds exactly one worker
+reservation, ``unknown``.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ prompt = "Say one thing."
 count = 1
 concurrency = 1
 max_steps = 4
+max_failures = 1
 exec_timeout_s = 120
 model = "up-worker"
 [lead]
@@ -145,4 +147,8 @@ sandbox = "local"
     [worker_log] = [p.read_text() for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-0-")]
     assert worker_log.count('chat/completions "HTTP/1.1 502') == 1, worker_log[-2000:]
     assert "asking again" not in worker_log
-    assert '"ending": "model_error"' in worker_log
+    # it stopped on that error without a placeholder finding: its one try failed, and so did its task
+    assert "stopped on a model error" in worker_log
+    with sqlite3.connect(run_dir / "store.db") as db:
+        [(state,)] = db.execute("SELECT state FROM tasks WHERE title = 'one'").fetchall()
+    assert state == "failed"

@@ -283,9 +283,48 @@ def test_a_lead_whose_model_fails_submits_no_placeholder(tmp_path: Path,
                                                         live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, peer_findings=("market",))
     model = ScriptedModel([ProviderError("broker answered 400: bad request", retryable=False)])
-    outcome = asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
-    assert outcome.ending is Ending.MODEL_ERROR and len(model.seen) == 1
+    with pytest.raises(ProviderError, match="stopped on a model error at step 1 of 8"):
+        asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
+    assert len(model.seen) == 1
     assert setup.findings_by(setup.worker_id) == []
+
+
+@pytest.mark.parametrize("error", [UpstreamUnknownError("the upstream dropped the connection", reservation_id="r"),
+                                   ProviderError("upstream answered 401", upstream_status=401)])
+def test_a_worker_whose_every_call_fails_submits_nothing_and_raises(
+        tmp_path: Path, live_plane: Callable[..., LivePlane], error: ProviderError) -> None:
+    # a placeholder finding would end the task done, and the coordinator's max_failures would never apply
+    setup = _setup(live_plane)
+    model = ScriptedModel([error])
+    with pytest.raises(ProviderError, match=f"stopped on a model error at step 1 of 4, before any work "
+                                            f"\\({error.code}\\)") as raised:
+        asyncio.run(_agent(tmp_path, model, setup, max_steps=4, retry_backoff_s=0.0).run())
+    assert raised.value.upstream_status == error.upstream_status
+    assert setup.findings_by(setup.worker_id) == []
+    [task] = [t for t in setup.plane.store.list_tasks(setup.goal_id) if t.id == setup.task_id]
+    assert task.state.value == "claimed"  # left to the coordinator, which counts the failed try
+
+
+def test_work_cut_short_by_a_model_error_is_a_partial_finding_that_says_so(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
+    call = ModelReply("", (("board_post", json.dumps({"body": "licences first"})),))
+    model = ScriptedModel([call, ProviderError("upstream answered 401", upstream_status=401)])
+    outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=4).run())
+    assert outcome.ending is Ending.MODEL_ERROR and outcome.steps == 2
+    [partial] = setup.findings_by(setup.worker_id)
+    assert partial.title == "risks (partial)"
+    assert partial.body == ("No result was reached for 'risks': cut short by a model error at step 2 of 4 "
+                            "(provider_error): upstream answered 401")
+
+
+def test_a_step_cap_placeholder_names_the_limit(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    setup = _setup(live_plane)
+    calls = [ModelReply("", (("board_post", json.dumps({"body": str(i)})),)) for i in range(3)]
+    outcome = asyncio.run(_agent(tmp_path, ScriptedModel(calls), setup, max_steps=3).run())
+    assert outcome.ending is Ending.STEP_CAP
+    [partial] = setup.findings_by(setup.worker_id)
+    assert partial.body == "No result was reached for 'risks' within the limit of 3 steps."
 
 
 def test_the_leads_brief_gives_every_finding_an_equal_share(tmp_path: Path,

@@ -3,7 +3,9 @@
 It runs in the worker's machine (``python -m swarmyard.agent``) and reaches the control plane and broker
 only through the URL and capability token in its environment. A model that answers with malformed output is
 re-asked a bounded number of times; when the step cap or the budget runs out, the agent still submits what it
-has, so every claimed task ends with a finding.
+has. A model that keeps failing is different: a run it cut short after some work submits that work as a partial
+finding saying so, and a run it stopped before any work raises ``ProviderError``, so the agent exits non-zero
+without a finding and the coordinator counts a failed try (a placeholder would end the task ``done``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class Ending(StrEnum):
     BUDGET = "budget"  # the broker refused further calls; what it had was submitted
     NO_TASK = "no_task"  # nothing was claimable
     LOST_CLAIM = "lost_claim"  # the lease expired or another worker took the task
-    MODEL_ERROR = "model_error"  # the model kept failing (after retries and compaction); what it had was submitted
+    MODEL_ERROR = "model_error"  # the model kept failing (after retries and compaction) after some work; that
+    # work was submitted as a partial finding (with no work done, the run raises instead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +229,7 @@ class BuiltinAgent:
         self._board: list[dict[str, Any]] = []
         self._me = ""
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
+        self._tools_run = 0  # tool calls carried out: with the text above, the work a partial finding holds
         self.malformed = 0
         self.explorer = (
             Explorer(settings.directions, settings.patience, settings.adopt_margin)
@@ -234,7 +238,8 @@ class BuiltinAgent:
         )
 
     async def run(self) -> AgentOutcome:
-        """Claim, work, submit; never raises for a model's mistakes."""
+        """Claim, work, submit; never raises for a model's mistakes, only (``ProviderError``) for a model that
+        failed before the run did any work."""
         task = await self._plane.claim(self._settings.task_id)
         if task is None:
             return AgentOutcome(Ending.NO_TASK)
@@ -251,6 +256,7 @@ class BuiltinAgent:
             )
         ending = Ending.STEP_CAP
         steps = 0
+        cut_short = ""  # the model error that ended the run, if one did
         try:
             for steps in range(1, self._settings.max_steps + 1):
                 last = steps == self._settings.max_steps
@@ -265,6 +271,7 @@ class BuiltinAgent:
                     finding_id = await self._submit(action.args)
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
+                self._tools_run += 1
                 messages.append(
                     {
                         "role": "assistant",
@@ -278,17 +285,32 @@ class BuiltinAgent:
         except FencingError:
             return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
         except ProviderError as exc:
-            log.warning("model failed: %s", exc.message)
+            where = f"at step {steps} of {self._settings.max_steps}"
+            if not self._tools_run and not self._last_text.strip():
+                # nothing to submit but a placeholder, which would end the task done with the calls unreported:
+                # no finding, so the coordinator counts a failed try and names this error when it gives up
+                raise ProviderError(f"stopped on a model error {where}, before any work ({exc.code}): "
+                                    f"{exc.message}", retryable=exc.retryable,
+                                    upstream_status=exc.upstream_status) from exc
+            log.warning("model failed %s: %s", where, exc.message)
             ending = Ending.MODEL_ERROR
-            if self._settings.role is Role.LEAD and not self._last_text.strip():
-                # a placeholder is no synthesis: leave the task to the coordinator's next lead
-                return AgentOutcome(ending, task.task_id, None, steps, self.malformed)
-        # the model's last words: a submission it began and could not finish, or whatever it said
-        salvaged = salvage_submission(self._last_text)
-        body = (salvaged["body"] if salvaged else self._last_text.strip()) or (
-            f"No result was reached for {task.title!r} within {steps} steps.")
-        finding_id = await self._submit({"title": f"{task.title} (partial)", "body": body})
+            cut_short = f"cut short by a model error {where} ({exc.code}): {exc.message}"[:1000]
+        finding_id = await self._submit({"title": f"{task.title} (partial)",
+                                         "body": self._partial_body(task.title, ending, steps, cut_short)})
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
+
+    def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str) -> str:
+        """What a run that did not submit has: the model's last words (a submission it began and could not
+        finish, or whatever it said), saying why it stopped when a model error stopped it."""
+        salvaged = salvage_submission(self._last_text)
+        said = salvaged["body"] if salvaged else self._last_text.strip()
+        if cut_short:
+            return f"{said}\n\n({cut_short})" if said else f"No result was reached for {title!r}: {cut_short}"
+        if said:
+            return str(said)
+        if ending is Ending.BUDGET:
+            return f"No result was reached for {title!r}: the budget ran out at step {steps}."
+        return f"No result was reached for {title!r} within the limit of {self._settings.max_steps} steps."
 
     async def _brief(self, task: ClaimedTask) -> str:
         lead = self._settings.role is Role.LEAD
