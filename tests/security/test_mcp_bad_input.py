@@ -95,3 +95,36 @@ def test_bad_tool_calls_through_mcp_are_typed_errors_and_change_nothing(served: 
     assert answer is not None and answer["id"] == 13 and answer["result"]["isError"] is False, answer
     assert mcp.close() == 0
     assert snapshot(served.store) != before  # the good post landed: the comparison above sees writes
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_line_too_long_is_a_parse_error_and_never_held_whole(served: Served) -> None:
+    from swarmyard.plane.mcp_server import MAX_MESSAGE_BYTES
+
+    mcp = Mcp(served)
+    mcp.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}).encode())
+    assert mcp.answer() is not None
+    mcp.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    before_kib = _peak_rss_kib(mcp.proc.pid)
+    # 256 MiB in one line (a tool call whose body never ends): read and dropped a piece at a time
+    piece = b"x" * (1024 * 1024)
+    mcp._in.write(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"board_post","arguments":'
+                  b'{"body":"')
+    for _ in range(256):
+        mcp._in.write(piece)
+    mcp.send(b'"}}}')
+    answer = mcp.answer()
+    assert answer is not None and answer["id"] is None and answer["error"]["code"] == -32700, answer
+    assert str(MAX_MESSAGE_BYTES) in answer["error"]["message"]
+    grown_mib = (_peak_rss_kib(mcp.proc.pid) - before_kib) / 1024
+    assert grown_mib < 4 * MAX_MESSAGE_BYTES / 2**20, f"peak RSS grew {grown_mib:.0f} MiB"  # not 256 MiB
+    # a line just within the limit is still read (and refused by the plane for its size, as a tool error)
+    mcp.call(3, "board_post", b'{"body": "after the long line"}')
+    answer = mcp.answer()
+    assert answer is not None and answer["id"] == 3 and answer["result"]["isError"] is False, answer
+    assert mcp.close() == 0

@@ -5,13 +5,16 @@ address; it holds no state of its own but the current claim, which it fills into
 need not copy ``task_id`` and ``fencing_token`` around (an agent may still pass them explicitly).
 Tool errors come back as results with ``is_error`` and the plane's typed error JSON, so the agent sees them; a
 message that is not readable JSON-RPC (malformed, nested past the parser's limit) gets a JSON-RPC parse error.
+So does a line longer than ``MAX_MESSAGE_BYTES`` (the plane's largest body and room for the envelope): it is
+read and dropped in bounded pieces, never held whole, where the SDK's own stdin reader buffers any line.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any, cast
 
 import anyio
 import httpx
@@ -24,9 +27,34 @@ from mcp.shared.message import SessionMessage
 from swarmyard import __version__
 from swarmyard.errors import UserError
 from swarmyard.plane.client import PlaneAddress, decode
+from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.tools import TOOL_NAMES, TOOLS
 
 _FENCE = ("task_id", "fencing_token")
+#: the longest message line read: the plane's largest body (a ``submit_artifact``) and room for JSON-RPC
+MAX_MESSAGE_BYTES = PlaneSettings().max_body_bytes + 64 * 1024
+#: what stands in for a line over the limit: not JSON, so the parser refuses it and it is answered as such
+_OVERSIZED = "(a message over the size limit was dropped)\n"
+_SKIP_BYTES = 64 * 1024
+
+
+class CappedLines:
+    """Lines of a binary stream as UTF-8 text (errors replaced, as the SDK reads them), each at most
+    ``limit`` bytes: a longer line is skipped in small pieces and read as ``_OVERSIZED``."""
+
+    def __init__(self, raw: IO[bytes], limit: int = MAX_MESSAGE_BYTES) -> None:
+        self._raw = raw
+        self._limit = limit
+
+    def readline(self) -> str:
+        """The next line, ``_OVERSIZED`` for one over the limit, ``""`` at the end of the stream."""
+        line = self._raw.readline(self._limit + 1)
+        if len(line) <= self._limit or line.endswith(b"\n"):
+            return line.decode("utf-8", errors="replace")
+        del line  # not held while the rest is skipped
+        while (rest := self._raw.readline(_SKIP_BYTES)) and not rest.endswith(b"\n"):
+            pass  # drop the rest of the line a small piece at a time
+        return _OVERSIZED
 
 
 def tool_definitions() -> list[types.Tool]:
@@ -102,7 +130,10 @@ async def run_stdio(env: Mapping[str, str]) -> None:
         if env.get("SWARMYARD_TASK_ID") and env.get("SWARMYARD_FENCING_TOKEN", "").isdigit():
             claim = {"task_id": env["SWARMYARD_TASK_ID"], "fencing_token": int(env["SWARMYARD_FENCING_TOKEN"])}
         server = build_server(Relay(http, claim))
-        async with stdio_server() as (read, write), anyio.create_task_group() as tasks:
+        # the SDK iterates an ``anyio.AsyncFile``, which only calls ``readline`` (in a thread): the one method
+        # this has. Given its stdin, the SDK leaves fd 0 alone (nothing here starts a child that could read it).
+        stdin = anyio.AsyncFile(cast(IO[str], CappedLines(sys.stdin.buffer)))
+        async with stdio_server(stdin=stdin) as (read, write), anyio.create_task_group() as tasks:
             passed, received = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             tasks.start_soon(answer_unreadable, read, write, passed)
             await server.run(received, write, server.create_initialization_options())
@@ -118,7 +149,7 @@ async def answer_unreadable(read: Any, write: Any, into: MemoryObjectSendStream[
             if isinstance(item, Exception):
                 refusal = types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
                     code=types.PARSE_ERROR, message="the message is not JSON-RPC this server can read (malformed, "
-                                                    "or nested too deep)"))
+                                                    f"nested too deep, or over {MAX_MESSAGE_BYTES} bytes)"))
                 await write.send(SessionMessage(refusal))
             else:
                 await into.send(item)
