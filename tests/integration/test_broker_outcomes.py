@@ -4,6 +4,7 @@ every answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -99,6 +100,45 @@ def test_a_stream_that_cannot_be_rendered_ends_unknown(unwritable: Rig) -> None:
     assert answered.status_code == 200  # the stream had begun: its last event carries the error
     assert "upstream_unknown" in answered.text
     assert unwritable.states() == [ReservationState.UNKNOWN]
+
+
+def test_a_worker_gone_before_its_stream_began_leaves_the_hold_unknown(tmp_path: Path) -> None:
+    # Straight through the broker's ASGI app, as the server calls it: the worker's connection is gone when the
+    # answer's head is written, so not one frame is ever asked for.
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    worker = claimed_worker(store, clock, secret=b"g" * 32, budget=10_000_000, call_cap=10)
+    script = ScriptedProvider({"*": [Say("never read", input_tokens=5, output_tokens=2)]}, name="script")
+    route = ModelRoute("m", "script", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
+    app = create_broker_app(store, worker.tokens, {"script": script}, BrokerSettings(routes=(route,)), clock)
+    body = json.dumps({"model": "m", "max_tokens": 10, "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        "headers": [(b"authorization", f"Bearer {worker.token}".encode()), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+    }
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            raise OSError("the worker's connection is closed")
+
+    async def main() -> None:
+        with pytest.raises(Exception):  # noqa: B017 (whatever the server makes of the closed connection)
+            await app(scope, receive, send)
+        await app.state.broker.aclose()
+
+    try:
+        asyncio.run(main())
+        assert [r.state for r in store.list_reservations(worker.goal_id)] == [ReservationState.UNKNOWN]
+    finally:
+        store.close()
 
 
 # -- the same body again after its call went unknown ---------------------------------------------------------

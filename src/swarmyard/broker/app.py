@@ -207,7 +207,13 @@ class Broker:
             if not isinstance(exc, Exception):
                 raise
             return _error(error, fmt)
-        return EventStream(coalesced(self._frames(first, events, hold, fmt, model)))
+
+        async def after() -> None:
+            if not hold.ended:  # the frames never ran: the worker went away before the stream began
+                await events.aclose()
+                await self.holds.lose(hold, ConnectionAbortedError("worker disconnected before the stream began"))
+
+        return EventStream(coalesced(self._frames(first, events, hold, fmt, model)), after=after)
 
     async def _frames(
         self, first: StreamEvent, events: AsyncGenerator[StreamEvent, None], hold: Hold, fmt: ApiFormat, model: str

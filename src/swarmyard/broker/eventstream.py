@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
 
 import anyio
 from starlette.responses import StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 
 async def coalesced(frames: AsyncIterator[bytes]) -> AsyncIterator[tuple[bytes, bool]]:
@@ -51,10 +51,20 @@ class EventStream(StreamingResponse):
     socket write, and one more wake-up of the reader, for every answer.
     """
 
-    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]]) -> None:
+    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]], *, after: Callable[[], Awaitable[None]]) -> None:
         # Starlette keeps the iterator as body_iterator; only stream_response below reads it
         super().__init__(cast(AsyncIterator[bytes], chunks), media_type="text/event-stream",
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self._after = after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the stream, then run ``after`` however it ended: a worker gone before the first chunk was
+        read leaves the frames unstarted, and only ``after`` can end their hold."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._after()
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
