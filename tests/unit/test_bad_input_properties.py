@@ -2,7 +2,8 @@
 
 ``check_nesting`` must agree exactly with the depth of any JSON text a JSON library writes (strings full of
 brackets, quotes and backslashes included), and refuse every unbalanced text only where a parser would also
-refuse it. ``scrub`` must leave no piece of a held key in any encoding an upstream might echo it in.
+refuse it. ``scrub`` must leave no piece of a held key in any encoding an upstream might echo it in, nor may a
+stream's ``StreamScrubber``, wherever the key is cut across its deltas.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swarmyard.broker.chat import Finished, FinishReason, TextDelta
 from swarmyard.broker.keys import Secret, scrub
+from swarmyard.broker.providers.redact import StreamScrubber
 from swarmyard.errors import NestingTooDeepError
 from swarmyard.jsondepth import check_nesting
 
@@ -89,4 +92,29 @@ def test_no_piece_of_a_held_key_survives_in_any_encoding(value: str, shift: int,
         # bytes with what stands beside it: no run of 12 characters of the form survives
         assert "***" in out, (form, out)
         assert not [form[i:i + 12] for i in range(len(form) - 11) if form[i:i + 12] in out], (form, out)
+    assert secret.reveal() == value
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=_KEY_CHARS, min_size=24, max_size=60), st.sampled_from(range(5)),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=6), st.text(alphabet="ab \\", max_size=40))
+def test_a_key_split_across_stream_deltas_never_leaves_the_scrubber(value: str, encoding: int, cuts: list[int],
+                                                                    around: str) -> None:
+    secret = Secret(value)
+    form = [value, json.dumps(value)[1:-1], "".join(f"\\u{ord(c):04x}" for c in value), value.encode().hex(),
+            base64.b64encode(value.encode()).decode()][encoding]
+    text = f"{around}{form}{around}"
+    points = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    scrubber = StreamScrubber()
+    out = [e for piece in pieces for e in scrubber.feed(TextDelta(piece))]
+    out += scrubber.feed(Finished(FinishReason.STOP))
+    streamed = "".join(e.text for e in out if isinstance(e, TextDelta))
+    assert "***" in streamed, (pieces, streamed)
+    assert not [form[i:i + 12] for i in range(len(form) - 11) if form[i:i + 12] in streamed], (pieces, streamed)
+    # a stream cut off mid-key passes on only what cannot begin one
+    cut = StreamScrubber()
+    head = [e for piece in pieces[:-1] for e in cut.feed(TextDelta(piece))] + cut.cut_off()
+    partial = "".join(e.text for e in head if isinstance(e, TextDelta))
+    assert not [form[i:i + 12] for i in range(len(form) - 11) if form[i:i + 12] in partial], (pieces, partial)
     assert secret.reveal() == value

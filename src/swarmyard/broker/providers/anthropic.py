@@ -9,6 +9,7 @@ from swarmyard.broker.formats import anthropic as messages_format
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.redact import scrubbed_stream
 from swarmyard.broker.providers.upstream import Timeouts, UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import UpstreamLostError
@@ -44,18 +45,22 @@ class AnthropicProvider:
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One non-streaming call."""
         body = await post_json(self._client, "/v1/messages", messages_format.upstream_body(request), state,
-                               provider=self.name, key=self._key)
+                               provider=self.name)
         return messages_format.parse_upstream_response(body)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as they arrive."""
         reader = messages_format.EventReader()
-        async for event in stream_json_events(self._client, "/v1/messages", messages_format.upstream_body(request),
-                                              state, reader.feed, provider=self.name, key=self._key):
+
+        def end() -> Finished:
+            if not reader.stopped:
+                raise UpstreamLostError(f"{self.name}: the stream ended without message_stop")
+            return Finished(reader.finish, reader.usage)
+
+        events = stream_json_events(self._client, "/v1/messages", messages_format.upstream_body(request), state,
+                                    reader.feed, provider=self.name)
+        async for event in scrubbed_stream(events, end):
             yield event
-        if not reader.stopped:
-            raise UpstreamLostError(f"{self.name}: the stream ended without message_stop")
-        yield Finished(reader.finish, reader.usage)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

@@ -10,6 +10,7 @@ from swarmyard.broker.formats import openai_chat
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.http import post_json, stream_json_events
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.redact import scrubbed_stream
 from swarmyard.broker.providers.upstream import Timeouts, UpstreamClient
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import UpstreamLostError
@@ -49,19 +50,23 @@ class OpenAICompatProvider:
 
     async def complete_body(self, body: dict[str, Any], state: CallState) -> ChatResponse:
         """One non-streaming call with a ready Chat Completions body (for providers that add fields)."""
-        answer = await post_json(self._client, "/chat/completions", body, state, provider=self.name, key=self._key)
+        answer = await post_json(self._client, "/chat/completions", body, state, provider=self.name)
         return openai_chat.parse_upstream_response(answer)
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """One streaming call, events passed on as each chunk arrives."""
         reader = openai_chat.ChunkReader()
-        async for event in stream_json_events(self._client, "/chat/completions", self._body(request), state,
-                                              reader.feed, provider=self.name, key=self._key, until_done=True):
+
+        def end() -> Finished:
+            if not reader.finished:
+                # a clean close without a finish reason still lost the end of the answer
+                raise UpstreamLostError(f"{self.name}: the stream ended without a finish reason")
+            return Finished(reader.finish, reader.usage)
+
+        events = stream_json_events(self._client, "/chat/completions", self._body(request), state, reader.feed,
+                                    provider=self.name, until_done=True)
+        async for event in scrubbed_stream(events, end):
             yield event
-        if not reader.finished:
-            # a clean close without a finish reason still lost the end of the answer
-            raise UpstreamLostError(f"{self.name}: the stream ended without a finish reason")
-        yield Finished(reader.finish, reader.usage)
 
     async def aclose(self) -> None:
         """Close the connection pool."""

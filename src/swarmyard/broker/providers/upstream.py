@@ -15,6 +15,7 @@ Not supported: proxies from the environment, compressed bodies (the client asks 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from swarmyard.errors import ProviderError, UpstreamLostError
 
 _HEAD_LIMIT = 1 << 20  # the most header bytes an upstream may send
 _READ_SIZE = 1 << 16
+#: The most body bytes one response may carry (a whole answer, a whole stream): past it the answer is lost.
+BODY_LIMIT_BYTES = 32 << 20
+_LINE_LIMIT_BYTES = 4 << 20  # the longest line ``lines`` joins (an SSE event)
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,29 +100,48 @@ class UpstreamResponse:
             ) from exc
         return data
 
+    def _too_long(self) -> UpstreamLostError:
+        return UpstreamLostError(f"{self._name}: upstream body is longer than {BODY_LIMIT_BYTES} bytes")
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's bytes as they arrive."""
+        """The body's bytes as they arrive, never more than ``BODY_LIMIT_BYTES`` of them (nor buffered more
+        than ``_READ_SIZE`` at a time, whatever size a chunk claims): past it the answer is lost."""
         conn = self._conn
         if conn is None or self._done:
             return
         reader = conn.reader
+        left = BODY_LIMIT_BYTES
         try:
             if self._chunked:
                 while True:
                     line = await self._read(reader.readuntil(b"\r\n"))
                     size_text = line.split(b";", 1)[0].strip()
-                    try:
-                        size = int(size_text, 16)
-                    except ValueError:
-                        raise UpstreamLostError(f"{self._name}: upstream sent a bad chunk size") from None
+                    if not _CHUNK_SIZE.fullmatch(size_text):
+                        raise UpstreamLostError(f"{self._name}: upstream sent a bad chunk size")
+                    size = int(size_text, 16)
+                    if size > left:
+                        raise self._too_long()
+                    left -= size
                     if size == 0:
                         # trailers, if any, end with an empty line
                         while (await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
                             pass
                         break
-                    data = await self._read(reader.readexactly(size + 2))
-                    yield data[:-2]
+                    if size <= _READ_SIZE:
+                        data = await self._read(reader.readexactly(size + 2))
+                        yield data[:-2]
+                        continue
+                    while size > 0:  # a long chunk in pieces, as it arrives
+                        data = await self._read(reader.read(min(size, _READ_SIZE)))
+                        if not data:
+                            raise UpstreamLostError(f"{self._name}: upstream closed inside a chunk")
+                        size -= len(data)
+                        yield data
+                    if await self._read(reader.readexactly(2)) != b"\r\n":
+                        raise UpstreamLostError(f"{self._name}: upstream sent a chunk longer than its size")
             elif self._remaining is not None:
+                if self._remaining > left:
+                    raise self._too_long()
                 while self._remaining > 0:
                     data = await self._read(reader.read(min(self._remaining, _READ_SIZE)))
                     if not data:
@@ -126,6 +150,9 @@ class UpstreamResponse:
                     yield data
             else:
                 while data := await self._read(reader.read(_READ_SIZE)):
+                    left -= len(data)
+                    if left < 0:
+                        raise self._too_long()
                     yield data
             self._done = True
         finally:
@@ -136,13 +163,22 @@ class UpstreamResponse:
         return b"".join([chunk async for chunk in self.chunks()])
 
     async def lines(self) -> AsyncIterator[str]:
-        """The body as text lines (``\\n`` or ``\\r\\n`` ended), as they arrive; for server-sent events."""
-        pending = b""
+        """The body as text lines (``\\n`` or ``\\r\\n`` ended), as they arrive; for server-sent events. A line
+        longer than ``_LINE_LIMIT_BYTES`` is a lost answer (joined once, when its end comes, not per chunk)."""
+        parts: list[bytes] = []
+        size = 0
         async for chunk in self.chunks():
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
+            if b"\n" not in chunk:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > _LINE_LIMIT_BYTES:
+                    raise UpstreamLostError(f"{self._name}: upstream sent a line longer than {_LINE_LIMIT_BYTES} bytes")
+                continue
+            *complete, rest = b"".join([*parts, chunk]).split(b"\n")
+            parts, size = [rest], len(rest)
             for line in complete:
                 yield line.rstrip(b"\r").decode("utf-8", "replace")
+        pending = b"".join(parts)
         if pending:
             yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
