@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from swarmyard.broker.keys import KeyForms, held_forms
-from swarmyard.broker.providers.upstream import UpstreamClient, UpstreamResponse
+from swarmyard.broker.providers.upstream import BODY_LIMIT_BYTES, UpstreamClient, UpstreamResponse
 from swarmyard.errors import ContextLengthError, ProviderError, UpstreamLostError
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ _DRAIN_S = 1.0
 ERROR_PREFIX_BYTES = 64 << 10
 #: An upstream error type or code that may go to the worker (when it holds no piece of a key).
 _SAFE_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
+_LOGGED_CHARS = 4096  # of an error body's scrubbed text
 
 
 #: How OpenAI (and compatibles), llama.cpp and Anthropic say a prompt does not fit the context window.
@@ -82,7 +83,7 @@ async def raise_for_status(response: UpstreamResponse, provider: str) -> None:
 
     The worker gets a fixed message (the provider, the status, at most a safe error code): an error body is
     free text an upstream writes, and no scrubbing finds every way it could spell a key (split across fields,
-    in an encoding nobody listed). The text, scrubbed, goes to the broker's log.
+    in an encoding nobody listed). The text, scrubbed, goes to the broker's log (its first 4 KiB).
     """
     if response.status < 400:
         return
@@ -94,7 +95,10 @@ async def raise_for_status(response: UpstreamResponse, provider: str) -> None:
         # the worker's conversation is too long for the model: its own error to fix, not the provider's
         raise ContextLengthError(provider, _int_field(raw, "n_prompt_tokens"), _int_field(raw, "n_ctx"))
     forms = held_forms()  # the provider's own key among them: a ``Secret`` is held while it lives
-    log.warning("%s: upstream answered %d: %r", provider, response.status, forms.scrub(raw))
+    text = forms.scrub(raw)
+    # bounded: a log line is written on the event loop, and a pipe nobody drains blocks it once full
+    log.warning("%s: upstream answered %d (%d bytes read): %r", provider, response.status, len(raw),
+                text[:_LOGGED_CHARS])
     code = _error_code(raw, forms)
     raise ProviderError(
         f"{provider}: upstream answered {response.status}" + (f" ({code})" if code else ""),
@@ -157,7 +161,11 @@ async def post_json(client: UpstreamClient, path: str, body: dict[str, Any], sta
     state.sent = True
     response = await client.post(path, payload)
     await raise_for_status(response, provider)
-    raw = await response.read()  # bounded by the client (``upstream.BODY_LIMIT_BYTES``)
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > BODY_LIMIT_BYTES:
+        await response.aclose()
+        raise UpstreamLostError(f"{provider}: upstream answer is longer than {BODY_LIMIT_BYTES} bytes")
+    raw = await response.read()  # bounded by the client, whatever the framing
     try:
         answer = orjson.loads(raw)
     except ValueError as exc:

@@ -140,13 +140,15 @@ class UpstreamResponse:
                     if await self._read(reader.readexactly(2)) != b"\r\n":
                         raise UpstreamLostError(f"{self._name}: upstream sent a chunk longer than its size")
             elif self._remaining is not None:
-                if self._remaining > left:
-                    raise self._too_long()
+                # counted as read, not refused by its length: an error body's first bytes are still read
                 while self._remaining > 0:
-                    data = await self._read(reader.read(min(self._remaining, _READ_SIZE)))
+                    if left <= 0:
+                        raise self._too_long()
+                    data = await self._read(reader.read(min(self._remaining, left, _READ_SIZE)))
                     if not data:
                         raise UpstreamLostError(f"{self._name}: upstream closed before the body's end")
                     self._remaining -= len(data)
+                    left -= len(data)
                     yield data
             else:
                 while data := await self._read(reader.read(_READ_SIZE)):
