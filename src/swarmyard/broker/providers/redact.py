@@ -81,7 +81,13 @@ async def scrubbed_stream(events: AsyncIterator[StreamEvent], end: Callable[[], 
                           ) -> AsyncGenerator[StreamEvent, None]:
     """``events``, then ``end()`` (which raises for a stream that did not end as it must), through one
     ``StreamScrubber``; when either fails, the held text that cannot begin a key goes out before the error."""
-    scrubber = StreamScrubber()
+    forms = held_forms()
+    if not forms.longest_match:  # no key held (a local or key-less upstream): nothing to hold back
+        async for event in events:
+            yield event
+        yield end()
+        return
+    scrubber = StreamScrubber(forms)
     try:
         async for event in events:
             for out in scrubber.feed(event):
