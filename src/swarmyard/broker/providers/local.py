@@ -48,6 +48,19 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+#: llama.cpp's samplers against loops: a small model left to itself repeats a sentence until its token limit (a
+#: 0.5B lead wrote "The team has also identified several potential risks..." forty times as its synthesis).
+#: DRY penalises a repeat of any sequence longer than two tokens, growing with its length; the plain repetition
+#: penalty covers the last 256 tokens. The JSON schema of a tool answer still forces its structure.
+ANTI_LOOP: dict[str, Any] = {
+    "dry_multiplier": 0.8,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "repeat_penalty": 1.1,
+    "repeat_last_n": 256,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFile:
     """A GGUF file and the SHA-256 it must have."""
@@ -185,7 +198,8 @@ class LocalProvider:
         self.context_tokens = slot_tokens
         self._server = xllamacpp.Server(params)
         self._base = str(self._server.listening_address).rstrip("/")
-        self._http = OpenAICompatProvider(f"{self._base}/v1", None, name=name, timeouts=timeouts)
+        self._http = OpenAICompatProvider(f"{self._base}/v1", None, name=name, timeouts=timeouts,
+                                          extra_body=ANTI_LOOP)
         self._tokenize = httpx.Client(base_url=self._base, timeout=30)
 
     def _count(self, text: str) -> int:
@@ -205,7 +219,7 @@ class LocalProvider:
             stream=False,
             messages=(Message(Role.SYSTEM, _tool_prompt(request)), *request.messages),
         )
-        return {**openai_chat.upstream_body(hinted), "json_schema": tool_schema(request)}
+        return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": tool_schema(request)}
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One answer; with tools, a schema-constrained one decoded into tool calls."""
