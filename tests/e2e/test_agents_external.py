@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from external_agent_rig import MODEL, assert_installed, swarm_file
 
-from swarmyard.agents.adapters import get_adapter, venvs
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.config import load_config
 from swarmyard.store import open_store
@@ -29,10 +29,6 @@ from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
-PLANTED = "sk-host-key-that-must-never-reach-a-sandbox-0123456789"
-MODEL = "scripted-agent-model"
-FINDING = "Hello, team: the greeting is done."
-
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
@@ -40,54 +36,18 @@ def short_tmp() -> Iterator[Path]:
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
-
-def _swarm_file(folder: Path, agent: str) -> Path:
-    path = folder / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Say hello to the team."
-budget_usd = "1"
-call_cap = 50
-deadline_s = 600
-[[tasks.lenses]]
-title = "greet"
-prompt = "Say hello."
-[policy]
-kind = "team"
-[workers]
-agent = "{agent}"
-count = 1
-concurrency = 1
-exec_timeout_s = 90
-model = "{MODEL}"
-[lead]
-model = "{MODEL}"
-[providers.script]
-kind = "scripted"
-models = ["{MODEL}"]
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
-
-
-def _assert_installed(agent: str) -> None:
-    spec = get_adapter(agent).venv
-    if spec is not None:
-        venvs.require(spec)  # the runner's own check: the ConfigError names the command that installs it
-    else:
-        assert shutil.which(agent), f"{agent} is not installed: scripts/test installs it from the npm registry"
+PLANTED = "sk-host-key-that-must-never-reach-a-sandbox-0123456789"
+FINDING = "Hello, team: the greeting is done."
 
 
 @pytest.mark.parametrize("agent", ["codex", "claude", "opencode", "pi", "aider"])
 def test_first_request_reaches_the_broker_with_the_worker_token(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch, agent: str
 ) -> None:
-    _assert_installed(agent)
+    assert_installed(agent)
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     monkeypatch.setenv("ANTHROPIC_API_KEY", PLANTED)
-    config = load_config(_swarm_file(short_tmp, agent))
+    config = load_config(swarm_file(short_tmp, agent))
     run_dir = short_tmp / "runs" / "r1"
     run_dir.mkdir(parents=True)
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
@@ -134,7 +94,7 @@ def test_aider_with_another_baseline_is_refused_before_any_machine(short_tmp: Pa
     """A machine has one baseline: aider's environment and a repo baseline cannot both be given (yet)."""
     from swarmyard.errors import ConfigError
 
-    path = _swarm_file(short_tmp, "aider")
+    path = swarm_file(short_tmp, "aider")
     path.write_text(path.read_text().replace('agent = "aider"', 'agent = "aider"\nbaseline = "my-repo"'))
     config = load_config(path)
     run_dir = short_tmp / "runs" / "r1"

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from external_agent_rig import MODEL, assert_installed, swarm_file
 
-from swarmyard.agents.adapters import get_adapter, venvs
 from swarmyard.broker.chat import ChatRequest
 from swarmyard.broker.providers.scripted import Fail, FailKind, Say, ScriptedProvider
 from swarmyard.config import load_config
@@ -37,56 +37,20 @@ from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
-MODEL = "scripted-agent-model"
-
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-r-"))  # the plane's socket lives in the run folder: keep it short
+    path = Path(tempfile.mkdtemp(prefix="sy-x-"))  # the plane's socket lives in the run folder: keep it short
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
-
-def _swarm_file(folder: Path, agent: str) -> Path:
-    path = folder / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Say hello to the team."
-budget_usd = "1"
-call_cap = 50
-deadline_s = 600
-[[tasks.lenses]]
-title = "greet"
-prompt = "Say hello."
-[policy]
-kind = "team"
-[workers]
-agent = "{agent}"
-count = 1
-concurrency = 1
-exec_timeout_s = 90
-model = "{MODEL}"
-[lead]
-model = "{MODEL}"
-[providers.script]
-kind = "scripted"
-models = ["{MODEL}"]
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
 
 
 def _lose_the_first_call(short_tmp: Path, agent: str) -> tuple[ScriptedProvider, list[ReservationState]]:
     """Run one worker of ``agent`` whose first model call is lost after it left; what reached the provider,
     and the states of the holds."""
-    spec = get_adapter(agent).venv
-    if spec is not None:
-        venvs.require(spec)
-    else:
-        assert shutil.which(agent), f"{agent} is not installed: scripts/test installs it from the npm registry"
-    config = load_config(_swarm_file(short_tmp, agent))
+    assert_installed(agent)
+    config = load_config(swarm_file(short_tmp, agent))
     run_dir = short_tmp / "runs" / "r1"
     run_dir.mkdir(parents=True)
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
