@@ -164,11 +164,18 @@ def test_a_submission_cut_off_mid_json_is_salvaged(text: str, salvaged: dict[str
         "[1, 2]",
         '{"action": "x"}',
         '{"tool": "sh',
+        '{"tool": "submit_finding", "args": {"title": "synthesis", "body": "[fnd_01m8rnjbzeh872wfwhntadp8bt]"}}',
+        '{"tool": "submit_finding", "args": {"title": "t", "body": " [a] [b], 42 "}}',
     ],
 )
 def test_parse_reply_refuses_malformed(text: str) -> None:
     with pytest.raises(InvalidInputError):
         parse_reply(text)
+
+
+def test_a_finding_in_words_with_citations_is_accepted() -> None:
+    action = parse_reply('{"tool": "submit_finding", "args": {"title": "t", "body": "Ship it [fnd_1]."}}')
+    assert action.args["body"] == "Ship it [fnd_1]."
 
 
 def test_action_schema_has_one_branch_per_tool() -> None:

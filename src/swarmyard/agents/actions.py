@@ -133,6 +133,9 @@ def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS)
     missing = [name for name in spec.required if not isinstance(args.get(name), str) or not args.get(name)]
     if missing:
         raise InvalidInputError(f"{tool} needs {', '.join(missing)}", field="args")
+    if tool == FINISH and not re.search(r"[^\W\d_]", re.sub(r"\[[^\]]*\]", "", str(args["body"]))):
+        # a small lead sometimes answers with its citations alone ("[fnd_...]"): that is no synthesis
+        raise InvalidInputError("the body must say in words what was found, not only cite findings", field="body")
     known = spec.parameters.get("properties", {})
     return Action(tool, {k: v for k, v in args.items() if k in known})
 
