@@ -173,6 +173,11 @@ def test_parse_reply_refuses_malformed(text: str) -> None:
         parse_reply(text)
 
 
+def test_citations_alone_are_not_salvaged_as_a_finding() -> None:
+    assert salvage_submission('{"tool": "submit_finding", "args": {"title": "s", "body": "[fnd_1, group team]"') is None
+    assert salvage_submission('{"tool": "submit_finding", "args": {"body": "Ship it [fnd_1]')["body"] == "Ship it [fnd_1]"
+
+
 def test_a_finding_in_words_with_citations_is_accepted() -> None:
     action = parse_reply('{"tool": "submit_finding", "args": {"title": "t", "body": "Ship it [fnd_1]."}}')
     assert action.args["body"] == "Ship it [fnd_1]."

@@ -123,6 +123,14 @@ def _first_json_object(text: str) -> Any:
     return value
 
 
+def says_something(body: str) -> bool:
+    """Whether a finding's body holds a word outside its bracketed citations.
+
+    A small lead sometimes answers with its citations alone (``[fnd_...]``): that is no synthesis.
+    """
+    return re.search(r"[^\W\d_]", re.sub(r"\[[^\]]*\]", "", body)) is not None
+
+
 def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS) -> Action:
     """Validate a tool name and its arguments against the table."""
     if not isinstance(tool, str) or tool not in tools:
@@ -133,8 +141,7 @@ def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS)
     missing = [name for name in spec.required if not isinstance(args.get(name), str) or not args.get(name)]
     if missing:
         raise InvalidInputError(f"{tool} needs {', '.join(missing)}", field="args")
-    if tool == FINISH and not re.search(r"[^\W\d_]", re.sub(r"\[[^\]]*\]", "", str(args["body"]))):
-        # a small lead sometimes answers with its citations alone ("[fnd_...]"): that is no synthesis
+    if tool == FINISH and not says_something(str(args["body"])):
         raise InvalidInputError("the body must say in words what was found, not only cite findings", field="body")
     known = spec.parameters.get("properties", {})
     return Action(tool, {k: v for k, v in args.items() if k in known})
@@ -190,6 +197,6 @@ def salvage_submission(text: str) -> dict[str, str] | None:
     if FINISH not in text and '"body"' not in text:
         return None
     body = _string_field(text, "body")
-    if not body or not body.strip():
+    if not body or not says_something(body):
         return None
     return {"title": _string_field(text, "title") or "finding", "body": body.strip()}
