@@ -15,6 +15,8 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [providers.NAME.prices.MODEL]  input_usd_per_mtok, output_usd_per_mtok ("0.15": decimal strings),
                  max_output_tokens, context_tokens: set or override what the price table knows of MODEL
     [run]        store, runs_dir, sandbox
+    [evaluator]  bundle (an evaluator bundle folder, relative to the swarm file): artifacts are scored on
+                 its search split and the best one on its holdout once, when the run ends
 
 Any problem becomes one ``ConfigError`` whose ``field`` is the dotted path of the first bad field, raised
 before anything is started. That includes a hosted or ``openai_compatible`` model with no price: known models
@@ -390,6 +392,37 @@ class RunConfig(_Frozen):
     witness: Annotated[str, Field(min_length=1)] | None = None
 
 
+class EvaluatorConfig(_Frozen):
+    """``[evaluator]``: the bundle that scores the run's artifacts (``swarmyard.evaluator``).
+
+    ``bundle`` is a folder path, relative to the swarm file's folder; it is resolved and loaded (checked) when the
+    file is parsed, so a missing or malformed bundle stops the run before anything exists. The run copies it into
+    the evaluator's private state and never changes the folder itself.
+    """
+
+    bundle: Annotated[str, Field(min_length=1)]
+
+    @field_validator("bundle")
+    @classmethod
+    def _loadable(cls, value: str, info: ValidationInfo) -> str:
+        from swarmyard.errors import BundleError
+        from swarmyard.evaluator.bundle import load_bundle
+
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        path = Path(value)
+        if not path.is_absolute():
+            path = Path(base or ".") / path
+        try:
+            return str(load_bundle(path).root)
+        except BundleError as exc:
+            raise ValueError(f"bad bundle: {exc.message}") from None
+
+    @property
+    def bundle_path(self) -> Path:
+        """The bundle folder, absolute."""
+        return Path(self.bundle)
+
+
 def _default_providers() -> dict[str, ProviderConfig]:
     return {"local": ProviderConfig(kind=ProviderKind.LOCAL, models=(DEFAULT_MODEL,))}
 
@@ -404,6 +437,8 @@ class SwarmConfig(_Frozen):
     lead: LeadConfig = LeadConfig()
     providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
     run: RunConfig = RunConfig()
+    #: ``None``: the run's artifacts are stored but not scored, and there is no holdout
+    evaluator: EvaluatorConfig | None = None
 
     @field_validator("policy", mode="before")
     @classmethod

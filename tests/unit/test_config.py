@@ -99,3 +99,34 @@ def test_bad_files_name_the_field(text: str, field: str, words: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such swarm file"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_an_evaluator_bundle_is_found_from_the_swarm_file_and_loaded(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(EXAMPLES / "bundles" / "sort-numbers", tmp_path / "bundles" / "sorter")
+    (tmp_path / "conf").mkdir()
+    swarm = tmp_path / "conf" / "swarm.toml"
+    swarm.write_text(MINIMAL + '[evaluator]\nbundle = "../bundles/sorter"\n')
+    config = load_config(swarm)
+    assert config.evaluator is not None
+    assert config.evaluator.bundle_path == (tmp_path / "bundles" / "sorter").resolve()
+    assert loads_config(MINIMAL).evaluator is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        (lambda root: None, "is not a folder"),
+        (lambda root: root.mkdir(), "evaluator.toml: missing"),
+        (lambda root: (root.mkdir(), (root / "evaluator.toml").write_text('name = "x"\n')), "scoring"),
+    ],
+)
+def test_a_missing_or_bad_bundle_is_a_config_error(tmp_path: Path, setup: object, words: str) -> None:
+    assert callable(setup)
+    setup(tmp_path / "bundle")
+    (tmp_path / "swarm.toml").write_text(MINIMAL + '[evaluator]\nbundle = "bundle"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "swarm.toml")
+    assert info.value.field == "evaluator.bundle"
+    assert words in info.value.message and "bad bundle" in info.value.message
