@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from swarmyard.cli.evaluator import app
 from swarmyard.errors import (
     EvaluatorUnavailableError,
+    ForbiddenError,
     HoldoutUsedError,
     InvalidInputError,
     PayloadTooLargeError,
@@ -52,8 +53,14 @@ class Served:
     root: Path
 
     @property
-    def bundle(self) -> Path:
+    def source(self) -> Path:
+        """The bundle folder serve was given (only ever read)."""
         return self.root / "bundle"
+
+    @property
+    def bundle(self) -> Path:
+        """The evaluator's protected copy of it."""
+        return self.state / "bundle"
 
     @property
     def socket(self) -> Path:
@@ -68,10 +75,10 @@ class Served:
         return base64.b64decode(self.ready["public_key"])
 
 
-def start(root: Path) -> Served:
+def start(root: Path, *extra: str) -> Served:
     """Start ``serve`` on ``root``/bundle and wait (bounded) for its ready line."""
     argv = [sys.executable, "-c", CLI, "serve", str(root / "bundle"), "--socket", str(root / "eval.sock"),
-            "--state", str(root / "state")]
+            "--state", str(root / "state"), *extra]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV)
     assert proc.stdout is not None
     with selectors.DefaultSelector() as selector:
@@ -127,6 +134,68 @@ def test_serve_runs_as_its_own_user_and_locks_the_bundle(served: Served) -> None
     sock = served.socket.stat()
     assert sock.st_mode & 0o777 == 0o660
     assert (sock.st_uid, sock.st_gid) == (0, user.pw_gid)
+
+
+def _modes(root: Path) -> dict[str, tuple[int, int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_uid, p.stat().st_gid, p.stat().st_mode)
+            for p in [root, *root.rglob("*")]}
+
+
+def test_serve_copies_the_bundle_and_never_changes_the_folder_it_was_given() -> None:
+    # the regression: serve once chowned and chmodded the folder it was given, which broke a checkout it ran on
+    root = Path(tempfile.mkdtemp(prefix="swarmyard-eval-source-"))
+    root.chmod(0o755)
+    shutil.copytree(EXAMPLE, root / "bundle")
+    before = _modes(root / "bundle")
+    assert before["score.py"][2] & 0o777 == 0o644
+    try:
+        running = start(root)
+        try:
+            assert _modes(root / "bundle") == before
+            copy = root / "state" / "bundle"
+            assert (copy / "score.py").read_bytes() == (root / "bundle" / "score.py").read_bytes()
+            assert (copy / "score.py").stat().st_uid == pwd.getpwnam(EVAL_USER).pw_uid
+            with EvaluatorClient(running.socket) as client:
+                assert client.score("goal_copy", GOOD_SORT).score == 5
+            # an edit of the folder after the start changes nothing the evaluator scores with
+            (root / "bundle" / "search" / "cases.json").write_text("[[3, 1, 2]]")
+            with EvaluatorClient(running.socket) as client:
+                assert client.score("goal_copy", GOOD_SORT).score == 5
+        finally:
+            stop(running)
+        assert _modes(root / "bundle") == {**before, "search/cases.json": _modes(root / "bundle")["search/cases.json"]}
+        again = start(root)  # a restart takes a fresh copy of the folder as it is now
+        try:
+            with EvaluatorClient(again.socket) as client:
+                assert client.score("goal_copy", GOOD_SORT).score == 1
+        finally:
+            stop(again)
+        assert _modes(root / "bundle")["score.py"] == before["score.py"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_evaluator_bound_to_a_goal_refuses_every_other_goal() -> None:
+    root = Path(tempfile.mkdtemp(prefix="swarmyard-eval-goal-"))
+    root.chmod(0o755)
+    shutil.copytree(EXAMPLE, root / "bundle")
+    try:
+        running = start(root, "--goal", "goal_mine")
+        try:
+            assert running.ready["goal"] == "goal_mine"
+            with EvaluatorClient(running.socket) as client:
+                assert client.score("goal_mine", GOOD_SORT).score == 5
+                with pytest.raises(ForbiddenError):
+                    client.score("goal_other", GOOD_SORT)
+                with pytest.raises(ForbiddenError):
+                    client.final_holdout("goal_other", GOOD_SORT)
+                assert client.final_holdout("goal_mine", GOOD_SORT).score == 5
+                with pytest.raises(HoldoutUsedError):
+                    client.final_holdout("goal_mine", GOOD_SORT)
+        finally:
+            stop(running)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 PROBE = """
@@ -218,7 +287,7 @@ def test_errors_arrive_typed(served: Served, tmp_path: Path) -> None:
 
 
 def test_a_second_server_on_the_same_socket_is_refused(served: Served) -> None:
-    argv = [sys.executable, "-c", CLI, "serve", str(served.bundle), "--socket", str(served.socket),
+    argv = [sys.executable, "-c", CLI, "serve", str(served.source), "--socket", str(served.socket),
             "--state", str(served.root / "state2")]
     done = subprocess.run(argv, capture_output=True, text=True, env=CHILD_ENV, timeout=60)
     assert done.returncode == 1

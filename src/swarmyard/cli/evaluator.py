@@ -23,12 +23,17 @@ def serve(
     state: Annotated[Path, typer.Option("--state", help="The evaluator's state folder.")],
     user: Annotated[str, typer.Option("--user", help="The system user to run as when started as root.")] = (
         "swarmyard-eval"),
+    goal: Annotated[str | None, typer.Option(
+        "--goal", help="Answer for this goal only (the holdout's one-shot key); any goal if not given.")] = None,
 ) -> None:
-    """Serve BUNDLE on a Unix socket as the evaluator's own user; prints one JSON line once ready."""
+    """Serve BUNDLE on a Unix socket as the evaluator's own user; prints one JSON line once ready.
+
+    BUNDLE is only read: it is copied into STATE, and the copy is what is protected and scored from.
+    """
     from swarmyard.evaluator.server import ServeOptions
     from swarmyard.evaluator.server import serve as run_server
 
-    run_server(ServeOptions(bundle=bundle, socket_path=socket_path, state_dir=state, user=user))
+    run_server(ServeOptions(bundle=bundle, socket_path=socket_path, state_dir=state, user=user, goal=goal))
 
 
 def _read_public_key(value: str) -> bytes:

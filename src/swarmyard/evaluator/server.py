@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import stat
 import sys
@@ -126,6 +127,8 @@ class ServeOptions:
     state_dir: Path
     user: str = EVAL_USER
     socket_mode: int = 0o660
+    #: the one goal to answer for (a run's own evaluator); ``None``: any goal
+    goal: str | None = None
 
 
 def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> socket.socket:
@@ -155,8 +158,11 @@ def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> sock
     return sock
 
 
+#: The evaluator's own copy of the bundle, inside its state folder.
+BUNDLE_COPY = "bundle"
 #: What the state folder may already hold; anything else means it is not ours to hand to another user.
-_STATE_FILES = frozenset({KEY_FILE, LEDGER_FILE, f"{LEDGER_FILE}-wal", f"{LEDGER_FILE}-shm", "scratch"})
+_STATE_FILES = frozenset({KEY_FILE, LEDGER_FILE, f"{LEDGER_FILE}-wal", f"{LEDGER_FILE}-shm", "scratch",
+                          BUNDLE_COPY, f".{BUNDLE_COPY}.new"})
 
 
 def _check_state_dir(path: Path) -> None:
@@ -170,21 +176,42 @@ def _check_state_dir(path: Path) -> None:
                                     "give an empty or evaluator-only folder", field="state")
 
 
+def copy_bundle(source: Bundle, state_dir: Path) -> Path:
+    """Copy the checked bundle into ``state_dir/bundle``, replacing an older copy; the source is only read.
+
+    The copy is what the evaluator protects and scores from: the user's folder (a checkout, an example) keeps
+    its owner and modes, and a later edit of it changes nothing until the next start.
+    """
+    target = state_dir / BUNDLE_COPY
+    staging = state_dir / f".{BUNDLE_COPY}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    # load_bundle refused symbolic links, so nothing is followed out of the tree; modes are set by protect_tree
+    shutil.copytree(source.root, staging, symlinks=True, copy_function=shutil.copyfile)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
 def prepare(options: ServeOptions) -> tuple[Bundle, socket.socket, Identity]:
-    """Everything done with the starting user's rights: check the bundle, protect it, bind the socket."""
-    bundle = load_bundle(options.bundle)
+    """Everything done with the starting user's rights: check the bundle, copy it into the state folder,
+    protect the copy and the state, bind the socket. The bundle folder given is never changed."""
+    source = load_bundle(options.bundle)
     _check_state_dir(options.state_dir)
-    options.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    old_umask = os.umask(0o077)  # the copy is private from its first byte, before protect_tree makes it so
+    try:
+        options.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        copy = copy_bundle(source, options.state_dir)
+    finally:
+        os.umask(old_umask)
     me = current_identity()
     if me.uid == 0:
         runner = ensure_system_user(options.user)
-        protect_tree(bundle.root, runner)
         protect_tree(options.state_dir, runner)
     else:
         runner = me
         log.warning("not root: the evaluator runs as %s; only file modes (0700) protect the bundle", me.name)
-        protect_tree(bundle.root, None)
         protect_tree(options.state_dir, None)
+    bundle = load_bundle(copy)
     sock = bind_socket(options.socket_path, options.socket_mode, owner=me, group=runner)
     for name in _WARM_IMPORTS:
         importlib.import_module(name)
@@ -202,20 +229,21 @@ def serve(options: ServeOptions) -> None:
     """Run the evaluator until SIGINT/SIGTERM; prints one JSON line on stdout once the socket accepts."""
     import uvicorn
 
+    me_uid = os.getuid()
     bundle, sock, runner = prepare(options)
     with contextlib.closing(sock):
         if os.getuid() != runner.uid:
             drop_privileges(runner)
         _check_reachable(runner, bundle.root, options.state_dir)
         os.umask(0o077)  # everything the evaluator writes from here on is its own
-        evaluator = Evaluator(bundle, options.state_dir)
+        evaluator = Evaluator(bundle, options.state_dir, goal=options.goal)
         try:
             config = uvicorn.Config(create_app(evaluator), http="h11", ws="none", lifespan="off",
                                     loop="asyncio", log_config=None, access_log=False,
                                     timeout_graceful_shutdown=5)
             server = uvicorn.Server(config)
             ready = {"socket": str(options.socket_path), "name": bundle.name, "user": runner.name,
-                     "pid": os.getpid(), "public_key": base64.b64encode(evaluator.public_key).decode("ascii")}
+                     "uid": runner.uid, "own_user": runner.uid != me_uid, "goal": options.goal, "pid": os.getpid(), "public_key": base64.b64encode(evaluator.public_key).decode("ascii")}
             # the socket is already listening: clients that connect now wait in its backlog
             sys.stdout.write(json.dumps(ready) + "\n")
             sys.stdout.flush()

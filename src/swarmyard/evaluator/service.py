@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from swarmyard.clock import Clock, SystemClock
-from swarmyard.errors import InvalidInputError, PayloadTooLargeError, SwarmyardError
+from swarmyard.errors import ForbiddenError, InvalidInputError, PayloadTooLargeError, SwarmyardError
 from swarmyard.evaluator.bundle import Bundle, Split
 from swarmyard.evaluator.holdout import HoldoutLedger
 from swarmyard.evaluator.sandbox import BwrapSandbox, ScoringSandbox
@@ -39,8 +39,10 @@ class Evaluator:
     """Scores artifacts for one bundle and signs the results."""
 
     def __init__(self, bundle: Bundle, state_dir: Path, *, clock: Clock | None = None,
-                 sandbox: ScoringSandbox | None = None) -> None:
+                 sandbox: ScoringSandbox | None = None, goal: str | None = None) -> None:
         self.bundle = bundle
+        #: the one goal this evaluator answers for (a run's own evaluator), or ``None`` for any goal
+        self.goal = None if goal is None else _check_goal(goal)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._clock = clock or SystemClock()
@@ -57,7 +59,7 @@ class Evaluator:
 
     def score(self, goal: str, artifact: bytes, split: str = "search") -> SignedScore:
         """Score ``artifact`` on the search split and return the signed score."""
-        _check_goal(goal)
+        self._check_served(goal)
         if split != Split.SEARCH.value:
             # the holdout is reachable only through final_holdout, which counts its one use
             raise InvalidInputError(f"split {split!r} cannot be scored here; only 'search' "
@@ -68,7 +70,7 @@ class Evaluator:
 
     def final_holdout(self, goal: str, artifact: bytes) -> SignedScore:
         """Score ``artifact`` on the holdout split, once per goal ever; then ``HoldoutUsedError``."""
-        _check_goal(goal)
+        self._check_served(goal)
         digest = self._check_artifact(artifact)
         # the claim is committed before scoring starts, so no reply can ever precede it
         self._ledger.claim(goal, digest, self._now_ms())
@@ -87,6 +89,11 @@ class Evaluator:
     def close(self) -> None:
         """Release the ledger."""
         self._ledger.close()
+
+    def _check_served(self, goal: str) -> None:
+        _check_goal(goal)
+        if self.goal is not None and goal != self.goal:
+            raise ForbiddenError(f"this evaluator answers for goal {self.goal} only, not {goal}", goal_id=goal)
 
     def _check_artifact(self, artifact: bytes) -> str:
         if not isinstance(artifact, bytes | bytearray):
