@@ -25,6 +25,7 @@ from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_t
 from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
+from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
 from swarmyard.errors import (
     BudgetError,
     ConfigError,
@@ -218,9 +219,12 @@ class BuiltinAgent:
     """One agent run over one claimed task."""
 
     def __init__(
-        self, model: ChatModel, plane: PlaneTools, local: LocalTools, settings: AgentSettings
+        self, model: ChatModel, plane: PlaneTools, local: LocalTools, settings: AgentSettings,
+        trajectory: TrajectoryReporter | None = None,
     ) -> None:
         self._model = model
+        self._trajectory = trajectory
+        self._draft = StepDraft(0)  # the step under way: its replies, for the trajectory
         self._plane = plane
         self._local = local
         self._settings = settings
@@ -259,6 +263,7 @@ class BuiltinAgent:
         cut_short = ""  # the model error that ended the run, if one did
         try:
             for steps in range(1, self._settings.max_steps + 1):
+                self._draft = StepDraft(steps)
                 last = steps == self._settings.max_steps
                 if last and steps > 1:
                     # Small models wander; the last step may only submit, so the finding carries what the
@@ -266,11 +271,14 @@ class BuiltinAgent:
                     messages.append({"role": "user", "content": _LAST_STEP})
                 action = await self._next_action(messages, only=frozenset({FINISH}) if last else None)
                 if action is None:
+                    await self._step_done(task, None, None, "no usable reply")
                     continue
                 if action.tool == FINISH:
                     finding_id = await self._submit(action.args)
+                    await self._step_done(task, action, {"finding_id": finding_id})
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
+                await self._step_done(task, action, result)
                 self._tools_run += 1
                 messages.append(
                     {
@@ -295,9 +303,20 @@ class BuiltinAgent:
             log.warning("model failed %s: %s", where, exc.message)
             ending = Ending.MODEL_ERROR
             cut_short = f"cut short by a model error {where} ({exc.code}): {exc.message}"[:1000]
-        finding_id = await self._submit({"title": f"{task.title} (partial)",
-                                         "body": self._partial_body(task.title, ending, steps, cut_short)})
+        partial = {"title": f"{task.title} (partial)",
+                   "body": self._partial_body(task.title, ending, steps, cut_short)}
+        finding_id = await self._submit(partial)
+        await self._step_done(task, Action(FINISH, partial), {"finding_id": finding_id},
+                              f"ended: {ending.value}" + (f"; {cut_short}" if cut_short else ""))
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
+
+    async def _step_done(self, task: ClaimedTask, action: Action | None, result: Any,
+                         note: str | None = None) -> None:
+        """Report the step under way to the trajectory (its replies were gathered as they came)."""
+        if self._trajectory is not None:
+            await self._trajectory.report(self._draft, task_id=task.task_id,
+                                          action=(action.tool, action.args) if action else None,
+                                          result=result, note=note)
 
     def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str) -> str:
         """What a run that did not submit has: the model's last words (a submission it began and could not
@@ -384,7 +403,9 @@ class BuiltinAgent:
         """Ask the model; re-ask on malformed output at most ``max_reasks`` times (then ``None``)."""
         extra: list[dict[str, Any]] = []
         for _ in range(self._settings.max_reasks + 1):
+            asked_ms = now_ms()
             reply = await self._reply(messages + extra, only)
+            self._draft.reply(reply, now_ms() - asked_ms)
             self._last_text = reply.text or self._last_text
             try:
                 if reply.tool_calls:
@@ -392,6 +413,7 @@ class BuiltinAgent:
                 return parse_reply(reply.text)
             except InvalidInputError as exc:
                 self.malformed += 1
+                self._draft.replies[-1]["malformed"] = exc.message[:1000]
                 # a submission cut off at max_tokens: asked again, a small model only writes as long again
                 named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH
                 cut = reply.tool_calls[0][1] if named else reply.text

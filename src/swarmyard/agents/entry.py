@@ -16,6 +16,7 @@ from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, 
 from swarmyard.agents.model import BrokerChatModel
 from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
 from swarmyard.agents.tools import LocalTools, PlaneTools
+from swarmyard.agents.trajectory import TrajectoryReporter
 from swarmyard.errors import SwarmyardError
 
 
@@ -35,7 +36,8 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
                                 tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)
-        return await BuiltinAgent(model, PlaneTools(client), local, settings).run()
+        trajectory = TrajectoryReporter(client, settings.role.value)
+        return await BuiltinAgent(model, PlaneTools(client), local, settings, trajectory).run()
 
 
 async def run_planner(settings: AgentSettings, env: Mapping[str, str]) -> dict[str, object]:

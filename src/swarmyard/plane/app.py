@@ -36,6 +36,7 @@ from swarmyard.plane.openapi import build_openapi
 from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
+from swarmyard.plane.trajectory import MAX_STEP_BYTES, StepAccepted, StepRecord, TrajectoryFiles
 from swarmyard.store.protocol import Store
 from swarmyard.store.threads import StoreThreads
 
@@ -260,10 +261,36 @@ class _PlaneApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+def _trajectory_endpoint(plane: _Plane, files: TrajectoryFiles | None) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/trajectory/steps``: a worker reports one agent step (see ``swarmyard.plane.trajectory``)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            token = bearer_token(request)
+            plane.tokens.verify_signed(token)  # no byte of a stranger's body is read
+            raw = await read_limited(request.stream(), request.headers.get("content-length"), MAX_STEP_BYTES)
+            record: StepRecord = validated(StepRecord, raw)
+            who = await plane.offload(partial(plane.tools.authenticate, token))
+            kept = False
+            if files is not None:
+                kept = await plane.offload(partial(files.append, who.worker_id, record))
+            return JSONResponse(StepAccepted(kept=kept).model_dump())
+        except SwarmyardError as exc:
+            return error_response(exc)
+        except Exception:
+            log.exception("trajectory step failed")
+            return JSONResponse(_INTERNAL, status_code=500)
+
+    return endpoint
+
+
 def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | None = None,
                extra_routes: Sequence[BaseRoute] = (), evaluator: Evaluator | None = None,
-               clock: Clock | None = None) -> Starlette:
-    """The control plane app over ``store``; ``extra_routes`` (the model broker's) are mounted beside it."""
+               clock: Clock | None = None, trajectories: TrajectoryFiles | None = None) -> Starlette:
+    """The control plane app over ``store``; ``extra_routes`` (the model broker's) are mounted beside it.
+
+    ``trajectories`` keeps the agent steps workers report (without it they are acknowledged, not kept).
+    """
     plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator)
 
     async def openapi(request: Request) -> Response:
@@ -285,6 +312,7 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/trajectory/steps", _trajectory_endpoint(plane, trajectories), methods=["POST"]),
     ]
     tools = {f"/v1/tools/{spec.name}": _ToolEndpoint(plane, spec) for spec in TOOLS}
     routes += [Route(path, endpoint, methods=["POST"]) for path, endpoint in tools.items()]

@@ -25,6 +25,7 @@ from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.local import HOME as MACHINE_HOME
+from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
+
+
+#: where an agent CLI writes its own session transcript, under its home
+_TRANSCRIPTS = {AgentKind.CLAUDE: ".claude/projects", AgentKind.CODEX: ".codex/sessions"}
 
 
 def _why(result: ExecResult) -> str:
@@ -75,6 +80,8 @@ class MachineLauncher:
         self._goal: Goal | None = None
         self._running: dict[str, str] = {}
         self._baseline: str | None = config.workers.baseline
+        #: every agent step a worker reports, one JSONL file per agent run beside its log
+        self.trajectories = TrajectoryFiles(run_dir / "agents")
 
     async def start(self, goal: Goal) -> None:
         """Serve the plane on the run's socket and open the machines backend."""
@@ -97,6 +104,7 @@ class MachineLauncher:
             self._tokens,
             PlaneSettings(lease_s=self.config.workers.lease_s),
             extra_routes=self._broker.routes(),
+            trajectories=self.trajectories,
         )
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
@@ -160,6 +168,7 @@ class MachineLauncher:
         machine_id = self._machine(slot)
         relay = self._relays[slot.name]
         token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
+        self.trajectories.label(who.worker_id, f"{slot.name}-{who.worker_id}")
         self._running[slot.name] = who.worker_id
         lead = slot.role is Role.LEAD
         agent = self.config.lead.agent if lead else self.config.workers.agent
@@ -223,8 +232,11 @@ class MachineLauncher:
             for path, text in launch.files.items():
                 self._machines.files.upload(machine_id, path, text.encode(), mode=0o600)
             argv, env = list(launch.argv), dict(launch.env)
+        if agent in _TRANSCRIPTS:  # a mark: only transcripts newer than it are this run's
+            self._machines.files.upload(machine_id, f".swarmyard-run-{who.worker_id}", b"", mode=0o600)
         result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
         self._keep_log(slot, who.worker_id, agent, result, time.time() - started)
+        self._keep_transcript(slot, who.worker_id, agent, machine_id)
         if submit is not None and not result.timed_out:
             path, claimed, fencing_token, title = submit
             ending = self._submit_for(machine_id, path, token, claimed, fencing_token, title)
@@ -263,6 +275,30 @@ class MachineLauncher:
                 f"{took_s:.1f} s\n{cut}\n## stderr\n{result.stderr.decode('utf-8', 'replace')}\n\n"
                 f"## stdout\n{result.stdout.decode('utf-8', 'replace')}\n")
         (folder / f"{slot.name}-{worker_id}.log").write_text(text, encoding="utf-8")
+
+    def _keep_transcript(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, machine_id: str) -> None:
+        """An external CLI's own transcript (Claude Code's and Codex's session JSONL), copied beside its log.
+
+        Only files this run's agent wrote since its start, each at most ``MAX_FILE_BYTES`` (found by the machine
+        itself): a transcript the agent inflated costs the host no more than that.
+        """
+        where = _TRANSCRIPTS.get(agent)
+        if where is None:
+            return
+        home = self._homes[slot.name]
+        found = self._machines.exec(machine_id, ["find", f"{home}/{where}", "-name", "*.jsonl", "-type", "f",
+                                                 "-size", f"-{MAX_FILE_BYTES // 1024}k", "-newer",
+                                                 f"{home}/.swarmyard-run-{worker_id}"], timeout=30)
+        paths = sorted(found.stdout.decode("utf-8", "replace").split())
+        if not paths:
+            return
+        target = self.run_dir / "agents" / f"{slot.name}-{worker_id}.transcript.jsonl"
+        with target.open("wb") as out:
+            for path in paths:
+                try:
+                    out.write(self._machines.files.download(machine_id, path)[:MAX_FILE_BYTES])
+                except (OSError, SwarmyardError) as exc:
+                    log.info("could not copy %s's transcript %s: %s", slot.name, path, exc)
 
     def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,
                     title: str) -> str:
