@@ -43,6 +43,8 @@ from swarmyard.machines.supervised import (
 )
 
 HOME = "/machine"
+#: The same disk under the path a boxd machine's user has as its home (a symlink to ``HOME``).
+BOXD_HOME = "/home/boxd"
 RUN_DIR = "/run/swarmyard"
 #: Where the control plane's socket appears inside every machine.
 PLANE_SOCKET = f"{RUN_DIR}/plane.sock"
@@ -308,6 +310,14 @@ class LocalBackend(SupervisedBackend):
             "--ro-bind",
             str(self.sysroot / "run"),
             "/run",
+            # boxd's machines keep their user's files in /home/boxd: here that is the machine's own disk
+            "--perms",
+            "0755",
+            "--dir",
+            "/home",
+            "--symlink",
+            HOME,
+            BOXD_HOME,
         ]
         # After the tmpfs mounts: a Python or a checkout that lives under /tmp must not be hidden by them. The
         # folders above each bind are made first, searchable: bwrap as the namespace's root would make them 0700.

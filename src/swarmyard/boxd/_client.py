@@ -1,0 +1,351 @@
+"""``Boxd`` and ``AsyncBoxd``: boxd's client surface over swarmyard's machines and control plane.
+
+``boxd.machines.<verb>(id_or_name, ...)`` as in boxd's SDK: create, get, list, wait_until_ready, exec, fork,
+delete, and ``boxd.machines.files.upload/download``. Every machine is logged in at the control plane (see
+:mod:`swarmyard.boxd._plane`): its agent CLIs reach the broker with its own token and no key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmyard.boxd import _logins
+from swarmyard.boxd._models import ExecResult, Machine
+from swarmyard.boxd._plane import Login, Plane, open_plane
+from swarmyard.errors import InvalidInputError, NotFoundError, UserError
+from swarmyard.ids import new_id
+from swarmyard.machines.api import Machines
+from swarmyard.machines.protocol import Limits, MachineInfo, MachineState
+from swarmyard.money import usd_to_micro
+
+#: The group a machine's worker is in unless ``create(group=...)`` names one.
+DEFAULT_GROUP = "boxd"
+
+
+@dataclass(slots=True)
+class _Kept:
+    """What the client keeps of one of its machines."""
+
+    login: Login
+    env: dict[str, str] = field(default_factory=dict)
+    provisioned: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Files:
+    """``boxd.machines.files``: files in and out of a machine; relative paths are under ``/home/boxd``."""
+
+    def __init__(self, machines: MachinesResource) -> None:
+        self._machines = machines
+
+    def upload(self, machine: str, path: str, data: str | bytes, *, mode: int = 0o644) -> int:
+        """Write ``data`` (``str`` is written as UTF-8) to ``path``; returns the number of bytes written."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if not isinstance(data, bytes | bytearray):
+            raise InvalidInputError("upload data must be str or bytes", field="data")
+        machine_id = self._machines._ready(machine)
+        self._machines._sync.files.upload(machine_id, path, bytes(data), mode=mode)
+        return len(data)
+
+    def download(self, machine: str, path: str) -> bytes:
+        """The whole file at ``path``."""
+        return self._machines._sync.files.download(self._machines._ready(machine), path)
+
+
+class MachinesResource:
+    """``boxd.machines``."""
+
+    def __init__(self, client: Boxd) -> None:
+        self._client = client
+        self._sync = client._sync
+        self._kept: dict[str, _Kept] = {}
+        self.files = Files(self)
+
+    # -- lookups ---------------------------------------------------------------------------------------------
+
+    def _info(self, machine: str) -> MachineInfo:
+        if not isinstance(machine, str) or not machine:
+            raise InvalidInputError("a machine is named by its id or its name", field="id")
+        infos = [i for i in self._sync.list() if i.id in self._kept]
+        for info in infos:
+            if info.id == machine:
+                return info
+        for info in infos:
+            if info.name == machine:
+                return info
+        raise NotFoundError("machine", machine)
+
+    def get(self, machine: str) -> Machine:
+        """A machine by id or name."""
+        return Machine.of(self._info(machine))
+
+    def list(self) -> list[Machine]:
+        """This client's machines."""
+        return [Machine.of(i) for i in self._sync.list() if i.id in self._kept]
+
+    def suggest_name(self) -> str:
+        """A name no machine of this client has."""
+        return f"machine-{new_id('m')[-8:].lower()}"
+
+    # -- life ------------------------------------------------------------------------------------------------
+
+    def create(
+        self,
+        name: str | None = None,
+        *,
+        networks: Sequence[str] | None = None,
+        isolated: bool = True,
+        from_snapshot: str | None = None,
+        env: Mapping[str, str] | None = None,
+        group: str | None = None,
+        baseline: str | None = None,
+        limits: Limits | None = None,
+    ) -> Machine:
+        """Start a machine and return at once (call ``wait_until_ready`` before using it).
+
+        ``isolated=True`` (the only kind this build has): loopback and the control plane, nothing else.
+        """
+        if networks:
+            raise UserError("private networks between machines are not in this build: a machine reaches only "
+                            "the control plane (networks=None)")
+        if isolated is not True:
+            raise UserError("every machine is isolated (loopback and the control plane only): isolated=True")
+        if from_snapshot is not None:
+            raise UserError("snapshots are not in this build: make a baseline from a folder and pass "
+                            "baseline=NAME")
+        plane = self._client._plane_now()
+        name = name if name is not None else self.suggest_name()
+        login = plane.login(name, group or DEFAULT_GROUP)
+        try:
+            info = self._sync.create(name, baseline, login.group, env=env, limits=limits,
+                                     control_socket=plane.socket)
+        except BaseException:
+            plane.logout(login)
+            raise
+        self._kept[info.id] = _Kept(login)
+        return Machine.of(info)
+
+    def wait_until_ready(self, machine: str, timeout: float = 180.0, poll_interval: float = 1.0) -> Machine:
+        """Block until the machine runs commands (``poll_interval`` is accepted for boxd's signature: readiness
+        here is a message from the machine's init, not a poll)."""
+        del poll_interval
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+            raise InvalidInputError("timeout must be a positive number of seconds", field="timeout")
+        machine_id = self._ready(machine, timeout)
+        return Machine.of(self._info(machine_id))
+
+    def _ready(self, machine: str, timeout_s: float = 180.0) -> str:
+        """The machine's id once it is ready and logged in (its agents' files written)."""
+        info = self._info(machine)
+        kept = self._kept[info.id]
+        with kept.lock:
+            if not kept.provisioned:
+                ready = self._sync.wait_until_ready(info.id, timeout_s)
+                relay = f"http://127.0.0.1:{ready.relay_port}"
+                model = self._client._plane_now().model
+                for path, text in _logins.files(relay, kept.login, model).items():
+                    self._sync.files.upload(info.id, path, text.encode(), mode=0o600)
+                kept.env = _logins.environment(relay, kept.login, model)
+                kept.provisioned = True
+        return info.id
+
+    def exec(
+        self,
+        machine: str,
+        command: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+    ) -> ExecResult:
+        """Run ``command`` (a shell line, or an argv list) to its end; ``timeout`` kills its whole process tree."""
+        machine_id = self._ready(machine)
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        merged = {**self._kept[machine_id].env, **(env or {})}
+        raw = self._sync.exec(machine_id, command, timeout=timeout, env=merged, cwd=cwd, stdin=data)
+        return ExecResult.of(raw)
+
+    def fork(self, machine: str, new_name: str | None = None) -> Machine:
+        """A new machine whose disk starts as a copy of ``machine``'s (its own identity, not the source's)."""
+        source = self._info(self._ready(machine))
+        plane = self._client._plane_now()
+        name = new_name if new_name is not None else self.suggest_name()
+        login = plane.login(name, source.group or DEFAULT_GROUP)
+        try:
+            info = self._sync.fork(source.id, name, control_socket=plane.socket)
+        except BaseException:
+            plane.logout(login)
+            raise
+        self._kept[info.id] = _Kept(login)
+        return Machine.of(info)
+
+    def delete(self, machine: str) -> None:
+        """Kill everything in the machine, remove its disk and revoke its worker."""
+        info = self._info(machine)
+        kept = self._kept.pop(info.id)
+        try:
+            if info.state is not MachineState.DELETED:
+                self._sync.delete(info.id)
+        finally:
+            self._client._plane_now().logout(kept.login)
+
+    def _close(self) -> None:
+        for machine_id in list(self._kept):
+            try:
+                self.delete(machine_id)
+            except NotFoundError:
+                self._kept.pop(machine_id, None)
+
+
+class Boxd:
+    """A client for machines, shaped like boxd's ``Boxd``; every argument is keyword-only.
+
+    ``server`` (or ``SWARMYARD_SERVER``): the socket of a running ``swarmyard serve`` to log machines in at,
+    with its operator token (``operator_token_file`` or ``SWARMYARD_OPERATOR_TOKEN_FILE``) and the ``model``
+    its broker serves. Otherwise the client starts a control plane and broker of its own on the first
+    ``create``: the default local model, or the ``[providers]`` table of the ``providers`` file (with
+    ``provider_objects`` replacing entries of the same name), and stops it on ``close``.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: str = "local",
+        server: str | None = None,
+        operator_token_file: str | Path | None = None,
+        providers: str | Path | None = None,
+        provider_objects: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        budget_usd: str = "10",
+        machine_budget_usd: str = "1",
+        max_machines: int = 128,
+        root: str | Path | None = None,
+        lease_s: float = 300.0,
+    ) -> None:
+        self._server = server if server is not None else os.environ.get("SWARMYARD_SERVER") or None
+        token_file = operator_token_file or os.environ.get("SWARMYARD_OPERATOR_TOKEN_FILE")
+        self._token_file = Path(token_file) if token_file else None
+        self._providers = Path(providers) if providers is not None else None
+        self._given = dict(provider_objects) if provider_objects else None
+        self._model = model if model is not None else os.environ.get("SWARMYARD_MODEL") or None
+        self._budget = usd_to_micro(budget_usd, field="budget_usd")
+        self._machine_budget = usd_to_micro(machine_budget_usd, field="machine_budget_usd")
+        if self._machine_budget > self._budget:
+            raise InvalidInputError("machine_budget_usd is more than budget_usd", field="machine_budget_usd")
+        if not isinstance(lease_s, int | float) or lease_s <= 0:
+            raise InvalidInputError("lease_s must be a positive number of seconds", field="lease_s")
+        self._lease_s = float(lease_s)
+        self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines)
+        self._plane: Plane | None = None
+        self._plane_lock = threading.Lock()
+        self.machines = MachinesResource(self)
+
+    def _plane_now(self) -> Plane:
+        with self._plane_lock:
+            if self._plane is None:
+                self._plane = open_plane(server=self._server, operator_token_file=self._token_file,
+                                         providers=self._providers, given=self._given, model=self._model,
+                                         budget_micro_usd=self._budget,
+                                         machine_budget_micro_usd=self._machine_budget, lease_s=self._lease_s)
+            return self._plane
+
+    @property
+    def goal_id(self) -> str:
+        """The goal this client's machines work under (their spend and calls are its)."""
+        return self._plane_now().goal_id
+
+    def close(self) -> None:
+        """Delete this client's machines and stop the plane it started."""
+        try:
+            self.machines._close()
+            self._sync.close()
+        finally:
+            with self._plane_lock:
+                plane, self._plane = self._plane, None
+            if plane is not None:
+                plane.close()
+
+    def __enter__(self) -> Boxd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _AsyncFiles:
+    def __init__(self, files: Files) -> None:
+        self._files = files
+
+    async def upload(self, machine: str, path: str, data: str | bytes, *, mode: int = 0o644) -> int:
+        """See :meth:`Files.upload`."""
+        return await asyncio.to_thread(self._files.upload, machine, path, data, mode=mode)
+
+    async def download(self, machine: str, path: str) -> bytes:
+        """See :meth:`Files.download`."""
+        return await asyncio.to_thread(self._files.download, machine, path)
+
+
+class _AsyncMachines:
+    """``AsyncBoxd.machines``: the same verbs, awaited; each runs in a worker thread, never on the loop."""
+
+    def __init__(self, machines: MachinesResource) -> None:
+        self._m = machines
+        self.files = _AsyncFiles(machines.files)
+
+    async def create(self, name: str | None = None, **kwargs: Any) -> Machine:
+        """See :meth:`MachinesResource.create`."""
+        return await asyncio.to_thread(self._m.create, name, **kwargs)
+
+    async def get(self, machine: str) -> Machine:
+        """See :meth:`MachinesResource.get`."""
+        return await asyncio.to_thread(self._m.get, machine)
+
+    async def list(self) -> list[Machine]:
+        """See :meth:`MachinesResource.list`."""
+        return await asyncio.to_thread(self._m.list)
+
+    async def wait_until_ready(self, machine: str, timeout: float = 180.0, poll_interval: float = 1.0) -> Machine:
+        """See :meth:`MachinesResource.wait_until_ready`."""
+        return await asyncio.to_thread(self._m.wait_until_ready, machine, timeout, poll_interval)
+
+    async def exec(self, machine: str, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
+        """See :meth:`MachinesResource.exec`."""
+        return await asyncio.to_thread(self._m.exec, machine, command, **kwargs)
+
+    async def fork(self, machine: str, new_name: str | None = None) -> Machine:
+        """See :meth:`MachinesResource.fork`."""
+        return await asyncio.to_thread(self._m.fork, machine, new_name)
+
+    async def delete(self, machine: str) -> None:
+        """See :meth:`MachinesResource.delete`."""
+        await asyncio.to_thread(self._m.delete, machine)
+
+    def suggest_name(self) -> str:
+        """See :meth:`MachinesResource.suggest_name`."""
+        return self._m.suggest_name()
+
+
+class AsyncBoxd:
+    """``Boxd`` for asyncio: the same arguments, namespaces and verbs, awaited."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._sync = Boxd(**kwargs)
+        self.machines = _AsyncMachines(self._sync.machines)
+
+    async def close(self) -> None:
+        """See :meth:`Boxd.close`."""
+        await asyncio.to_thread(self._sync.close)
+
+    async def __aenter__(self) -> AsyncBoxd:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

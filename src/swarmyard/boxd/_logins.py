@@ -1,0 +1,76 @@
+"""What logs every agent CLI in a machine into the broker: variables for each exec and files in its home.
+
+The files are the adapters' own (the runner writes the same ones), written once when the machine is ready:
+Codex's ``config.toml``, opencode's ``opencode.json``, pi's ``models.json`` and ``settings.json``, and Claude
+Code's user settings. The variables point each CLI's base URL at the in-sandbox relay and give it the worker's
+capability token as its key, and name the session's model, so a bare ``claude -p "..."`` asks for a model the
+broker serves. Nothing here is a provider key: the broker swaps those in upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from swarmyard.agents.adapters import AdapterContext, get_adapter
+from swarmyard.boxd._plane import Login
+
+#: The home a boxd machine's user has (the machine's own disk).
+HOME = "/home/boxd"
+#: The CLIs whose launch files are written into every machine.
+_AGENTS = ("claude", "codex", "opencode", "pi")
+#: Variables the adapters set that the machine's own must win over.
+_MACHINE_OWNS = frozenset({"PATH", "HOME", "LANG"})
+
+
+def _context(relay_url: str, login: Login, model: str) -> AdapterContext:
+    return AdapterContext(relay_url, login.token, model, prompt="", home=HOME, workdir=HOME,
+                          mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"), task_id=login.task_id,
+                          fencing_token=login.fencing_token)
+
+
+def environment(relay_url: str, login: Login, model: str) -> dict[str, str]:
+    """The variables every exec in the machine gets."""
+    ctx = _context(relay_url, login, model)
+    env: dict[str, str] = {}
+    for agent in _AGENTS:
+        launch = get_adapter(agent).launch(ctx)
+        env.update({k: v for k, v in launch.env.items() if k not in _MACHINE_OWNS})
+    env.update({
+        "HOME": HOME,
+        "USER": "boxd",
+        "LOGNAME": "boxd",
+        "OPENAI_BASE_URL": f"{relay_url}/v1",
+        "OPENAI_API_KEY": login.token,
+        "SWARMYARD_MODEL": model,
+        "SWARMYARD_TASK_ID": login.task_id,
+        "SWARMYARD_FENCING_TOKEN": str(login.fencing_token),
+        # Claude Code asks for its own model names (and a small one for side calls) unless told
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+    })
+    return env
+
+
+def files(relay_url: str, login: Login, model: str) -> dict[str, str]:
+    """The files written into the machine's home once it is ready (absolute path -> text)."""
+    ctx = _context(relay_url, login, model)
+    out: dict[str, str] = {}
+    for agent in _AGENTS:
+        out.update(get_adapter(agent).launch(ctx).files)
+    # pi takes its provider and model from its settings when no flag names them
+    pi_settings = f"{HOME}/.pi/agent/settings.json"
+    settings = json.loads(out.get(pi_settings, "{}"))
+    settings |= {"defaultProvider": "swarmyard", "defaultModel": model}
+    out[pi_settings] = json.dumps(settings, indent=2)
+    # Claude Code's first run asks about onboarding and a key it does not know: answered here
+    out[f"{HOME}/.claude.json"] = json.dumps({
+        "hasCompletedOnboarding": True,
+        "customApiKeyResponses": {"approved": [login.token[-20:]], "rejected": []},
+        "mcpServers": {"swarmyard": {"command": ctx.mcp_command[0], "args": list(ctx.mcp_command[1:]),
+                                     "env": ctx.mcp_env}},
+    }, indent=2)
+    return out

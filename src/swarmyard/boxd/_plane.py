@@ -1,0 +1,228 @@
+"""Where a ``Boxd`` client's machines get their identities: a running ``swarmyard serve``, or a plane of its own.
+
+Either way it is one control plane with its model broker, reached over a Unix socket that every machine has
+bound in (its in-sandbox relay forwards 127.0.0.1 to it). The client is its operator: it makes one goal for
+the session, and for every machine a task, a worker token and a claim on that task, so the broker serves the
+machine's model calls (it serves only a worker holding a live claim) and charges them to that task. A thread
+renews the claims while the client is open; a deleted machine's worker is revoked.
+
+With no configuration the plane is embedded: SQLite in a private temp folder, the broker on the default local
+model (or the ``[providers]`` table given), served on a socket in that folder, stopped on ``close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from swarmyard.config import DEFAULT_MODEL, ProviderConfig, ProviderKind
+from swarmyard.errors import ConfigError, SwarmyardError, UserError
+from swarmyard.plane.client import PlaneAddress, decode
+
+log = logging.getLogger(__name__)
+
+#: The objective of the goal a client's machines work under (shown by ``swarmyard goal list``).
+OBJECTIVE = "machines made through the Boxd client"
+#: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
+_MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    """One machine's identity at the plane: its worker, its token and the claim that lets it call models."""
+
+    worker_id: str
+    token: str
+    task_id: str
+    fencing_token: int
+    group: str
+
+
+class Plane:
+    """A control plane this client acts on as operator (see the module docstring)."""
+
+    def __init__(self, socket_path: Path, operator_token: str, *, model: str, budget_micro_usd: int,
+                 machine_budget_micro_usd: int, lease_s: float, owned: _Embedded | None = None) -> None:
+        self.socket = socket_path
+        self.model = model
+        self._owned = owned
+        self._http = PlaneAddress(socket_path=str(socket_path)).client(operator_token, timeout_s=60.0)
+        self._machine_budget = machine_budget_micro_usd
+        self._logins: dict[str, Login] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._lease_s = lease_s
+        try:
+            goal = self._call("POST", "/v1/operator/goals", {
+                "objective": OBJECTIVE, "budget_micro_usd": budget_micro_usd, "call_cap": 1_000_000,
+                "max_depth": 2, "policy": "independent"})
+        except BaseException:
+            self.close()
+            raise
+        self.goal_id: str = goal["goal"]["id"]
+        self._renewer = threading.Thread(target=self._renew_loop, name="boxd-claims", daemon=True)
+        self._renewer.start()
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
+              token: str | None = None) -> dict[str, Any]:
+        headers = {"authorization": f"Bearer {token}"} if token is not None else None
+        try:
+            response = self._http.request(method, path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise UserError(f"cannot reach the control plane at {self.socket}: {exc}") from exc
+        answer = decode(response)
+        if response.status_code >= 400 or not isinstance(answer, dict):
+            raise SwarmyardError.from_dict(answer if isinstance(answer, dict) else {}, status=response.status_code)
+        return answer
+
+    def login(self, machine_name: str, group: str) -> Login:
+        """A task for the machine, a worker in ``group`` and its claim on that task."""
+        task = self._call("POST", f"/v1/operator/goals/{self.goal_id}/tasks", {
+            "title": f"machine {machine_name}", "prompt": f"the work of machine {machine_name}", "group": group,
+            "budget_micro_usd": self._machine_budget})["task"]
+        issued = self._call("POST", f"/v1/operator/goals/{self.goal_id}/workers", {"group": group})
+        token = issued["token"]
+        claim = self._call("POST", "/v1/tools/claim_task", {"task_id": task["id"]}, token=token)
+        if claim.get("fencing_token") is None:
+            raise UserError(f"the plane gave machine {machine_name} no claim on its own task {task['id']}")
+        login = Login(issued["worker"]["id"], token, task["id"], int(claim["fencing_token"]), group)
+        with self._lock:
+            self._logins[login.worker_id] = login
+        return login
+
+    def logout(self, login: Login) -> None:
+        """Revoke the machine's worker: its token buys nothing more."""
+        with self._lock:
+            self._logins.pop(login.worker_id, None)
+        with contextlib.suppress(SwarmyardError):
+            self._call("POST", f"/v1/operator/workers/{login.worker_id}/revoke")
+
+    def _renew_loop(self) -> None:
+        # A machine's agent may think for longer than a lease; the claim must outlive it while the client is open.
+        while not self._stop.wait(self._lease_s / 3):
+            with self._lock:
+                logins = list(self._logins.values())
+            for login in logins:
+                try:
+                    self._call("POST", "/v1/tools/heartbeat",
+                               {"task_id": login.task_id, "fencing_token": login.fencing_token}, token=login.token)
+                except SwarmyardError as exc:
+                    log.warning("the claim of worker %s was not renewed: %s", login.worker_id, exc)
+
+    def close(self) -> None:
+        """Stop renewing; revoke what is left; stop the embedded plane if this client started it."""
+        self._stop.set()
+        with self._lock:
+            left = list(self._logins.values())
+        for login in left:
+            self.logout(login)
+        self._http.close()
+        if self._owned is not None:
+            self._owned.stop()
+
+
+class _Embedded:
+    """A control plane and broker served from this process on a socket in a private temp folder."""
+
+    def __init__(self, providers: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None,
+                 lease_s: float) -> None:
+        import uvicorn
+
+        from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
+        from swarmyard.broker.providers.configured import configured_broker
+        from swarmyard.plane.app import create_app
+        from swarmyard.plane.settings import PlaneSettings
+        from swarmyard.store import open_store
+
+        # short and private: the socket's path must fit sun_path, and nobody else may reach the store or secret
+        self.folder = Path(tempfile.mkdtemp(prefix="sy-boxd-"))
+        self.socket = self.folder / "plane.sock"
+        self.store = open_store(f"sqlite:///{self.folder / 'store.db'}")
+        self.broker: Any = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        try:
+            self.tokens = TokenAuthority(load_or_create_secret(self.folder / "token.secret"), self.store)
+            self.broker = configured_broker(self.store, self.tokens, providers, given=given)
+            app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
+                             extra_routes=self.broker.routes())
+            if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
+                raise ConfigError(f"the temp folder {self.folder} is too deep for a Unix socket", field="TMPDIR")
+            # bound and listening before the server's thread starts: a connection made now waits in the backlog
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(self.socket))
+            listener.listen(128)
+            os.chmod(self.socket, 0o600)
+            self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+            self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listener]}, daemon=True,
+                                            name="boxd-plane")
+            self._thread.start()
+            self.operator_token = self.tokens.issue_operator(ttl_s=30 * 86400.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop serving, let the broker write its last settlements, close the store, remove the folder."""
+        try:
+            if self.broker is not None:
+                self.broker.wait_settled(30)
+            if self._server is not None:
+                self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(10)
+        finally:
+            self.store.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def default_providers() -> dict[str, ProviderConfig]:
+    """The embedded local model, as ``swarmyard run`` has it with no ``[providers]`` table."""
+    return {"local": ProviderConfig(kind=ProviderKind.LOCAL, models=(DEFAULT_MODEL,))}
+
+
+def open_plane(*, server: str | None, operator_token_file: Path | None, providers: Path | None,
+               given: Mapping[str, Any] | None, model: str | None, budget_micro_usd: int,
+               machine_budget_micro_usd: int, lease_s: float) -> Plane:
+    """The plane named by ``server`` (a ``swarmyard serve`` socket), else one embedded here."""
+    if server is not None:
+        if server.startswith(("http://", "https://")):
+            raise ConfigError("machines reach the control plane through a Unix socket bound into them: point "
+                              "SWARMYARD_SERVER at the socket of `swarmyard serve`, not a URL", field="server")
+        token_file = operator_token_file or Path("operator-token")
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise UserError(f"cannot read the operator token at {token_file}: {exc.strerror} (set "
+                            "SWARMYARD_OPERATOR_TOKEN_FILE to the file `swarmyard serve` wrote)") from exc
+        if model is None:
+            raise ConfigError("with SWARMYARD_SERVER, name the model its broker serves (Boxd(model=...) or "
+                              "SWARMYARD_MODEL)", field="model")
+        return Plane(Path(server).resolve(), token, model=model, budget_micro_usd=budget_micro_usd,
+                     machine_budget_micro_usd=machine_budget_micro_usd, lease_s=lease_s)
+    from swarmyard.config import provider_table
+
+    table = provider_table(providers, []) if providers is not None else default_providers()
+    if given:
+        for name in given:
+            if name not in table:
+                raise ConfigError(f"provider object {name!r} has no entry in the providers table", field="providers")
+    served = [m for cfg in table.values() for m in cfg.models]
+    chosen = model or (DEFAULT_MODEL if DEFAULT_MODEL in served else served[0])
+    if chosen not in served:
+        raise ConfigError(f"model {chosen!r} is served by no provider of the table ({', '.join(served)})",
+                          field="model")
+    embedded = _Embedded(table, given, lease_s)
+    return Plane(embedded.socket, embedded.operator_token, model=chosen, budget_micro_usd=budget_micro_usd,
+                 machine_budget_micro_usd=machine_budget_micro_usd, lease_s=lease_s, owned=embedded)
