@@ -27,6 +27,7 @@ NOUNS: dict[str, str] = {
     "worker": "swarmyard.cli.worker",
     "certs": "swarmyard.cli.certs",
     "mcp": "swarmyard.cli.mcp",
+    "families": "swarmyard.cli.families",
 }
 
 app = typer.Typer(
