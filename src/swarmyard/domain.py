@@ -280,3 +280,52 @@ class Event:
     body: bytes
     created_at: float
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Direction:
+    """An ``explore`` direction of a goal's group and who holds it now.
+
+    A direction has at most one holder: a worker takes it under its task claim (one conditional statement in
+    the store, like a task claim), and the hold lives as long as that claim's lease (renewed with it, dropped
+    when the task is released, completed or failed, or when the worker takes another direction).
+    """
+
+    goal_id: str
+    group: str
+    name: str
+    #: listed by the swarm file (``policy.directions``), not named by a worker
+    offered: bool
+    #: the worker holding it now, its task and since when; ``None`` when nobody holds it
+    holder: str | None
+    task_id: str | None
+    taken_at: float | None
+    #: the best search score recorded on this direction, by anyone
+    best_score: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExploreSettings:
+    """The ``explore`` policy's settings for one group of a goal, kept in the store so the plane acts on them."""
+
+    goal_id: str
+    group: str
+    #: attempts in a row without a better score before a worker is moved to a free direction
+    patience: int
+    #: how much better a free direction's best score must be than the worker's own for it to adopt that direction
+    adopt_margin: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRecord:
+    """One evaluator score of an artifact, with who made the artifact, in which group and on which direction."""
+
+    goal_id: str
+    task_id: str
+    worker_id: str
+    group: str
+    direction: str | None
+    sha256: str
+    split: str
+    score: int
+    created_at: float

@@ -16,7 +16,9 @@ from swarmyard.domain import (
     Artifact,
     Citation,
     Claim,
+    Direction,
     Event,
+    ExploreSettings,
     Finding,
     FindingStatus,
     Goal,
@@ -27,11 +29,13 @@ from swarmyard.domain import (
     Quotas,
     Reservation,
     ReservationState,
+    ScoreRecord,
     Task,
     TaskSpec,
     TaskState,
     Worker,
 )
+from swarmyard.store.directions import ScoreKey
 
 #: Default limits; a store may be opened with others.
 DEFAULT_POST_LIMIT_BYTES = 16 * 1024
@@ -168,6 +172,38 @@ class Store(Protocol):
 
     def set_finding_status(self, finding_id: str, status: FindingStatus, *, score: int | None = None) -> Finding:
         """Verify or reject a submitted finding."""
+        ...
+
+    # -- explore: directions and scores (see swarmyard.store.directions) ------------------------------------
+    def offer_directions(self, goal_id: str, group: str, names: Sequence[str], *, patience: int,
+                         adopt_margin: int) -> ExploreSettings:
+        """Set the group's ``explore`` settings and list its offered directions (both idempotent)."""
+        ...
+
+    def explore_settings(self, goal_id: str, group: str) -> ExploreSettings | None:
+        """The group's ``explore`` settings, or ``None`` when the group does not explore."""
+        ...
+
+    def list_directions(self, goal_id: str, group: str | None = None) -> list[Direction]:
+        """The goal's directions (of ``group``) with their live holders and best scores."""
+        ...
+
+    def claim_direction(self, task_id: str, token: int, names: Sequence[str], *, author: str) -> Direction | None:
+        """Take the first of ``names`` no live claim holds, under the caller's claim; ``None`` when all are held."""
+        ...
+
+    def record_score(self, goal_id: str, sha256: str, score: int, *, split: str = "search") -> ScoreRecord:
+        """Record an artifact's score, attributed to its task, worker, group and the direction held now."""
+        ...
+
+    def list_scores(self, goal_id: str, *, worker_id: str | None = None, task_id: str | None = None,
+                    split: str = "search") -> list[ScoreRecord]:
+        """The goal's scores on ``split``, oldest first."""
+        ...
+
+    def best_scores(self, goal_id: str, *, by: ScoreKey, group: str | None = None,
+                    split: str = "search") -> dict[str, int]:
+        """The best score per worker, direction, group or task."""
         ...
 
     # -- ledger ---------------------------------------------------------------------------------------------

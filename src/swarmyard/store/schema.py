@@ -127,7 +127,29 @@ def _m004_quotas(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m005_directions_scores(t: Types, postgres: bool) -> list[str]:
+    # explore: directions held like tasks (one row each, the hold expiring with the claim it was taken under),
+    # the policy's settings per group, and the evaluator's scores, attributed so policies can rank by them.
+    b, r = t.bigint, t.real
+    return [
+        f"""CREATE TABLE directions (
+            goal_id TEXT NOT NULL REFERENCES goals(id), group_name TEXT NOT NULL, name TEXT NOT NULL,
+            offered INTEGER NOT NULL DEFAULT 0, holder TEXT, task_id TEXT, fencing_token {b}, held_until {r},
+            taken_at {r}, created_at {r} NOT NULL, PRIMARY KEY (goal_id, group_name, name))""",
+        "CREATE INDEX directions_task ON directions (task_id)",
+        f"""CREATE TABLE explore_settings (
+            goal_id TEXT NOT NULL REFERENCES goals(id), group_name TEXT NOT NULL, patience INTEGER NOT NULL,
+            adopt_margin {b} NOT NULL, PRIMARY KEY (goal_id, group_name))""",
+        f"""CREATE TABLE scores (
+            n {t.serial_pk}, goal_id TEXT NOT NULL REFERENCES goals(id), task_id TEXT NOT NULL,
+            worker_id TEXT NOT NULL, group_name TEXT NOT NULL, direction TEXT, sha256 TEXT NOT NULL,
+            split TEXT NOT NULL, score {b} NOT NULL, created_at {r} NOT NULL)""",
+        "CREATE INDEX scores_goal ON scores (goal_id, split, n)",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
-MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas]
+MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
+                          _m005_directions_scores]

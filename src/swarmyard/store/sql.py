@@ -60,6 +60,7 @@ from swarmyard.errors import (
 from swarmyard.ids import new_id
 from swarmyard.money import micro_usd
 from swarmyard.store import rows
+from swarmyard.store.directions import DirectionStore
 from swarmyard.store.engine import Cursor, Engine
 from swarmyard.store.protocol import (
     DEFAULT_ARTIFACT_LIMIT_BYTES,
@@ -126,7 +127,7 @@ def claim_pick(filters: str = "") -> str:
             f"WHERE goal_id = ? AND state = 'claimed' AND lease_expires_at <= ?{filters} {best})) {best}")
 
 
-class SqlStore:
+class SqlStore(DirectionStore):
     """The Store protocol on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, engine: Engine, *, clock: Clock | None = None, blob_dir: Path,
@@ -411,7 +412,10 @@ class SqlStore:
         return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
 
     def _claim_update(self, task_id: str, token: object, set_sql: str, set_params: Sequence[Any],
-                      target: TaskState, event: str, data: dict[str, Any]) -> Task:
+                      target: TaskState, event: str, data: dict[str, Any], *,
+                      held_until: float | None = None) -> Task:
+        """One conditional update of a live claim; the directions it holds follow (``held_until``: the
+        renewed lease's expiry, ``None`` when the claim ends)."""
         token = _int(token, "fencing_token", minimum=1)
         now = self._now()
         with self._e.write() as cur:
@@ -422,6 +426,7 @@ class SqlStore:
             if row is None:
                 self._refuse_claim_write(cur, task_id, token, now, target)
             task = rows.task(row)
+            self.follow_claim(cur, task_id, token, held_until)
             self._event(cur, event, now, {"goal": task.goal_id, "task": task_id, "token": token, **data})
             return task
 
@@ -431,7 +436,7 @@ class SqlStore:
             raise InvalidInputError("lease_s must be a number of seconds in (0, 86400]", field="lease_s")
         expires = self._now() + lease_s
         task = self._claim_update(task_id, token, "lease_expires_at = ?", [expires], TaskState.CLAIMED,
-                                  "task.renewed", {"expires_ms": _ms(expires)})
+                                  "task.renewed", {"expires_ms": _ms(expires)}, held_until=expires)
         assert task.worker_id is not None
         return Claim(task=task, token=token, worker_id=task.worker_id, expires_at=expires)
 
