@@ -3,7 +3,8 @@
 A swarm file has these tables (only ``[goal]`` is required; everything else has a default)::
 
     [goal]       objective, budget_usd ("0.50" or 1; never a float), call_cap, deadline_s, max_depth
-    [tasks]      lenses = [{title, prompt}, ...]  or  plan = N (a planning call splits the objective in N)
+    [tasks]      lenses = [{title, prompt, files}, ...], from_family = "FOLDER" (a generated instance's
+                 lenses) or plan = N (a planning call splits the objective in N)
     [policy]     kind = independent | team | explore | groups, with that policy's options
                  (``policy = "team"`` is short for ``[policy] kind = "team"``)
     [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s,
@@ -155,22 +156,54 @@ class GoalConfig(_Frozen):
 
 
 class Lens(_Frozen):
-    """One explicit task: a title and the instructions the worker gets."""
+    """One explicit task: a title, the instructions the worker gets, and the files its machine gets in ``task/``
+    (files or folders, relative to the swarm file; see ``swarmyard.families.tasks``)."""
 
     title: Annotated[str, Field(min_length=1, max_length=200)]
     prompt: str = ""
+    files: tuple[str, ...] = ()
+
+    @field_validator("files")
+    @classmethod
+    def _usable_files(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from swarmyard.families.tasks import resolve, task_files
+
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        paths = tuple(str(resolve(v, Path(base or "."))) for v in value)
+        task_files(paths)  # missing, symbolic or too large: refused here, before any run folder exists
+        return paths
 
 
 class TasksConfig(_Frozen):
-    """Either lenses listed in the file or a planning call that splits the objective into ``plan`` tasks."""
+    """Lenses listed in the file, the lenses of a generated instance (``from_family = "FOLDER"``, a folder
+    ``swarmyard families generate`` wrote, relative to the swarm file), or a planning call that splits the
+    objective into ``plan`` tasks."""
 
     lenses: tuple[Lens, ...] = ()
     plan: PositiveInt | None = None
+    from_family: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_lenses(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("from_family"), str):
+            return data
+        from swarmyard.families.tasks import family_lenses, resolve
+
+        if data.get("lenses"):
+            raise ValueError("give either lenses or from_family, not both")
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        folder = resolve(data["from_family"], Path(base or "."))
+        return {**data, "from_family": str(folder), "lenses": family_lenses(folder)}
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if self.lenses and self.plan is not None:
             raise ValueError("give either lenses or plan, not both")
+        titles = [lens.title for lens in self.lenses]
+        if any(lens.files for lens in self.lenses) and len(set(titles)) != len(titles):
+            # a task finds its files by its lens's title
+            raise ValueError("lenses with files need titles of their own (two lenses share one)")
         return self
 
 

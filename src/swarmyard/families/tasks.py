@@ -1,0 +1,79 @@
+"""Task input files: the files a task's worker finds in its machine, and an instance's ``tasks.toml``.
+
+A lens's ``files`` are files or folders on the host; when a worker is given the task, its machine's ``task/``
+folder is emptied and filled with them (a folder's contents, a file by its name), so the worker's tools find
+the same paths whatever task it held before.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from swarmyard.families.instance import TASKS_FILE
+
+#: the folder under a machine's home that holds the current task's files
+TASK_FOLDER = "task"
+#: what one task's files may hold in all: they are copied into every machine that takes the task
+MAX_TASK_FILES_BYTES = 16 << 20
+MAX_TASK_FILES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFile:
+    """One file to put in a machine: its path under ``task/`` and where it is on the host."""
+
+    inside: str
+    source: Path
+
+
+def resolve(value: str, base: Path) -> Path:
+    """``value`` as an absolute path, relative ones taken from ``base``."""
+    path = Path(value)
+    return (path if path.is_absolute() else base / path).resolve()
+
+
+def task_files(paths: tuple[str, ...]) -> list[TaskFile]:
+    """Every file the (absolute) ``paths`` stand for; ``ValueError`` says why one cannot be used."""
+    out: dict[str, TaskFile] = {}
+    size = 0
+    for value in paths:
+        root = Path(value)
+        if root.is_symlink() or not root.exists():
+            raise ValueError(f"{value} does not exist (or is a symbolic link)")
+        found = [root] if root.is_file() else sorted(p for p in root.rglob("*") if not p.is_dir())
+        for path in found:
+            if path.is_symlink() or not path.is_file():
+                raise ValueError(f"{path} is not a regular file (symbolic links are not copied into machines)")
+            inside = str(PurePosixPath(path.name if path == root else path.relative_to(root).as_posix()))
+            if inside in out:
+                raise ValueError(f"two files would be task/{inside}")
+            size += path.stat().st_size
+            out[inside] = TaskFile(inside, path)
+    if size > MAX_TASK_FILES_BYTES or len(out) > MAX_TASK_FILES:
+        raise ValueError(f"a task's files may hold at most {MAX_TASK_FILES} files and {MAX_TASK_FILES_BYTES} bytes "
+                         f"(these: {len(out)} files, {size} bytes)")
+    return list(out.values())
+
+
+def family_lenses(folder: Path) -> list[dict[str, Any]]:
+    """The lenses of an instance folder's ``tasks.toml``, their files made absolute; ``ValueError`` says why not."""
+    path = folder / TASKS_FILE
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{folder} holds no {TASKS_FILE} (make one with swarmyard families generate)") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    lenses = data.get("lenses")
+    if not isinstance(lenses, list) or not lenses or not all(isinstance(lens, dict) for lens in lenses):
+        raise ValueError(f"{path} lists no [[lenses]]")
+    out = []
+    for lens in lenses:
+        files = lens.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ValueError(f"{path}: files must be a list of paths")
+        out.append({**lens, "files": [str(resolve(f, folder)) for f in files]})
+    return out
