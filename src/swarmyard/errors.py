@@ -44,6 +44,9 @@
     │   ├── InvalidSignatureError       a signed note, checkpoint or cosignature is malformed or forged
     │   ├── WitnessRefusedError (409)   the witness refused a checkpoint: fork, rewrite, stale size (``origin``)
     │   └── LogMismatchError            a run's log fails verification at ``what`` number ``index``
+    ├── ToolError (422)                 a tool call an agent made failed (``tool``, ``reason``); the agent carries on
+    │   ├── ToolRefusedError (403)      a tool the worker's profile does not offer (``profile``)
+    │   └── WasiTrapError (422)         a WASI tool stopped by a cap (``limit``: fuel, memory, wall_time, output)
     └── MissingExtraError               an optional dependency is not installed; says what to ``pip install``
 
 Every error carries ``code`` (a stable snake_case name), ``status`` and ``retryable`` and renders to JSON with
@@ -598,6 +601,45 @@ class LogMismatchError(AuditError):
         self.what = what
         self.index = index
         self.reason = reason
+
+
+class ToolError(SwarmyardError):
+    """A tool call an agent made failed: bad arguments, a path outside the tool's folder, the tool's own error.
+
+    It is information for the model, not the end of the run: the agent shows it and goes on.
+    """
+
+    code = "tool_error"
+    status = 422
+
+    def __init__(self, message: str, *, tool: str, reason: str) -> None:
+        super().__init__(message, tool=tool, reason=reason)
+        self.tool = tool
+        self.reason = reason
+
+
+class ToolRefusedError(ToolError):
+    """A tool the worker's profile does not offer (a governed worker asking for ``shell``)."""
+
+    code = "tool_refused"
+    status = 403
+
+    def __init__(self, tool: str, profile: str) -> None:
+        super().__init__(f"{tool!r} is not a tool of the {profile!r} profile", tool=tool, reason="not_offered")
+        self.profile = profile
+        self.details.update(profile=profile)
+
+
+class WasiTrapError(ToolError):
+    """A WASI tool stopped by one of its caps (``limit``: ``fuel``, ``memory``, ``wall_time``, ``output``)."""
+
+    code = "wasi_trap"
+
+    def __init__(self, tool: str, limit: str, value: int) -> None:
+        super().__init__(f"the tool {tool!r} hit its {limit} cap ({value})", tool=tool, reason=limit)
+        self.limit = limit
+        self.value = value
+        self.details.update(limit=limit, value=value)
 
 
 class MissingExtraError(UserError):
