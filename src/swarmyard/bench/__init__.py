@@ -19,6 +19,7 @@ AREAS: dict[str, str] = {
     "machines": "swarmyard.bench.machines",
     "audit": "swarmyard.bench.audit",
     "swarm": "swarmyard.bench.swarm",
+    "wasi": "swarmyard.bench.wasi",
 }
 
 

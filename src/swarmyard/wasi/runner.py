@@ -160,7 +160,8 @@ class WasiRunner:
         store.set_wasi(wasi)
         store.set_fuel(spec.caps.fuel)
         store.set_limits(memory_size=spec.caps.memory_bytes)
-        store.set_epoch_deadline(max(1, round(spec.caps.wall_s / TICK_S)))
+        # one tick more than the cap: the first tick may come at once, and a cap is a floor, not a ceiling
+        store.set_epoch_deadline(max(1, round(spec.caps.wall_s / TICK_S)) + 1)
         try:
             instance = self._linker.instantiate(store, module)
         except wt.WasmtimeError as exc:
