@@ -309,7 +309,24 @@ class Coordinator:
                 continue
             await self._backoff(goal, slot.name)
             async with gate:
-                await self._record(slot)
+                handed = self._handed(goal, slot)
+                if handed is not None:
+                    await self._record(handed)
+            if handed is None:
+                await asyncio.sleep(POLL_S)  # every open task is being handed to another slot's agent
+
+    def _handed(self, goal: Goal, slot: WorkerSlot) -> WorkerSlot | None:
+        """The slot as its agent gets it. Where tasks have input files, the coordinator hands each agent its
+        task (so the launcher can put that task's files in the machine first), never one another slot holds:
+        ``None`` when no such task is open. Without files, agents claim whichever task they get."""
+        if not any(lens.files for lens in self.config.tasks.lenses):
+            return slot
+        taken = set(self._running.values())
+        now = self.clock.now()
+        for task in self.store.list_tasks(goal.id, group=slot.group):
+            if task.group not in SIDE_GROUPS and task.id not in taken and _open(task, now):
+                return replace(slot, task_id=task.id)
+        return None
 
     async def _work_round(self, goal: Goal) -> None:
         gate = asyncio.Semaphore(self.config.workers.concurrency)

@@ -1,7 +1,10 @@
 """A provider that answers from a script: per model, a list of replies (text, tool calls, failures).
 
 Shipped in the package so every part of swarmyard can test against the broker without a model or a network.
-Replies are used in order; the key ``"*"`` serves models without a script of their own.
+Replies are used in order; the key ``"*"`` serves models without a script of their own. In a reply's text and
+in its tool calls' string arguments, ``{{last_message}}`` stands for the text of the request's last message (an
+agent's latest tool result, say): so a script can act as an oracle that runs commands and reports what they
+printed, whatever machine it runs in.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -75,6 +78,30 @@ def _words(text: str) -> int:
     return max(1, len(text.split()))
 
 
+#: What a scripted reply's text and string arguments may hold, replaced when the reply is used.
+LAST_MESSAGE = "{{last_message}}"
+
+
+def _fill(value: Any, last: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(LAST_MESSAGE, last)
+    if isinstance(value, list | tuple):
+        return [_fill(item, last) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _fill(item, last) for key, item in value.items()}
+    return value
+
+
+def _filled(reply: Reply, request: ChatRequest) -> Reply:
+    """``reply`` with ``{{last_message}}`` replaced by the text of the request's last message."""
+    last = request.messages[-1].content if request.messages else ""
+    if isinstance(reply, Say) and LAST_MESSAGE in reply.text:
+        return replace(reply, text=_fill(reply.text, last))
+    if isinstance(reply, CallTools):
+        return replace(reply, calls=tuple((name, _fill(args, last)) for name, args in reply.calls))
+    return reply
+
+
 @dataclass
 class ScriptedProvider:
     """Replies from a script; ``requests`` records every request it received."""
@@ -105,7 +132,7 @@ class ScriptedProvider:
             queue = self._queues.get(request.model) or self._queues.get("*")
             if not queue:
                 raise ProviderError(f"no scripted reply left for model {request.model}", retryable=False)
-            return queue.popleft()
+            return _filled(queue.popleft(), request)
 
     def _usage(self, request: ChatRequest, reply: Say | CallTools) -> Usage:
         prompt = " ".join(message.content for message in request.messages)
