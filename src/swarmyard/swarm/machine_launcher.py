@@ -73,6 +73,7 @@ class MachineLauncher:
         self._made: dict[str, str] = {}
         self._relays: dict[str, str] = {}
         self._homes: dict[str, str] = {}
+        self._with_files: set[str] = set()  # slots whose machine holds a task's input files now
         self._server: Any = None
         self._broker: Broker | None = None
         self._thread: threading.Thread | None = None
@@ -166,6 +167,8 @@ class MachineLauncher:
         assert self._tokens is not None and self._goal is not None
         started = time.time()
         machine_id = self._machine(slot)
+        if slot.role is Role.WORKER and slot.task_id is not None:
+            self._put_task_files(slot, machine_id, slot.task_id)
         relay = self._relays[slot.name]
         token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
         self.trajectories.label(who.worker_id, f"{slot.name}-{who.worker_id}")
@@ -258,6 +261,24 @@ class MachineLauncher:
                         result.stderr[-500:], result.stdout[-1500:])
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name,
                           None if result.timed_out else result.exit_code, _why(result))
+
+    def _put_task_files(self, slot: WorkerSlot, machine_id: str, task_id: str) -> None:
+        """Empty the machine's ``task/`` folder and fill it with the input files of the task's lens (if any)."""
+        from swarmyard.families.tasks import TASK_FOLDER, task_files
+
+        title = self.store.get_task(task_id).title
+        lens = next((lens for lens in self.config.tasks.lenses
+                     if lens.files and (title == lens.title or title.startswith(f"{lens.title} (round "))), None)
+        home = self._homes[slot.name]
+        if slot.name in self._with_files:
+            # the previous task's files must not pass for this one's
+            self._machines.exec(machine_id, ["/bin/rm", "-rf", "--", TASK_FOLDER], timeout=60, cwd=home)
+            self._with_files.discard(slot.name)
+        if lens is None:
+            return
+        for item in task_files(lens.files):
+            self._machines.files.upload(machine_id, f"{TASK_FOLDER}/{item.inside}", item.source.read_bytes())
+        self._with_files.add(slot.name)
 
     def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: ExecResult,
                   took_s: float) -> None:
