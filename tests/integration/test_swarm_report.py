@@ -103,6 +103,32 @@ def test_report_files(tmp_path: Path, clock: FakeClock) -> None:
     assert "&lt;on-device&gt;" in page and "<on-device>" not in page  # escaped
 
 
+def test_report_shows_the_holdout_and_the_best_search_score_over_time(tmp_path: Path, clock: FakeClock) -> None:
+    from dataclasses import replace
+
+    from swarmyard.report import RunScores, ScorePoint
+
+    search = (ScorePoint(1.0, 2, "worker-0", "a" * 64), ScorePoint(2.5, 1, "worker-1", "b" * 64),
+              ScorePoint(4.0, 5, "worker-1", "c" * 64), ScorePoint(6.0, 5, "worker-0", "d" * 64))
+    scores = RunScores("sort-numbers, as swarmyard-eval (its own user)", search,
+                       holdout=ScorePoint(4.0, 4, "worker-1", "c" * 64))
+    assert scores.best == search[2]  # the first to reach 5, not the later tie
+    assert scores.best_over_time() == [search[0], search[2]]
+    data = replace(_run_data(tmp_path, clock), scores=scores)
+    files = write_report(data, tmp_path / "runs" / "run_scored")
+    md = files.markdown.read_text()
+    assert "## Scores" in md and "Evaluator: sort-numbers, as swarmyard-eval (its own user)" in md
+    assert "**holdout: 4 (artifact cccccccccccc by worker-1, submitted at 4.0 s)**" in md
+    assert "| 1.0 s | 2 | worker-0 | aaaaaaaaaaaa |" in md and "| 4.0 s | 5 | worker-1 | cccccccccccc |" in md
+    assert "bbbbbbbbbbbb" not in md and "dddddddddddd" not in md  # only the scores that raised the best
+    page = files.html.read_text()
+    assert '<section id="scores">' in page and "holdout: 4" in page
+    none = replace(data, scores=RunScores("sort-numbers", (), holdout_note="no artifact was scored"))
+    md = write_report(none, tmp_path / "runs" / "run_unscored").markdown.read_text()
+    assert "**holdout: none (no artifact was scored)**" in md and "_No artifact was scored._" in md
+    assert "## Scores" not in write_report(_run_data(tmp_path / "x", clock), tmp_path / "r").markdown.read_text()
+
+
 @pytest.mark.slow
 def test_report_html_renders_in_chromium(tmp_path: Path, clock: FakeClock) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

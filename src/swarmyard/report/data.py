@@ -72,6 +72,44 @@ def worker_totals(
 
 
 @dataclass(frozen=True, slots=True)
+class ScorePoint:
+    """One evaluator score of an artifact: seconds into the run, the score, the worker row that made the artifact
+    and the artifact's SHA-256."""
+
+    at_s: float
+    score: int
+    worker: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunScores:
+    """What the run's evaluator said: every search score (oldest first) and the one final holdout score.
+
+    ``holdout_note`` says why there is no holdout score when there is none (no artifact was scored, or the
+    evaluator had already answered this goal's holdout).
+    """
+
+    evaluator: str
+    search: tuple[ScorePoint, ...] = ()
+    holdout: ScorePoint | None = None
+    holdout_note: str = ""
+
+    @property
+    def best(self) -> ScorePoint | None:
+        """The first artifact to reach the best search score."""
+        return max(self.search, key=lambda p: p.score, default=None)
+
+    def best_over_time(self) -> list[ScorePoint]:
+        """The search scores that raised the best so far: the best search score over time, and who reached it."""
+        out: list[ScorePoint] = []
+        for point in self.search:
+            if not out or point.score > out[-1].score:
+                out.append(point)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     """Everything the report renders."""
 
@@ -87,6 +125,8 @@ class ReportData:
     audit_key: str | None = None  # the log's verifier key: ``swarmyard audit verify --log-key`` pins it
     wall_s: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+    #: the evaluator's scores, when the run named one (``[evaluator]``)
+    scores: RunScores | None = None
 
     @property
     def spent_micro_usd(self) -> int:

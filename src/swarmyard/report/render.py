@@ -44,6 +44,23 @@ def _totals(data: ReportData) -> list[tuple[str, str]]:
 
 
 _WORKER_HEAD = ("worker", "calls", "tokens in", "tokens out", "spend")
+_SCORE_HEAD = ("time", "best search score", "worker", "artifact")
+
+
+def _holdout_line(data: ReportData) -> str | None:
+    """The final holdout score in a line, or why there is none; ``None`` when the run had no evaluator."""
+    scores = data.scores
+    if scores is None:
+        return None
+    if scores.holdout is None:
+        return f"holdout: none ({scores.holdout_note or 'not scored'})"
+    h = scores.holdout
+    return f"holdout: {h.score} (artifact {h.sha256[:12]} by {h.worker}, submitted at {h.at_s:.1f} s)"
+
+
+def _score_rows(data: ReportData) -> list[tuple[str, ...]]:
+    points = data.scores.best_over_time() if data.scores else []
+    return [(f"{p.at_s:.1f} s", str(p.score), p.worker, p.sha256[:12]) for p in points]
 
 
 def _worker_rows(data: ReportData) -> list[tuple[str, ...]]:
@@ -69,6 +86,11 @@ def markdown(data: ReportData) -> str:
     if data.synthesis:
         out += [f"Cites: {_cites(data.synthesis)}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
+    if data.scores is not None:
+        out += ["## Scores", "", f"Evaluator: {data.scores.evaluator}", "", f"**{_holdout_line(data)}**", ""]
+        rows = _score_rows(data)
+        out += (["| " + " | ".join(_SCORE_HEAD) + " |", "|---:|---:|---|---|"]
+                + ["| " + " | ".join(row) + " |" for row in rows] if rows else ["_No artifact was scored._"]) + [""]
     failed = _failed(data)
     if failed:
         out += ["## Failed tasks", "", "| task | id | tries | why |", "|---|---|---:|---|"]
@@ -123,6 +145,13 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
     synthesis = e(data.synthesis.body) if data.synthesis else "No synthesis was written."
     failed = "".join(f"<tr><td>{e(t.title)}</td><td>{e(t.id)}</td><td>{t.attempts}</td><td>{e(t.result or '-')}</td>"
                      "</tr>" for t in _failed(data))
+    scores_section = ""
+    if data.scores is not None:
+        rows = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _score_rows(data))
+        head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _SCORE_HEAD) + "</tr>"
+        table = f"<table>{head}{rows}</table>" if rows else "<p>No artifact was scored.</p>"
+        scores_section = (f'<section id="scores"><h2>Scores</h2><p>Evaluator: {e(data.scores.evaluator)}</p>'
+                          f'<p class="holdout"><b>{e(_holdout_line(data) or "")}</b></p>{table}</section>\n')
     failed_section = (f'<section id="failed"><h2>Failed tasks</h2><table><tr><th>task</th><th>id</th>'
                       f"<th>tries</th><th>why</th></tr>{failed}</table></section>\n" if failed else "")
     return f"""<!doctype html>
@@ -135,7 +164,7 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
 <section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
-{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
+{scores_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
 {_img(spend, "Spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>
