@@ -48,7 +48,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 def test_the_schema_is_published(api_schema: Any) -> None:
     paths = api_schema.raw_schema["paths"]
     assert "/v1/tools/claim_task" in paths and "/v1/operator/goals" in paths
-    assert len([p for p in paths if p.startswith("/v1/tools/")]) == 8
+    assert len([p for p in paths if p.startswith("/v1/tools/")]) == 10
 
 
 @schema.parametrize()

@@ -43,7 +43,7 @@ def test_eight_concurrent_workers_three_directions_never_two_holders(store: SqlS
     for round_ in range(5):
         gate = threading.Barrier(len(claims))
 
-        def take(claim: Claim, round_: int = round_) -> str | None:
+        def take(claim: Claim, round_: int = round_, gate: threading.Barrier = gate) -> str | None:
             gate.wait()
             # every worker asks for all three, each starting at a different one
             start = (int(claim.worker_id[1:]) + round_) % 3

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from swarmyard.domain import (
     Artifact,
     CitationKind,
+    Direction,
     Finding,
     Goal,
     Post,
@@ -97,6 +98,16 @@ class SubmitArtifactRequest(_Fenced):
     split: Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")] = "search"
 
 
+class ClaimDirectionRequest(_Fenced):
+    """Take a direction of the ``explore`` policy: the one named, or the first free one (untried ones first)."""
+
+    direction: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
+class ReadDirectionsRequest(_Fenced):
+    """The group's directions: who holds each now and its best score."""
+
+
 class DelegateRequest(_Fenced):
     """Create a sub-task below the caller's task, its envelope carved from the caller's."""
 
@@ -158,11 +169,38 @@ class ReadFindingsResult(_Out):
     broadcast_cursor: int
 
 
+class DirectionMove(_Out):
+    """Under ``explore``, where an attempt leaves its worker: ``stay`` on ``previous``, ``switch`` to a free
+    direction after ``patience`` attempts in a row without a better score, or ``adopt`` a free direction whose
+    best score is clearly better. ``direction`` is what the worker holds now and works on next."""
+
+    direction: str
+    previous: str
+    reason: str
+    best: int | None
+    stale: int
+    patience: int
+
+
 class ArtifactResult(_Out):
-    """The stored artifact and, with an evaluator, its signed score."""
+    """The stored artifact and, with an evaluator, its signed score (and, under ``explore``, the direction move)."""
 
     artifact: Artifact
     score: dict[str, Any] | None = None
+    direction: DirectionMove | None = None
+
+
+class DirectionResult(_Out):
+    """The direction taken (``null`` when every one asked for is held) and the group's directions."""
+
+    direction: Direction | None
+    directions: list[Direction]
+
+
+class DirectionsResult(_Out):
+    """The group's directions with their live holders and best scores."""
+
+    directions: list[Direction]
 
 
 class TaskResult(_Out):

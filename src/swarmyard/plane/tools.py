@@ -27,9 +27,16 @@ from swarmyard.plane.limits import RateLimiter
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.store.protocol import Store
+from swarmyard.swarm.policies import explore_move, explore_order
 
 T = TypeVar("T")
-Offload = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+class Offload(Protocol):
+    """Runs a blocking store call off the event loop (the app's store threads)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
+
 
 
 class Evaluator(Protocol):
@@ -61,6 +68,10 @@ TOOLS: tuple[ToolSpec, ...] = (
              "Read your group's findings and the consolidations broadcast to all groups."),
     ToolSpec("submit_artifact", m.SubmitArtifactRequest, m.ArtifactResult,
              "Submit an artifact (base64); scored when an evaluator is configured."),
+    ToolSpec("claim_direction", m.ClaimDirectionRequest, m.DirectionResult,
+             "explore: take a direction no live peer holds (the one named, or the first free one)."),
+    ToolSpec("read_directions", m.ReadDirectionsRequest, m.DirectionsResult,
+             "explore: the group's directions, who holds each and its best score."),
     ToolSpec("delegate", m.DelegateRequest, m.TaskResult,
              "Create a sub-task below yours, its budget carved from your task's envelope."),
 )
@@ -236,21 +247,74 @@ class WorkerTools:
         return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
 
     async def submit_artifact(self, token: str, req: m.SubmitArtifactRequest,
-                              offload: Offload[_Stored]) -> m.ArtifactResult:
+                              offload: Offload) -> m.ArtifactResult:
         """Store the artifact and, with an evaluator, return its signed score."""
         who, data, result = await offload(lambda: self.put_artifact(token, req))
         if self._evaluator is None:
             return result
         score = jsonable(await self._evaluator.score(who.goal_id, data, req.split))
 
-        def record() -> _Stored:
+        def record() -> m.DirectionMove | None:
             # A signed score is a state change of the run: it goes into the audit log like every other.
             self._store.record_event("score.issued", {"goal": who.goal_id, "task": req.task_id,
                                                       "worker": who.worker_id, "score": score})
-            return who, data, result
+            value = score.get("score") if isinstance(score, dict) else None
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None
+            self._store.record_score(who.goal_id, result.artifact.sha256, value, split=req.split)
+            return self._explore_move(who, req.task_id, req.fencing_token) if req.split == "search" else None
 
-        await offload(record)
-        return m.ArtifactResult.model_construct(artifact=result.artifact, score=score)
+        move = await offload(record)
+        return m.ArtifactResult.model_construct(artifact=result.artifact, score=score, direction=move)
+
+    def _explore_move(self, who: WorkerIdentity, task_id: str, fencing_token: int) -> m.DirectionMove | None:
+        """Under ``explore``: stay, switch or adopt after a scored attempt, taking the new direction for the
+        worker in the store (it stays where it is if a peer took that one first)."""
+        settings = self._store.explore_settings(who.goal_id, who.group)
+        if settings is None:
+            return None
+        directions = self._store.list_directions(who.goal_id, who.group)
+        held = next((d for d in directions if d.holder == who.worker_id and d.task_id == task_id), None)
+        if held is None:
+            return None
+        scores = [s for s in self._store.list_scores(who.goal_id) if s.group == who.group]
+        mine = [s for s in scores if s.worker_id == who.worker_id]
+        peer_best: dict[str, int] = {}
+        for s in scores:
+            if s.worker_id != who.worker_id and s.direction is not None:
+                peer_best[s.direction] = max(s.score, peer_best.get(s.direction, s.score))
+        attempts = [s.score for s in mine if s.task_id == task_id and s.direction == held.name
+                    and held.taken_at is not None and s.created_at >= held.taken_at]
+        tried = list(dict.fromkeys(s.direction for s in mine if s.direction is not None))
+        move = explore_move(held.name, attempts, directions, who.worker_id, tried, peer_best, settings.patience,
+                            settings.adopt_margin)
+        target, reason = move.direction, move.reason
+        if target != held.name and self._store.claim_direction(task_id, fencing_token, [target],
+                                                               author=who.worker_id) is None:
+            target, reason = held.name, "stay"
+        return m.DirectionMove.model_construct(direction=target, previous=held.name, reason=reason, best=move.best,
+                                               stale=move.stale, patience=move.patience)
+
+    def claim_direction(self, token: str, req: m.ClaimDirectionRequest) -> m.DirectionResult:
+        """Take the named direction, or the first free one of the group (those the worker has not scored on
+        first); ``direction: null`` when none is free."""
+        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
+        directions = self._store.list_directions(who.goal_id, who.group)
+        if req.direction is not None:
+            names = [req.direction]
+        else:
+            tried = [s.direction for s in self._store.list_scores(who.goal_id, worker_id=who.worker_id)
+                     if s.direction is not None]
+            names = explore_order(directions, who.worker_id, tried)
+        taken = (self._store.claim_direction(req.task_id, req.fencing_token, names, author=who.worker_id)
+                 if names else None)
+        return m.DirectionResult.model_construct(direction=taken,
+                                                 directions=self._store.list_directions(who.goal_id, who.group))
+
+    def read_directions(self, token: str, req: m.ReadDirectionsRequest) -> m.DirectionsResult:
+        """The group's directions, their live holders and best scores."""
+        who = self._fenced(token, req.task_id, req.fencing_token)
+        return m.DirectionsResult.model_construct(directions=self._store.list_directions(who.goal_id, who.group))
 
     def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
         """A sub-task one level below the caller's, in the caller's group."""

@@ -101,10 +101,10 @@ class DirectionStore:
             cur.execute("INSERT INTO explore_settings (goal_id, group_name, patience, adopt_margin) VALUES (?, ?, ?, ?) "
                         "ON CONFLICT (goal_id, group_name) DO UPDATE SET patience = excluded.patience, "
                         "adopt_margin = excluded.adopt_margin", (goal_id, group, patience, adopt_margin))
-            for name in offered:
-                cur.execute("INSERT INTO directions (goal_id, group_name, name, offered, created_at) "
-                            "VALUES (?, ?, ?, 1, ?) ON CONFLICT (goal_id, group_name, name) DO UPDATE SET offered = 1",
-                            (goal_id, group, name, now))
+            for ordinal, name in enumerate(offered):
+                cur.execute("INSERT INTO directions (goal_id, group_name, name, offered, ordinal, created_at) "
+                            "VALUES (?, ?, ?, 1, ?, ?) ON CONFLICT (goal_id, group_name, name) DO UPDATE SET "
+                            "offered = 1, ordinal = excluded.ordinal", (goal_id, group, name, ordinal, now))
             self._event(cur, "directions.offered", now, {"goal": goal_id, "group": group, "directions": offered,
                                                           "patience": patience, "adopt_margin": adopt_margin})
         return ExploreSettings(goal_id, group, patience, adopt_margin)
@@ -124,7 +124,7 @@ class DirectionStore:
             params.append(group)
         now = self._now()
         with self._e.read() as cur:
-            cur.execute(sql + " ORDER BY d.group_name, d.offered DESC, d.created_at, d.name", params)
+            cur.execute(sql + " ORDER BY d.group_name, d.offered DESC, d.ordinal, d.created_at, d.name", params)
             return [_direction(r, now) for r in cur.fetchall()]
 
     # -- holds ----------------------------------------------------------------------------------------------

@@ -148,8 +148,13 @@ def _m005_directions_scores(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m006_direction_order(t: Types, postgres: bool) -> list[str]:
+    # Offered directions are handed out in the order the swarm file lists them.
+    return ["ALTER TABLE directions ADD COLUMN ordinal INTEGER NOT NULL DEFAULT 0"]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
-                          _m005_directions_scores]
+                          _m005_directions_scores, _m006_direction_order]

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from swarmyard.config import PolicyConfig, PolicyKind
-from swarmyard.domain import Finding
+from swarmyard.domain import Direction, Finding
 
 
 class Policy(Protocol):
@@ -191,6 +191,50 @@ def next_direction(
         others = [d for d in held_by_active_peers if d != tracker.direction]
         return free_direction(offered, others, tried) or tracker.direction
     return tracker.direction
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Where an ``explore`` worker goes after an attempt: stay, switch to a free direction, or adopt a better one."""
+
+    direction: str
+    previous: str
+    reason: Literal["stay", "switch", "adopt"]
+    #: the worker's best score and its attempts in a row without a better one, on ``previous``
+    best: int | None
+    stale: int
+    patience: int
+
+
+def explore_move(current: str, attempts: Sequence[int | None], directions: Sequence[Direction], me: str,
+                 tried: Sequence[str], peer_best: Mapping[str, int], patience: int, margin: int) -> Move:
+    """The next direction of worker ``me`` holding ``current``, from its ``attempts`` on it (oldest first), the
+    group's ``directions`` and the best score peers reached on each (``peer_best``): a free direction whose peers'
+    best beats the worker's own by ``margin`` is adopted; after ``patience`` attempts in a row without a better
+    score the worker switches to a free direction, one it has not ``tried`` first; otherwise it stays. A direction
+    another live claim holds is never chosen, and a worker never adopts its own abandoned score."""
+    tracker = DirectionTracker(current, patience=patience)
+    for score in attempts:
+        tracker.record(score)
+    best, stale = tracker.best, tracker.stale
+    held = [d.name for d in directions if d.holder is not None and d.holder != me]
+    free_best = {d.name: peer_best[d.name] for d in directions
+                 if d.holder is None and d.name in peer_best and d.name != current}
+    adopt = direction_to_adopt(best, free_best, margin)
+    if adopt is not None:
+        return Move(adopt, current, "adopt", best, stale, patience)
+    if tracker.should_switch:
+        target = free_direction([d.name for d in directions], [*held, current], [*tried, current])
+        if target is not None:
+            return Move(target, current, "switch", best, stale, patience)
+    return Move(current, current, "stay", best, stale, patience)
+
+
+def explore_order(directions: Sequence[Direction], me: str, tried: Sequence[str]) -> list[str]:
+    """The free directions a worker asks for, in the order it prefers them: untried ones first."""
+    free = [d.name for d in directions if d.holder is None or d.holder == me]
+    done = set(tried)
+    return [d for d in free if d not in done] + [d for d in free if d in done]
 
 
 # -- groups: consolidation ----------------------------------------------------------------------
