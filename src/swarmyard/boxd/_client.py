@@ -8,6 +8,7 @@ delete, and ``boxd.machines.files.upload/download``. Every machine is logged in 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -195,7 +196,9 @@ class MachinesResource:
             if info.state is not MachineState.DELETED:
                 self._sync.delete(info.id)
         finally:
-            self._client._plane_now().logout(kept.login)
+            plane = self._client._plane
+            if plane is not None:
+                plane.logout(kept.login)
 
     def _close(self) -> None:
         for machine_id in list(self._kept):
@@ -246,10 +249,15 @@ class Boxd:
         self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines)
         self._plane: Plane | None = None
         self._plane_lock = threading.Lock()
+        self._closed = False
         self.machines = MachinesResource(self)
+        # a script that never calls close() still leaves no machine and no plane behind when it exits
+        atexit.register(self.close)
 
     def _plane_now(self) -> Plane:
         with self._plane_lock:
+            if self._closed:
+                raise UserError("this Boxd client is closed")
             if self._plane is None:
                 self._plane = open_plane(server=self._server, operator_token_file=self._token_file,
                                          providers=self._providers, given=self._given, model=self._model,
@@ -263,7 +271,11 @@ class Boxd:
         return self._plane_now().goal_id
 
     def close(self) -> None:
-        """Delete this client's machines and stop the plane it started."""
+        """Delete this client's machines and stop the plane it started (also done when the process exits)."""
+        atexit.unregister(self.close)
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.machines._close()
             self._sync.close()
