@@ -8,11 +8,12 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [policy]     kind = independent | team | explore | groups, with that policy's options
                  (``policy = "team"`` is short for ``[policy] kind = "team"``)
     [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s,
-                 max_failures, retry_backoff_s
+                 max_failures, retry_backoff_s, history (none | scored_history | single_draft_refinement),
+                 history_top_k
     [lead]       agent, model, max_steps, prompt
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
-                 to the swarm file)
+                 to the swarm file), simulate (simulated: tokens | attempts)
     [providers.NAME.prices.MODEL]  input_usd_per_mtok, output_usd_per_mtok ("0.15": decimal strings),
                  max_output_tokens, context_tokens: set or override what the price table knows of MODEL
     [run]        store, runs_dir, sandbox
@@ -85,6 +86,14 @@ class ProviderKind(StrEnum):
     OPENAI_COMPATIBLE = "openai_compatible"
     SCRIPTED = "scripted"
     SIMULATED = "simulated"
+
+
+class HistoryMode(StrEnum):
+    """How a worker's context is built from its prior scored attempts (``swarmyard.agents.history``)."""
+
+    NONE = "none"  # the conversation as it went, nothing packed in
+    SCORED_HISTORY = "scored_history"  # the top-K scored attempts so far, with their scores
+    SINGLE_DRAFT_REFINEMENT = "single_draft_refinement"  # only the best draft so far, to refine
 
 
 class SandboxKind(StrEnum):
@@ -239,6 +248,10 @@ class WorkersConfig(_Frozen):
     #: a worker slot whose agent failed waits this long before its next launch, doubled after each failure in
     #: a row, at most ``MAX_RETRY_BACKOFF_S``
     retry_backoff_s: Annotated[float, Field(ge=0)] = 1.0
+    #: how each attempt's context is built from the prior scored attempts of the worker's group (submitted
+    #: with submit_artifact and scored by the run's evaluator); ``history_top_k``: attempts a scored history holds
+    history: HistoryMode = HistoryMode.NONE
+    history_top_k: PositiveInt = 3
 
 
 class LeadConfig(_Frozen):
@@ -352,6 +365,9 @@ class ProviderConfig(_Frozen):
     model_file: str | None = None
     #: scripted: the file its replies come from; relative paths are taken from the swarm file's folder
     replies: str | None = None
+    #: simulated: ``tokens`` (words, for load benchmarks) or ``attempts`` (a seeded model that improves
+    #: attempts from their scores, see ``swarmyard.broker.providers.attempts``)
+    simulate: Literal["tokens", "attempts"] | None = None
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("replies")
@@ -404,6 +420,8 @@ class ProviderConfig(_Frozen):
                              f"{sorted(EMBEDDED_MODELS)} or give model_file")
         if self.replies is not None and self.kind is not ProviderKind.SCRIPTED:
             raise ValueError("replies is for a scripted provider")
+        if self.simulate is not None and self.kind is not ProviderKind.SIMULATED:
+            raise ValueError("simulate is for a simulated provider")
         if self.replies is not None:
             load_replies(Path(self.replies))
         for model in self.prices:

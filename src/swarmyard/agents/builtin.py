@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
+from swarmyard.agents import history
 from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
@@ -86,6 +87,10 @@ class AgentSettings:
     adopt_margin: int = 10
     #: seconds between lease renewals while a model call is in flight (well inside the plane's lease)
     heartbeat_s: float = 20.0
+    #: how a worker's context is built from its group's prior scored attempts (``swarmyard.agents.history``):
+    #: "" (as the conversation went), ``scored_history`` or ``single_draft_refinement``; and the top K kept
+    history: str = ""
+    history_top_k: int = 3
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -125,7 +130,17 @@ class AgentSettings:
             patience=max(1, int(number("SWARMYARD_PATIENCE", 3))),
             adopt_margin=max(0, int(number("SWARMYARD_ADOPT_MARGIN", 10))),
             heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
+            history=_history(env.get("SWARMYARD_HISTORY", "")),
+            history_top_k=max(1, int(number("SWARMYARD_HISTORY_TOP_K", 3))),
         )
+
+
+def _history(value: str) -> str:
+    if value in ("", "none"):
+        return ""
+    if value not in history.MODES:
+        raise ConfigError(f"is not one of none, {', '.join(sorted(history.MODES))}", field="SWARMYARD_HISTORY")
+    return value
 
 
 def _directions(text: str) -> tuple[str, ...]:
@@ -235,6 +250,9 @@ class BuiltinAgent:
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
         self._tools_run = 0  # tool calls carried out: with the text above, the work a partial finding holds
         self.malformed = 0
+        #: the group's scored attempts, read from its board, when the context is built from them
+        self.attempts: list[history.Attempt] = []
+        self._history = settings.history if settings.role is Role.WORKER else ""
         self.explorer = (
             Explorer(settings.directions, settings.patience, settings.adopt_margin)
             if settings.policy == "explore" and settings.role is Role.WORKER
@@ -258,6 +276,10 @@ class BuiltinAgent:
                 f"\n\nYour direction: {direction}. Submit each attempt with submit_artifact; you will be told "
                 "its score and when to change direction."
             )
+        brief = messages[-1]["content"]
+        if self._history:
+            self.attempts = history.attempts_on(await self._attempt_posts())
+            messages[-1]["content"] = self._with_history(brief)
         ending = Ending.STEP_CAP
         steps = 0
         cut_short = ""  # the model error that ended the run, if one did
@@ -280,6 +302,10 @@ class BuiltinAgent:
                 result = await self._run_tool(action)
                 await self._step_done(task, action, result)
                 self._tools_run += 1
+                if self._history and action.tool == "submit_artifact" and score_of(result) is not None:
+                    # the next attempt starts afresh from the brief and the scored attempts the setting keeps
+                    messages[:] = [messages[0], {"role": "user", "content": self._with_history(brief)}]
+                    continue
                 messages.append(
                     {
                         "role": "assistant",
@@ -320,7 +346,11 @@ class BuiltinAgent:
 
     def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str) -> str:
         """What a run that did not submit has: the model's last words (a submission it began and could not
-        finish, or whatever it said), saying why it stopped when a model error stopped it."""
+        finish, or whatever it said), saying why it stopped when a model error stopped it; a worker whose context
+        is its scored attempts has its best one."""
+        if self.attempts and not cut_short:
+            top = history.best(self.attempts, 1)[0]
+            return f"The best attempt found: [score {top.score}] {top.content}"
         salvaged = salvage_submission(self._last_text)
         said = salvaged["body"] if salvaged else self._last_text.strip()
         if cut_short:
@@ -341,13 +371,16 @@ class BuiltinAgent:
             posts = []
             log.info("board_read failed: %s", exc.message)
         self._board = posts
+        # where the context is built from scored attempts, they come in the history block, as many as it keeps
+        shown = [p for p in posts if not (self._history and history.attempts_on([p]))]
         if posts:
             self._posts_seen = [str(p.get("seq")) for p in posts if p.get("seq") is not None]
+        if shown:
             parts.append(
                 "Board:\n"
                 + "\n".join(
                     f"[post {p.get('seq')}] {p.get('author', '')}: {_cut(str(p.get('body', '')), _POST_CHARS)}"
-                    for p in posts[-10:]
+                    for p in shown[-10:]
                 )
             )
         if lead:
@@ -465,12 +498,30 @@ class BuiltinAgent:
             if isinstance(inner, dict) and inner.get("seq") is not None:
                 self._posts_seen.append(str(inner["seq"]))
 
+    async def _attempt_posts(self) -> list[dict[str, Any]]:
+        """The group's board as far as attempts go (its first 500 posts; a read that fails reads none)."""
+        try:
+            return _items(await self._plane.call("board_read", {"limit": 500}), "posts")
+        except (BudgetError, FencingError):
+            raise
+        except SwarmyardError as exc:
+            log.info("board_read failed: %s", exc.message)
+            return []
+
+    def _with_history(self, brief: str) -> str:
+        block = history.context_block(self._history, self.attempts, self._settings.history_top_k)
+        return "\n\n".join(p for p in (brief, history.INSTRUCTIONS, block) if p)
+
     async def _submit_artifact(self, content: str) -> Any:
-        """Store one attempt; under ``explore`` its score drives staying, switching or adopting."""
+        """Store one attempt; under ``explore`` its score drives staying, switching or adopting; where the
+        context is built from scored attempts, a scored one is posted for the group and the group's are read."""
         result = await self._plane.call(
             "submit_artifact",
             {"data_base64": base64.b64encode(content.encode()).decode(), "media_type": "text/plain"},
         )
+        if self._history and (score := score_of(result)) is not None:
+            await self._plane.call("board_post", {"kind": "progress", "body": history.attempt_post(score, content)})
+            self.attempts = history.attempts_on(await self._attempt_posts()) or [history.Attempt(score, content)]
         if self.explorer is None:
             return result
         score, current = score_of(result), self.explorer.tracker.direction

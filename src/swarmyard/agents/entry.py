@@ -32,7 +32,8 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
     """Run one agent to its end."""
     async with _client(settings, env) as client:
         # submit_artifact only matters where scores steer the work; a smaller tool schema keeps small models fast
-        tools = TOOLS if settings.policy == "explore" else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
+        scored = settings.policy == "explore" or (bool(settings.history) and settings.role is Role.WORKER)
+        tools = TOOLS if scored else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
         model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
                                 tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)

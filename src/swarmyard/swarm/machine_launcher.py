@@ -201,6 +201,8 @@ class MachineLauncher:
                 env["SWARMYARD_DIRECTIONS"] = json.dumps(list(policy.directions))
                 env["SWARMYARD_PATIENCE"] = str(policy.patience)
                 env["SWARMYARD_ADOPT_MARGIN"] = str(policy.adopt_margin)
+            env["SWARMYARD_HISTORY"] = self.config.workers.history.value
+            env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)
             if lead:
                 env["SWARMYARD_MAX_TOKENS"] = "1024"  # a synthesis is longer than a step (the route may hold less)
             if slot.role is Role.PLANNER:

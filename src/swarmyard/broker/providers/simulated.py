@@ -1,4 +1,6 @@
-"""A provider that imitates a model for load benchmarks: configurable latency, sizes, speed and failures."""
+"""A provider that imitates a model: for load benchmarks (configurable latency, sizes, speed and failures), or,
+with ``simulate = "attempts"``, as a seeded model that improves attempts from their scores (see
+``swarmyard.broker.providers.attempts``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from swarmyard.broker.chat import (
     TextDelta,
     Usage,
 )
+from swarmyard.broker.providers.attempts import attempt_answer
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import ProviderError, UpstreamLostError
@@ -28,7 +31,8 @@ class SimulatedProvider:
     """Answers ``output_tokens`` words after ``latency_s``, streaming at ``tokens_per_s`` (0 = no pacing).
 
     ``failure_rate`` of calls fail: half before the request is sent, half by a drop after it (seeded, so a
-    benchmark run is repeatable).
+    benchmark run is repeatable). ``simulate = "attempts"`` answers the built-in agent's actions instead of
+    ``tok`` words: attempts that improve from the scores in the conversation.
     """
 
     name: str = "simulated"
@@ -39,6 +43,7 @@ class SimulatedProvider:
     failure_rate: float = 0.0
     report_usage: bool = True
     seed: int = 0
+    simulate: str = "tokens"
     _random: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -65,17 +70,24 @@ class SimulatedProvider:
     def _count(self, request: ChatRequest) -> int:
         return min(self.output_tokens, request.max_tokens or self.output_tokens)
 
+    def _text(self, request: ChatRequest) -> str:
+        """The answer's text: an action under ``attempts``, else ``tok`` words."""
+        if self.simulate == "attempts":
+            return attempt_answer(request, self.seed)
+        return " ".join(["tok"] * self._count(request))
+
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """A whole simulated answer."""
         self._maybe_fail(state)
-        produced = self._count(request)
+        text = self._text(request)
+        produced = len(text.split())
         delay = self.latency_s + (produced / self.tokens_per_s if self.tokens_per_s else 0.0)
         if delay:
             await anyio.sleep(delay)
         return ChatResponse(
             new_id("chatcmpl"),
             request.model,
-            " ".join(["tok"] * produced),
+            text,
             (),
             FinishReason.STOP,
             self._usage(request, produced),
@@ -86,11 +98,13 @@ class SimulatedProvider:
         self._maybe_fail(state)
         if self.latency_s:
             await anyio.sleep(self.latency_s)
-        produced = self._count(request)
-        for index in range(produced):
+        text = self._text(request)
+        words = text.split(" ") if text else []
+        produced = len(words)
+        for index, word in enumerate(words):
             if self.tokens_per_s:
                 await anyio.sleep(1 / self.tokens_per_s)
-            yield TextDelta("tok" if index == 0 else " tok")
+            yield TextDelta(word if index == 0 else f" {word}")
         yield Finished(FinishReason.STOP, self._usage(request, produced))
 
     async def aclose(self) -> None:
