@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,9 @@ class TrajectoryReporter:
             body["result"] = cut(text)
         if note:
             body["note"] = cut(note, 1000)
+        me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        body["cpu_ms"] = int((me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime) * 1000)
+        body["max_rss_kb"] = int(max(me.ru_maxrss, children.ru_maxrss))
         try:
             response = await self._client.post(PATH, json=body)
             if response.status_code >= 400:

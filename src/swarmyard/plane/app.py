@@ -30,6 +30,7 @@ from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import InvalidInputError, InvalidTokenError, SwarmyardError
 from swarmyard.jsondepth import check_nesting
+from swarmyard.plane.dashboard import Dashboard, MachinesView
 from swarmyard.plane.limits import read_limited, retry_after_header
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
@@ -96,6 +97,13 @@ class _Plane:
         threads = settings.store_concurrency or (2 if store.single_writer else 8)
         self.store_threads = StoreThreads(threads)
         self.openapi = build_openapi(__version__)
+        #: the live dashboard's streams, woken after every tool call that succeeded
+        self.dashboard: Dashboard | None = None
+
+    def changed(self) -> None:
+        """A tool call changed something: open dashboard streams look again now."""
+        if self.dashboard is not None:
+            self.dashboard.notify()
 
     async def offload(self, fn: Callable[[], T]) -> T:
         """Run a blocking store call on a store thread."""
@@ -174,6 +182,7 @@ class _ToolEndpoint:
                 result = await plane.offload(partial(self._method, token, req))
             body = self._serializer.to_json(result)
             status = 200
+            plane.changed()
         except SwarmyardError as exc:
             response = error_response(exc)
         except Exception:
@@ -274,6 +283,7 @@ def _trajectory_endpoint(plane: _Plane, files: TrajectoryFiles | None) -> Callab
             kept = False
             if files is not None:
                 kept = await plane.offload(partial(files.append, who.worker_id, record))
+            plane.changed()
             return JSONResponse(StepAccepted(kept=kept).model_dump())
         except SwarmyardError as exc:
             return error_response(exc)
@@ -286,12 +296,15 @@ def _trajectory_endpoint(plane: _Plane, files: TrajectoryFiles | None) -> Callab
 
 def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | None = None,
                extra_routes: Sequence[BaseRoute] = (), evaluator: Evaluator | None = None,
-               clock: Clock | None = None, trajectories: TrajectoryFiles | None = None) -> Starlette:
+               clock: Clock | None = None, trajectories: TrajectoryFiles | None = None,
+               machines: MachinesView | None = None) -> Starlette:
     """The control plane app over ``store``; ``extra_routes`` (the model broker's) are mounted beside it.
 
-    ``trajectories`` keeps the agent steps workers report (without it they are acknowledged, not kept).
+    ``trajectories`` keeps the agent steps workers report (without it they are acknowledged, not kept);
+    ``machines`` lists the run's machines for the dashboard at ``/ui``.
     """
     plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator)
+    plane.dashboard = Dashboard(store, tokens, plane.offload, trajectories=trajectories, machines=machines)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(plane.openapi)
@@ -317,6 +330,7 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
     tools = {f"/v1/tools/{spec.name}": _ToolEndpoint(plane, spec) for spec in TOOLS}
     routes += [Route(path, endpoint, methods=["POST"]) for path, endpoint in tools.items()]
     routes += [Route(ep.path, _operator_endpoint(plane, ep), methods=[ep.method]) for ep in ENDPOINTS]
+    routes += plane.dashboard.routes()
     routes += list(extra_routes)
     direct: dict[str, _ToolEndpoint | _DirectRoute] = dict(tools)
     for route in extra_routes:

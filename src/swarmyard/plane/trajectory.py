@@ -77,6 +77,9 @@ class StepRecord(_Strict):
     action: ActionRecord | None = None
     result: _Text | None = None
     note: Annotated[StrictStr, Field(max_length=1000)] | None = None
+    #: the agent process's CPU time so far and its peak resident memory (its own and its commands')
+    cpu_ms: _Count | None = None
+    max_rss_kb: _Count | None = None
 
 
 class StepAccepted(_Strict):
@@ -97,6 +100,7 @@ class TrajectoryFiles:
         self.folder = folder
         self.max_file_bytes = max_file_bytes
         self._labels: dict[str, str] = {}
+        self._usage: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
 
     def label(self, worker_id: str, label: str) -> None:
@@ -105,6 +109,11 @@ class TrajectoryFiles:
             raise InvalidInputError(f"bad trajectory label {label!r}", field="label")
         with self._lock:
             self._labels[worker_id] = label
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """Each worker's CPU time, peak memory and step, as of its latest step (in this process)."""
+        with self._lock:
+            return dict(self._usage)
 
     def path(self, worker_id: str) -> Path:
         """The trajectory file of ``worker_id``."""
@@ -116,6 +125,9 @@ class TrajectoryFiles:
                       **record.model_dump(mode="json", exclude_none=True)})
         path = self.path(worker_id)
         with self._lock:
+            if record.cpu_ms is not None and record.max_rss_kb is not None:
+                self._usage[worker_id] = {"cpu_ms": record.cpu_ms, "max_rss_kb": record.max_rss_kb,
+                                          "step": record.step}
             self.folder.mkdir(parents=True, exist_ok=True)
             # O_APPEND: several serving processes may append to one worker's file; each line is one write
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -1,0 +1,331 @@
+"""The live dashboard at ``/ui``: a read-only view of a goal, updated over server-sent events.
+
+Plain HTML, CSS and JavaScript shipped in ``swarmyard/plane/ui`` (nothing fetched at build or run time). Every
+page and endpoint with data needs the operator token: as a Bearer header (scripts) or as the HttpOnly,
+SameSite=Strict cookie the login form sets. A worker token is refused (403); no token gets the login page and
+no data. Nothing here writes to the store.
+
+``GET /ui/events?goal=ID`` streams the goal's state as one ``state`` event whenever it changed: the plane wakes
+the stream after every tool call it served, and it looks again every ``POLL_S`` otherwise (the broker's
+settlements, another serving process's writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from swarmyard.auth.tokens import TokenAuthority
+from swarmyard.domain import Goal, ReservationState
+from swarmyard.errors import (
+    ForbiddenError,
+    InvalidInputError,
+    InvalidTokenError,
+    NotFoundError,
+    SwarmyardError,
+)
+from swarmyard.plane.limits import read_limited
+from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
+from swarmyard.store.protocol import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
+MachinesView = Callable[[], list[dict[str, Any]]]
+
+@dataclass(frozen=True, slots=True)
+class UiListen:
+    """Where ``swarmyard run --ui`` serves the dashboard, and whom to tell its URL and token file."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    announce: Callable[[str, Path], None] | None = None
+
+
+COOKIE = "swarmyard_ui"
+#: How often a stream looks at the store when nothing woke it.
+POLL_S = 0.5
+#: A comment line this often keeps proxies and browsers from closing an idle stream.
+KEEPALIVE_S = 15.0
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+_STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # a form post then names its origin (with no-referrer it says "null")
+    "Cache-Control": "no-store",
+}
+#: Posts and findings a state carries (the newest), and characters of each body.
+_POSTS, _FINDINGS, _BODY_CHARS = 200, 100, 4000
+
+
+def _asset(name: str) -> str:
+    return resources.files("swarmyard.plane").joinpath("ui", name).read_text(encoding="utf-8")
+
+
+def _id(value: str | None, field: str) -> str:
+    if value is None or _ID.fullmatch(value) is None:
+        raise InvalidInputError(f"{field} must be an id (letters, digits and _.:-, at most 200)", field=field)
+    return value
+
+
+def _cut(text: str, limit: int = _BODY_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _page(name: str, status: int = 200, message: str = "") -> Response:
+    html = _asset(name).replace("{{message}}", _escape(message))
+    return Response(html, status_code=status, media_type="text/html; charset=utf-8", headers=_HEADERS)
+
+
+def _escape(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+            .replace("'", "&#39;"))
+
+
+def _error(exc: SwarmyardError) -> Response:
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=_HEADERS)
+
+
+def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
+               usage: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    """Everything the dashboard shows of one goal, as JSON values (read from the store, nothing written)."""
+    goal = store.get_goal(goal_id)
+    tasks = store.list_tasks(goal_id)
+    reservations = store.list_reservations(goal_id)
+    posts = _all(lambda after: store.read_board(goal_id, after=after, limit=500), lambda p: p.seq)
+    findings = store.read_findings(goal_id, limit=10_000)
+    per_worker: dict[str, dict[str, Any]] = {}
+    calls: list[dict[str, Any]] = []
+    for r in reservations:
+        who = r.worker_id or "-"
+        row = per_worker.setdefault(who, {"calls": 0, "input_tokens": 0, "output_tokens": 0,
+                                          "spent_micro_usd": 0, "held_micro_usd": 0})
+        row["calls"] += 1
+        row["input_tokens"] += r.input_tokens
+        row["output_tokens"] += r.output_tokens
+        if r.state is ReservationState.SETTLED:
+            row["spent_micro_usd"] += r.actual or 0
+        elif r.state in (ReservationState.HELD, ReservationState.UNKNOWN):
+            row["held_micro_usd"] += r.amount
+        calls.append({"worker": who, "task": r.task_id, "model": r.model, "state": r.state.value,
+                      "start": r.created_at, "end": r.updated_at,
+                      "tokens": r.input_tokens + r.output_tokens})
+    workers = []
+    for w in store.list_workers(goal_id):
+        spent = per_worker.get(w.id, {})
+        claim = next((t for t in tasks if t.worker_id == w.id), None)
+        workers.append({"id": w.id, "group": w.group, "revoked": w.revoked,
+                        "task": claim.title if claim else None,
+                        "task_state": claim.state.value if claim else None, **(usage or {}).get(w.id, {}),
+                        **spent})
+    return {
+        "goal": _goal(goal),
+        "tasks": [{"id": t.id, "title": t.title, "group": t.group, "state": t.state.value, "depth": t.depth,
+                   "worker": t.worker_id, "fencing_token": t.fencing_token, "lease_expires_at": t.lease_expires_at,
+                   "attempts": t.attempts, "result": _cut(t.result or "", 500),
+                   "spent_micro_usd": t.envelope.settled, "budget_micro_usd": t.envelope.limit,
+                   "calls": t.envelope.calls} for t in tasks],
+        "workers": workers,
+        "machines": machines() if machines is not None else [],
+        "board": [{"seq": p.seq, "kind": p.kind.value, "group": p.group, "author": p.author, "task": p.task_id,
+                   "body": _cut(p.body), "at": p.created_at} for p in posts[-_POSTS:]],
+        "board_total": len(posts),
+        "findings": [{"id": f.id, "task": f.task_id, "group": f.group, "author": f.author, "title": f.title,
+                      "body": _cut(f.body), "status": f.status.value, "score": f.score, "at": f.created_at,
+                      "citations": [{"kind": c.kind.value, "ref": c.ref} for c in f.citations]}
+                     for f in findings[-_FINDINGS:]],
+        "findings_total": len(findings),
+        "scores": [{"finding": f.id, "author": f.author, "score": f.score, "at": f.created_at}
+                   for f in findings if f.score is not None],
+        "calls": calls[-2000:],
+    }
+
+
+def _goal(goal: Goal) -> dict[str, Any]:
+    e = goal.envelope
+    return {"id": goal.id, "objective": goal.objective, "policy": goal.policy, "deadline": goal.deadline,
+            "created_at": goal.created_at, "budget_micro_usd": goal.budget_micro_usd,
+            "spent_micro_usd": e.settled, "held_micro_usd": e.reserved, "calls": e.calls,
+            "call_cap": goal.call_cap}
+
+
+def _all(page: Callable[[int], list[Any]], cursor: Callable[[Any], int]) -> list[Any]:
+    out: list[Any] = []
+    after = 0
+    while True:
+        got = page(after)
+        out += got
+        if len(got) < 500:
+            return out
+        after = cursor(got[-1])
+
+
+class Dashboard:
+    """The ``/ui`` routes over a store; ``notify`` wakes every open stream (call it on the app's loop)."""
+
+    def __init__(self, store: Store, tokens: TokenAuthority, offload: Offload[Any], *,
+                 trajectories: TrajectoryFiles | None = None, machines: MachinesView | None = None) -> None:
+        self._store = store
+        self._tokens = tokens
+        self._offload = offload
+        self._trajectories = trajectories
+        self._machines = machines
+        self._changed: asyncio.Event | None = None
+
+    def _usage(self) -> dict[str, dict[str, int]]:
+        return self._trajectories.usage() if self._trajectories is not None else {}
+
+    def notify(self) -> None:
+        """Something may have changed: open streams look now."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _wait_change(self, timeout_s: float) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    # -- who is asking ----------------------------------------------------------------------------------
+    def _token(self, request: Request) -> str | None:
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and bearer.strip():
+            return bearer.strip()
+        return request.cookies.get(COOKIE) or None
+
+    def _check(self, request: Request) -> None:
+        """Raise unless the request carries an operator token (401 none or bad, 403 a worker's)."""
+        token = self._token(request)
+        if token is None:
+            raise InvalidTokenError("the dashboard needs the operator token")
+        self._tokens.verify_operator(token)
+
+    # -- pages ------------------------------------------------------------------------------------------
+    async def index(self, request: Request) -> Response:
+        try:
+            self._check(request)
+        except ForbiddenError:
+            return _page("login.html", 403, "A worker token cannot open the dashboard: give the operator token.")
+        except SwarmyardError:
+            return _page("login.html", 401)
+        return _page("index.html")
+
+    async def login(self, request: Request) -> Response:
+        origin = request.headers.get("origin")
+        site = request.headers.get("sec-fetch-site", "same-origin")
+        if site not in ("same-origin", "none") or (
+                origin is not None and origin.split("://", 1)[-1] != request.headers.get("host", "")):
+            return _page("login.html", 403, "That form came from another site.")
+        try:
+            raw = await read_limited(request.stream(), request.headers.get("content-length"), 16 * 1024)
+            form = parse_qs(raw.decode("utf-8", "replace"), max_num_fields=4)
+            token = (form.get("token") or [""])[0].strip()
+            if not token:
+                raise InvalidTokenError("no token given")
+            self._tokens.verify_operator(token)
+        except ForbiddenError:
+            return _page("login.html", 403, "A worker token cannot open the dashboard: give the operator token.")
+        except (SwarmyardError, ValueError):
+            return _page("login.html", 401, "That is not a valid operator token.")
+        response = RedirectResponse("/ui", status_code=303, headers=_HEADERS)
+        response.set_cookie(COOKIE, token, max_age=12 * 3600, path="/ui", httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/ui", status_code=303, headers=_HEADERS)
+        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+        return response
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return _error(NotFoundError("asset", name))
+        return Response(_asset(name), media_type=_STATIC[name], headers=_HEADERS)
+
+    # -- data -------------------------------------------------------------------------------------------
+    async def goals(self, request: Request) -> Response:
+        try:
+            self._check(request)
+            goals = await self._offload(self._store.list_goals)
+        except SwarmyardError as exc:
+            return _error(exc)
+        return JSONResponse({"goals": [_goal(g) for g in goals]}, headers=_HEADERS)
+
+    async def state(self, request: Request) -> Response:
+        try:
+            self._check(request)
+            goal_id = _id(request.query_params.get("goal"), "goal")
+            state = await self._offload(lambda: goal_state(self._store, goal_id, self._machines, self._usage()))
+        except SwarmyardError as exc:
+            return _error(exc)
+        return JSONResponse(state, headers=_HEADERS)
+
+    async def trajectory(self, request: Request) -> Response:
+        try:
+            self._check(request)
+            worker_id = _id(request.path_params["worker_id"], "worker_id")
+            worker = await self._offload(lambda: self._store.get_worker(worker_id))  # 404 for a stranger
+            files = self._trajectories
+            steps = [] if files is None else await self._offload(lambda: read_trajectory(files.path(worker.id)))
+        except SwarmyardError as exc:
+            return _error(exc)
+        return JSONResponse({"worker": worker.id, "kept": files is not None, "steps": steps}, headers=_HEADERS)
+
+    async def events(self, request: Request) -> Response:
+        try:
+            self._check(request)
+            goal_id = _id(request.query_params.get("goal"), "goal")
+            await self._offload(lambda: self._store.get_goal(goal_id))  # 404 before the stream opens
+        except SwarmyardError as exc:
+            return _error(exc)
+
+        async def stream() -> AsyncIterator[str]:
+            last = ""
+            quiet = 0.0
+            while True:
+                try:
+                    state = await self._offload(lambda: goal_state(self._store, goal_id, self._machines, self._usage()))
+                    text = json.dumps(state, separators=(",", ":"), default=str)
+                except SwarmyardError as exc:
+                    text = json.dumps(exc.to_dict())
+                if text != last:
+                    last, quiet = text, 0.0
+                    yield f"event: state\ndata: {text}\n\n"
+                elif quiet >= KEEPALIVE_S:
+                    quiet = 0.0
+                    yield ": keepalive\n\n"
+                await self._wait_change(POLL_S)
+                quiet += POLL_S
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={**_HEADERS, "X-Accel-Buffering": "no"})
+
+    def routes(self) -> list[BaseRoute]:
+        """The ``/ui`` routes."""
+        return [
+            Route("/ui", self.index, methods=["GET"]),
+            Route("/ui/login", self.login, methods=["POST"]),
+            Route("/ui/logout", self.logout, methods=["POST"]),
+            Route("/ui/static/{name}", self.static, methods=["GET"]),
+            Route("/ui/api/goals", self.goals, methods=["GET"]),
+            Route("/ui/api/state", self.state, methods=["GET"]),
+            Route("/ui/api/trajectory/{worker_id}", self.trajectory, methods=["GET"]),
+            Route("/ui/events", self.events, methods=["GET"]),
+        ]

@@ -1,0 +1,210 @@
+// The swarmyard dashboard: one EventSource per goal, every state rendered with textContent (never as HTML).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let source = null;
+let lastState = null;
+let openWorker = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("data-")) node.setAttribute(key, value);
+    else node[key] = value;
+  }
+  for (const child of children) node.append(child instanceof Node ? child : document.createTextNode(String(child ?? "")));
+  return node;
+}
+
+function usd(micro) {
+  if (micro === null || micro === undefined) return "-";
+  return "$" + (micro / 1e6).toFixed(6);
+}
+
+function clock(seconds) {
+  if (!seconds) return "-";
+  return new Date(seconds * 1000).toLocaleTimeString();
+}
+
+function bytes(n) {
+  if (!n) return "-";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return n.toFixed(i ? 1 : 0) + " " + units[i];
+}
+
+function replaceRows(tbody, rows) {
+  tbody.replaceChildren(...rows);
+}
+
+function renderGoal(state) {
+  const g = state.goal;
+  $("objective").textContent = g.objective;
+  $("spend").textContent = usd(g.spent_micro_usd);
+  $("holds").textContent = usd(g.held_micro_usd);
+  $("ceiling").textContent = usd(g.budget_micro_usd);
+  $("calls").textContent = g.calls + " / " + g.call_cap;
+  const tokens = state.workers.reduce((sum, w) => sum + (w.input_tokens || 0) + (w.output_tokens || 0), 0);
+  $("tokens").textContent = String(tokens);
+  $("policy").textContent = g.policy;
+  const ceiling = Math.max(1, g.budget_micro_usd);
+  $("bar-spent").style.width = Math.min(100, 100 * g.spent_micro_usd / ceiling) + "%";
+  $("bar-held").style.width = Math.min(100, 100 * g.held_micro_usd / ceiling) + "%";
+}
+
+function renderWorkers(state) {
+  const machines = new Map(state.machines.map((m) => [m.worker, m]));
+  const rows = state.workers.map((w) => {
+    const m = machines.get(w.id) || {};
+    const row = el("tr", { "data-worker": w.id, class: w.id === openWorker ? "selected" : "" },
+      el("td", {}, m.slot ? m.slot + " " : "", el("code", {}, w.id)), el("td", {}, w.group),
+      el("td", {}, m.machine || "-"), el("td", {}, m.state || (w.revoked ? "revoked" : "-")),
+      el("td", {}, w.task ? w.task + " (" + w.task_state + ")" : "-"), el("td", {}, w.calls || 0),
+      el("td", {}, (w.input_tokens || 0) + (w.output_tokens || 0)), el("td", {}, usd(w.spent_micro_usd || 0)),
+      el("td", {}, w.cpu_ms ? (w.cpu_ms / 1000).toFixed(1) + " s" : "-"),
+      el("td", {}, bytes((w.max_rss_kb || 0) * 1024)));
+    row.addEventListener("click", () => showTrajectory(w.id));
+    return row;
+  });
+  replaceRows($("workers").tBodies[0], rows);
+}
+
+function renderTasks(state) {
+  replaceRows($("tasks").tBodies[0], state.tasks.map((t) => el("tr", { "data-task": t.id, class: "state-" + t.state },
+    el("td", { title: t.result || "" }, t.title), el("td", {}, t.group), el("td", {}, t.state),
+    el("td", {}, t.worker || "-"), el("td", {}, t.fencing_token ?? "-"), el("td", {}, clock(t.lease_expires_at)),
+    el("td", {}, t.attempts), el("td", {}, t.calls), el("td", {}, usd(t.spent_micro_usd)))));
+}
+
+function renderBoard(state) {
+  $("board-count").textContent = "(" + state.board_total + ")";
+  $("board").replaceChildren(...state.board.slice().reverse().map((p) => el("li", { "data-seq": String(p.seq) },
+    el("div", { class: "meta" }, "#" + p.seq + " " + p.kind + " · " + p.group + " · " + p.author + " · " + clock(p.at)),
+    el("div", { class: "body" }, p.body))));
+}
+
+function renderFindings(state) {
+  $("findings-count").textContent = "(" + state.findings_total + ")";
+  $("findings").replaceChildren(...state.findings.slice().reverse().map((f) => el("li", { "data-finding": f.id },
+    el("div", { class: "meta" }, f.id + " · " + f.group + " · " + f.author + " · " + f.status +
+      (f.score !== null ? " · score " + f.score : "")),
+    el("div", { class: "title" }, f.title), el("div", { class: "body" }, f.body),
+    el("div", { class: "citations" }, f.citations.length ? "cites: " + f.citations.map((c) => c.kind + " " + c.ref).join(", ") : "no citations"))));
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function renderTimeline(state) {
+  const lanes = state.workers.map((w) => w.id);
+  const start = state.goal.created_at;
+  const times = state.calls.map((c) => c.end).concat(state.board.map((p) => p.at), state.findings.map((f) => f.at), [Date.now() / 1000]);
+  const end = Math.max(start + 1, ...times);
+  const width = 900, left = 170, lane = 22, height = 30 + lane * Math.max(1, lanes.length);
+  const x = (t) => left + (width - left - 10) * (t - start) / (end - start);
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "timeline", role: "img" });
+  chart.append(svg("text", { x: left, y: 12, class: "axis" }, "0 s"), svg("text", { x: width - 60, y: 12, class: "axis" }, (end - start).toFixed(1) + " s"));
+  lanes.forEach((id, i) => {
+    const y = 20 + i * lane;
+    chart.append(svg("text", { x: 4, y: y + 14, class: "lane" }, id.slice(0, 22)));
+    chart.append(svg("line", { x1: left, x2: width - 10, y1: y + 10, y2: y + 10, class: "lane-line" }));
+    for (const c of state.calls.filter((c) => c.worker === id)) {
+      const bar = svg("rect", { x: x(c.start), y: y + 3, width: Math.max(2, x(c.end) - x(c.start)), height: 14, class: "call call-" + c.state });
+      bar.append(svg("title", {}, c.model + " · " + c.tokens + " tokens · " + c.state));
+      chart.append(bar);
+    }
+    for (const p of state.board.filter((p) => p.author === id)) {
+      const dot = svg("circle", { cx: x(p.at), cy: y + 10, r: 4, class: "post" });
+      dot.append(svg("title", {}, "post #" + p.seq + ": " + p.body.slice(0, 120)));
+      chart.append(dot);
+    }
+    for (const f of state.findings.filter((f) => f.author === id)) {
+      const mark = svg("rect", { x: x(f.at) - 4, y: y + 6, width: 8, height: 8, class: "finding" });
+      mark.append(svg("title", {}, "finding: " + f.title));
+      chart.append(mark);
+    }
+  });
+  $("timeline").replaceChildren(chart);
+}
+
+function renderScores(state) {
+  $("scores-section").hidden = state.scores.length === 0;
+  if (!state.scores.length) return;
+  const width = 600, height = 160, start = state.goal.created_at;
+  const end = Math.max(start + 1, ...state.scores.map((s) => s.at));
+  const top = Math.max(1, ...state.scores.map((s) => s.score));
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "scores", role: "img" });
+  for (const s of state.scores) {
+    const dot = svg("circle", { cx: 30 + (width - 40) * (s.at - start) / (end - start), cy: height - 20 - (height - 40) * s.score / top, r: 4, class: "score" });
+    dot.append(svg("title", {}, s.author + ": " + s.score));
+    chart.append(dot);
+  }
+  $("scores").replaceChildren(chart);
+}
+
+function render(state) {
+  lastState = state;
+  if (state.error) { $("live").textContent = state.error.message; return; }
+  renderGoal(state);
+  renderWorkers(state);
+  renderTasks(state);
+  renderTimeline(state);
+  renderScores(state);
+  renderBoard(state);
+  renderFindings(state);
+  if (openWorker) showTrajectory(openWorker, false);
+}
+
+async function showTrajectory(workerId, scroll = true) {
+  openWorker = workerId;
+  const answer = await fetch("/ui/api/trajectory/" + encodeURIComponent(workerId), { credentials: "same-origin" });
+  if (!answer.ok) return;
+  const data = await answer.json();
+  $("trajectory").hidden = false;
+  $("trajectory-worker").textContent = workerId;
+  const steps = data.steps.filter((s) => !s.cut);
+  $("steps").replaceChildren(...(steps.length ? steps.map((s) => {
+    const replies = (s.replies || []).map((r) => el("div", { class: "reply" + (r.malformed ? " malformed" : "") },
+      el("span", { class: "meta" }, (r.input_tokens + r.output_tokens) + " tokens · " + r.duration_ms + " ms" + (r.malformed ? " · malformed: " + r.malformed : "")),
+      el("pre", {}, r.text || (r.tool_calls || []).map((c) => c.name + " " + c.arguments).join("\n"))));
+    return el("li", { "data-step": String(s.step) },
+      el("div", { class: "meta" }, "step " + s.step + " · " + ((s.ended_ms - s.started_ms) / 1000).toFixed(2) + " s" + (s.note ? " · " + s.note : "")),
+      ...replies,
+      el("div", { class: "action" }, s.action ? "→ " + s.action.tool + " " + JSON.stringify(s.action.args) : "→ (no action)"),
+      el("pre", { class: "result" }, s.result || ""));
+  }) : [el("li", {}, data.kept ? "No step reported yet." : "This plane keeps no trajectories.")]));
+  if (scroll) $("trajectory").scrollIntoView({ block: "nearest" });
+}
+
+function connect(goalId) {
+  if (source) source.close();
+  const url = new URL(location.href);
+  url.searchParams.set("goal", goalId);
+  history.replaceState(null, "", url);
+  source = new EventSource("/ui/events?goal=" + encodeURIComponent(goalId));
+  source.addEventListener("state", (event) => { $("live").textContent = "live"; $("live").className = "live on"; render(JSON.parse(event.data)); });
+  source.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "live"; });
+}
+
+async function start() {
+  const answer = await fetch("/ui/api/goals", { credentials: "same-origin" });
+  if (answer.status === 401 || answer.status === 403) { location.reload(); return; }
+  const { goals } = await answer.json();
+  const select = $("goal-select");
+  select.replaceChildren(...goals.slice().reverse().map((g) => el("option", { value: g.id }, g.id + " · " + g.objective.slice(0, 60))));
+  const wanted = new URL(location.href).searchParams.get("goal");
+  const chosen = goals.find((g) => g.id === wanted) || goals[goals.length - 1];
+  if (!chosen) { $("objective").textContent = "No goal yet."; setTimeout(start, 1000); return; }
+  select.value = chosen.id;
+  select.addEventListener("change", () => connect(select.value));
+  connect(chosen.id);
+}
+
+document.addEventListener("DOMContentLoaded", start);
