@@ -672,16 +672,27 @@ class SqlStore(DirectionStore):
             task = self._fence(cur, task_id, token, now)
             for c in cites:
                 self._resolve(cur, task.goal_id, c)
+            score = self._cited_score(cur, task.goal_id, cites)
             cur.execute("INSERT INTO findings (id, goal_id, task_id, group_name, author, title, body, citations,"
-                        " status, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " status, score, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (finding_id, task.goal_id, task_id, task.group, author, title, body,
-                         rows.citations_json(cites), FindingStatus.SUBMITTED.value, now))
+                         rows.citations_json(cites), FindingStatus.SUBMITTED.value, score, now))
             self._event(cur, "finding.submitted", now, {
                 "goal": task.goal_id, "task": task_id, "finding": finding_id, "author": author, "token": token,
                 "body_sha256": hashlib.sha256(body.encode()).hexdigest(),
                 "citations": [{"kind": c.kind.value, "ref": c.ref} for c in cites]})
             return Finding(finding_id, task.goal_id, task_id, task.group, author, title, body, tuple(cites),
-                           FindingStatus.SUBMITTED, None, now)
+                           FindingStatus.SUBMITTED, score, now)
+
+    def _cited_score(self, cur: Cursor, goal_id: str, cites: Sequence[Citation]) -> int | None:
+        """A finding's score: the best search score of the artifacts it cites (``None`` when none is scored)."""
+        shas = sorted({c.ref for c in cites if c.kind is CitationKind.ARTIFACT})
+        if not shas:
+            return None
+        marks = ", ".join("?" for _ in shas)
+        row = self._one(cur, f"SELECT MAX(score) FROM scores WHERE goal_id = ? AND split = 'search' AND sha256 IN "
+                             f"({marks})", (goal_id, *shas))
+        return None if row is None or row[0] is None else int(row[0])
 
     def read_findings(self, goal_id: str, *, group: str | None = None, after: str | None = None,
                       limit: int = 100) -> list[Finding]:

@@ -38,7 +38,9 @@ from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, 
 from swarmyard.swarm.setup import LEAD_GROUP, create_goal, create_lead_task, create_round_tasks
 
 if TYPE_CHECKING:
+    from swarmyard.audit.log import AuditLog
     from swarmyard.audit.witness import WitnessClient
+    from swarmyard.swarm.scoring import HoldoutOutcome, RunEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,8 @@ class RunResult:
     report: ReportFiles | None
     data: ReportData
     spans: list[WorkerSpan] = field(default_factory=list)
+    #: places a provider key was found in the machines at the run's end (``None``: the launcher scans none)
+    keys_found: int | None = None
 
 
 def _open(task: Task, now: float) -> bool:
@@ -169,10 +173,13 @@ class Coordinator:
         on_span: Callable[[WorkerSpan], None] | None = None,
         on_progress: Callable[[list[ProgressRow]], None] | None = None,
         witness: WitnessClient | None = None,
+        evaluator: RunEvaluator | None = None,
     ) -> None:
         self.config = config
         #: cosigns every audit checkpoint when given
         self.witness = witness
+        #: the run's evaluator (``[evaluator]``): started for the goal, its holdout fired once at the end
+        self.evaluator = evaluator
         self.store = store
         self.launcher = launcher
         self.run_id = run_id
@@ -449,6 +456,11 @@ class Coordinator:
             except NotFoundError:
                 raise UserError(f"run {self.run_id}: its goal {state.goal_id} is not in the store") from None
             self.settle_goal(goal.id)
+            wanted = str(self.config.evaluator.bundle_path) if self.config.evaluator else None
+            if goal.evaluator != wanted:
+                # a goal's scores and its one holdout belong to one bundle: a resume cannot swap it
+                raise UserError(f"run {self.run_id} was made with evaluator {goal.evaluator or 'none'}, and the "
+                                f"swarm file now names {wanted or 'none'}")
             return goal, state
         self.run_dir.mkdir(parents=True, exist_ok=True)
         goal = create_goal(self.store, self.config, self.clock)
@@ -463,15 +475,31 @@ class Coordinator:
         started = time.monotonic()
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
-        synthesis: Finding | None = None
-        from swarmyard.audit.log import RUN_CLOSED, AuditLog
+        from swarmyard.audit.log import AuditLog
         from swarmyard.swarm.run_secrets import log_key
 
         audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
                          witness=self.witness, every_n=self.audit_every_n,
                          key_path=log_key(self.run_id, self.run_dir / "audit"))
         ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
+        holdout: HoldoutOutcome | None = None
         try:
+            synthesis = await self._work(goal, state, audit, ticker)
+            if self.evaluator is not None and goal.evaluator is not None:
+                # the run's end: its best search-scored artifact meets the holdout, once for this goal
+                holdout = await asyncio.to_thread(self.evaluator.fire_holdout, self.store, goal)
+        finally:
+            if self.evaluator is not None:
+                await asyncio.to_thread(self.evaluator.close)
+        return self._finish(goal, audit, synthesis, holdout, time.monotonic() - started)
+
+    async def _work(self, goal: Goal, state: RunState, audit: AuditLog,
+                    ticker: asyncio.Task[None] | None) -> Finding | None:
+        """Steps 1-4, and the machines' deletion whatever happens; the synthesis, if one was written."""
+        synthesis: Finding | None = None
+        try:
+            if self.evaluator is not None and goal.evaluator is not None:
+                await asyncio.to_thread(self.evaluator.start, goal.id)
             await self.launcher.start(goal)
             if self.config.tasks.plan is not None and state.planned is None:
                 state.planned = await self._plan(goal, self.config.tasks.plan)
@@ -493,6 +521,13 @@ class Coordinator:
             if ticker is not None:
                 ticker.cancel()
             await self.launcher.close()
+        return synthesis
+
+    def _finish(self, goal: Goal, audit: AuditLog, synthesis: Finding | None, holdout: HoldoutOutcome | None,
+                wall_s: float) -> RunResult:
+        """Step 5: close the audit log with a checkpoint and write the report."""
+        from swarmyard.audit.log import RUN_CLOSED
+
         extra: dict[str, str] = {}
         not_cosigned: AuditError | None = None
         try:
@@ -512,15 +547,22 @@ class Coordinator:
                 extra["audit witness"] = audit.witness_verifier.vkey
         finally:
             audit.close()
-        data = self.report_data(goal, synthesis, time.monotonic() - started)
+        data = self.report_data(goal, synthesis, wall_s)
         data = replace(data, audit_root=audit_root, audit_key=audit_key, extra={**data.extra, **extra})
+        if self.evaluator is not None and goal.evaluator is not None:
+            from swarmyard.swarm.scoring import run_scores
+
+            rows = {s.worker_id: s.row for s in self.spans}
+            data = replace(data, scores=run_scores(self.store, goal, self.evaluator.describe(), rows, holdout))
         report = write_report(data, self.run_dir)
         if not_cosigned is not None:
             raise AuditError(f"run {self.run_id}: the witness did not cosign the last checkpoint "
                              f"({not_cosigned.message}); the log's own checkpoint and the report in {self.run_dir} "
                              f"are written; resume the run once the witness is back",
                              run_id=self.run_id) from not_cosigned
-        return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans))
+        # a launcher without machines (a test's) has nothing to scan
+        keys_found: int | None = getattr(self.launcher, "keys_found", None)
+        return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans), keys_found)
 
     def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
         """Everything the report shows, read back from the store."""

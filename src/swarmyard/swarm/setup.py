@@ -22,6 +22,8 @@ def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
         deadline=clock.now() + g.deadline_s,
         max_depth=g.max_depth,
         policy=config.policy.kind.value,
+        # the bundle that scores this goal: a resume must name the same one (the holdout is this goal's once)
+        evaluator=str(config.evaluator.bundle_path) if config.evaluator else None,
         quotas=g.quotas,
     )
     return store.create_goal(spec)

@@ -1,0 +1,45 @@
+"""Scores reach findings on SQLite and PostgreSQL: a finding that cites scored artifacts carries the best of their
+search scores; one citing none, or only unscored ones, has none; the holdout split never counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from swarmyard.clock import FakeClock
+from swarmyard.domain import Citation, CitationKind, GoalSpec, TaskSpec
+from swarmyard.store import SqlStore, open_store
+
+
+@pytest.fixture
+def store(store_url: str, clock: FakeClock) -> Iterator[SqlStore]:
+    s = open_store(store_url, clock=clock)
+    yield s
+    s.close()
+
+
+def test_a_finding_carries_the_best_search_score_of_the_artifacts_it_cites(store: SqlStore) -> None:
+    goal = store.create_goal(GoalSpec("sort", 1_000_000, 100, evaluator="/bundles/sort-numbers")).id
+    assert store.get_goal(goal).evaluator == "/bundles/sort-numbers"
+    store.create_task(goal, TaskSpec("sorter"))
+    claim = store.claim(goal, "w0", 60)
+    assert claim is not None
+    task, token = claim.task.id, claim.token
+    low = store.put_artifact(task, token, b"attempt one", author="w0")
+    high = store.put_artifact(task, token, b"attempt two", author="w0")
+    unscored = store.put_artifact(task, token, b"attempt three", author="w0")
+    store.record_score(goal, low.sha256, 2)
+    store.record_score(goal, high.sha256, 4)
+    store.record_score(goal, high.sha256, 9, split="holdout")  # the holdout is no search score
+
+    def cite(*shas: str) -> list[Citation]:
+        return [Citation(CitationKind.ARTIFACT, sha) for sha in shas]
+
+    both = store.submit_finding(task, token, author="w0", title="t", body="b", citations=cite(low.sha256, high.sha256))
+    only_low = store.submit_finding(task, token, author="w0", title="t", body="b", citations=cite(low.sha256))
+    none_scored = store.submit_finding(task, token, author="w0", title="t", body="b", citations=cite(unscored.sha256))
+    no_cites = store.submit_finding(task, token, author="w0", title="t", body="b")
+    assert (both.score, only_low.score, none_scored.score, no_cites.score) == (4, 2, None, None)
+    read = {f.id: f.score for f in store.read_findings(goal)}
+    assert read == {both.id: 4, only_low.id: 2, none_scored.id: None, no_cites.id: None}
