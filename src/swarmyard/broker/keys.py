@@ -252,6 +252,11 @@ def _compiled(values: tuple[str, ...]) -> KeyForms:
     return KeyForms(values)
 
 
+def held_values() -> list[str]:
+    """The value of every key this process holds now (what the end-of-run scan looks for in machines)."""
+    return sorted({value for secret in list(_HELD) if (value := secret.reveal())})
+
+
 def held_forms() -> KeyForms:
     """The forms of every key this process holds now (compiled once per set of keys)."""
     return _compiled(tuple(sorted({value for secret in list(_HELD) if (value := secret.reveal())})))

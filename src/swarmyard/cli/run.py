@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ from swarmyard.config import SandboxKind, load_config
 from swarmyard.domain import TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.data import WorkerSpan
+from swarmyard.report.figures import RunFigures
 from swarmyard.swarm.coordinator import ProgressRow
 
 
@@ -60,10 +62,25 @@ class WorkerSpanPrinter:
                             f"({span.ended_at - span.started_at:.1f} s)", highlight=False)
 
 
+def _figures_table(figures: RunFigures) -> Any:
+    """The run's figures as a two-column rich table (the seed's benchmark table)."""
+    from rich.table import Table
+
+    table = Table(title=f"run {figures.run_id}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in figures.rows():
+        table.add_row(name, value)
+    return table
+
+
 def command(
     swarm_file: Annotated[Path, typer.Argument(help="The swarm file (TOML).")],
     resume: Annotated[str | None, typer.Option("--resume", help="Continue run RUN from the store.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress; only the synthesis.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the run's figures (score, wall_s, calls, tokens, spend, leftover holds, keys found "
+        "in sandboxes) as one JSON object on stdout instead of the synthesis.")] = False,
     sandbox: Annotated[SandboxKind | None, typer.Option(
         "--sandbox", help="Machine backend: local (default) or process (no isolation).")] = None,
     witness: Annotated[str | None, typer.Option(
@@ -91,7 +108,11 @@ def command(
         if live is not None:
             live.stop()
     data = result.data
-    print(data.synthesis.body if data.synthesis else "(no synthesis was written)")
+    figures = RunFigures.of(data, result.keys_found)
+    if as_json:
+        print(json.dumps(figures.to_dict()))
+    else:
+        print(data.synthesis.body if data.synthesis else "(no synthesis was written)")
     for task in data.tasks:
         if task.state is TaskState.FAILED:
             render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,
@@ -102,6 +123,7 @@ def command(
         render.stderr.print(f"run {result.run_id}: {data.wall_s:.1f} s, {data.calls} calls, {tokens} tokens, "
                             f"{format_usd(data.spent_micro_usd)}; report {where}",
                             highlight=False)
+        render.stderr.print(_figures_table(figures))
     if data.synthesis is None:
         render.stderr.print(f"run {result.run_id} ended without a synthesis (see {where})", highlight=False)
         raise typer.Exit(1)

@@ -74,6 +74,8 @@ class MachineLauncher:
         self._relays: dict[str, str] = {}
         self._homes: dict[str, str] = {}
         self._with_files: set[str] = set()  # slots whose machine holds a task's input files now
+        #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
+        self.keys_found: int | None = None
         self._server: Any = None
         self._broker: Broker | None = None
         self._thread: threading.Thread | None = None
@@ -358,10 +360,23 @@ class MachineLauncher:
         finally:
             self._running.pop(slot.name, None)
 
+    def _scan_for_keys(self) -> None:
+        """Look for the broker's provider keys in every machine before it is deleted (``keys_found``)."""
+        from swarmyard.broker.keys import held_values
+        from swarmyard.swarm.keyscan import scan_machines
+
+        scan = scan_machines(self._machines, list(self._made.values()), held_values())
+        self.keys_found = scan.found
+        self.store.record_event("machines.keys_scanned", {"goal": self._goal.id if self._goal else None,
+                                                          "machines": scan.machines, "places": list(scan.places)})
+        if scan.found:
+            log.warning("provider keys found in machines: %s", ", ".join(scan.places))
+
     async def close(self) -> None:
         """Delete every machine, then stop the plane."""
         try:
             if self._machines is not None:
+                await asyncio.to_thread(self._scan_for_keys)
                 for machine_id in list(self._made.values()):
                     await asyncio.to_thread(self._machines.delete, machine_id)
                     await asyncio.to_thread(self.store.record_event, "machine.deleted", {"machine": machine_id})
