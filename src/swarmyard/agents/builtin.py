@@ -21,9 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
 from swarmyard.agents import history
-from swarmyard.agents.explore import BoardView, Explorer, direction_post, score_of, score_post
+from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
+from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
@@ -254,7 +254,7 @@ class BuiltinAgent:
         self.attempts: list[history.Attempt] = []
         self._history = settings.history if settings.role is Role.WORKER else ""
         self.explorer = (
-            Explorer(settings.directions, settings.patience, settings.adopt_margin)
+            Explorer()
             if settings.policy == "explore" and settings.role is Role.WORKER
             else None
         )
@@ -270,12 +270,10 @@ class BuiltinAgent:
             {"role": "user", "content": await self._brief(task)},
         ]
         if self.explorer is not None:
-            direction = self.explorer.choose(BoardView.read(self._board), self._me, task.title)
-            await self._post_direction(direction)
-            messages[-1]["content"] += (
-                f"\n\nYour direction: {direction}. Submit each attempt with submit_artifact; you will be told "
-                "its score and when to change direction."
-            )
+            # the direction is claimed in the store (never two holders), then posted for peers to read
+            if (direction := await self.explorer.start(self._plane, task.title)) is not None:
+                await self._post_direction(direction)
+            messages[-1]["content"] += self.explorer.brief()
         brief = messages[-1]["content"]
         if self._history:
             self.attempts = history.attempts_on(await self._attempt_posts())
@@ -524,16 +522,12 @@ class BuiltinAgent:
             self.attempts = history.attempts_on(await self._attempt_posts()) or [history.Attempt(score, content)]
         if self.explorer is None:
             return result
-        score, current = score_of(result), self.explorer.tracker.direction
-        if score is not None:
-            await self._plane.call("board_post", {"kind": "progress", "body": score_post(score, current)})
-        board = _items(await self._plane.call("board_read", {"limit": 200}), "posts")
-        target = self.explorer.attempt(score, BoardView.read(board), self._me)
-        if target is None:
-            return {"score": score, "direction": current}
-        await self._post_direction(target)
-        return {"score": score, "direction": target,
-                "note": f"Change of direction: work on {target!r} from now on (was {current!r})."}
+        # the plane has already moved the worker (switch or adopt) in the store; follow it and say so
+        note = self.explorer.after_attempt(result)
+        if note is None or self.explorer.direction is None:
+            return result
+        await self._post_direction(self.explorer.direction)
+        return {**result, "note": note} if isinstance(result, dict) else result
 
     def _citations(self, cite: object) -> list[dict[str, str]]:
         refs = [str(c) for c in cite] if isinstance(cite, list) else []

@@ -1,34 +1,25 @@
-"""The ``explore`` policy inside the built-in agent: directions on the board, scores, switching and adopting.
+"""The ``explore`` policy inside the built-in agent: its direction comes from the store, through the tools.
 
-A worker posts its direction (``direction: NAME``, kind ``direction``) where every slot of the goal reads it.
-Every artifact it submits is one attempt: the evaluator's score (when one is configured) is posted as
-``score N on direction: NAME``. After ``patience`` attempts in a row without a better score the worker switches
-to a direction no active peer holds; it adopts a peer's direction only when that direction's best posted score
-beats its own best by at least ``adopt_margin``. The decisions are the pure functions of
-``swarmyard.swarm.policies``; this module only reads and writes the board's text.
+The worker takes a direction with ``claim_direction`` (the first one no live peer holds; where the swarm file
+offers none, its task's own title), so two workers never hold one. Every scored ``submit_artifact`` answers with
+the worker's move (``stay``, ``switch`` after ``patience`` attempts in a row without a better score, ``adopt`` a
+free direction whose peers' best is clearly better), already taken for it in the store by the plane; the agent
+only tells its model and posts the new direction on the board for its peers to read.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from swarmyard.swarm.policies import DirectionTracker, free_direction, next_direction
 
-_DIRECTION = re.compile(r"^direction: (?P<name>.+)$")
-_SCORE = re.compile(r"^score (?P<score>-?\d+) on direction: (?P<name>.+)$")
+class _Tools(Protocol):
+    async def call(self, name: str, body: dict[str, Any] | None = None) -> Any: ...
 
 
 def direction_post(name: str) -> str:
-    """The body of a post that takes a direction."""
+    """The body of the board post that says which direction a worker took."""
     return f"direction: {name}"
-
-
-def score_post(score: int, name: str) -> str:
-    """The body of a post that reports an attempt's score."""
-    return f"score {score} on direction: {name}"
 
 
 def score_of(result: Any) -> int | None:
@@ -38,53 +29,45 @@ def score_of(result: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-@dataclass(slots=True)
-class BoardView:
-    """What the board says about directions: who holds which (latest post wins) and each direction's best."""
-
-    held: dict[str, str] = field(default_factory=dict)
-    best: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def read(cls, posts: Iterable[Mapping[str, Any]]) -> BoardView:
-        """Parse board posts (oldest first)."""
-        view = cls()
-        for post in posts:
-            author, body = str(post.get("author", "")), str(post.get("body", "")).strip()
-            if m := _SCORE.match(body):
-                name, score = m["name"], int(m["score"])
-                view.best[name] = max(score, view.best.get(name, score))
-            elif m := _DIRECTION.match(body):
-                view.held[author] = m["name"]
-        return view
-
-    def held_by_others(self, me: str) -> list[str]:
-        """Directions that peers other than ``me`` hold now."""
-        return [d for author, d in self.held.items() if author != me]
+def _taken(data: Any) -> str | None:
+    inner = data.get("direction") if isinstance(data, dict) else None
+    name = inner.get("name") if isinstance(inner, dict) else None
+    return name if isinstance(name, str) else None
 
 
 @dataclass(slots=True)
 class Explorer:
-    """One worker's direction and its attempts."""
+    """One worker's direction: ``None`` while it holds none (every direction is held by a live peer)."""
 
-    offered: tuple[str, ...]
-    patience: int = 3
-    adopt_margin: int = 10
-    tracker: DirectionTracker = field(default_factory=lambda: DirectionTracker(""))
+    direction: str | None = None
 
-    def choose(self, view: BoardView, me: str, fallback: str) -> str:
-        """The first direction: an offered one no peer holds, else ``fallback`` (the task's own title)."""
-        direction = free_direction(self.offered, view.held_by_others(me)) or fallback
-        self.tracker = DirectionTracker(direction, patience=self.patience)
-        return direction
+    async def start(self, tools: _Tools, fallback: str) -> str | None:
+        """Take the first free direction; where the group offers none, the task's own title."""
+        data = await tools.call("claim_direction", {})
+        name = _taken(data)
+        offered = data.get("directions") if isinstance(data, dict) else None
+        if name is None and not offered and fallback.strip():
+            name = _taken(await tools.call("claim_direction", {"direction": fallback.strip()[:200]}))
+        self.direction = name
+        return name
 
-    def attempt(self, score: int | None, view: BoardView, me: str) -> str | None:
-        """Count one attempt; the direction to move to, or ``None`` to stay."""
-        self.tracker.record(score)
-        peers = {d: s for d, s in view.best.items() if d != self.tracker.direction}
-        offered = self.offered or tuple(dict.fromkeys([*view.held.values(), *view.best]))
-        target = next_direction(self.tracker, offered, view.held_by_others(me), peers, self.adopt_margin)
-        if target == self.tracker.direction:
+    def brief(self) -> str:
+        """What the model is told about its direction at the start."""
+        if self.direction is None:
+            return ("\n\nEvery direction is held by a live peer: work on your task as given. Submit each attempt "
+                    "with submit_artifact.")
+        return (f"\n\nYour direction: {self.direction}. Submit each attempt with submit_artifact; its answer gives "
+                "the score and says when to change direction.")
+
+    def after_attempt(self, result: Any) -> str | None:
+        """Follow the move a scored attempt answered with; what to tell the model when the direction changed."""
+        move = result.get("direction") if isinstance(result, dict) else None
+        if not isinstance(move, dict) or not isinstance(move.get("direction"), str):
             return None
-        self.tracker.switch(target)
-        return target
+        new, old, reason = str(move["direction"]), str(move.get("previous", "")), str(move.get("reason", ""))
+        self.direction = new
+        if reason == "stay" or new == old:
+            return None
+        why = ("a free direction scored clearly better than yours" if reason == "adopt"
+               else f"{move.get('stale')} attempts in a row did not beat your best ({move.get('best')})")
+        return f"Change of direction: work on {new!r} from now on (was {old!r}): {why}."
