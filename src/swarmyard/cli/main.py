@@ -23,6 +23,7 @@ NOUNS: dict[str, str] = {
     "witness": "swarmyard.cli.witness",
     "machines": "swarmyard.cli.machines",
     "run": "swarmyard.cli.run",
+    "campaign": "swarmyard.cli.campaign",
     "serve": "swarmyard.cli.serve",
     "worker": "swarmyard.cli.worker",
     "certs": "swarmyard.cli.certs",

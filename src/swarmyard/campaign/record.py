@@ -1,0 +1,116 @@
+"""The campaign's durable record: one JSON line per finished trial, appended and fsynced before the next starts.
+
+``DIR/campaign.json`` names the campaign (its file's digest) so that ``--resume`` continues the same one;
+``DIR/trials.jsonl`` holds the finished trials. A process killed mid-write leaves at most a torn last line,
+which is ignored: that trial is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from swarmyard.errors import UserError
+
+STATE_FILE = "campaign.json"
+TRIALS_FILE = "trials.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class TrialRecord:
+    """What one finished trial measured."""
+
+    key: str
+    cell: str
+    seed: int
+    run_id: str
+    #: the run's score (its holdout when the run has one, else its best search score); ``None``: unscored
+    score: int | None
+    spend_micro_usd: int
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    wall_s: float
+    #: mean pairwise similarity of the trial's submissions (``None`` with fewer than two)
+    similarity: float | None
+    submissions: int
+    synthesis: bool
+    #: why the run failed, when it did (it counts as finished, unscored)
+    error: str = ""
+
+    def to_json(self) -> str:
+        """One line of the record."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
+        """Read a line back (unknown keys are ignored, so an older record still reads)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class TrialLog:
+    """The record of one campaign folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.path = folder / TRIALS_FILE
+
+    def begin(self, name: str, digest: str, *, resume: bool) -> dict[str, TrialRecord]:
+        """Start a new record (refused where one exists), or, with ``resume``, read the finished trials of the
+        same campaign (refused for another campaign's folder or one with nothing to resume)."""
+        state = self.folder / STATE_FILE
+        if resume:
+            try:
+                saved = json.loads(state.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                raise UserError(f"no campaign to resume in {self.folder}") from None
+            if saved.get("digest") != digest:
+                raise UserError(f"{self.folder} holds another campaign ({saved.get('name')!r}, or this one's file "
+                                "or its swarm file changed since): run it in another dir") from None
+            self._drop_torn_tail()
+            return self.read()
+        if state.exists() or self.path.exists():
+            raise UserError(f"{self.folder} already holds a campaign: --resume to continue it, or remove the folder")
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = state.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"name": name, "digest": digest}))
+        tmp.replace(state)
+        return {}
+
+    def read(self) -> dict[str, TrialRecord]:
+        """The finished trials by key (a torn last line is not one)."""
+        out: dict[str, TrialRecord] = {}
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break  # the write of this trial was cut off: it runs again
+            try:
+                record = TrialRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                continue
+            out[record.key] = record
+        return out
+
+    def _drop_torn_tail(self) -> None:
+        """Cut a last line whose write was killed, so the next trial's line starts on a line of its own."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        if data and not data.endswith(b"\n"):
+            with self.path.open("r+b") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
+
+    def append(self, record: TrialRecord) -> None:
+        """Add one finished trial, durably (flushed and fsynced) before returning."""
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(record.to_json() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())

@@ -1,0 +1,109 @@
+"""Running a campaign: every trial a real run through ``Swarm`` (the path ``swarmyard run`` takes), one at a time.
+
+Trials run in the campaign's order (cell by cell, seed by seed); each finished trial is appended to the durable
+record before the next starts, so a killed campaign resumes with ``resume=True`` and reruns only the trial it
+was in (from scratch, in a fresh run folder: a trial is measured whole or not at all).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarmyard.campaign.record import TrialLog, TrialRecord
+from swarmyard.campaign.spec import Campaign, Trial
+from swarmyard.campaign.stats import mean_pairwise_similarity
+from swarmyard.config import SandboxKind
+from swarmyard.errors import SandboxUnavailableError, SwarmyardError, UserError
+from swarmyard.report.data import ReportData
+from swarmyard.store import open_store
+from swarmyard.swarm.setup import LEAD_GROUP
+
+log = logging.getLogger(__name__)
+
+#: Submissions of one trial compared for similarity, at most (the first ones, in the order they came).
+MAX_SUBMISSIONS = 64
+#: Bytes of a submission read for the comparison.
+_SUBMISSION_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class TrialEvent:
+    """Progress: a trial starts (``record`` is ``None``) or ends; ``done`` of ``total`` are finished."""
+
+    trial: Trial
+    done: int
+    total: int
+    record: TrialRecord | None = None
+    skipped: bool = False
+
+
+def _scores(url: str, goal_id: str) -> tuple[int | None, list[str]]:
+    """The run's score (its holdout score, else its best search score) and its submissions' texts."""
+    store = open_store(url)
+    try:
+        holdout = store.list_scores(goal_id, split="holdout")
+        search = store.list_scores(goal_id)
+        score = holdout[-1].score if holdout else max((s.score for s in search), default=None)
+        texts = [store.read_artifact(goal_id, a.sha256)[:_SUBMISSION_BYTES].decode("utf-8", "replace")
+                 for a in store.list_artifacts(goal_id)[:MAX_SUBMISSIONS]]
+        if not texts:
+            # no artifacts: the workers' findings are what they submitted
+            texts = [f.body[:_SUBMISSION_BYTES] for f in store.read_findings(goal_id, limit=MAX_SUBMISSIONS)
+                     if f.group != LEAD_GROUP]
+        return score, texts
+    finally:
+        store.close()
+
+
+def _record(trial: Trial, run_id: str, data: ReportData, url: str, wall_s: float) -> TrialRecord:
+    score, texts = _scores(url, data.goal.id)
+    return TrialRecord(trial.key, trial.cell.name, trial.seed, run_id, score, data.spent_micro_usd, data.calls,
+                       data.input_tokens, data.output_tokens, round(wall_s, 3), mean_pairwise_similarity(texts),
+                       len(texts), data.synthesis is not None)
+
+
+def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecord:
+    """One trial, a whole run of its swarm config; a run that fails is recorded with its error, unscored.
+
+    A misuse or a host that cannot run machines at all would fail every trial the same way: those are raised.
+    """
+    from swarmyard.swarm.swarm import Swarm
+
+    started = time.monotonic()
+    try:
+        result = Swarm(trial.config, sandbox=sandbox).run()
+    except (UserError, SandboxUnavailableError):
+        raise
+    except SwarmyardError as exc:
+        log.warning("trial %s failed: %s", trial.key, exc.message)
+        return TrialRecord(trial.key, trial.cell.name, trial.seed, "", None, 0, 0, 0, 0,
+                           round(time.monotonic() - started, 3), None, 0, False, f"{exc.code}: {exc.message}")
+    run_dir = trial.config.run.runs_dir
+    url = f"sqlite:///{run_dir}/{result.run_id}/store.db"
+    return _record(trial, result.run_id, result.data, url, time.monotonic() - started)
+
+
+def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKind | None = None,
+                 on_event: Callable[[TrialEvent], None] | None = None) -> list[TrialRecord]:
+    """Run every trial not yet in the record; the whole record, in the campaign's order."""
+    record = TrialLog(campaign.dir)
+    finished = record.begin(campaign.name, campaign.digest, resume=resume)
+    total = len(campaign.trials)
+    done = sum(1 for t in campaign.trials if t.key in finished)
+    for trial in campaign.trials:
+        if trial.key in finished:
+            if on_event is not None:
+                on_event(TrialEvent(trial, done, total, finished[trial.key], skipped=True))
+            continue
+        if on_event is not None:
+            on_event(TrialEvent(trial, done, total))
+        outcome = run_trial(trial, sandbox=sandbox)
+        record.append(outcome)
+        finished[trial.key] = outcome
+        done += 1
+        if on_event is not None:
+            on_event(TrialEvent(trial, done, total, outcome))
+    return [finished[t.key] for t in campaign.trials]
