@@ -534,3 +534,30 @@ def test_settings_from_env() -> None:
         AgentSettings.from_env(
             {"SWARMYARD_PLANE_URL": "u", "SWARMYARD_TOKEN": "t", "SWARMYARD_MAX_STEPS": "x"}
         )
+
+
+class LengthScorer:
+    """A test evaluator: an artifact's score is its length in bytes."""
+
+    async def score(self, goal: str, data: bytes, split: str, /) -> dict[str, Any]:
+        return {"goal": goal, "split": split, "score": len(data)}
+
+
+def test_a_finding_cites_the_agents_artifacts_and_carries_their_best_score(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane = live_plane(LengthScorer())
+    goal = plane.store.create_goal(GoalSpec(objective="sort", budget_micro_usd=1_000_000, call_cap=100))
+    token, me = plane.tokens.issue(goal.id, "main", ttl_s=3600)
+    task = plane.store.create_task(goal.id, TaskSpec(title="sorter", prompt="write a sorter"))
+    setup = Setup(plane, goal.id, task.id, token, me.worker_id)
+    model = ScriptedModel([_action("submit_artifact", content="print(1)"),
+                           _action("submit_artifact", content="print(sorted([3, 1]))"),
+                           _action("submit_finding", title="sorter", body="The second attempt sorts.")])
+    outcome = asyncio.run(_agent(tmp_path, model, setup).run())
+    assert outcome.ending is Ending.SUBMITTED
+    # the agent saw each score in its tool's result
+    assert '"score": 8' in model.seen[1][-1]["content"] and '"score": 21' in model.seen[2][-1]["content"]
+    [finding] = setup.findings_by(me.worker_id)
+    shas = [a.sha256 for a in plane.store.list_artifacts(goal.id)]
+    assert sorted(c.ref for c in finding.citations if c.kind is CitationKind.ARTIFACT) == sorted(shas)
+    assert finding.score == 21

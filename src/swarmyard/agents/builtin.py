@@ -245,6 +245,8 @@ class BuiltinAgent:
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
+        #: SHA-256 of every artifact this agent submitted: its finding cites them (and so carries their score)
+        self._artifacts_sent: list[str] = []
         self._board: list[dict[str, Any]] = []
         self._me = ""
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
@@ -517,6 +519,9 @@ class BuiltinAgent:
             "submit_artifact",
             {"data_base64": base64.b64encode(content.encode()).decode(), "media_type": "text/plain"},
         )
+        stored = result.get("artifact") if isinstance(result, dict) else None
+        if isinstance(stored, dict) and isinstance(stored.get("sha256"), str):
+            self._artifacts_sent.append(stored["sha256"])
         if self._history and (score := score_of(result)) is not None:
             await self._plane.call("board_post", {"kind": "progress", "body": history.attempt_post(score, content)})
             self.attempts = history.attempts_on(await self._attempt_posts()) or [history.Attempt(score, content)]
@@ -541,6 +546,8 @@ class BuiltinAgent:
         if self._settings.role is Role.LEAD:
             # a synthesis rests on every finding it was shown, even when a small model names only some
             out += [{"kind": "finding", "ref": ref} for ref in self._findings_seen]
+        # a finding rests on the attempts its agent submitted: citing them gives it their best score
+        out += [{"kind": "artifact", "ref": sha} for sha in self._artifacts_sent]
         unique: dict[tuple[str, str], dict[str, str]] = {}
         for citation in out:  # a model may cite the same thing twice; a finding lists it once
             unique.setdefault((citation["kind"], citation["ref"]), citation)
