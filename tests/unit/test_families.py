@@ -1,0 +1,166 @@
+"""Task families: the same seed gives the same instance, and each verifier scores right, wrong and malformed
+answers as it should; bad input is refused and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarmyard.config import load_config
+from swarmyard.errors import ConfigError, UserError
+from swarmyard.families import FAMILIES, generate, instance
+from swarmyard.families import code as code_family
+from swarmyard.families import polyomino, reconciliation
+from swarmyard.families.scorers.code import passed_share
+from swarmyard.families.scorers.polyomino import packing_score
+from swarmyard.families.scorers.reconciliation import SCALE, f1_score, named_ids
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_same_seed_writes_the_same_files_and_another_seed_others(tmp_path: Path, name: str) -> None:
+    first = _tree(generate(name, 7, tmp_path / "a"))
+    again = _tree(generate(name, 7, tmp_path / "b"))
+    other = _tree(generate(name, 8, tmp_path / "c"))
+    assert first == again
+    assert first != other
+    assert {"tasks.toml", "bundle/evaluator.toml", "bundle/score.py"} <= set(first)
+    assert any(k.startswith("bundle/search/") for k in first) and any(k.startswith("bundle/holdout/") for k in first)
+
+
+def test_reconciliation_has_ten_shards_and_fifteen_inconsistent_records() -> None:
+    made = instance("reconciliation", 3)
+    assert len(made.tasks) == 10
+    truth = json.loads(made.holdout["truth.json"])
+    assert len(truth["inconsistent"]) == 15 and truth["inconsistent"] == sorted(truth["inconsistent"])
+    # what the shards' files disagree on is exactly the truth: no record is inconsistent by accident
+    found = set()
+    for task in made.tasks:
+        ledger = set(task.files["ledger.csv"].splitlines()[1:])
+        bank = set(task.files["bank.csv"].splitlines()[1:])
+        found |= {line.split(",")[0] for line in ledger ^ bank}
+    assert sorted(found) == truth["inconsistent"] == reconciliation.answer(3)
+    search = json.loads(made.search["truth.json"])
+    assert len(search["universe"]) == 200 and set(search["inconsistent"]) <= set(truth["inconsistent"])
+
+
+def test_reconciliation_f1() -> None:
+    truth = set(reconciliation.answer(1))
+    universe = set(json.loads(instance("reconciliation", 1).holdout["truth.json"])["universe"])
+    assert f1_score(truth, truth, universe) == SCALE
+    assert f1_score(set(), truth, universe) == 0
+    half = set(sorted(truth)[:5])
+    assert f1_score(half, truth, universe) == 2 * 5 * SCALE // (2 * 5 + 10)
+    wrong = set(sorted(universe - truth)[:15])
+    assert f1_score(truth | wrong, truth, universe) == 666_666  # precision 1/2, recall 1: F1 2/3
+    # ids named twice, in prose, in any order are one answer; ids outside the universe are not judged
+    text = "Found: " + ", ".join(sorted(truth, reverse=True)) + "\n" + " ".join(sorted(truth)) + " TX-00000"
+    assert f1_score(named_ids(text), truth, universe) == SCALE
+    assert named_ids("TX-1234 tx-12345 TX-123456 garbage \x00\xff") == set()
+
+
+def test_polyomino_exact_verifier() -> None:
+    puzzle = json.loads(instance("polyomino", 2).holdout["puzzle.json"])
+    solved = polyomino.solution(2)
+    assert packing_score(solved, puzzle) == SCALE
+    assert packing_score("here it is:\n" + solved + "thanks", puzzle) == SCALE  # other lines are ignored
+    empty = "\n".join("." * 6 for _ in range(6))
+    assert packing_score(empty, puzzle) == 0
+    lines = solved.splitlines()
+    # one piece taken out: the rest still counts
+    letter = lines[0][0]
+    size = solved.count(letter)
+    without = "\n".join(line.replace(letter, ".") for line in lines)
+    assert packing_score(without, puzzle) == (36 - size) * SCALE // 36
+    # a piece's shape changed, a letter with no piece, no grid at all: 0
+    grown = "\n".join([lines[0].replace(lines[0][1], letter, 1) if lines[0][1] != letter else lines[0], *lines[1:]])
+    if grown != solved:
+        assert packing_score(grown, puzzle) == 0
+    assert packing_score(solved.replace(letter, "Z"), puzzle) == 0
+    assert packing_score("no grid here", puzzle) == 0
+    assert packing_score("\n".join(lines[:5]), puzzle) == 0
+
+
+def test_code_scorer_reads_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "r.xml"
+    report.write_text('<testsuites><testsuite><testcase name="a"/><testcase name="b"><failure/></testcase>'
+                      '<testcase name="c"><error/></testcase><testcase name="d"/></testsuite></testsuites>')
+    assert passed_share(report, 4) == SCALE // 2
+    assert passed_share(report, 8) == SCALE // 4  # tests never reached count as failed
+    assert passed_share(tmp_path / "missing.xml", 4) == 0
+    (tmp_path / "bad.xml").write_text("<not xml")
+    assert passed_share(tmp_path / "bad.xml", 4) == 0
+
+
+def test_code_reference_passes_its_visible_tests_and_the_stub_fails_them(tmp_path: Path) -> None:
+    folder = generate("code", 5, tmp_path / "inst")
+    repo = folder / "inputs" / "repo"
+    stub = (repo / "solution.py").read_text()
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    assert subprocess.run(run, cwd=repo, capture_output=True).returncode == 1
+    (repo / "solution.py").write_text(code_family.reference_solution(5))
+    done = subprocess.run(run, cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "raise NotImplementedError" in stub
+
+
+@pytest.mark.parametrize(("name", "seed", "words"), [
+    ("nope", 1, "no task family 'nope'"),
+    ("reconciliation", -1, "the seed must be"),
+    ("reconciliation", 1 << 63, "the seed must be"),
+    ("polyomino", True, "the seed must be"),
+])
+def test_bad_family_or_seed_is_refused_and_writes_nothing(tmp_path: Path, name: str, seed: int, words: str) -> None:
+    with pytest.raises(UserError, match=words):
+        generate(name, seed, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_that_is_not_empty_is_refused_untouched(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="not an empty folder"):
+        generate("code", 1, tmp_path / "out")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def _swarm(folder: Path, tasks: str) -> Path:
+    path = folder / "swarm.toml"
+    path.write_text(f'[goal]\nobjective = "x"\nbudget_usd = "1"\n{tasks}\n')
+    return path
+
+
+def test_from_family_takes_an_instance_s_lenses_with_their_files(tmp_path: Path) -> None:
+    generate("reconciliation", 1, tmp_path / "inst")
+    config = load_config(_swarm(tmp_path, '[tasks]\nfrom_family = "inst"'))
+    assert [lens.title for lens in config.tasks.lenses] == [f"shard {i:02d}" for i in range(1, 11)]
+    assert config.tasks.lenses[0].files == (str((tmp_path / "inst" / "inputs" / "shard-01").resolve()),)
+
+
+@pytest.mark.parametrize(("tasks", "words"), [
+    ('[tasks]\nfrom_family = "missing"', "holds no tasks.toml"),
+    ('[[tasks.lenses]]\ntitle = "a"\nfiles = ["nothing-here"]', "does not exist"),
+    ('[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]\n[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]',
+     "titles of their own"),
+    ('[tasks]\nfrom_family = "inst"\n[[tasks.lenses]]\ntitle = "a"', "either lenses or from_family"),
+])
+def test_unusable_task_files_are_a_config_error(tmp_path: Path, tasks: str, words: str) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("x")
+    generate("polyomino", 1, tmp_path / "inst")
+    with pytest.raises(ConfigError, match=words):
+        load_config(_swarm(tmp_path, tasks))
+
+
+def test_a_symbolic_link_in_task_files_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "link").symlink_to("/etc/hostname")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(_swarm(tmp_path, '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'))
