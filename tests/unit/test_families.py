@@ -12,9 +12,8 @@ import pytest
 
 from swarmyard.config import load_config
 from swarmyard.errors import ConfigError, UserError
-from swarmyard.families import FAMILIES, generate, instance
+from swarmyard.families import FAMILIES, generate, instance, polyomino, reconciliation
 from swarmyard.families import code as code_family
-from swarmyard.families import polyomino, reconciliation
 from swarmyard.families.scorers.code import passed_share
 from swarmyard.families.scorers.polyomino import packing_score
 from swarmyard.families.scorers.reconciliation import SCALE, f1_score, named_ids
