@@ -74,6 +74,23 @@ def _figures_table(figures: RunFigures) -> Any:
     return table
 
 
+def _dashboard(host: str, port: int) -> Any:
+    """Where ``--ui`` serves the dashboard: checked before anything starts (loopback only, without TLS)."""
+    from swarmyard.errors import UserError
+    from swarmyard.plane.dashboard import UiListen
+    from swarmyard.plane.server import is_loopback
+
+    if not is_loopback(host):
+        raise UserError(f"--host {host} is beyond loopback: the dashboard of a run is served on loopback only; "
+                        "serve the run's store with `swarmyard serve --host ... --tls-cert ... --tls-key ... "
+                        "--tls-ca ...` to reach it from elsewhere")
+
+    def announce(url: str, token_file: Path) -> None:
+        render.stderr.print(f"dashboard on {url} (operator token in {token_file})", highlight=False, markup=False)
+
+    return UiListen(host, port, announce)
+
+
 def command(
     swarm_file: Annotated[Path, typer.Argument(help="The swarm file (TOML).")],
     resume: Annotated[str | None, typer.Option("--resume", help="Continue run RUN from the store.")] = None,
@@ -85,6 +102,13 @@ def command(
         "--sandbox", help="Machine backend: local (default) or process (no isolation).")] = None,
     witness: Annotated[str | None, typer.Option(
         "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path.")] = None,
+    ui: Annotated[bool, typer.Option(
+        "--ui", help="Serve the live dashboard (/ui) while the run goes; its URL and token file go to stderr.")] = False,
+    host: Annotated[str, typer.Option(
+        "--host", help="With --ui: the address to serve it on (loopback only; beyond it use swarmyard serve "
+        "with mutual TLS).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                      help="With --ui: the TCP port (0: any free one).")] = 0,
 ) -> None:
     """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend.
 
@@ -94,6 +118,7 @@ def command(
     from swarmyard.swarm.swarm import Swarm
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
+    dashboard = _dashboard(host, port) if ui else None
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
@@ -103,7 +128,8 @@ def command(
         live.start()
     try:
         result = Swarm(config, sandbox=sandbox, witness=witness).run(
-            resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None)
+            resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None,
+            ui=dashboard)
     finally:
         if live is not None:
             live.stop()

@@ -25,6 +25,7 @@ from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.local import HOME as MACHINE_HOME
+from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
@@ -34,6 +35,7 @@ from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
     from swarmyard.machines.protocol import ExecResult
+    from swarmyard.plane.dashboard import UiListen
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,10 @@ class MachineLauncher:
     """Runs agents in ``swarmyard.machines`` machines against an in-process control plane."""
 
     def __init__(self, config: SwarmConfig, store: Store, run_dir: Path,
-                 providers: Mapping[str, Any] | None = None) -> None:
+                 providers: Mapping[str, Any] | None = None, ui: UiListen | None = None) -> None:
         self.config = config
+        self.ui = ui
+        self._slot_of: dict[str, str] = {}  # worker id -> the slot it ran in
         self._given_providers = providers
         self.store = store
         self.run_dir = run_dir
@@ -77,6 +81,7 @@ class MachineLauncher:
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
         self.keys_found: int | None = None
         self._server: Any = None
+        self._ui_server: BackgroundServer | None = None
         self._broker: Broker | None = None
         self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
@@ -108,6 +113,7 @@ class MachineLauncher:
             PlaneSettings(lease_s=self.config.workers.lease_s),
             extra_routes=self._broker.routes(),
             trajectories=self.trajectories,
+            machines=self.machines_view,
         )
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
@@ -115,15 +121,40 @@ class MachineLauncher:
                               f"({len(os.fsencode(self.socket))} bytes, at most {_MAX_SOCKET_PATH})",
                               field="run.runs_dir")
         self.socket.unlink(missing_ok=True)
-        self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True, name="swarmyard-plane")
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
-            await asyncio.sleep(0.02)
+        if self.ui is not None:
+            # the same app on loopback TCP as well, for a browser: the dashboard at /ui
+            self._ui_server = BackgroundServer(app, Listen(self.socket, self.ui.host, self.ui.port))
+            await asyncio.to_thread(self._ui_server.start)
+            self._announce_ui(self.ui, self._ui_server.tcp_port)
+        else:
+            self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))
+            self._thread = threading.Thread(target=self._server.run, daemon=True, name="swarmyard-plane")
+            self._thread.start()
+            while not self._server.started:
+                if not self._thread.is_alive():
+                    raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
+                await asyncio.sleep(0.02)
         self._machines = await asyncio.to_thread(Machines, self.config.run.sandbox.value)
         self._baseline = await asyncio.to_thread(self._agent_baseline)
+
+    def _announce_ui(self, ui: UiListen, port: int | None) -> None:
+        """Write an operator token for the dashboard (0600, beside the run's other secrets) and say where."""
+        from swarmyard.keys import write_secret_file
+
+        assert self._tokens is not None
+        path = run_secrets(self.run_dir.name) / "operator-token"
+        path.unlink(missing_ok=True)  # a resumed run gets a fresh one
+        write_secret_file(path, self._tokens.issue_operator(ttl_s=self.config.goal.deadline_s + 3600).encode())
+        host = f"[{ui.host}]" if ":" in ui.host else ui.host
+        if ui.announce is not None:
+            ui.announce(f"http://{host}:{port}/ui", path)
+
+    def machines_view(self) -> list[dict[str, Any]]:
+        """Every agent run's machine, for the dashboard: worker, slot, machine id and whether it runs now."""
+        running = set(self._running.values())
+        return [{"worker": worker, "slot": slot, "machine": self._made.get(slot, "deleted"),
+                 "state": "running" if worker in running else ("ended" if slot in self._made else "deleted")}
+                for worker, slot in list(self._slot_of.items())]
 
     def _agent_baseline(self) -> str | None:
         """The baseline every machine starts from: the swarm file's, or a PyPI agent's own environment."""
@@ -174,6 +205,7 @@ class MachineLauncher:
         relay = self._relays[slot.name]
         token, who = self._tokens.issue(self._goal.id, slot.group, ttl_s=self.config.goal.deadline_s)
         self.trajectories.label(who.worker_id, f"{slot.name}-{who.worker_id}")
+        self._slot_of[who.worker_id] = slot.name
         self._running[slot.name] = who.worker_id
         lead = slot.role is Role.LEAD
         agent = self.config.lead.agent if lead else self.config.workers.agent
@@ -390,3 +422,5 @@ class MachineLauncher:
                 self._server.should_exit = True
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join, 10)
+            if self._ui_server is not None:
+                await asyncio.to_thread(self._ui_server.stop)

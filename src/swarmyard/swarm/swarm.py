@@ -17,6 +17,7 @@ from swarmyard.swarm.coordinator import Coordinator, ProgressRow, RunResult, Run
 
 if TYPE_CHECKING:
     from swarmyard.audit.witness import HttpWitnessClient
+    from swarmyard.plane.dashboard import UiListen
 
 
 class Swarm:
@@ -47,8 +48,11 @@ class Swarm:
         resume: str | None = None,
         on_span: Callable[[WorkerSpan], None] | None = None,
         on_progress: Callable[[list[ProgressRow]], None] | None = None,
+        ui: UiListen | None = None,
     ) -> RunResult:
-        """Run to the synthesis (or continue run ``resume``); machines are deleted in every case."""
+        """Run to the synthesis (or continue run ``resume``); machines are deleted in every case.
+
+        ``ui`` also serves the control plane on loopback TCP, for the dashboard at ``/ui``."""
         from swarmyard.broker.providers.configured import check_table
         from swarmyard.swarm.machine_launcher import MachineLauncher
 
@@ -69,7 +73,7 @@ class Swarm:
             coordinator = Coordinator(
                 self.config,
                 store,
-                MachineLauncher(self.config, store, run_dir, self.providers),
+                MachineLauncher(self.config, store, run_dir, self.providers, ui=ui),
                 run_id=run_id,
                 run_dir=run_dir,
                 on_span=on_span,
