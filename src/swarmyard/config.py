@@ -226,10 +226,30 @@ class PolicyConfig(_Frozen):
     adopt_margin: NonNegativeInt = 10
     #: explore: the directions on offer (empty: workers name their own).
     directions: tuple[str, ...] = ()
-    #: groups: how many groups explore apart, how many rounds, how many best findings each group broadcasts.
-    groups: PositiveInt = 2
+    #: groups: how many groups explore apart (a count, or one ``[[policy.groups]]`` table per group with its own
+    #: formulation of the tasks), how many rounds at most (they stop early at the deadline or when the budget is
+    #: spent), how many best findings (by score) each group broadcasts.
+    groups: PositiveInt | tuple[GroupConfig, ...] = 2
     rounds: PositiveInt = 2
     broadcast_top: PositiveInt = 1
+
+    @field_validator("groups")
+    @classmethod
+    def _some_groups(cls, value: int | tuple[GroupConfig, ...]) -> int | tuple[GroupConfig, ...]:
+        if isinstance(value, tuple) and not value:
+            raise ValueError("list at least one [[policy.groups]] table, or give a count")
+        return value
+
+    @property
+    def group_prompts(self) -> tuple[str, ...]:
+        """Each group's own formulation, in order (``""`` where a group has none, and for a bare count)."""
+        return tuple(g.prompt for g in self.groups) if isinstance(self.groups, tuple) else ("",) * self.groups
+
+
+class GroupConfig(_Frozen):
+    """``[[policy.groups]]``: one group of the ``groups`` policy; ``prompt`` is added to every task it works."""
+
+    prompt: Annotated[str, Field(max_length=10_000)] = ""
 
 
 class WorkersConfig(_Frozen):

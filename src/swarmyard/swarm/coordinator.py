@@ -351,7 +351,11 @@ class Coordinator:
                 self._fail(task, f"no agent could take it: {retired[task.group]}")
 
     def _consolidate(self, goal: Goal, round_index: int) -> None:
-        findings = [f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS]
+        """Broadcast each group's best findings by score: a finding's own (the artifacts it cites), else the
+        best its task's artifacts were scored, so a worker that did not cite its attempt is still ranked."""
+        by_task = self.store.best_scores(goal.id, by="task")
+        findings = [f if f.score is not None else replace(f, score=by_task.get(f.task_id))
+                    for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS]
         best = best_findings(findings, self.config.policy.broadcast_top)
         if not best:
             return
@@ -371,6 +375,15 @@ class Coordinator:
             await self._record(WorkerSlot("planner", PLANNER_GROUP, Role.PLANNER, task.id))
         found = self._findings_for(goal.id, task.id)
         return lenses_from_plan(found[-1].body if found else None, count)
+
+    def _out_of_time_or_money(self, goal: Goal) -> bool:
+        """Past the deadline, or nothing left of the goal's budget that a next round could be given."""
+        envelope = self.store.get_goal(goal.id).envelope
+        if self._past_deadline(goal) or envelope.available <= 0:
+            log.info("no further round: %s", "the deadline passed" if self._past_deadline(goal)
+                     else "the budget is spent")
+            return True
+        return False
 
     def _round_tasks_exist(self, goal: Goal) -> bool:
         return any(t.group not in SIDE_GROUPS for t in self.store.list_tasks(goal.id))
@@ -507,6 +520,8 @@ class Coordinator:
             if not self._round_tasks_exist(goal):
                 create_round_tasks(self.store, goal, self.config, self.policy, 0, state.planned)
             for round_index in range(state.rounds_done, self.policy.rounds):
+                if round_index > 0 and self._out_of_time_or_money(goal):
+                    break  # rounds repeat up to the deadline or the budget; the lead still writes the synthesis
                 if round_index > 0 and not self.store.list_tasks(goal.id, state=TaskState.PENDING):
                     self._consolidate(goal, round_index - 1)
                     create_round_tasks(self.store, goal, self.config, self.policy, round_index, state.planned)

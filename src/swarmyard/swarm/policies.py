@@ -93,11 +93,18 @@ class Explore:
 
 @dataclass(frozen=True, slots=True)
 class Groups:
-    """``count`` groups apart, ``rounds`` rounds, every task copied into every group."""
+    """``count`` groups apart, ``rounds`` rounds, every task copied into every group, each group's copy with the
+    group's own formulation (``prompts[i]`` for ``g{i}``, when the swarm file gives one)."""
 
     count: int = 2
     rounds: int = 2
     kind: PolicyKind = PolicyKind.GROUPS
+    prompts: tuple[str, ...] = ()
+
+    def group_prompt(self, group: str) -> str:
+        """The formulation of ``group`` (``g0``, ``g1``, ...), ``""`` when it has none."""
+        index = int(group[1:]) if group[:1] == "g" and group[1:].isdigit() else -1
+        return self.prompts[index] if 0 <= index < len(self.prompts) else ""
 
     def worker_group(self, worker_index: int) -> str:
         """``g0``, ``g1``, ...: workers dealt round-robin."""
@@ -106,6 +113,11 @@ class Groups:
     def task_groups(self, task_index: int, worker_count: int) -> list[str]:
         """Every group that has at least one worker works every task."""
         return [f"g{i}" for i in range(min(self.count, worker_count))]
+
+
+def group_prompt(policy: Policy, group: str) -> str:
+    """The formulation a policy gives ``group``'s copy of every task (only ``groups`` gives any)."""
+    return policy.group_prompt(group) if isinstance(policy, Groups) else ""
 
 
 def make_policy(config: PolicyConfig) -> Policy:
@@ -118,7 +130,8 @@ def make_policy(config: PolicyConfig) -> Policy:
         case PolicyKind.EXPLORE:
             return Explore()
         case PolicyKind.GROUPS:
-            return Groups(count=config.groups, rounds=config.rounds)
+            prompts = config.group_prompts
+            return Groups(count=len(prompts), rounds=config.rounds, prompts=prompts)
 
 
 # -- explore: directions ----------------------------------------------------------------------

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
-from swarmyard.config import SwarmConfig
+from swarmyard.config import PolicyKind, SwarmConfig
 from swarmyard.domain import Finding, Goal, GoalSpec, Task, TaskSpec
 from swarmyard.store.protocol import Store
-from swarmyard.swarm.policies import Policy
+from swarmyard.swarm.policies import Explore, Policy, group_prompt
 
 LEAD_GROUP = "lead"
 
@@ -26,7 +26,13 @@ def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
         evaluator=str(config.evaluator.bundle_path) if config.evaluator else None,
         quotas=g.quotas,
     )
-    return store.create_goal(spec)
+    goal = store.create_goal(spec)
+    p = config.policy
+    if p.kind is PolicyKind.EXPLORE:
+        # the plane moves workers between directions by these settings, from the store, for every agent alike
+        store.offer_directions(goal.id, Explore().group, p.directions, patience=p.patience,
+                               adopt_margin=p.adopt_margin)
+    return goal
 
 
 def lenses(config: SwarmConfig, planned: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
@@ -61,7 +67,8 @@ def create_round_tasks(
             goal.id,
             TaskSpec(
                 f"{title}{suffix}",
-                f"Objective: {goal.objective}\n\n{prompt}",
+                "\n\n".join(part for part in (f"Objective: {goal.objective}", prompt,
+                                                 _formulation(group_prompt(policy, group))) if part),
                 group=group,
                 budget_micro_usd=budget,
                 call_cap=calls,
@@ -69,6 +76,10 @@ def create_round_tasks(
         )
         for title, prompt, group in layout
     ]
+
+
+def _formulation(text: str) -> str:
+    return f"Your group's formulation: {text}" if text.strip() else ""
 
 
 def lead_prompt(goal: Goal, prompt: str, findings: list[Finding]) -> str:
