@@ -67,7 +67,10 @@ class CampaignTable(_Frozen):
         if value is None:
             return None
         # the goal table's own checks: a decimal string or an integer, never a float, more than zero
-        GoalConfig(objective="-", budget_usd=value)
+        try:
+            GoalConfig(objective="-", budget_usd=value)
+        except ValidationError as exc:
+            raise ValueError(str(exc.errors()[0].get("msg", "invalid")).removeprefix("Value error, ")) from None
         return value
 
 
