@@ -3,6 +3,7 @@
 The init calls :func:`restrict_writes` after bwrap has built the sandbox's mounts (a landlocked thread may no
 longer change its mounts) and before it runs any command: from then on every process in the machine can write
 only beneath the given paths, and (ABI 6+) cannot signal or reach abstract Unix sockets outside its domain.
+Given ``exec_only`` files, it also handles the execute right: from then on only those files can be executed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 
-# LANDLOCK_ACCESS_FS_* bits that change the file system, with the ABI that introduced each.
+# LANDLOCK_ACCESS_FS_* bits that change the file system, with the ABI that introduced each; and EXECUTE.
+_EXECUTE = 1 << 0
 _WRITE_FILE = 1 << 1
 _REMOVE_DIR = 1 << 4
 _REMOVE_FILE = 1 << 5
@@ -75,8 +77,10 @@ def write_access(abi: int) -> int:
     return access
 
 
-def restrict_writes(writable: Sequence[str], *, device_paths: Sequence[str] = ()) -> int:
-    """Landlock the calling process: writes only beneath ``writable``; ``device_paths`` get file writes only.
+def restrict_writes(writable: Sequence[str], *, device_paths: Sequence[str] = (),
+                    exec_only: Sequence[str] = ()) -> int:
+    """Landlock the calling process: writes only beneath ``writable``; ``device_paths`` get file writes only;
+    with ``exec_only``, only those files may be executed (nothing beneath ``writable`` among them).
 
     Returns the ABI used. Raises :class:`LandlockUnavailable` when the kernel has none.
     """
@@ -84,7 +88,7 @@ def restrict_writes(writable: Sequence[str], *, device_paths: Sequence[str] = ()
     abi = abi_version()
     if abi < 1:
         raise LandlockUnavailable(ctypes.get_errno(), "Landlock is not available on this kernel")
-    handled = write_access(abi)
+    handled = write_access(abi) | (_EXECUTE if exec_only else 0)
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
     # struct landlock_ruleset_attr { u64 handled_access_fs; u64 handled_access_net; u64 scoped; }
     attr = struct.pack("=QQQ", handled, 0, scoped) if abi >= 6 else struct.pack("=QQ", handled, 0)
@@ -95,8 +99,9 @@ def restrict_writes(writable: Sequence[str], *, device_paths: Sequence[str] = ()
         raise LandlockUnavailable(err, f"landlock_create_ruleset: {os.strerror(err)}")
     try:
         for path, access in [
-            *((p, handled) for p in writable),
+            *((p, handled & ~_EXECUTE) for p in writable),
             *((p, handled & (_WRITE_FILE | _TRUNCATE | _IOCTL_DEV)) for p in device_paths),
+            *((p, _EXECUTE) for p in exec_only),
         ]:
             _add_path_rule(libc, ruleset, path, access)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal, assert_never
 
 from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import disks, doctor, identity, launchers, native, sysroot
+from swarmyard.machines import disks, doctor, execs, identity, launchers, native, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
 from swarmyard.machines.environment import ENV_BIN
@@ -197,6 +197,10 @@ class LocalBackend(SupervisedBackend):
             missing.append("seccomp")
         if iso.landlock and self.report.landlock_abi < 1:
             missing.append("landlock")
+        if iso.exec_only and self.report.landlock_abi < 1:
+            # a governed machine without its exec allowlist would have a shell: never accepted as weaker
+            raise SandboxUnavailableError("this host has no Landlock, which a machine's exec allowlist (exec_only: a "
+                                          "governed worker's) needs; see swarmyard machines doctor")
         limits = {"memory": spec.limits.memory_bytes, "pids": spec.limits.pids, "cpu": spec.limits.cpus}
         wanted = {k for k, v in limits.items() if v is not None}
         lacking = wanted - self._hierarchy.controllers()
@@ -260,6 +264,8 @@ class LocalBackend(SupervisedBackend):
             have.append("seccomp")
         if landlock_abi:
             have.append(f"landlock-abi{landlock_abi}")
+        if landlock_abi and machine.spec.isolation.exec_only:
+            have.append("exec-only")
         if machine.cgroups is not None:
             have += [f"cgroup-{c}" for c in sorted(machine.cgroups.enforced)]
         if self.overlay:
@@ -381,8 +387,9 @@ class LocalBackend(SupervisedBackend):
         spec = machine.spec
         argv = [*self._prefix, "--bind", str(machine.root / "ctl"), f"{RUN_DIR}/ctl",
                 *self._disk_args(machine.disk), "--chdir", HOME]
-        landlock = spec.isolation.landlock and self.report.landlock_abi >= 1
-        landlock_required = spec.isolation.landlock and not spec.isolation.allow_weaker
+        exec_only = execs.exec_allowlist(spec.isolation.exec_only) if spec.isolation.exec_only else ()
+        landlock = (spec.isolation.landlock or bool(exec_only)) and self.report.landlock_abi >= 1
+        landlock_required = (spec.isolation.landlock and not spec.isolation.allow_weaker) or bool(exec_only)
         if spec.control_socket is not None:
             identity.admit(spec.control_socket)
             argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
@@ -403,6 +410,8 @@ class LocalBackend(SupervisedBackend):
                 argv += ["--relay-target", PLANE_SOCKET, "--relay-port", str(RELAY_PORT)]
             if landlock:
                 argv += ["--landlock", "--writable", HOME, "--writable", "/tmp", "--device", "/dev"]
+                for path in exec_only:
+                    argv += ["--exec-only", path]
             if landlock_required:
                 argv.append("--landlock-required")
         else:
@@ -417,7 +426,7 @@ class LocalBackend(SupervisedBackend):
             if spec.control_socket is not None:
                 config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
             if landlock:
-                config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"]}
+                config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"], "exec_only": list(exec_only)}
             argv += init_argv(self._python, config)
         rlimits: dict[int, int] = {}
         enforced = machine.cgroups.enforced if machine.cgroups is not None else set()

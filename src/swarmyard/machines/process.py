@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from swarmyard.errors import SandboxUnavailableError
 from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.protocol import MachineSpec
 from swarmyard.machines.supervised import Launch, Machine, SupervisedBackend, init_argv
@@ -41,6 +42,10 @@ class ProcessBackend(SupervisedBackend):
         return str(self.root / "m")
 
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
+        if machine.spec.isolation.exec_only:
+            # a governed machine is one whose commands cannot exec a shell: this backend cannot refuse one
+            raise SandboxUnavailableError("the 'process' backend cannot restrict what a machine executes "
+                                          "(exec_only, a governed worker's): use the local backend")
         warnings.warn(WARNING, ProcessWarning, stacklevel=4)
         _log.warning("%s (machine %s)", WARNING, machine.info.id)
         config: dict[str, object] = {

@@ -59,6 +59,10 @@ class Isolation:
     landlock: bool = True
     cgroups: bool = True
     allow_weaker: bool = False
+    #: when not empty, the only files a process in the machine may execute (Landlock's execute right; the ELF
+    #: interpreter each needs is added): a governed machine gets its agent's interpreter alone, so ``exec`` of a
+    #: shell or any other program fails at the sandbox. Never weakened: a host without Landlock refuses it.
+    exec_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

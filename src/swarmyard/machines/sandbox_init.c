@@ -717,6 +717,7 @@ static void *relay_serve(void *arg) {
 
 /* ---------------------------------------------------------------- landlock -------------------------------- */
 
+#define LL_EXECUTE (1ULL << 0)
 #define LL_WRITE_FILE (1ULL << 1)
 #define LL_TRUNCATE (1ULL << 14)
 #define LL_IOCTL_DEV (1ULL << 15)
@@ -752,14 +753,16 @@ static int ll_add(int ruleset, const char *path, unsigned long long access, char
     return 0;
 }
 
-/* Returns the ABI used, 0 with `why` set when Landlock could not be applied. */
-static int landlock_restrict(char **writable, int nwritable, char **devices, int ndevices, char *why, size_t whylen) {
+/* Returns the ABI used, 0 with `why` set when Landlock could not be applied. With exec_only files, the execute
+ * right is handled too: only those files can be executed from then on (a governed machine's interpreter). */
+static int landlock_restrict(char **writable, int nwritable, char **devices, int ndevices, char **exec_only,
+                             int nexec, char *why, size_t whylen) {
     long abi = syscall(444 /* landlock_create_ruleset */, NULL, 0, 1 /* VERSION */);
     if (abi < 1) {
         snprintf(why, whylen, "Landlock is not available on this kernel");
         return 0;
     }
-    unsigned long long handled = ll_write_access((int)abi);
+    unsigned long long handled = ll_write_access((int)abi) | (nexec ? LL_EXECUTE : 0);
     unsigned long long attr[3] = {handled, 0, abi >= 6 ? 3ULL /* scope abstract unix sockets, signals */ : 0};
     int ruleset = (int)syscall(444, attr, abi >= 6 ? 24 : 16, 0);
     if (ruleset < 0) {
@@ -767,9 +770,11 @@ static int landlock_restrict(char **writable, int nwritable, char **devices, int
         return 0;
     }
     int ok = 1;
-    for (int i = 0; ok && i < nwritable; i++) ok = ll_add(ruleset, writable[i], handled, why, whylen) == 0;
+    for (int i = 0; ok && i < nwritable; i++)
+        ok = ll_add(ruleset, writable[i], handled & ~LL_EXECUTE, why, whylen) == 0;
     for (int i = 0; ok && i < ndevices; i++)
         ok = ll_add(ruleset, devices[i], handled & (LL_WRITE_FILE | LL_TRUNCATE | LL_IOCTL_DEV), why, whylen) == 0;
+    for (int i = 0; ok && i < nexec; i++) ok = ll_add(ruleset, exec_only[i], LL_EXECUTE, why, whylen) == 0;
     if (ok && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
         snprintf(why, whylen, "prctl(NO_NEW_PRIVS): %s", strerror(errno));
         ok = 0;
@@ -1037,7 +1042,8 @@ static int drop_to(uid_t uid) {
 static void usage(void) {
     fprintf(stderr,
             "usage: init [--user UID] --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
-            "            [--writable DIR]... [--device DIR]... [--landlock] [--landlock-required]\n");
+            "            [--writable DIR]... [--device DIR]... [--exec-only FILE]... [--landlock]\n"
+            "            [--landlock-required]\n");
     exit(2);
 }
 
@@ -1047,8 +1053,8 @@ int main(int argc, char **argv) {
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
     long drop_uid = -1;
-    char *writable[16], *devices[16];
-    int nwritable = 0, ndevices = 0;
+    char *writable[16], *devices[16], *exec_only[16];
+    int nwritable = 0, ndevices = 0, nexec = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 < argc && strcmp(a, "--ctl") == 0) ctl = argv[++i];
@@ -1058,6 +1064,7 @@ int main(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(a, "--relay-port") == 0) relay_port = atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(a, "--writable") == 0 && nwritable < 16) writable[nwritable++] = argv[++i];
         else if (i + 1 < argc && strcmp(a, "--device") == 0 && ndevices < 16) devices[ndevices++] = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--exec-only") == 0 && nexec < 16) exec_only[nexec++] = argv[++i];
         else if (strcmp(a, "--landlock") == 0) want_landlock = 1;
         else if (strcmp(a, "--landlock-required") == 0) landlock_required = 1;
         else if (i + 1 < argc && strcmp(a, "--user") == 0) drop_uid = (long)atoi(argv[++i]);
@@ -1109,8 +1116,8 @@ int main(int argc, char **argv) {
     int abi = 0;
     if (want_landlock) {
         char why[512] = "";
-        abi = landlock_restrict(writable, nwritable, devices, ndevices, why, sizeof why);
-        if (!abi && landlock_required) {
+        abi = landlock_restrict(writable, nwritable, devices, ndevices, exec_only, nexec, why, sizeof why);
+        if (!abi && (landlock_required || nexec)) { /* an exec allowlist is never dropped for a weaker sandbox */
             char line[700];
             int n = snprintf(line, sizeof line, "{\"error\": \"%s\"}\n", why);
             write_all(ready_fd, line, (size_t)n);

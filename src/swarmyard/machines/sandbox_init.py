@@ -276,10 +276,12 @@ def main(argv: list[str] | None = None) -> None:
     if config.get("landlock") is not None:
         try:
             ready["landlock_abi"] = landlock.restrict_writes(
-                config["landlock"]["writable"], device_paths=config["landlock"].get("devices", [])
+                config["landlock"]["writable"], device_paths=config["landlock"].get("devices", []),
+                exec_only=config["landlock"].get("exec_only", []),
             )
         except OSError as exc:
-            if config.get("landlock_required", True):
+            # an exec allowlist is never dropped for a weaker sandbox: without it the machine has a shell
+            if config.get("landlock_required", True) or config["landlock"].get("exec_only"):
                 os.write(config["ready_fd"], json.dumps({"error": str(exc)}).encode() + b"\n")
                 raise SystemExit(3) from exc
     os.write(config["ready_fd"], json.dumps(ready).encode() + b"\n")

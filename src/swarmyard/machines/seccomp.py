@@ -12,6 +12,7 @@ back). The kernel truncates an ioctl request to 32 bits, so only the low word of
 from __future__ import annotations
 
 import errno
+import os
 import functools
 import platform
 import struct
@@ -154,3 +155,58 @@ def build_program() -> list[tuple[int, int, int, int]]:
 def build_filter() -> bytes:
     """The filter as the array of ``struct sock_filter`` bytes bwrap's ``--seccomp`` expects."""
     return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_program())
+
+
+#: x86_64 syscall numbers of exec.
+_EXECVE = 59
+_EXECVEAT = 322
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+def build_exec_lock() -> list[tuple[int, int, int, int]]:
+    """A filter that refuses ``execve`` and ``execveat`` with ``EACCES`` and allows everything else."""
+    deny = _stmt(_RET_K, _RET_ERRNO | errno.EACCES)
+    prog = [
+        _stmt(_LD_W_ABS, _OFF_ARCH),
+        _jump(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0),
+        deny,  # another ABI's exec under another number
+        _stmt(_LD_W_ABS, _OFF_NR),
+        _jump(_JGE_K, _X32_SYSCALL_BIT, 0, 1),
+        deny,
+        _jump(_JEQ_K, _EXECVE, 0, 1),
+        deny,
+        _jump(_JEQ_K, _EXECVEAT, 0, 1),
+        deny,
+        _stmt(_RET_K, _RET_ALLOW),
+    ]
+    return [(i.code, i.jt, i.jf, i.k) for i in prog]
+
+
+def lock_exec() -> None:
+    """From now on neither this process nor any child it makes can exec anything (for good: a filter stays).
+
+    A governed agent calls it as it starts, before it reads a model's first reply: its machine already lets it
+    execute only its interpreter (Landlock, set by the machine's init); this takes even that away, so what the
+    agent runs is the process it is. ``OSError`` when the kernel refuses the filter.
+    """
+    import ctypes
+
+    if not supported_arch():
+        raise OSError(errno.ENOSYS, f"no exec lock for {platform.machine()} (x86_64 only)")
+    program = build_exec_lock()
+    raw = b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in program)
+    filters = ctypes.create_string_buffer(raw, len(raw))
+
+    class _SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(NO_NEW_PRIVS): {os.strerror(err)}")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(SECCOMP_MODE_FILTER): {os.strerror(err)}")

@@ -1,0 +1,49 @@
+"""The files an exec allowlist must hold for its programs to start: each program and its ELF interpreter.
+
+The kernel opens a dynamically linked program's interpreter (``PT_INTERP``, ``/lib64/ld-linux-x86-64.so.2``) for
+exec as well, so Landlock checks the execute right on it too. Shared libraries are mapped, not executed: they
+need no entry.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+_PT_INTERP = 3
+
+
+def interpreter_of(path: str) -> str | None:
+    """The ELF interpreter a program names, or ``None`` (static, a script, not ELF, unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None  # only 64-bit little-endian ELF (the hosts seccomp.py knows)
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            for i in range(phnum):
+                f.seek(phoff + i * phentsize)
+                kind, = struct.unpack("<I", f.read(4))
+                if kind == _PT_INTERP:
+                    f.seek(phoff + i * phentsize + 8)
+                    offset, = struct.unpack("<Q", f.read(8))
+                    f.seek(phoff + i * phentsize + 32)
+                    size, = struct.unpack("<Q", f.read(8))
+                    f.seek(offset)
+                    return f.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def exec_allowlist(programs: tuple[str, ...]) -> tuple[str, ...]:
+    """Each program's real path and its interpreter's, once each, in order."""
+    out: list[str] = []
+    for program in programs:
+        real = os.path.realpath(program)
+        interp = interpreter_of(real)
+        for path in (real, os.path.realpath(interp) if interp else None):
+            if path is not None and path not in out:
+                out.append(path)
+    return tuple(out)
