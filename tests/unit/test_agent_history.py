@@ -128,7 +128,8 @@ def test_context_block_and_posts_round_trip() -> None:
     posts.append({"body": "a note that is no attempt"})
     attempts = history.attempts_on(posts)
     assert [a.score for a in attempts] == [3, 9, 9, 5]
-    assert history.context_block("scored_history", attempts, 2).splitlines()[1:] == ["[score 9] y", "[score 5] z"]
+    assert history.context_block("scored_history", attempts, 2).splitlines() == [
+        f"4 attempts have been scored. {history.HISTORY_HEAD}", "[score 9] y", "[score 5] z"]
     assert history.context_block("single_draft_refinement", attempts, 2).splitlines()[1:] == ["[score 9] y"]
     assert history.context_block("scored_history", [], 2) == ""
 

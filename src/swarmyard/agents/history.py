@@ -30,6 +30,7 @@ INSTRUCTIONS = ("Submit each attempt with submit_artifact; you are told its scor
                 "cannot improve further, call submit_finding with your best attempt and its score.")
 HISTORY_HEAD = "The best scored attempts so far, best first (higher is better):"
 DRAFT_HEAD = "The best draft so far; refine it into a better attempt:"
+COUNT = "{count} attempts have been scored."
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,13 @@ def best(attempts: Iterable[Attempt], k: int) -> list[Attempt]:
 
 
 def context_block(mode: str, attempts: Iterable[Attempt], top_k: int) -> str:
-    """The block a worker's next attempt starts from: empty when nothing was scored yet."""
-    kept = best(attempts, 1 if mode == SINGLE_DRAFT else top_k)
+    """The block a worker's next attempt starts from: empty when nothing was scored yet. It says how many
+    attempts were scored in all, which is also what tells one attempt's context from the next when the best
+    ones have not changed."""
+    made = list(attempts)
+    kept = best(made, 1 if mode == SINGLE_DRAFT else top_k)
     if not kept:
         return ""
     head = DRAFT_HEAD if mode == SINGLE_DRAFT else HISTORY_HEAD
-    return "\n".join([head, *(f"[score {a.score}] {a.content[:ATTEMPT_CHARS]}" for a in kept)])
+    return "\n".join([f"{COUNT.format(count=len(made))} {head}",
+                      *(f"[score {a.score}] {a.content[:ATTEMPT_CHARS]}" for a in kept)])
