@@ -35,6 +35,7 @@ from swarmyard.errors import (
     InvalidInputError,
     InvalidTokenError,
     NotFoundError,
+    PayloadTooLargeError,
     SwarmyardError,
 )
 from swarmyard.plane.limits import read_limited
@@ -241,6 +242,8 @@ class Dashboard:
             self._tokens.verify_operator(token)
         except ForbiddenError:
             return _page("login.html", 403, "A worker token cannot open the dashboard: give the operator token.")
+        except PayloadTooLargeError:
+            return _page("login.html", 413, "That form is too large.")
         except (SwarmyardError, ValueError):
             return _page("login.html", 401, "That is not a valid operator token.")
         response = RedirectResponse("/ui", status_code=303, headers=_HEADERS)
