@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import history
+from swarmyard.agents import history, originality
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
 from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
@@ -252,6 +252,9 @@ class BuiltinAgent:
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
         self._tools_run = 0  # tool calls carried out: with the text above, the work a partial finding holds
         self.malformed = 0
+        #: what a finding may not merely restate (the task's prompt) or, for a lead, copy (the findings it read)
+        self._prompt = ""
+        self._read: dict[str, str] = {}
         #: the group's scored attempts, read from its board, when the context is built from them
         self.attempts: list[history.Attempt] = []
         self._history = settings.history if settings.role is Role.WORKER else ""
@@ -267,6 +270,8 @@ class BuiltinAgent:
         task = await self._plane.claim(self._settings.task_id)
         if task is None:
             return AgentOutcome(Ending.NO_TASK)
+        # a lead's prompt holds the findings it is to synthesise: copying those is checked on their own
+        self._prompt = task.prompt if self._settings.role is Role.WORKER else ""
         messages = [
             {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(TOOLS))},
             {"role": "user", "content": await self._brief(task)},
@@ -353,6 +358,8 @@ class BuiltinAgent:
             return f"The best attempt found: [score {top.score}] {top.content}"
         salvaged = salvage_submission(self._last_text)
         said = salvaged["body"] if salvaged else self._last_text.strip()
+        if said and originality.problem(said, prompt=self._prompt, read=self._read) is not None:
+            said = ""  # a loop, the prompt said back or a copied finding is no result: say there is none
         if cut_short:
             return f"{said}\n\n({cut_short})" if said else f"No result was reached for {title!r}: {cut_short}"
         if said:
@@ -388,6 +395,7 @@ class BuiltinAgent:
             # findings the task does not hold yet are added
             self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
             found = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
+            self._read = {str(f["id"]): str(f.get("body", "")) for f in found if "id" in f}
             more = [(str(f["id"]), str(f.get("title", "")), str(f.get("body", "")))
                     for f in found if "id" in f and str(f["id"]) not in self._findings_seen]
             self._findings_seen += [ref for ref, _, _ in more]
@@ -441,23 +449,37 @@ class BuiltinAgent:
             self._draft.reply(reply, now_ms() - asked_ms)
             self._last_text = reply.text or self._last_text
             try:
-                if reply.tool_calls:
-                    return parse_tool_call(*reply.tool_calls[0])
-                return parse_reply(reply.text)
+                action = self._parse(reply, only)
+                if action.tool == FINISH:
+                    # a loop, the task said back, or (a lead) a finding copied: refused, and the model asked again
+                    why = originality.problem(str(action.args.get("body", "")), prompt=self._prompt, read=self._read)
+                    if why is not None:
+                        self.malformed += 1
+                        raise InvalidInputError(why, field="body")
+                return action
             except InvalidInputError as exc:
-                self.malformed += 1
                 self._draft.replies[-1]["malformed"] = exc.message[:1000]
-                # a submission cut off at max_tokens: asked again, a small model only writes as long again
-                named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH
-                cut = reply.tool_calls[0][1] if named else reply.text
-                salvaged = salvage_submission(cut)
-                if salvaged is not None and (named or FINISH in cut or only == frozenset({FINISH})):
-                    return Action(FINISH, salvaged)
                 extra = [
                     {"role": "assistant", "content": reply.text[:MAX_RESULT_CHARS] or "(empty)"},
                     {"role": "user", "content": _REASK.format(error=exc.message)},
                 ]
         return None
+
+    def _parse(self, reply: ModelReply, only: frozenset[str] | None) -> Action:
+        """The action in a reply; a malformed one is counted, and a submission cut off at ``max_tokens`` is
+        salvaged (asked again, a small model only writes as long again)."""
+        try:
+            if reply.tool_calls:
+                return parse_tool_call(*reply.tool_calls[0])
+            return parse_reply(reply.text)
+        except InvalidInputError:
+            self.malformed += 1
+            named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH
+            cut = reply.tool_calls[0][1] if named else reply.text
+            salvaged = salvage_submission(cut)
+            if salvaged is not None and (named or FINISH in cut or only == frozenset({FINISH})):
+                return Action(FINISH, salvaged)
+            raise
 
     async def _run_tool(self, action: Action) -> Any:
         args = action.args

@@ -146,10 +146,11 @@ def command(
     where = result.report.html if result.report else "-"
     if not quiet:
         tokens = data.input_tokens + data.output_tokens
+        render.stderr.print(_figures_table(figures))
+        # the totals line stays the last one: scripts read it
         render.stderr.print(f"run {result.run_id}: {data.wall_s:.1f} s, {data.calls} calls, {tokens} tokens, "
                             f"{format_usd(data.spent_micro_usd)}; report {where}",
                             highlight=False)
-        render.stderr.print(_figures_table(figures))
     if data.synthesis is None:
         render.stderr.print(f"run {result.run_id} ended without a synthesis (see {where})", highlight=False)
         raise typer.Exit(1)
