@@ -1,0 +1,84 @@
+"""Whether a finding says something of its own: not its prompt restated, not one text looped, not a peer's copied.
+
+A small model under a step cap fails in three ways the demo showed: a scout "finding" that is its prompt said
+back, a body that is the same six lines repeated until the token limit, and a lead whose synthesis is one scout's
+finding copied whole. Each is measured on word shingles (runs of ``SHINGLE`` words, lowercased, list numbering
+dropped), so rewording a sentence counts as one's own and copying it does not:
+
+- ``copied_share(text, source)``: the share of ``text``'s shingles found in ``source``;
+- ``repeated_share(text)``: the share of ``text``'s lines that repeat an earlier line, or of its shingles that
+  repeat an earlier shingle, whichever is larger.
+
+``problem`` turns these into the reason a submission is refused (and the model asked again), or ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+#: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
+SHINGLE = 4
+#: A body with this share of its shingles in its prompt, or in the findings a lead read, is not its own.
+COPIED = 0.6
+#: A body with this share of repeated lines or shingles is a loop.
+REPEATED = 0.5
+#: Fewer shingles or lines than these are too short to call a loop.
+_MIN_SHINGLES = 12
+_MIN_LINES = 4
+
+_WORD = re.compile(r"[^\W_]+")
+_MARKER = re.compile(r"^\s*(?:[-*+\u2022]|\(?\d+[.)]|\(?[a-z][.)])\s+", re.IGNORECASE)
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for line in text.splitlines() for w in _WORD.findall(_MARKER.sub("", line))]
+
+
+def _shingles(words: list[str], n: int = SHINGLE) -> list[tuple[str, ...]]:
+    size = max(1, min(n, len(words)))
+    return [tuple(words[i:i + size]) for i in range(len(words) - size + 1)] if words else []
+
+
+def copied_share(text: str, source: str) -> float:
+    """The share of ``text``'s shingles that occur in ``source`` (0 for an empty text)."""
+    words = _words(text)
+    mine = _shingles(words)
+    if not mine:
+        return 0.0
+    theirs = set(_shingles(_words(source), len(mine[0])))
+    return sum(1 for s in mine if s in theirs) / len(mine)
+
+
+def repeated_share(text: str) -> float:
+    """The larger of the share of lines repeating an earlier line and of shingles repeating an earlier one."""
+    lines = [" ".join(_words(line)) for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    by_line = 0.0
+    if len(lines) >= _MIN_LINES:
+        by_line = (len(lines) - len(set(lines))) / len(lines)
+    grams = _shingles(_words(text))
+    by_gram = (len(grams) - len(set(grams))) / len(grams) if len(grams) >= _MIN_SHINGLES else 0.0
+    return max(by_line, by_gram)
+
+
+def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:
+    """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt``, or (for
+    a lead, ``read`` maps the ids of the findings it read to their bodies) it copies what it read."""
+    looped = repeated_share(body)
+    if looped >= REPEATED:
+        return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
+                "once")
+    if prompt and copied_share(body, prompt) >= COPIED:
+        return "the body only restates the task: say what you found out, not what you were asked"
+    if read:
+        whole = copied_share(body, "\n".join(read.values()))
+        if whole >= COPIED:
+            ref = _most_copied(body, read.items())
+            return (f"the body copies the findings ({whole:.0%} of its phrases, most from [{ref}]): write the "
+                    "synthesis in your own words and cite the findings by id")
+    return None
+
+
+def _most_copied(body: str, read: Iterable[tuple[str, str]]) -> str:
+    return max(read, key=lambda item: copied_share(body, item[1]))[0]

@@ -1,0 +1,134 @@
+"""A finding must say something of its own: the built-in agent refuses, and asks its model again for, a body that
+repeats itself, one that restates its task, and a lead's synthesis that copies a finding it read.
+
+The measures are checked on the demo's own failures; the agent through the real plane over a Unix socket
+(``live_plane``) with a scripted ``ChatModel``, reading back what the store holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conftest import LivePlane
+from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
+from swarmyard.agents.model import ModelReply
+from swarmyard.agents.originality import copied_share, problem, repeated_share
+from swarmyard.agents.tools import LocalTools, PlaneTools
+from swarmyard.domain import GoalSpec, TaskSpec
+
+#: the demo's lead "synthesis": one scout's list, six lines over and over until the token limit
+LOOP = "\n".join(f"{i}. {line}" for i, line in enumerate(
+    ["Lack of technical expertise", "High development costs", "Limited market demand", "Privacy concerns",
+     "Competition from big platforms", "Inadequate deployment infrastructure"] * 6, start=1))
+SCOUT = ("Demand is real: 5M people in Europe dictate notes daily, and the two incumbents ignore offline use. "
+         "A small team could ship an offline dictation app for clinicians within six months.")
+PROMPT = "Objective: Should a small team build a speech app?\n\nSize the market for speech apps in Europe."
+
+
+def test_the_measures_on_the_demos_failures() -> None:
+    assert repeated_share(LOOP) > 0.8 and problem(LOOP) is not None
+    assert repeated_share(SCOUT) == 0 and problem(SCOUT, prompt=PROMPT) is None
+    assert problem("Size the market for speech apps in Europe.", prompt=PROMPT) is not None
+    assert copied_share(SCOUT + " So: build it.", SCOUT) > 0.8
+    assert problem(SCOUT + " So: build it.", read={"fnd_a": SCOUT}) is not None
+    own = ("Build it, for clinicians first: demand exists [fnd_a] and offline use is the gap the incumbents "
+           "leave open, so six months of work can reach paying users.")
+    assert problem(own, read={"fnd_a": SCOUT}) is None
+    assert problem("", prompt=PROMPT) is None  # empty bodies are refused elsewhere (says_something)
+
+
+class ScriptedModel:
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+        self.seen: list[list[dict[str, Any]]] = []
+
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+        self.seen.append([dict(m) for m in messages])
+        return ModelReply(self.replies.pop(0))
+
+
+def _finish(body: str, title: str = "t") -> str:
+    return json.dumps({"action": {"tool": "submit_finding", "args": {"title": title, "body": body}}})
+
+
+def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str], role: Role) -> tuple[str, ScriptedModel]:
+    model = ScriptedModel(replies)
+    agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
+                         AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
+                                       max_steps=3, role=role))
+    outcome = asyncio.run(agent.run())
+    assert outcome.ending is Ending.SUBMITTED and outcome.finding_id is not None
+    return plane.store.get_finding(outcome.finding_id).body, model
+
+
+def _reasked(model: ScriptedModel) -> str:
+    return str(model.seen[1][-1]["content"])
+
+
+def _worker(live_plane: Callable[..., LivePlane]) -> tuple[LivePlane, str]:
+    plane = live_plane()
+    goal = plane.store.create_goal(GoalSpec("Should a small team build a speech app?", 1_000_000, 100))
+    plane.store.create_task(goal.id, TaskSpec("market", PROMPT))
+    token, _ = plane.tokens.issue(goal.id, "main", ttl_s=3600)
+    return plane, token
+
+
+def test_a_self_repeating_finding_is_asked_again(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token = _worker(live_plane)
+    body, model = _run(tmp_path, plane, token, [_finish(LOOP), _finish(SCOUT)], Role.WORKER)
+    assert body == SCOUT
+    assert "repeats itself" in _reasked(model)
+
+
+def test_a_finding_that_restates_its_prompt_is_asked_again(tmp_path: Path,
+                                                           live_plane: Callable[..., LivePlane]) -> None:
+    plane, token = _worker(live_plane)
+    body, model = _run(tmp_path, plane, token, [_finish("Size the market for speech apps in Europe."),
+                                                _finish(SCOUT)], Role.WORKER)
+    assert body == SCOUT
+    assert "only restates the task" in _reasked(model)
+
+
+def test_a_lead_copying_a_finding_is_refused_and_writes_its_own(tmp_path: Path,
+                                                                live_plane: Callable[..., LivePlane]) -> None:
+    plane = live_plane()
+    store = plane.store
+    goal = store.create_goal(GoalSpec("Should a small team build a speech app?", 1_000_000, 100))
+    scout_task = store.create_task(goal.id, TaskSpec("market", PROMPT, group="scouts"))
+    claim = store.claim(goal.id, "wrk_scout", 600, task_id=scout_task.id)
+    assert claim is not None
+    found = store.submit_finding(scout_task.id, claim.token, author="wrk_scout", title="market", body=SCOUT)
+    store.create_task(goal.id, TaskSpec("synthesis", f"Objective: o\n\nFindings:\n[{found.id}] market\n{SCOUT}\n\n"
+                                                     "Write the synthesis.", group="scouts"))
+    store.complete(scout_task.id, claim.token)
+    token, _ = plane.tokens.issue(goal.id, "scouts", ttl_s=3600)
+    own = ("Build it, for clinicians first: demand exists and offline use is the gap the incumbents leave open, "
+           f"so six months of work can reach paying users [{found.id}].")
+    body, model = _run(tmp_path, plane, token, [_finish(SCOUT, "synthesis"), _finish(own, "synthesis")], Role.LEAD)
+    assert body == own
+    assert "copies the findings" in _reasked(model) and found.id in _reasked(model)
+
+
+def test_a_lead_that_only_ever_copies_submits_no_copy(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane = live_plane()
+    store = plane.store
+    goal = store.create_goal(GoalSpec("o", 1_000_000, 100))
+    scout_task = store.create_task(goal.id, TaskSpec("market", PROMPT, group="scouts"))
+    claim = store.claim(goal.id, "wrk_scout", 600, task_id=scout_task.id)
+    assert claim is not None
+    store.submit_finding(scout_task.id, claim.token, author="wrk_scout", title="market", body=SCOUT)
+    store.complete(scout_task.id, claim.token)
+    store.create_task(goal.id, TaskSpec("synthesis", "Write the synthesis.", group="scouts"))
+    token, _ = plane.tokens.issue(goal.id, "scouts", ttl_s=3600)
+    model = ScriptedModel([_finish(SCOUT)] * 9)
+    agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
+                         AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
+                                       max_steps=3, role=Role.LEAD))
+    outcome = asyncio.run(agent.run())
+    assert outcome.ending is Ending.STEP_CAP and outcome.finding_id is not None
+    body = store.get_finding(outcome.finding_id).body
+    assert SCOUT not in body and "No result was reached" in body
