@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -126,3 +128,20 @@ def test_outside_explore_an_attempt_moves_nobody(plane: Plane) -> None:
 def test_the_mcp_server_offers_the_direction_tools() -> None:
     names = {t.name for t in tool_definitions()}
     assert {"claim_direction", "read_directions"} <= names
+
+
+def test_eight_workers_claiming_at_once_through_the_tools_get_three_distinct_directions(plane: Plane) -> None:
+    goal = _goal(plane, 8)
+    workers = [Worker(plane, goal) for _ in range(8)]
+    gate = threading.Barrier(len(workers))
+
+    def take(worker: Worker) -> str | None:
+        gate.wait()
+        return worker.take()
+
+    with ThreadPoolExecutor(len(workers)) as pool:
+        got = list(pool.map(take, workers))
+    assert sorted(name for name in got if name) == sorted(DIRECTIONS), got
+    holders = _holders(plane, workers[0])
+    assert {name: holders[name] for name in DIRECTIONS} == {
+        name: w.who.worker_id for w, name in zip(workers, got, strict=True) if name}
