@@ -163,3 +163,8 @@ def test_a_symbolic_link_in_task_files_is_refused(tmp_path: Path) -> None:
     (tmp_path / "data" / "link").symlink_to("/etc/hostname")
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(_swarm(tmp_path, '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'))
+
+
+def test_the_shipped_reconciliation_instance_is_seed_one_as_generated(tmp_path: Path) -> None:
+    shipped = Path(__file__).resolve().parents[2] / "examples" / "reconciliation" / "seed-1"
+    assert _tree(shipped) == _tree(generate("reconciliation", 1, tmp_path / "again"))
