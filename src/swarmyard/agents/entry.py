@@ -11,13 +11,15 @@ from collections.abc import Mapping
 
 import httpx
 
+from swarmyard.agents import governed
 from swarmyard.agents.actions import TOOLS
 from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
 from swarmyard.agents.model import BrokerChatModel
 from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
-from swarmyard.errors import SwarmyardError
+from swarmyard.errors import SandboxError, SwarmyardError
+from swarmyard.machines.seccomp import lock_exec
 
 
 def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClient:
@@ -34,11 +36,13 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         # submit_artifact only matters where scores steer the work; a smaller tool schema keeps small models fast
         scored = settings.policy == "explore" or (bool(settings.history) and settings.role is Role.WORKER)
         tools = TOOLS if scored else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
+        wasi = governed.wasi_tools(env.get("SWARMYARD_WASI_TOOLS", ""), settings.workdir)
+        tools = governed.offered(tools, settings.profile, wasi)
         model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
                                 tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)
         trajectory = TrajectoryReporter(client, settings.role.value)
-        return await BuiltinAgent(model, PlaneTools(client), local, settings, trajectory).run()
+        return await BuiltinAgent(model, PlaneTools(client), local, settings, trajectory, wasi=wasi).run()
 
 
 async def run_planner(settings: AgentSettings, env: Mapping[str, str]) -> dict[str, object]:
@@ -57,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         settings = AgentSettings.from_env(env)
+        if settings.profile == governed.GOVERNED:
+            try:
+                lock_exec()  # before the first reply is read: from here on this process can exec nothing
+            except OSError as exc:  # a governed agent does not run without it
+                raise SandboxError(f"cannot lock exec for a governed agent: {exc}") from exc
         if settings.role is Role.PLANNER:
             sys.stdout.write(json.dumps(asyncio.run(run_planner(settings, env))) + "\n")
             return 0

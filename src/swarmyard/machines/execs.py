@@ -47,3 +47,33 @@ def exec_allowlist(programs: tuple[str, ...]) -> tuple[str, ...]:
             if path is not None and path not in out:
                 out.append(path)
     return tuple(out)
+
+
+def cli_allowlist(program: str, path: str) -> tuple[str, ...]:
+    """What an agent CLI found on ``path`` needs to execute: its package folder (an npm CLI runs binaries it
+    vendors), and the interpreter its ``#!`` line names (through ``/usr/bin/env``); ``()`` when not found."""
+    import shutil
+
+    found = shutil.which(program, path=path)
+    if found is None:
+        return ()
+    real = os.path.realpath(found)
+    out = [real]
+    folder = os.path.dirname(real)
+    while folder != "/" and not os.path.isfile(os.path.join(folder, "package.json")):
+        folder = os.path.dirname(folder)
+    try:
+        with open(real, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        line = b""
+    if line.startswith(b"#!"):
+        words = line[2:].decode("utf-8", "replace").split()
+        if words:
+            out.append(words[0])
+            if os.path.basename(words[0]) == "env" and len(words) > 1:
+                named = shutil.which(words[1], path=path)
+                if named:
+                    out.append(named)
+    # the execute right beneath the package folder: the CLI and what it vendors, nothing else
+    return exec_allowlist(tuple(out)) + ((folder,) if folder != "/" else ())

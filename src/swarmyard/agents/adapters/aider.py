@@ -32,6 +32,8 @@ class AiderAdapter:
     package = "pypi:aider-chat"
     venv = AIDER
     finding_file = "finding.md"
+    governed_refusal = ("aider speaks no MCP and edits files by design, which a governed worker may not: use the "
+                        "built-in agent, claude, codex or opencode")
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """argv and env for one headless aider run."""

@@ -23,6 +23,8 @@ class AdapterContext:
     #: the claim the launcher made for the worker, if it made one (the MCP server fills it into every call)
     task_id: str | None = None
     fencing_token: int | None = None
+    #: a governed worker: the CLI starts with its own tools (shell, files, web) off and swarmyard's MCP tools only
+    governed: bool = False
 
     @property
     def mcp_env(self) -> dict[str, str]:
@@ -53,6 +55,8 @@ class Adapter(Protocol):
     #: for an agent that speaks no MCP: the file (relative to its home) it writes its result into, which the
     #: launcher submits as its finding through the control plane; ``None`` when the agent submits it itself
     finding_file: str | None
+    #: why this CLI cannot run as a governed worker (``None``: it can, with its own tools off)
+    governed_refusal: str | None
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """The files, command line and environment that run this agent headless."""

@@ -14,6 +14,11 @@ class ClaudeAdapter:
     package = "npm:@anthropic-ai/claude-code"
     venv = None
     finding_file = None  # it submits its finding itself, over MCP
+    governed_refusal = None
+    #: Claude Code's own tools, each also denied by name in governed mode (``--tools ""`` is the switch; a CLI
+    #: version that ignored it would still be held to this list)
+    BUILTIN_TOOLS = ("Bash", "BashOutput", "KillShell", "Edit", "MultiEdit", "Write", "Read", "NotebookEdit",
+                     "Glob", "Grep", "LS", "WebFetch", "WebSearch", "Task", "TodoWrite", "SlashCommand", "Skill")
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless Claude Code run."""
@@ -48,7 +53,7 @@ class ClaudeAdapter:
             "--strict-mcp-config",
             "--allowedTools",
             "mcp__swarmyard",
-            "--permission-mode",
-            "bypassPermissions",
+            *(("--tools", "", "--disallowedTools", ",".join(self.BUILTIN_TOOLS), "--permission-mode", "default")
+              if ctx.governed else ("--permission-mode", "bypassPermissions")),
         )
         return AgentLaunch(argv, env, {mcp_path: json.dumps(mcp, indent=2)})

@@ -19,6 +19,7 @@ class CodexAdapter:
     package = "npm:@openai/codex"
     venv = None
     finding_file = None  # it submits its finding itself, over MCP
+    governed_refusal = None
 
     def config_toml(self, ctx: AdapterContext) -> str:
         """The config.toml: a custom provider on the relay (the built-in ``openai`` cannot be re-pointed)."""
@@ -29,8 +30,12 @@ class CodexAdapter:
                 f"model = {_toml_str(ctx.model)}",
                 'model_provider = "swarmyard"',
                 'approval_policy = "never"',
-                'sandbox_mode = "danger-full-access"  # the swarmyard machine is the sandbox',
+                ('sandbox_mode = "read-only"  # governed: and [features] below takes its shell away' if ctx.governed
+                 else 'sandbox_mode = "danger-full-access"  # the swarmyard machine is the sandbox'),
                 "",
+                *(["[features]  # governed: no shell, no exec, no patching, no images: swarmyard's MCP tools only",
+                   "shell_tool = false", "unified_exec = false", "apply_patch_freeform = false",
+                   "view_image_tool = false", "web_search_request = false", ""] if ctx.governed else []),
                 "[model_providers.swarmyard]",
                 'name = "swarmyard"',
                 f"base_url = {_toml_str(ctx.relay_url + '/v1')}",

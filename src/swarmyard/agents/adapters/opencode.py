@@ -14,6 +14,10 @@ class OpencodeAdapter:
     package = "npm:opencode-ai"
     venv = None
     finding_file = None  # it submits its finding itself, over MCP
+    governed_refusal = None
+    #: opencode's own tools, each switched off (and its permissions denied) in governed mode
+    BUILTIN_TOOLS = ("bash", "edit", "write", "read", "grep", "glob", "list", "patch", "webfetch", "websearch",
+                     "codesearch", "todowrite", "todoread", "task", "lsp", "skill")
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless opencode run."""
@@ -40,6 +44,9 @@ class OpencodeAdapter:
                 }
             },
         }
+        if ctx.governed:
+            config["tools"] = {name: False for name in self.BUILTIN_TOOLS} | {"swarmyard_*": True}
+            config["permission"] = {"bash": "deny", "edit": "deny", "webfetch": "deny"}
         env = base_env(ctx) | {"OPENCODE_CONFIG": config_path, "OPENCODE_DISABLE_AUTOUPDATE": "1"}
         argv = (
             "opencode",

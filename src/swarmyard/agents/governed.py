@@ -1,0 +1,80 @@
+"""What a governed built-in agent offers its model: the governed tools and the swarm file's WASI tools, nothing
+that touches its machine (no shell, no files).
+
+The refusal here is the agent's; the guarantee is the sandbox's: a governed machine lets its processes execute
+only the agent's interpreter (Landlock, from the machine's init) and the agent takes even that away from itself as
+it starts (``seccomp.lock_exec``), so a shell the model asked for could not run even if this table offered one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from swarmyard.agents.actions import TOOLS, ToolSpec
+from swarmyard.errors import ConfigError, ToolRefusedError
+
+FULL = "full"
+GOVERNED = "governed"
+#: The tools that act on the agent's own machine, which a governed agent does not have.
+MACHINE_TOOLS = frozenset({"shell", "read_file", "write_file"})
+
+
+def refuse(tool: str, profile: str) -> None:
+    """Raise ``ToolRefusedError`` when ``profile`` does not offer ``tool``."""
+    if profile == GOVERNED and tool in MACHINE_TOOLS:
+        raise ToolRefusedError(tool, profile)
+
+
+class WasiTools:
+    """The WASI tools of one agent run, each module compiled once when the run starts."""
+
+    def __init__(self, specs: list[Any]) -> None:
+        from swarmyard.wasi import WasiRunner
+
+        self.specs = {spec.name: spec for spec in specs}
+        self._runner = WasiRunner()
+        for spec in specs:
+            self._runner.module(spec.wasm)  # a bad module fails the run now, not the model's first call
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def tool_specs(self) -> dict[str, ToolSpec]:
+        """The tools as the model is shown them."""
+        return {name: ToolSpec(name, spec.description, spec.json_schema()) for name, spec in self.specs.items()}
+
+    async def call(self, name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        """One call, off the event loop (a call may run to its wall-clock cap)."""
+        return await asyncio.to_thread(self._runner.call, self.specs[name], args)
+
+
+def wasi_tools(text: str, workdir: Path) -> WasiTools | None:
+    """The tools named in ``SWARMYARD_WASI_TOOLS`` (a JSON list of specs), folders and relative modules taken
+    from ``workdir``; ``None`` when there are none."""
+    from swarmyard.wasi.catalog import WasiToolSpec
+
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        specs = [WasiToolSpec.from_dict(item) for item in raw]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"is not a list of WASI tool specs: {exc}", field="SWARMYARD_WASI_TOOLS") from None
+    specs = [WasiToolSpec(s.name, s.description, workdir / s.wasm, workdir / s.folder, s.params, s.required,
+                          s.writer, s.caps) for s in specs]
+    return WasiTools(specs) if specs else None
+
+
+def offered(base: Mapping[str, ToolSpec], profile: str, wasi: WasiTools | None) -> dict[str, ToolSpec]:
+    """The tools the model is shown: ``base`` less the machine's own under ``governed``, plus the WASI tools."""
+    tools = {name: spec for name, spec in base.items() if profile != GOVERNED or name not in MACHINE_TOOLS}
+    return tools | (wasi.tool_specs() if wasi is not None else {})
+
+
+def known(wasi: WasiTools | None) -> dict[str, ToolSpec]:
+    """Every tool a reply may name: a name outside the profile parses, and is then refused by name."""
+    return dict(TOOLS) | (wasi.tool_specs() if wasi is not None else {})
