@@ -168,3 +168,12 @@ def test_a_symbolic_link_in_task_files_is_refused(tmp_path: Path) -> None:
 def test_the_shipped_reconciliation_instance_is_seed_one_as_generated(tmp_path: Path) -> None:
     shipped = Path(__file__).resolve().parents[2] / "examples" / "reconciliation" / "seed-1"
     assert _tree(shipped) == _tree(generate("reconciliation", 1, tmp_path / "again"))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_ships_its_seed_one_instance_and_a_swarm_file_that_parses(tmp_path: Path, name: str) -> None:
+    shipped = Path(__file__).resolve().parents[2] / "examples" / name
+    assert _tree(shipped / "seed-1") == _tree(generate(name, 1, tmp_path / "again"))
+    config = load_config(shipped / "swarm.toml")
+    assert config.tasks.from_family == str((shipped / "seed-1").resolve())
+    assert config.evaluator is not None and config.evaluator.bundle_path == (shipped / "seed-1" / "bundle").resolve()
