@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import history, originality
+from swarmyard.agents import governed, history, originality
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
 from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
@@ -87,6 +87,8 @@ class AgentSettings:
     adopt_margin: int = 10
     #: seconds between lease renewals while a model call is in flight (well inside the plane's lease)
     heartbeat_s: float = 20.0
+    #: ``full`` (shell and files in its machine) or ``governed`` (only the governed tools and its WASI tools)
+    profile: str = "full"
     #: how a worker's context is built from its group's prior scored attempts (``swarmyard.agents.history``):
     #: "" (as the conversation went), ``scored_history`` or ``single_draft_refinement``; and the top K kept
     history: str = ""
@@ -130,6 +132,7 @@ class AgentSettings:
             patience=max(1, int(number("SWARMYARD_PATIENCE", 3))),
             adopt_margin=max(0, int(number("SWARMYARD_ADOPT_MARGIN", 10))),
             heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
+            profile=_profile(env.get("SWARMYARD_PROFILE", governed.FULL)),
             history=_history(env.get("SWARMYARD_HISTORY", "")),
             history_top_k=max(1, int(number("SWARMYARD_HISTORY_TOP_K", 3))),
         )
@@ -140,6 +143,12 @@ def _history(value: str) -> str:
         return ""
     if value not in history.MODES:
         raise ConfigError(f"is not one of none, {', '.join(sorted(history.MODES))}", field="SWARMYARD_HISTORY")
+    return value
+
+
+def _profile(value: str) -> str:
+    if value not in (governed.FULL, governed.GOVERNED):
+        raise ConfigError(f"is not {governed.FULL} or {governed.GOVERNED}", field="SWARMYARD_PROFILE")
     return value
 
 
@@ -235,13 +244,17 @@ class BuiltinAgent:
 
     def __init__(
         self, model: ChatModel, plane: PlaneTools, local: LocalTools, settings: AgentSettings,
-        trajectory: TrajectoryReporter | None = None,
+        trajectory: TrajectoryReporter | None = None, wasi: governed.WasiTools | None = None,
     ) -> None:
         self._model = model
         self._trajectory = trajectory
         self._draft = StepDraft(0)  # the step under way: its replies, for the trajectory
         self._plane = plane
         self._local = local
+        self._wasi = wasi
+        #: what the model is shown, and every name a reply may use (one outside the profile is refused by name)
+        self._offered = governed.offered(TOOLS, settings.profile, wasi)
+        self._known = governed.known(wasi)
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
@@ -273,7 +286,7 @@ class BuiltinAgent:
         # a lead's prompt holds the findings it is to synthesise: copying those is checked on their own
         self._prompt = task.prompt if self._settings.role is Role.WORKER else ""
         messages = [
-            {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(TOOLS))},
+            {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(self._offered))},
             {"role": "user", "content": await self._brief(task)},
         ]
         if self.explorer is not None:
@@ -470,8 +483,8 @@ class BuiltinAgent:
         salvaged (asked again, a small model only writes as long again)."""
         try:
             if reply.tool_calls:
-                return parse_tool_call(*reply.tool_calls[0])
-            return parse_reply(reply.text)
+                return parse_tool_call(*reply.tool_calls[0], self._known)
+            return parse_reply(reply.text, self._known)
         except InvalidInputError:
             self.malformed += 1
             named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH
@@ -484,6 +497,9 @@ class BuiltinAgent:
     async def _run_tool(self, action: Action) -> Any:
         args = action.args
         try:
+            governed.refuse(action.tool, self._settings.profile)  # a typed refusal the model is shown
+            if self._wasi is not None and action.tool in self._wasi:
+                return await self._wasi.call(action.tool, args)
             match action.tool:
                 case "shell":
                     return await self._local.shell(str(args["command"]))

@@ -12,8 +12,8 @@ back). The kernel truncates an ioctl request to 32 bits, so only the low word of
 from __future__ import annotations
 
 import errno
-import os
 import functools
+import os
 import platform
 import struct
 from dataclasses import dataclass

@@ -71,14 +71,14 @@ class WasiToolSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WasiToolSpec:
         """The mirror of :meth:`to_dict`."""
-        caps = data.get("caps", {})
+        caps, default = data.get("caps", {}), WasiCaps()
         return cls(str(data["name"]), str(data["description"]), Path(data["wasm"]), Path(data["folder"]),
                    {str(n): ParamType(t) for n, t in dict(data.get("params", {})).items()},
                    tuple(str(r) for r in data.get("required", ())), bool(data.get("writer", False)),
-                   WasiCaps(int(caps.get("fuel", WasiCaps.fuel)),
-                            int(caps.get("memory_bytes", WasiCaps.memory_bytes)),
-                            float(caps.get("wall_s", WasiCaps.wall_s)),
-                            int(caps.get("output_bytes", WasiCaps.output_bytes))))
+                   WasiCaps(int(caps.get("fuel", default.fuel)),
+                            int(caps.get("memory_bytes", default.memory_bytes)),
+                            float(caps.get("wall_s", default.wall_s)),
+                            int(caps.get("output_bytes", default.output_bytes))))
 
 
 @dataclass(frozen=True, slots=True)
