@@ -458,6 +458,8 @@ class RunConfig(_Frozen):
     store: str | None = None
     runs_dir: str = "runs"
     sandbox: SandboxKind = SandboxKind.LOCAL
+    #: the Ray cluster of ``sandbox = "ray"`` (``HOST:PORT``); unset: ``RAY_ADDRESS``, else a local cluster
+    ray_address: Annotated[str, Field(min_length=1)] | None = None
     #: a witness that cosigns the audit checkpoints (``swarmyard witness serve``): an http(s) URL or the path
     #: of its Unix socket; none by default (the log is then signed by its own key only)
     witness: Annotated[str, Field(min_length=1)] | None = None

@@ -1,4 +1,5 @@
-"""``swarmyard run SWARM.toml [--resume RUN] [--quiet] [--sandbox local|process] [--witness URL]``: run one swarm."""
+"""``swarmyard run SWARM.toml [--resume RUN] [--quiet] [--sandbox local|ray|process] [--ray-address ADDR]
+[--witness URL]``: run one swarm."""
 
 from __future__ import annotations
 
@@ -99,7 +100,11 @@ def command(
         "--json", help="Print the run's figures (score, wall_s, calls, tokens, spend, leftover holds, keys found "
         "in sandboxes) as one JSON object on stdout instead of the synthesis.")] = False,
     sandbox: Annotated[SandboxKind | None, typer.Option(
-        "--sandbox", help="Machine backend: local (default) or process (no isolation).")] = None,
+        "--sandbox", help="Machine backend: local (default), ray (a Ray cluster's nodes) or process (no "
+        "isolation).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="The Ray cluster for --sandbox ray (HOST:PORT; default: RAY_ADDRESS, else a "
+        "local cluster).")] = None,
     witness: Annotated[str | None, typer.Option(
         "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path.")] = None,
     ui: Annotated[bool, typer.Option(
@@ -127,7 +132,7 @@ def command(
     if live is not None:
         live.start()
     try:
-        result = Swarm(config, sandbox=sandbox, witness=witness).run(
+        result = Swarm(config, sandbox=sandbox, witness=witness, ray_address=ray_address).run(
             resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None,
             ui=dashboard)
     finally:

@@ -1,4 +1,4 @@
-"""The Machines API's data types and the Protocol every backend implements (local, process, later ray)."""
+"""The Machines API's data types and the Protocol every backend implements (local, process, ray)."""
 
 from __future__ import annotations
 
@@ -126,6 +126,8 @@ class MachineInfo:
     relay_port: int | None = None
     disk: str | None = None
     enforced: tuple[str, ...] = field(default_factory=tuple)
+    #: where the machine runs, for backends that place machines on several hosts (the Ray node id)
+    node: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

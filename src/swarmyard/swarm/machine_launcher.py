@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-from swarmyard.config import AgentKind, PolicyKind, SwarmConfig
+from swarmyard.config import AgentKind, PolicyKind, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.local import HOME as MACHINE_HOME
+from swarmyard.machines.protocol import Backend
 from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
@@ -134,7 +135,7 @@ class MachineLauncher:
                 if not self._thread.is_alive():
                     raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
                 await asyncio.sleep(0.02)
-        self._machines = await asyncio.to_thread(Machines, self.config.run.sandbox.value)
+        self._machines = await asyncio.to_thread(Machines, self._backend())
         self._baseline = await asyncio.to_thread(self._agent_baseline)
 
     def _announce_ui(self, ui: UiListen, port: int | None) -> None:
@@ -155,6 +156,14 @@ class MachineLauncher:
         return [{"worker": worker, "slot": slot, "machine": self._made.get(slot, "deleted"),
                  "state": "running" if worker in running else ("ended" if slot in self._made else "deleted")}
                 for worker, slot in list(self._slot_of.items())]
+
+    def _backend(self) -> Backend | str:
+        """The machines backend the run asked for; a Ray cluster is joined here, not at import."""
+        if self.config.run.sandbox is SandboxKind.RAY:
+            from swarmyard.machines.ray import RayBackend
+
+            return RayBackend(address=self.config.run.ray_address)
+        return self.config.run.sandbox.value
 
     def _agent_baseline(self) -> str | None:
         """The baseline every machine starts from: the swarm file's, or a PyPI agent's own environment."""
@@ -189,10 +198,11 @@ class MachineLauncher:
             )
             ready = self._machines.wait_until_ready(info.id)
             self.store.record_event("machine.created", {"goal": self._goal.id if self._goal else None,
-                                                        "machine": info.id, "slot": slot.name, "group": slot.group})
+                                                        "machine": info.id, "slot": slot.name, "group": slot.group,
+                                                        **({"node": info.node} if info.node else {})})
             self._made[slot.name] = info.id
             # where the machine's own disk is, as the agent inside sees it
-            self._homes[slot.name] = MACHINE_HOME if info.backend == "local" else (info.disk or ".")
+            self._homes[slot.name] = MACHINE_HOME if info.backend in ("local", "ray") else (info.disk or ".")
             self._relays[slot.name] = f"http://127.0.0.1:{ready.relay_port}"
         return self._made[slot.name]
 

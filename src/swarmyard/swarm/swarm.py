@@ -24,7 +24,8 @@ class Swarm:
     """A parsed swarm file, ready to run."""
 
     def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None,
-                 providers: Mapping[str, Any] | None = None, witness: str | None = None) -> None:
+                 providers: Mapping[str, Any] | None = None, witness: str | None = None,
+                 ray_address: str | None = None) -> None:
         #: provider objects that replace the file's entries of the same name (a scripted provider in a test)
         self.providers = providers
         overrides: dict[str, Any] = {}
@@ -32,6 +33,8 @@ class Swarm:
             overrides["sandbox"] = sandbox
         if witness is not None:
             overrides["witness"] = witness
+        if ray_address is not None:
+            overrides["ray_address"] = ray_address
         self.config = (
             config.model_copy(update={"run": config.run.model_copy(update=overrides)}) if overrides else config
         )
