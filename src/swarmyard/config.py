@@ -10,7 +10,9 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s,
                  max_failures, retry_backoff_s, history (none | scored_history | single_draft_refinement),
                  history_top_k
-    [lead]       agent, model, max_steps, prompt
+                 profile (full | governed), tools = [{name, wasm, folder, writer, fuel, memory_mb,
+                 timeout_s, description, params, required}, ...] (WASI tools of the built-in agent)
+    [lead]       agent, model, max_steps, prompt, profile
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
                  to the swarm file), simulate (simulated: tokens | attempts)
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -46,9 +48,12 @@ from pydantic import (
 )
 
 from swarmyard.domain import Quotas
-from swarmyard.errors import ConfigError, InvalidInputError
+from swarmyard.errors import ConfigError, InvalidInputError, UserError
 from swarmyard.money import MicroUSD, usd_to_micro
 from swarmyard.prices import known_model, usd_per_mtok_to_micro
+
+if TYPE_CHECKING:
+    from swarmyard.wasi.catalog import WasiToolSpec
 
 
 class _Frozen(BaseModel):
@@ -252,6 +257,99 @@ class GroupConfig(_Frozen):
     prompt: Annotated[str, Field(max_length=10_000)] = ""
 
 
+class Profile(StrEnum):
+    """What an agent's machine lets it do: ``full`` (a shell and files: coding work) or ``governed`` (no shell,
+    no program but the agent itself: only the governed tools and the file's WASI tools)."""
+
+    FULL = "full"
+    GOVERNED = "governed"
+
+
+#: Tools of the built-in agent that a WASI tool's name may not take.
+RESERVED_TOOL_NAMES = frozenset({"claim_task", "heartbeat", "delegate", "board_read", "board_post", "read_findings",
+                                 "submit_finding", "submit_artifact", "shell", "read_file", "write_file"})
+
+
+class WasiToolConfig(_Frozen):
+    """``[[workers.tools]]``: one WASI tool. ``wasm`` is a shipped tool's name (``jsonquery``, ``csvdiff``,
+    ``textsearch``) or a ``.wasm`` file (relative to the swarm file), which then says its ``params``
+    (name -> string | integer | boolean | path) and ``description``. ``folder`` (relative to the worker's
+    working folder; its task's input files are in ``task``) is preopened read-only unless ``writer``."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+    wasm: Annotated[str, Field(min_length=1)]
+    folder: str = "."
+    writer: bool = False
+    fuel: Annotated[int, Field(gt=0, le=10**13, strict=True)] = 1_000_000_000
+    memory_mb: Annotated[int, Field(gt=0, le=4096, strict=True)] = 64
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    description: str | None = None
+    params: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
+                 Literal["string", "integer", "boolean", "path"]] | None = None
+    required: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_TOOL_NAMES:
+            raise ValueError(f"{value!r} is a built-in tool's name")
+        return value
+
+    @field_validator("folder")
+    @classmethod
+    def _inside(cls, value: str) -> str:
+        if value.startswith("/") or ".." in Path(value).parts:
+            raise ValueError("must be relative to the worker's working folder, without '..'")
+        return value
+
+    @field_validator("wasm")
+    @classmethod
+    def _from_swarm_file(cls, value: str, info: ValidationInfo) -> str:
+        if "/" not in value and not value.endswith(".wasm"):
+            return value  # a shipped tool's name, checked with the rest below
+        base = (info.context or {}).get("base_dir") if isinstance(info.context, dict) else None
+        path = Path(value) if Path(value).is_absolute() else Path(base or ".") / value
+        return str(path.resolve())
+
+    @model_validator(mode="after")
+    def _known(self) -> Self:
+        from swarmyard.wasi.catalog import SHIPPED, shipped_wasm
+
+        if not self.wasm.startswith("/"):
+            if self.params is not None or self.description is not None or self.required:
+                raise ValueError(f"{self.wasm!r} is a shipped tool: its params and description are its own")
+            try:
+                shipped_wasm(self.wasm)
+            except UserError as exc:
+                raise ValueError(exc.message) from None
+            assert self.wasm in SHIPPED
+            return self
+        try:
+            with open(self.wasm, "rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise ValueError(f"cannot read {self.wasm}: {exc.strerror}") from None
+        if magic != b"\0asm":
+            raise ValueError(f"{self.wasm} is not a WebAssembly module")
+        if self.params is None:
+            raise ValueError("a tool from a .wasm file says its params (name -> string | integer | boolean | path)")
+        unknown = [r for r in self.required if r not in self.params]
+        if unknown:
+            raise ValueError(f"required names {unknown[0]!r}, which is not one of its params")
+        return self
+
+    def spec(self, wasm: Path, workdir: Path) -> WasiToolSpec:
+        """The tool as the agent runs it: its module at ``wasm``, its folder under ``workdir``."""
+        from swarmyard.wasi.catalog import SHIPPED, ParamType, WasiCaps, WasiToolSpec
+
+        shipped = SHIPPED.get(self.wasm)
+        params = shipped.params if shipped else {n: ParamType(t) for n, t in (self.params or {}).items()}
+        return WasiToolSpec(
+            self.name, shipped.description if shipped else (self.description or f"The WASI tool {self.name}."),
+            wasm, workdir / self.folder, params, shipped.required if shipped else self.required, self.writer,
+            WasiCaps(fuel=self.fuel, memory_bytes=self.memory_mb << 20, wall_s=self.timeout_s))
+
+
 class WorkersConfig(_Frozen):
     """The workers: which agent, how many, how many at once, and their limits."""
 
@@ -272,6 +370,10 @@ class WorkersConfig(_Frozen):
     #: with submit_artifact and scored by the run's evaluator); ``history_top_k``: attempts a scored history holds
     history: HistoryMode = HistoryMode.NONE
     history_top_k: PositiveInt = 3
+    #: ``governed``: no shell and no program but the agent (see :class:`Profile`)
+    profile: Profile = Profile.FULL
+    #: WASI tools the built-in agent offers (in either profile), run in the worker's machine
+    tools: tuple[WasiToolConfig, ...] = ()
 
 
 class LeadConfig(_Frozen):
@@ -281,6 +383,8 @@ class LeadConfig(_Frozen):
     model: Annotated[str, Field(min_length=1)] = DEFAULT_MODEL
     max_steps: PositiveInt = 4
     prompt: str = "Read every finding and write one synthesis that answers the objective. Cite the findings."
+    #: ``governed`` as for the workers; a governed lead has the workers' WASI tools
+    profile: Profile = Profile.FULL
 
 
 #: The longest wait between two launches of a slot whose agent keeps failing.
@@ -526,6 +630,19 @@ class SwarmConfig(_Frozen):
             raise ValueError("providers: at least one provider is needed")
         # a model no provider serves would start the run and fail every agent with a 404
         served = {model for provider in self.providers.values() for model in provider.models}
+        names = [tool.name for tool in self.workers.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workers.tools: two tools are named {next(n for n in names if names.count(n) > 1)!r}")
+        for where, agent, profile in (("workers", self.workers.agent, self.workers.profile),
+                                      ("lead", self.lead.agent, self.lead.profile)):
+            if agent is not AgentKind.BUILTIN and names and (where == "workers" or profile is Profile.GOVERNED):
+                raise ValueError(f"{where}.agent: WASI tools are offered by the built-in agent, not {agent.value}")
+            if agent is not AgentKind.BUILTIN and profile is Profile.GOVERNED:
+                from swarmyard.agents.adapters import get_adapter
+
+                refusal = get_adapter(agent.value).governed_refusal
+                if refusal:
+                    raise ValueError(f"{where}.profile: {agent.value} cannot run governed: {refusal}")
         for where, model in (("workers.model", self.workers.model), ("lead.model", self.lead.model)):
             if model not in served:
                 raise ValueError(f"{where}: no provider serves {model!r} (served: {', '.join(sorted(served))})")

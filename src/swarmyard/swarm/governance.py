@@ -1,0 +1,68 @@
+"""What a governed worker's machine and agent are given: an exec allowlist, the profile, the WASI tools.
+
+``[workers] profile = "governed"`` (and ``[lead] profile``) makes a machine whose processes can execute only the
+agent itself (``Isolation.exec_only``: Landlock's execute right, set by the machine's init), a built-in agent
+that offers only the governed tools and the swarm file's WASI tools, and external CLIs started with their own
+tools off. WASI tools run inside the worker's machine (see ``swarmyard.wasi.runner`` for why).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from swarmyard.agents.builtin import Role
+from swarmyard.config import AgentKind, Profile, SwarmConfig
+from swarmyard.machines.execs import cli_allowlist
+from swarmyard.machines.protocol import Isolation
+from swarmyard.wasi.catalog import SHIPPED, shipped_wasm
+
+#: Where a swarm file's own ``.wasm`` modules are put in a machine (relative to its home), before every run.
+MODULES_DIR = ".swarmyard/wasi"
+#: The PATH an agent CLI is looked up on (the adapters' ``base_env``).
+CLI_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def profile_of(config: SwarmConfig, role: Role) -> Profile:
+    """The profile of a slot: the lead's for the lead, the workers' for workers and the planner."""
+    return config.lead.profile if role is Role.LEAD else config.workers.profile
+
+
+def agent_of(config: SwarmConfig, role: Role) -> AgentKind:
+    """Which agent a slot runs (the planner is always the built-in one)."""
+    if role is Role.PLANNER:
+        return AgentKind.BUILTIN
+    return config.lead.agent if role is Role.LEAD else config.workers.agent
+
+
+def isolation(config: SwarmConfig, role: Role) -> Isolation | None:
+    """The machine's isolation: ``None`` (the default) for ``full``; for ``governed`` an exec allowlist of this
+    interpreter (the built-in agent and ``swarmyard mcp``) and, for an agent CLI, what that CLI runs."""
+    if profile_of(config, role) is not Profile.GOVERNED:
+        return None
+    programs: tuple[str, ...] = (sys.executable,)
+    agent = agent_of(config, role)
+    if agent is not AgentKind.BUILTIN:
+        programs += cli_allowlist(agent.value, CLI_PATH)
+    return Isolation(exec_only=programs)
+
+
+def agent_env(config: SwarmConfig, role: Role) -> dict[str, str]:
+    """The built-in agent's ``SWARMYARD_PROFILE`` and ``SWARMYARD_WASI_TOOLS`` (specs as JSON; folders and
+    uploaded modules relative to its working folder, shipped modules by their path in the package)."""
+    profile = profile_of(config, role)
+    tools = config.workers.tools if role is not Role.LEAD or profile is Profile.GOVERNED else ()
+    specs = [tool.spec(shipped_wasm(tool.wasm) if tool.wasm in SHIPPED else Path(MODULES_DIR) / f"{tool.name}.wasm",
+                       Path(".")).to_dict() for tool in tools]
+    env = {"SWARMYARD_PROFILE": profile.value}
+    if specs:
+        env["SWARMYARD_WASI_TOOLS"] = json.dumps(specs)
+    return env
+
+
+def uploads(config: SwarmConfig) -> dict[str, bytes]:
+    """The swarm file's own modules, by their path in the machine (re-sent before each run: a writer tool's
+    folder may hold them, and what a run starts with is what the swarm file named)."""
+    return {f"{MODULES_DIR}/{tool.name}.wasm": Path(tool.wasm).read_bytes()
+            for tool in config.workers.tools if tool.wasm not in SHIPPED}
