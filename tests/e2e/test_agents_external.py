@@ -115,3 +115,52 @@ def test_aider_with_another_baseline_is_refused_before_any_machine(short_tmp: Pa
             asyncio.run(start())
     finally:
         store.close()
+
+
+#: How each CLI submits what the scripted model decided: the swarmyard MCP tool under the name the CLI gives it,
+#: or (pi, no MCP) its own write tool into the finding file the launcher submits.
+SUBMIT = {
+    "claude": ("*submit_finding", {"title": "greeting", "body": FINDING}),
+    "codex": ("*submit_finding", {"title": "greeting", "body": FINDING}),
+    "opencode": ("*submit_finding", {"title": "greeting", "body": FINDING}),
+    "pi": ("write", {"path": "finding.md", "content": FINDING}),
+}
+
+
+@pytest.mark.parametrize("agent", sorted(SUBMIT))
+def test_the_agent_works_its_task_to_a_submitted_finding(short_tmp: Path, agent: str) -> None:
+    """The whole task in the CLI's own API format (Anthropic Messages, Responses, chat completions): the model
+    calls a tool, the CLI runs it, the finding lands in the store under the worker's name, the CLI ends."""
+    from swarmyard.broker.providers.scripted import CallTools
+
+    assert_installed(agent)
+    config = load_config(swarm_file(short_tmp, agent))
+    run_dir = short_tmp / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    provider = ScriptedProvider({MODEL: [CallTools((SUBMIT[agent],)), Say("Submitted.")]}, name="script")
+    launcher = MachineLauncher(config, store, run_dir, {"script": provider})
+
+    async def one_worker() -> None:
+        from swarmyard.clock import SystemClock
+        from swarmyard.swarm.policies import make_policy
+
+        goal = create_goal(store, config, SystemClock())
+        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
+        await launcher.start(goal)
+        try:
+            span = await launcher.run(WorkerSlot("worker-0", "team"))
+            assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
+        finally:
+            await launcher.close()
+
+    try:
+        asyncio.run(one_worker())
+        assert len(provider.requests) == 2, [r.messages[-1].content[:200] for r in provider.requests]
+        (finding,) = [f for g in store.list_goals() for f in store.read_findings(g.id)]
+        workers = {w.id for g in store.list_goals() for w in store.list_workers(g.id)}
+        assert finding.body == FINDING and finding.author in workers
+        # the tool's result went back to the model in the second request: the CLI ran the call it was given
+        assert len(provider.requests[1].messages) > len(provider.requests[0].messages)
+    finally:
+        store.close()

@@ -39,6 +39,8 @@ class ClaudeAdapter:
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_TELEMETRY": "1",
+            # connect the MCP server before the first request: in the background its tools may be missing from it
+            "MCP_CONNECTION_NONBLOCKING": "false",
         }
         argv = (
             "claude",

@@ -51,6 +51,8 @@ class CodexAdapter:
                 f"command = {_toml_str(ctx.mcp_command[0])}",
                 f"args = [{args}]",
                 f"env = {{ {env} }}",
+                # wait for it before the first turn (else the first answer may call a tool not yet listed)
+                "required = true",
                 "",
             ]
         )

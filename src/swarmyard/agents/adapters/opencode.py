@@ -26,6 +26,8 @@ class OpencodeAdapter:
             "$schema": "https://opencode.ai/config.json",
             "autoupdate": False,
             "share": "disabled",
+            # no side call for a session title: it would cost a model call (and race the first turn)
+            "agent": {"title": {"disable": True}},
             "model": f"swarmyard/{ctx.model}",
             "provider": {
                 "swarmyard": {

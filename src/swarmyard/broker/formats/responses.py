@@ -60,7 +60,7 @@ def _input(value: Any) -> list[Message]:
         elif kind == "function_call":
             call = ToolCall(
                 req_str(item, "call_id", f"{where}."),
-                req_str(item, "name", f"{where}."),
+                _call_name(item, where),
                 opt_str(item, "arguments", f"{where}.") or "{}",
             )
             if messages and messages[-1].role is Role.ASSISTANT and not messages[-1].tool_call_id:
@@ -79,20 +79,37 @@ def _input(value: Any) -> list[Message]:
     return messages
 
 
-def _tools(raw: list[Any]) -> tuple[Tool, ...]:
-    tools = []
+#: How a tool of a ``namespace`` group is named to the model: ``<namespace>__<tool>`` (Codex groups an MCP
+#: server's tools as namespace ``mcp__<server>``, which gives the names it used before it grouped them).
+NAMESPACE_JOIN = "__"
+
+
+def _call_name(item: dict[str, Any], where: str) -> str:
+    """A function call's tool name, with its namespace joined in front when it has one."""
+    name = req_str(item, "name", f"{where}.")
+    namespace = opt_str(item, "namespace", f"{where}.")
+    return f"{namespace}{NAMESPACE_JOIN}{name}" if namespace else name
+
+
+def _tools(raw: list[Any], prefix: str = "", at: str = "tools") -> tuple[Tool, ...]:
+    tools: list[Tool] = []
     for index, item in enumerate(raw):
-        where = f"tools[{index}]"
+        where = f"{at}[{index}]"
         tool = as_object(item, where)
         if not isinstance(tool.get("type"), str):
             raise InvalidInputError(f"{where}.type must be a string", field=f"{where}.type")
+        if tool["type"] == "namespace" and not prefix:
+            # a group of function tools (one level deep): each offered under its joined name
+            namespace = req_str(tool, "name", f"{where}.") + NAMESPACE_JOIN
+            tools += _tools(opt_list(tool, "tools", f"{where}."), namespace, f"{where}.tools")
+            continue
         if tool["type"] != "function":
             # Hosted tools (web search, a provider-side shell, ...) run at the provider and would reach past
             # the sandbox; agents such as Codex offer them by default. The model simply does not get them.
             continue
         tools.append(
             Tool(
-                req_str(tool, "name", f"{where}."),
+                prefix + req_str(tool, "name", f"{where}."),
                 opt_str(tool, "description", f"{where}.") or "",
                 as_object(
                     tool.get("parameters") or {"type": "object", "properties": {}}, f"{where}.parameters"
@@ -144,12 +161,24 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
+def _named(name: str) -> dict[str, str]:
+    """A call's ``name``, and its ``namespace`` when the name is one of an MCP server's joined tool names.
+
+    Codex refuses a call of ``mcp__<server>__<tool>`` that names no namespace ("unsupported call"); the
+    renderer does not see the request, so it goes by the ``mcp__`` form Codex gives every MCP namespace."""
+    if name.startswith("mcp" + NAMESPACE_JOIN):
+        namespace, join, tool = name.rpartition(NAMESPACE_JOIN)
+        if join and tool and namespace != "mcp":
+            return {"namespace": namespace, "name": tool}
+    return {"name": name}
+
+
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": item_id,
         "call_id": call.id,
-        "name": call.name,
+        **_named(call.name),
         "arguments": call.arguments,
         "status": status,
     }

@@ -47,7 +47,12 @@ class Say:
 
 @dataclass(frozen=True, slots=True)
 class CallTools:
-    """Answer with tool calls: ``(name, arguments)`` pairs."""
+    """Answer with tool calls: ``(name, arguments)`` pairs.
+
+    A name ``*suffix`` calls the request's tool whose name ends with ``suffix``: an agent CLI names the tools of an
+    MCP server its own way (``mcp__swarmyard__submit_finding``, ``swarmyard_submit_finding``), and one script
+    serves them all. No such tool in the request fails the call.
+    """
 
     calls: tuple[tuple[str, Mapping[str, Any]], ...]
     text: str = ""
@@ -72,6 +77,16 @@ class Fail:
 
 
 Reply = Say | CallTools | Fail
+
+
+def _tool_name(name: str, request: ChatRequest) -> str:
+    if not name.startswith("*"):
+        return name
+    offered = [t.name for t in request.tools if t.name.endswith(name[1:])]
+    if len(offered) != 1:
+        raise ProviderError(f"scripted tool call {name}: the request offers {len(offered)} tools ending so "
+                            f"({', '.join(t.name for t in request.tools) or 'none'})", retryable=False)
+    return offered[0]
 
 
 def _words(text: str) -> int:
@@ -170,7 +185,8 @@ class ScriptedProvider:
         usage = self._usage(request, reply)
         if isinstance(reply, CallTools):
             calls = tuple(
-                ToolCall(new_id("call"), name, json.dumps(dict(args))) for name, args in reply.calls
+                ToolCall(new_id("call"), _tool_name(name, request), json.dumps(dict(args)))
+                for name, args in reply.calls
             )
             return ChatResponse(
                 new_id("chatcmpl"), request.model, reply.text, calls, FinishReason.TOOL_CALLS, usage
@@ -199,7 +215,7 @@ class ScriptedProvider:
             if reply.text:
                 yield TextDelta(reply.text)
             for index, (name, args) in enumerate(reply.calls):
-                yield ToolCallStart(index, new_id("call"), name)
+                yield ToolCallStart(index, new_id("call"), _tool_name(name, request))
                 yield ToolCallDelta(index, json.dumps(dict(args)))
             yield Finished(FinishReason.TOOL_CALLS, usage)
             return
