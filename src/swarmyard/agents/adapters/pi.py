@@ -1,10 +1,21 @@
-"""pi (``pi -p``): a models.json provider on the relay, OpenAI chat completions."""
+"""pi (``pi -p``): a models.json provider on the relay, OpenAI chat completions.
+
+pi speaks no MCP: it is told its task in its prompt and writes its result into ``finding.md`` in its home with
+its own write tool; when it ends the launcher submits that file as the worker's finding through the control
+plane, with the worker's token and the claim's fencing token (as for aider).
+"""
 
 from __future__ import annotations
 
 import json
 
-from swarmyard.agents.adapters.base import WORKER_INSTRUCTIONS, AdapterContext, AgentLaunch, base_env
+from swarmyard.agents.adapters.base import AdapterContext, AgentLaunch, base_env
+
+INSTRUCTIONS = (
+    "You are a worker in a swarmyard swarm. Do the task below, then write your result, with the sources "
+    "you relied on, into finding.md in your home folder (replace its contents): that file is submitted as your "
+    "finding when you end.\n\nObjective: {prompt}"
+)
 
 
 class PiAdapter:
@@ -13,7 +24,7 @@ class PiAdapter:
     name = "pi"
     package = "npm:@mariozechner/pi-coding-agent"
     venv = None
-    finding_file = None  # it submits its finding itself, over MCP
+    finding_file = "finding.md"  # no MCP: the launcher submits what it wrote there
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless pi run."""
@@ -36,7 +47,7 @@ class PiAdapter:
             "swarmyard",
             "--model",
             ctx.model,
-            WORKER_INSTRUCTIONS.format(prompt=ctx.prompt),
+            INSTRUCTIONS.format(prompt=ctx.prompt),
         )
         # pi's own auto-retry matches "502" in the error text and sends the turn again, whatever
         # x-should-retry says: a call the broker answered upstream_unknown would be held (and billed) twice.
