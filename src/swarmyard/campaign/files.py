@@ -123,7 +123,7 @@ def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | 
             score, tokens = c.score, c.intervals["tokens"]
             assert score is not None and tokens is not None
             ax.errorbar([tokens.mean], [score.mean], yerr=[[score.mean - score.low], [score.high - score.mean]],
-                        fmt="o", color=line.get_facecolor()[0], capsize=3, label=c.cell.name)
+                        fmt="o", color=tuple(line.get_facecolor()[0][:3]), capsize=3, label=c.cell.name)
         ax.set_xlabel("total tokens per trial")
         ax.set_ylabel("score")
         ax.set_title("score vs total tokens, per cell (mean, 95% CI)")
