@@ -100,7 +100,7 @@ class Ledger:
             self.findings[str(body.get("finding"))] = _Seen(leaf, {
                 "goal": body.get("goal"), "task": body.get("task"), "author": body.get("author"),
                 "body_sha256": body.get("body_sha256"), "citations": body.get("citations"),
-                "status": "submitted", "score": None})
+                "status": "submitted", "score": body.get("score")})  # from its cited artifacts' scores
         elif kind == "finding.status":
             found = self.findings.get(str(body.get("finding")))
             if found is not None:

@@ -679,7 +679,7 @@ class SqlStore(DirectionStore):
                          rows.citations_json(cites), FindingStatus.SUBMITTED.value, score, now))
             self._event(cur, "finding.submitted", now, {
                 "goal": task.goal_id, "task": task_id, "finding": finding_id, "author": author, "token": token,
-                "body_sha256": hashlib.sha256(body.encode()).hexdigest(),
+                "body_sha256": hashlib.sha256(body.encode()).hexdigest(), "score": score,
                 "citations": [{"kind": c.kind.value, "ref": c.ref} for c in cites]})
             return Finding(finding_id, task.goal_id, task_id, task.group, author, title, body, tuple(cites),
                            FindingStatus.SUBMITTED, score, now)
