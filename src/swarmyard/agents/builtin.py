@@ -358,7 +358,7 @@ class BuiltinAgent:
                          note: str | None = None) -> None:
         """Report the step under way to the trajectory (its replies were gathered as they came)."""
         if self._trajectory is not None:
-            await self._trajectory.report(self._draft, task_id=task.task_id,
+            await self._trajectory.report(self._draft, task_id=task.task_id, fencing_token=task.fencing_token,
                                           action=(action.tool, action.args) if action else None,
                                           result=result, note=note)
 

@@ -55,10 +55,11 @@ class TrajectoryReporter:
         self._role = role
         self._warned = False
 
-    async def report(self, draft: StepDraft, *, task_id: str | None, action: tuple[str, dict[str, Any]] | None,
-                     result: Any = None, note: str | None = None) -> None:
+    async def report(self, draft: StepDraft, *, task_id: str | None, fencing_token: int | None,
+                     action: tuple[str, dict[str, Any]] | None, result: Any = None, note: str | None = None) -> None:
         """Send one step; a failure is logged once and otherwise ignored."""
         body: dict[str, Any] = {"step": draft.step, "role": self._role, "task_id": task_id,
+                                "fencing_token": fencing_token,
                                 "started_ms": draft.started_ms, "ended_ms": max(draft.started_ms, now_ms()),
                                 "replies": draft.replies[-16:]}
         if action is not None:

@@ -92,6 +92,20 @@ def _dashboard(host: str, port: int) -> Any:
     return UiListen(host, port, announce)
 
 
+def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
+    """The run's spans to the collector; a failure is said on stderr (the run and its report are written)."""
+    from swarmyard.errors import SwarmyardError
+    from swarmyard.telemetry import export_run
+
+    try:
+        sent = export_run(url, data, agents)
+    except SwarmyardError as exc:
+        render.stderr.print(f"warning: the trace was not sent: {exc.message}", highlight=False, markup=False)
+        return
+    if not quiet:
+        render.stderr.print(f"trace: {sent} spans sent to {url}", highlight=False, markup=False)
+
+
 def command(
     swarm_file: Annotated[Path, typer.Argument(help="The swarm file (TOML).")],
     resume: Annotated[str | None, typer.Option("--resume", help="Continue run RUN from the store.")] = None,
@@ -114,6 +128,9 @@ def command(
         "with mutual TLS).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                       help="With --ui: the TCP port (0: any free one).")] = 0,
+    otlp: Annotated[str | None, typer.Option(
+        "--otlp", help="Send the run's trace to this OTLP/HTTP collector when it ends (default: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT; needs the otel extra).")] = None,
 ) -> None:
     """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend.
 
@@ -124,6 +141,11 @@ def command(
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
     dashboard = _dashboard(host, port) if ui else None
+    import os
+
+    from swarmyard.telemetry import otlp_url
+
+    traces = otlp_url(otlp, os.environ)  # a bad URL or a missing extra stops here, before anything starts
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
@@ -148,6 +170,8 @@ def command(
         if task.state is TaskState.FAILED:
             render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,
                                 markup=False)
+    if traces is not None:
+        _export_trace(traces, data, Path(config.run.runs_dir) / result.run_id / "agents", quiet)
     where = result.report.html if result.report else "-"
     if not quiet:
         tokens = data.input_tokens + data.output_tokens

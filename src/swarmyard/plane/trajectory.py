@@ -71,6 +71,8 @@ class StepRecord(_Strict):
     step: Annotated[StrictInt, Field(ge=0, le=100_000)]
     role: Annotated[StrictStr, Field(max_length=40)] = "worker"
     task_id: Annotated[StrictStr, Field(max_length=64, pattern=r"^[a-z]{2,8}_[0-9a-z]{1,40}$")] | None = None
+    #: the claim the step worked under
+    fencing_token: Annotated[StrictInt, Field(ge=0, le=2**62)] | None = None
     started_ms: _Millis
     ended_ms: _Millis
     replies: Annotated[list[ReplyRecord], Field(max_length=16)] = []

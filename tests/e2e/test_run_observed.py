@@ -1,0 +1,201 @@
+"""What a run leaves to look at, through the console script on the scripted provider in bwrap machines: one
+trajectory line per agent step, the OTLP span tree a small collector on loopback receives, the report, and
+``swarmyard runs list`` / ``runs show``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+SYNTHESIS = "Go: the scout found a market."
+
+
+def _tool(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+class Collector:
+    """An OTLP/HTTP trace receiver on loopback: keeps every ExportTraceServiceRequest it is sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                if self.path == "/v1/traces" and self.headers["content-type"] == "application/x-protobuf":
+                    collector.bodies.append(body)
+                    self.send_response(200)
+                else:
+                    self.send_response(404)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def spans(self) -> list[dict[str, Any]]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        out = []
+        for body in self.bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            for resource in request.resource_spans:
+                service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        attrs = {}
+                        for a in span.attributes:
+                            kind = a.value.WhichOneof("value")
+                            attrs[a.key] = getattr(a.value, kind)
+                        out.append({"name": span.name, "trace": span.trace_id.hex(), "id": span.span_id.hex(),
+                                    "parent": span.parent_span_id.hex(), "attrs": attrs, "service": service,
+                                    "start": span.start_time_unix_nano, "end": span.end_time_unix_nano})
+        return out
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    c = Collector()
+    c.thread.start()
+    yield c
+    c.server.shutdown()
+
+
+@pytest.fixture
+def run(collector: Collector) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    folder = Path(tempfile.mkdtemp(prefix="sy-o-"))  # the plane's socket lives in the run folder: keep it short
+    conf = folder / "conf"
+    conf.mkdir()
+    (conf / "replies.json").write_text(json.dumps({
+        "scripted-worker": [{"say": "not a tool call"}, _tool("board_post", body="the market is large"),
+                            _tool("submit_finding", title="market", body="Large and growing.", cite=["1"])],
+        "scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)],
+    }))
+    (conf / "swarm.toml").write_text(f"""
+[goal]
+objective = "Should a small team build a speech app?"
+budget_usd = "1"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "market"
+prompt = "Size the market."
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+max_steps = 4
+model = "scripted-worker"
+[lead]
+model = "scripted-lead"
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies.json"
+[providers.script.prices.scripted-worker]
+input_usd_per_mtok = "2"
+output_usd_per_mtok = "8"
+[providers.script.prices.scripted-lead]
+input_usd_per_mtok = "2"
+output_usd_per_mtok = "8"
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
+           "XDG_STATE_HOME": str(folder / "state"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(conf / "swarm.toml")], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=600)
+    yield folder, done
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
+        run: tuple[Path, subprocess.CompletedProcess[str]], collector: Collector) -> None:
+    folder, done = run
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == SYNTHESIS
+    [run_dir] = (folder / "runs").iterdir()
+
+    # a trajectory per agent, a line per step: the worker's first step holds its malformed reply and the re-ask
+    agents = run_dir / "agents"
+    [worker_file] = agents.glob("worker-0-*.jsonl")
+    [lead_file] = agents.glob("lead-*.jsonl")
+    worker_steps = [json.loads(line) for line in worker_file.read_text().splitlines()]
+    lead_steps = [json.loads(line) for line in lead_file.read_text().splitlines()]
+    assert [s["step"] for s in worker_steps] == [1, 2] and [s["step"] for s in lead_steps] == [1]
+    first = worker_steps[0]
+    assert [r["text"] for r in first["replies"]] == ["not a tool call", ""]
+    assert first["replies"][0]["malformed"] and first["action"] == {"tool": "board_post",
+                                                                     "args": {"body": "the market is large"}}
+    assert '"seq": 1' in first["result"] and first["fencing_token"] >= 1
+    assert all(r["input_tokens"] > 0 for s in worker_steps for r in s["replies"])
+    assert worker_steps[1]["action"]["tool"] == "submit_finding" and "fnd_" in worker_steps[1]["result"]
+    assert first["ended_ms"] >= first["started_ms"] > 0 and first["cpu_ms"] > 0 and first["max_rss_kb"] > 0
+
+    # the span tree: run -> tasks -> agent runs -> steps -> model calls, one trace
+    assert "spans sent to" in done.stderr
+    spans = collector.spans()
+    by_id = {s["id"]: s for s in spans}
+    assert len(by_id) == len(spans) and len({s["trace"] for s in spans}) == 1
+    assert {s["service"] for s in spans} == {"swarmyard"}
+    [root] = [s for s in spans if not s["parent"]]
+    assert root["name"].startswith("swarmyard.run ") and root["attrs"]["swarmyard.run_id"] == run_dir.name
+    assert all(s["parent"] in by_id for s in spans if s is not root)
+
+    def children(span: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+        return sorted((s for s in spans if s["parent"] == span["id"] and s["name"].startswith(prefix)),
+                      key=lambda s: s["start"])
+
+    tasks = {s["name"]: s for s in children(root, "swarmyard.task ")}
+    assert set(tasks) == {"swarmyard.task market", "swarmyard.task synthesis"}
+    [worker] = children(tasks["swarmyard.task market"], "swarmyard.agent ")
+    [lead] = children(tasks["swarmyard.task synthesis"], "swarmyard.agent ")
+    assert worker["attrs"]["swarmyard.slot"] == "worker-0" and lead["attrs"]["swarmyard.slot"] == "lead"
+    steps = children(worker, "swarmyard.agent.step ")
+    assert [s["attrs"]["swarmyard.step"] for s in steps] == [1, 2]
+    assert [s["attrs"]["swarmyard.action"] for s in steps] == ["board_post", "submit_finding"]
+    calls = [children(step, "chat ") for step in steps]
+    assert [len(c) for c in calls] == [2, 1]  # the malformed reply and the one re-asked, then the submission
+    [lead_step] = children(lead, "swarmyard.agent.step ")
+    [lead_call] = children(lead_step, "chat ")
+    for call in [*calls[0], *calls[1], lead_call]:
+        a = call["attrs"]
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] in ("scripted-worker",
+                                                                                      "scripted-lead")
+        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+        assert a["swarmyard.reservation_id"].startswith("rsv_") and a["swarmyard.spend_micro_usd"] > 0
+        assert a["swarmyard.fencing_token"] >= 1 and a["swarmyard.reservation_state"] == "settled"
+        assert a["swarmyard.worker_id"].startswith("wrk_") and a["swarmyard.task_id"].startswith("task_")
+    assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in spans if c["name"].startswith("chat ")) == \
+        root["attrs"]["swarmyard.spend_micro_usd"]
