@@ -140,7 +140,7 @@ class _Embedded:
         import uvicorn
 
         from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-        from swarmyard.broker.providers.configured import configured_broker
+        from swarmyard.broker.providers.configured import CLI_SLOTS, configured_broker
         from swarmyard.plane.app import create_app
         from swarmyard.plane.settings import PlaneSettings
         from swarmyard.store import open_store
@@ -154,7 +154,8 @@ class _Embedded:
         self._thread: threading.Thread | None = None
         try:
             self.tokens = TokenAuthority(load_or_create_secret(self.folder / "token.secret"), self.store)
-            self.broker = configured_broker(self.store, self.tokens, providers, given=given)
+            # any agent CLI may run in a machine: slots its prompts fit in
+            self.broker = configured_broker(self.store, self.tokens, providers, given=given, local_slots=CLI_SLOTS)
             app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
                              extra_routes=self.broker.routes())
             if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,40 @@ TOKENIZERS = {ProviderKind.OPENAI: Tokenizer.CL100K}
 #: The answer limit of a route whose file and table say nothing (the embedded model writes less).
 DEFAULT_MAX_OUTPUT = 4096
 LOCAL_MAX_OUTPUT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSlots:
+    """How the embedded model's context is shared: ``count`` parallel slots of ``tokens`` each.
+
+    llama.cpp splits its context evenly between its slots and one request sees only its slot. The built-in
+    agent's requests fit in 4,096 tokens, so four of those serve four workers at once; an agent CLI's do not
+    (Claude Code's first request is about 19,000 tokens, its system prompt and tool schemas), so it gets fewer
+    slots of the 32,768 tokens the default model was trained for. Each slot keeps its prompt cached, so a CLI's
+    next call reads only what is new.
+    """
+
+    count: int = 4
+    tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 512 <= self.tokens <= MODEL_WINDOW:
+            raise ConfigError(f"local slots must be at least one of 512 to {MODEL_WINDOW} tokens",
+                              field="local_slots")
+
+
+#: The window the embedded models were trained for (Qwen2.5-Coder-0.5B: 32,768 tokens).
+MODEL_WINDOW = 32_768
+#: Slots for the built-in agent, and for an agent CLI (``for_agents``).
+BUILTIN_SLOTS = LocalSlots(4, 4096)
+CLI_SLOTS = LocalSlots(2, MODEL_WINDOW)
+
+
+def slots_for(agents: set[str], concurrency: int) -> LocalSlots:
+    """The slots for a run whose workers and lead are ``agents``, ``concurrency`` at a time."""
+    if agents <= {"builtin"}:
+        return BUILTIN_SLOTS
+    return LocalSlots(max(1, min(concurrency, CLI_SLOTS.count)), CLI_SLOTS.tokens)
 
 
 def _class(kind: ProviderKind) -> Any:
@@ -66,7 +101,8 @@ def _route(name: str, cfg: ProviderConfig, model: str, *, tokenizer: Tokenizer =
                       context_tokens=min(windows) if windows else None)
 
 
-def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[ModelRoute]]:
+def _local(name: str, cfg: ProviderConfig, cache_dir: Path,
+           slots: LocalSlots) -> tuple[Any, list[ModelRoute]]:
     from swarmyard.broker.providers import local
 
     if len(cfg.models) != 1:
@@ -85,10 +121,10 @@ def _local(name: str, cfg: ProviderConfig, cache_dir: Path) -> tuple[Any, list[M
     else:
         raise ConfigError(f"unknown embedded model {model!r}: choose one of {sorted(EMBEDDED_MODELS)} or give "
                           "model_file", field=f"providers.{name}.models")
-    # 4 slots of 4,096 tokens each. A busy 2-core host makes a few tokens a second per slot, so a whole answer
-    # can take minutes: wait for it (it is on loopback).
-    provider = local.LocalProvider(file, name=name, slot_tokens=4096, n_parallel=4,
-                                   timeouts=Timeouts(read_s=900.0))
+    # A busy 2-core host makes a few tokens a second per slot, and reads a CLI's first prompt for minutes: wait
+    # for it (it is on loopback).
+    provider = local.LocalProvider(file, name=name, slot_tokens=slots.tokens, n_parallel=slots.count,
+                                   timeouts=Timeouts(read_s=1800.0))
     return provider, [_route(name, cfg, model, tokenizer=Tokenizer.PROVIDER, max_output=LOCAL_MAX_OUTPUT,
                              context_tokens=provider.context_tokens)]
 
@@ -136,7 +172,8 @@ def check_table(config: Mapping[str, ProviderConfig], given: Mapping[str, Any] |
 
 def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping[str, str],
           given: Mapping[str, Any] | None = None, keys: ProviderKeys | None = None,
-          timeouts: Timeouts | None = None) -> tuple[dict[str, Any], list[ModelRoute]]:
+          timeouts: Timeouts | None = None,
+          local_slots: LocalSlots = BUILTIN_SLOTS) -> tuple[dict[str, Any], list[ModelRoute]]:
     """Instantiate every provider of the table (or take the given object) and route its models to it.
 
     A hosted provider's key is ``keys``' entry of its name if there is one, else the variable ``api_key_env``
@@ -152,7 +189,7 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
             continue
         match cfg.kind:
             case ProviderKind.LOCAL:
-                providers[name], more = _local(name, cfg, cache_dir)
+                providers[name], more = _local(name, cfg, cache_dir, local_slots)
                 routes += more
                 continue
             case ProviderKind.OPENAI | ProviderKind.OPENAI_COMPATIBLE | ProviderKind.ANTHROPIC:
@@ -177,12 +214,14 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
 
 def configured_broker(store: Store, tokens: TokenAuthority, config: Mapping[str, ProviderConfig], *,
                       cache_dir: Path | None = None, given: Mapping[str, Any] | None = None,
-                      keys: ProviderKeys | None = None, timeouts: Timeouts | None = None) -> Broker:
+                      keys: ProviderKeys | None = None, timeouts: Timeouts | None = None,
+                      local_slots: LocalSlots = BUILTIN_SLOTS) -> Broker:
     """The broker serving the table's providers (see ``build``); model files come from ``cache_dir`` (by
-    default the user cache's ``swarmyard/models``)."""
+    default the user cache's ``swarmyard/models``); a local model shares its context as ``local_slots`` say."""
     from swarmyard.broker.app import Broker
     from swarmyard.broker.settings import BrokerSettings
 
     cache = cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmyard" / "models"
-    providers, routes = build(config, cache_dir=cache, env=os.environ, given=given, keys=keys, timeouts=timeouts)
+    providers, routes = build(config, cache_dir=cache, env=os.environ, given=given, keys=keys, timeouts=timeouts,
+                              local_slots=local_slots)
     return Broker(store, tokens, providers, BrokerSettings(routes=tuple(routes)))

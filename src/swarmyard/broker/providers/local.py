@@ -188,6 +188,11 @@ class LocalProvider:
         # llama.cpp splits n_ctx evenly between its parallel slots, and one request sees only its slot's share
         params.n_ctx = slot_tokens * n_parallel
         params.n_parallel = n_parallel
+        # each slot keeps its last prompt: a request that shares its start (an agent CLI's system prompt and
+        # tools, the conversation so far) reads only the rest; n_cache_reuse also reuses matching chunks past the
+        # first difference, and a request goes to the slot whose cached prompt is most like its own
+        params.cache_prompt = True
+        params.n_cache_reuse = 256
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
         params.use_jinja = True
