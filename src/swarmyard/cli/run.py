@@ -14,7 +14,7 @@ from swarmyard.cli import render
 from swarmyard.config import SandboxKind, load_config
 from swarmyard.domain import TaskState
 from swarmyard.money import format_usd
-from swarmyard.report.data import WorkerSpan
+from swarmyard.report.data import RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
 from swarmyard.swarm.coordinator import ProgressRow
 
@@ -106,6 +106,16 @@ def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
         render.stderr.print(f"trace: {sent} spans sent to {url}", highlight=False, markup=False)
 
 
+def scores_line(scores: RunScores) -> str:
+    """The run's evaluator in a line: which one and as whom, the holdout score, the best search score and who."""
+    h, best = scores.holdout, scores.best
+    holdout = (f"holdout {h.score} (artifact {h.sha256[:12]} by {h.worker})" if h is not None
+               else f"no holdout score ({scores.holdout_note or 'not scored'})")
+    reached = (f"best search score {best.score} by {best.worker} at {best.at_s:.1f} s" if best is not None
+               else "no search score")
+    return f"evaluator {scores.evaluator}: {holdout}; {reached}"
+
+
 def command(
     swarm_file: Annotated[Path, typer.Argument(help="The swarm file (TOML).")],
     resume: Annotated[str | None, typer.Option("--resume", help="Continue run RUN from the store.")] = None,
@@ -176,6 +186,8 @@ def command(
     if not quiet:
         tokens = data.input_tokens + data.output_tokens
         render.stderr.print(_figures_table(figures))
+        if data.scores is not None:
+            render.stderr.print(scores_line(data.scores), highlight=False, markup=False)
         # the totals line stays the last one: scripts read it
         render.stderr.print(f"run {result.run_id}: {data.wall_s:.1f} s, {data.calls} calls, {tokens} tokens, "
                             f"{format_usd(data.spent_micro_usd)}; report {where}",

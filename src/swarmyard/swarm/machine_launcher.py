@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
     from swarmyard.machines.protocol import ExecResult
     from swarmyard.plane.dashboard import UiListen
+    from swarmyard.plane.tools import Evaluator as PlaneEvaluator
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,12 @@ class MachineLauncher:
     """Runs agents in ``swarmyard.machines`` machines against an in-process control plane."""
 
     def __init__(self, config: SwarmConfig, store: Store, run_dir: Path,
-                 providers: Mapping[str, Any] | None = None, ui: UiListen | None = None) -> None:
+                 providers: Mapping[str, Any] | None = None, ui: UiListen | None = None,
+                 evaluator: PlaneEvaluator | None = None) -> None:
         self.config = config
         self.ui = ui
+        #: scores what workers submit (the run's evaluator, started by the coordinator before ``start``)
+        self.evaluator = evaluator
         self._slot_of: dict[str, str] = {}  # worker id -> the slot it ran in
         self._given_providers = providers
         self.store = store
@@ -115,6 +119,7 @@ class MachineLauncher:
             extra_routes=self._broker.routes(),
             trajectories=self.trajectories,
             machines=self.machines_view,
+            evaluator=self.evaluator,
         )
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting

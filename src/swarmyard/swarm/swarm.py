@@ -58,8 +58,11 @@ class Swarm:
         ``ui`` also serves the control plane on loopback TCP, for the dashboard at ``/ui``."""
         from swarmyard.broker.providers.configured import check_table
         from swarmyard.swarm.machine_launcher import MachineLauncher
+        from swarmyard.swarm.preflight import check_host
+        from swarmyard.swarm.scoring import RunEvaluator
 
-        check_table(self.config.providers, self.providers, env=os.environ)  # before anything is created
+        check_host(self.config)  # before anything is created: the sandbox, the baseline
+        check_table(self.config.providers, self.providers, env=os.environ)
         witness = _witness(self.config.run.witness)
         runs = Path(self.config.run.runs_dir)
         run_id = resume or new_id("run")
@@ -72,16 +75,18 @@ class Swarm:
             run_dir.mkdir(mode=0o700, exist_ok=True)
             url = self.config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
         store = open_store(url, serving=True)
+        evaluator = RunEvaluator(self.config.evaluator.bundle_path, run_id) if self.config.evaluator else None
         try:
             coordinator = Coordinator(
                 self.config,
                 store,
-                MachineLauncher(self.config, store, run_dir, self.providers, ui=ui),
+                MachineLauncher(self.config, store, run_dir, self.providers, ui=ui, evaluator=evaluator),
                 run_id=run_id,
                 run_dir=run_dir,
                 on_span=on_span,
                 on_progress=on_progress,
                 witness=witness,
+                evaluator=evaluator,
             )
             return asyncio.run(coordinator.run(resume=resume is not None))
         finally:
