@@ -177,6 +177,16 @@ def test_a_scored_run_scores_artifacts_fires_the_holdout_once_and_reports_it(sho
     if user is not None:
         assert f"as {user} (its own user)" in done.stderr and f"as {user} (its own user)" in report
 
+    # a resumed run finds the holdout done in the store and never asks again; its report still shows it
+    resumed = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--resume", run_dir.name],
+                             cwd=short_tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "holdout 5" in resumed.stderr
+    with sqlite3.connect(run_dir / "store.db") as db:
+        kinds = [str(k) for (k,) in db.execute("SELECT kind FROM events")]
+        assert db.execute("SELECT COUNT(*) FROM scores WHERE split = 'holdout'").fetchone() == (1,)
+    assert kinds.count("holdout.scored") == 1 and "holdout.refused" not in kinds
+
     # a second holdout for the goal is refused, by a restarted evaluator on the run's state
     try:
         with EvaluatorProcess.start(bundle, run_id=run_dir.name, goal=goal_id) as again:
