@@ -25,6 +25,8 @@ class PiAdapter:
     package = "npm:@mariozechner/pi-coding-agent"
     venv = None
     finding_file = "finding.md"  # no MCP: the launcher submits what it wrote there
+    governed_refusal = ("pi speaks no MCP and delivers its finding with its own write tool, so it cannot work with "
+                        "its tools off: use the built-in agent, claude, codex or opencode")
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless pi run."""
