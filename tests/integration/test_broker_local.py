@@ -114,3 +114,22 @@ def test_a_prompt_past_the_slot_context_is_a_typed_400_and_holds_nothing(rig: Ri
     assert body["context_tokens"] == 1024 and body["input_tokens"] > 1024
     new = [r for r in rig.store.list_reservations(rig.goal_id) if r.id not in before]
     assert [r.state for r in new] == [ReservationState.RELEASED]
+
+
+def test_tools_whose_parameters_refer_to_their_own_defs_are_served(rig: Rig) -> None:
+    """MCP servers' tool schemas (pydantic's) use ``$ref`` into their own ``$defs``: several such tools in one
+    request reach the model, each answered with arguments of its own schema (Claude Code sends them so)."""
+    kind = {"$defs": {"Kind": {"type": "string", "enum": ["note", "question"]}},
+            "type": "object", "properties": {"kind": {"$ref": "#/$defs/Kind"}, "body": {"type": "string"}},
+            "required": ["kind", "body"]}
+    other = {"$defs": {"Unit": {"type": "string", "enum": ["c", "f"]}},
+             "type": "object", "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "required": ["unit"]}
+    oa = openai.OpenAI(base_url=f"{rig.url}/v1", api_key=rig.token, max_retries=0)
+    reply = oa.chat.completions.create(
+        model="local", max_tokens=200, temperature=0, tool_choice={"type": "function", "function": {"name": "post"}},
+        tools=[{"type": "function", "function": {"name": "post", "parameters": kind}},
+               {"type": "function", "function": {"name": "weather", "parameters": other}}],
+        messages=[{"role": "user", "content": "Post a note saying hello."}])
+    [call] = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "post"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments)["kind"] in ("note", "question")  # type: ignore[union-attr]

@@ -121,13 +121,36 @@ def assemble_qwen(cache_dir: Path) -> ModelFile:
     return model
 
 
+def inline_refs(schema: Any, defs: dict[str, Any] | None = None, depth: int = 0) -> Any:
+    """A JSON schema with its local ``$ref``s (``#/$defs/...``, ``#/definitions/...``) replaced by what they name.
+
+    A tool's parameters refer to their own ``$defs``; nested under the ``anyOf`` of :func:`tool_schema` those
+    refs would point at the root of the combined schema, where llama.cpp finds no ``$defs`` and refuses the
+    request. A recursive definition is cut off as an unconstrained value past a few levels.
+    """
+    if isinstance(schema, list):
+        return [inline_refs(item, defs, depth) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if defs is None:
+        defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+        target = defs.get(ref.rsplit("/", 1)[1])
+        if target is None or depth > 8:
+            return {k: v for k, v in schema.items() if k != "$ref"}
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return inline_refs(merged, defs, depth + 1)
+    return {k: inline_refs(v, defs, depth) for k, v in schema.items() if k not in ("$defs", "definitions")}
+
+
 def tool_schema(request: ChatRequest) -> dict[str, Any]:
     """One ``anyOf`` branch per allowed tool, plus a final answer unless a tool is required."""
     tools = [t for t in request.tools if request.tool_choice in (None, "auto", "required", t.name)]
     branches: list[dict[str, Any]] = [
         {
             "type": "object",
-            "properties": {"tool": {"const": t.name}, "arguments": t.parameters},
+            "properties": {"tool": {"const": t.name}, "arguments": inline_refs(t.parameters)},
             "required": ["tool", "arguments"],
         }
         for t in tools
