@@ -9,7 +9,7 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
                  (``policy = "team"`` is short for ``[policy] kind = "team"``)
     [workers]    agent, count, concurrency, exec_timeout_s, baseline, max_steps, model, lease_s,
                  max_failures, retry_backoff_s, history (none | scored_history | single_draft_refinement),
-                 history_top_k
+                 history_top_k, machine (per_task | per_slot), max_machines
                  profile (full | governed), tools = [{name, wasm, folder, writer, fuel, memory_mb,
                  timeout_s, description, params, required}, ...] (WASI tools of the built-in agent)
     [lead]       agent, model, max_steps, prompt, profile
@@ -99,6 +99,13 @@ class HistoryMode(StrEnum):
     NONE = "none"  # the conversation as it went, nothing packed in
     SCORED_HISTORY = "scored_history"  # the top-K scored attempts so far, with their scores
     SINGLE_DRAFT_REFINEMENT = "single_draft_refinement"  # only the best draft so far, to refine
+
+
+class MachineLifetime(StrEnum):
+    """How long a worker's machine lives: for one agent run (its task), or for its slot's every run."""
+
+    PER_TASK = "per_task"  # fresh (or from the baseline) for each task, deleted when it ends: the seed's
+    PER_SLOT = "per_slot"  # kept by its slot: the slot's next task finds the disk as the last one left it
 
 
 class SandboxKind(StrEnum):
@@ -374,6 +381,11 @@ class WorkersConfig(_Frozen):
     profile: Profile = Profile.FULL
     #: WASI tools the built-in agent offers (in either profile), run in the worker's machine
     tools: tuple[WasiToolConfig, ...] = ()
+    #: ``per_task``: each agent run gets a machine of its own, deleted when its task ends; ``per_slot``: a
+    #: worker slot keeps its machine for the tasks it takes (at the cap, the longest-idle one is deleted)
+    machine: MachineLifetime = MachineLifetime.PER_TASK
+    #: the most machines a run keeps at once; agent runs past it wait for a machine to end
+    max_machines: PositiveInt = 128
 
 
 class LeadConfig(_Frozen):

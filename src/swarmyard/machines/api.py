@@ -182,9 +182,14 @@ class Machines:
                 self._names.pop(name, None)
             raise SandboxError(f"no machine slot freed within {self._queue_timeout_s} s", retryable=True)
 
-    def _unclaim(self, name: str) -> None:
+    def _unclaim(self, name: str, machine_id: str | None = None) -> None:
+        """Give the slot of ``name`` back (once: a second call for the same machine finds it gone)."""
         with self._lock:
-            self._envs.pop(self._names.pop(name, ""), None)
+            held = self._names.get(name)
+            if held is None or (machine_id is not None and held != machine_id):
+                return
+            del self._names[name]
+            self._envs.pop(held, None)
         self._slots.release()
 
     def create(
@@ -306,10 +311,15 @@ class Machines:
 
     def delete(self, machine_id: str) -> None:
         """Kill everything in the machine and remove its disk, mounts and cgroups."""
-        name = next((i.name for i in self.backend.list() if i.id == machine_id), None)
-        self.backend.delete(machine_id)
-        if name is not None:
-            self._unclaim(name)
+        with self._lock:
+            name = next((n for n, held in self._names.items() if held == machine_id), None)
+        try:
+            self.backend.delete(machine_id)
+        finally:
+            # a teardown that failed half-way still frees the slot once the backend has let the machine go;
+            # kept, it would hold a place of the cap that no later delete could give back
+            if name is not None and all(info.id != machine_id for info in self.backend.list()):
+                self._unclaim(name, machine_id)
 
     def list(self) -> list[MachineInfo]:
         """Live machines."""

@@ -1,7 +1,9 @@
-"""The real launcher: the control plane (tools + broker) on a Unix socket, one machine per worker slot.
+"""The real launcher: the control plane (tools + broker) on a Unix socket, a machine for every agent run.
 
 Each agent run gets a fresh capability token scoped to the goal and its slot's group; the machine sees the
-plane only through its in-sandbox relay. Every machine made is deleted in ``close``.
+plane only through its in-sandbox relay. A machine lives as long as its agent's task (``workers.machine =
+"per_task"``) or its slot (``"per_slot"``), at most ``workers.max_machines`` at once (see
+:mod:`swarmyard.swarm.run_machines`); whatever is left is deleted in ``close``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,7 @@ from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.launcher import WorkerSlot
+from swarmyard.swarm.run_machines import HeldMachine, RunMachines
 from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
 
 if TYPE_CHECKING:
@@ -83,6 +87,13 @@ class MachineLauncher:
         self._relays: dict[str, str] = {}
         self._homes: dict[str, str] = {}
         self._with_files: set[str] = set()  # slots whose machine holds a task's input files now
+        self._held: RunMachines | None = None
+        #: the threads agent runs block in: one per concurrent run (asyncio's default pool has cpu_count + 4,
+        #: which would cap the concurrency of a small host below the swarm file's)
+        self._pool: ThreadPoolExecutor | None = None
+        self._groups: dict[str, str] = {}  # slot -> its group (the machine's)
+        self._key_places: list[str] = []  # where the scans of deleted machines found a provider key
+        self._scanned = 0  # machines scanned for provider keys so far
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
         self.keys_found: int | None = None
         self._server: Any = None
@@ -140,8 +151,23 @@ class MachineLauncher:
                 if not self._thread.is_alive():
                     raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
                 await asyncio.sleep(0.02)
-        self._machines = await asyncio.to_thread(Machines, self._backend())
+        workers = self.config.workers
+        # The launcher keeps within the cap itself (RunMachines); the API's own cap is the same number, and a
+        # machine made outside the launcher that holds a place longer than an agent may run is an error there.
+        self._machines = await asyncio.to_thread(Machines, self._backend(), max_concurrent=workers.max_machines,
+                                                 queue_timeout_s=workers.exec_timeout_s + 60)
+        self._held = RunMachines(workers.max_machines, workers.machine, self._make, self._drop)
+        # the workers, plus the lead or the planner, which may start while the last workers end
+        self._pool = ThreadPoolExecutor(max_workers=workers.concurrency + 2, thread_name_prefix="swarmyard-agent")
         self._baseline = await asyncio.to_thread(self._agent_baseline)
+
+    def _backend(self) -> Backend | str:
+        """The machines backend the run asked for; a Ray cluster is joined here, not at import."""
+        if self.config.run.sandbox is SandboxKind.RAY:
+            from swarmyard.machines.ray import RayBackend
+
+            return RayBackend(address=self.config.run.ray_address)
+        return self.config.run.sandbox.value
 
     def _announce_ui(self, ui: UiListen, port: int | None) -> None:
         """Write an operator token for the dashboard (0600, beside the run's other secrets) and say where."""
@@ -161,14 +187,6 @@ class MachineLauncher:
         return [{"worker": worker, "slot": slot, "machine": self._made.get(slot, "deleted"),
                  "state": "running" if worker in running else ("ended" if slot in self._made else "deleted")}
                 for worker, slot in list(self._slot_of.items())]
-
-    def _backend(self) -> Backend | str:
-        """The machines backend the run asked for; a Ray cluster is joined here, not at import."""
-        if self.config.run.sandbox is SandboxKind.RAY:
-            from swarmyard.machines.ray import RayBackend
-
-            return RayBackend(address=self.config.run.ray_address)
-        return self.config.run.sandbox.value
 
     def _agent_baseline(self) -> str | None:
         """The baseline every machine starts from: the swarm file's, or a PyPI agent's own environment."""
@@ -193,28 +211,51 @@ class MachineLauncher:
             pass  # made by an earlier run on this host (a new pin is a new name)
         return spec.baseline
 
-    def _machine(self, slot: WorkerSlot) -> str:
-        if slot.name not in self._made:
-            info = self._machines.create(
-                f"{slot.name}-{new_id('m')[-8:]}",
-                self._baseline,
-                slot.group,
-                control_socket=self.socket,
-            )
+    def _make(self, slot: str) -> HeldMachine:
+        """Boot a machine for ``slot`` (fresh, or from the baseline) and wait until it runs commands."""
+        group = self._groups.get(slot)
+        info = self._machines.create(f"{slot}-{new_id('m')[-8:]}", self._baseline, group,
+                                     control_socket=self.socket)
+        try:
             ready = self._machines.wait_until_ready(info.id)
-            self.store.record_event("machine.created", {"goal": self._goal.id if self._goal else None,
-                                                        "machine": info.id, "slot": slot.name, "group": slot.group,
-                                                        **({"node": info.node} if info.node else {})})
-            self._made[slot.name] = info.id
-            # where the machine's own disk is, as the agent inside sees it
-            self._homes[slot.name] = MACHINE_HOME if info.backend in ("local", "ray") else (info.disk or ".")
-            self._relays[slot.name] = f"http://127.0.0.1:{ready.relay_port}"
-        return self._made[slot.name]
+        except BaseException:
+            self._machines.delete(info.id)
+            raise
+        self.store.record_event("machine.created", {"goal": self._goal.id if self._goal else None,
+                                                    "machine": info.id, "slot": slot, "group": group,
+                                                    **({"node": info.node} if info.node else {})})
+        # where the machine's own disk is, as the agent inside sees it
+        home = MACHINE_HOME if info.backend in ("local", "ray") else (info.disk or ".")
+        held = HeldMachine(info.id, slot, f"http://127.0.0.1:{ready.relay_port}", home)
+        self._made[slot], self._homes[slot], self._relays[slot] = held.id, held.home, held.relay
+        return held
+
+    def _drop(self, held: HeldMachine) -> None:
+        """Scan a machine for provider keys, then delete it; a machine already gone is no error."""
+        if self._made.get(held.slot) == held.id:
+            self._made.pop(held.slot, None)
+            self._with_files.discard(held.slot)
+        self._scan_for_keys([held.id])
+        try:
+            self._machines.delete(held.id)
+        except SwarmyardError as exc:
+            log.info("machine %s of %s was already gone: %s", held.id, held.slot, exc.message)
+            return
+        self.store.record_event("machine.deleted", {"goal": self._goal.id if self._goal else None,
+                                                    "machine": held.id, "slot": held.slot})
 
     def _run_blocking(self, slot: WorkerSlot) -> WorkerSpan:
-        assert self._tokens is not None and self._goal is not None
+        assert self._held is not None
+        self._groups[slot.name] = slot.group
         started = time.time()
-        machine_id = self._machine(slot)
+        held = self._held.take(slot.name)
+        try:
+            return self._run_in(slot, held.id, started)
+        finally:
+            self._held.give_back(held)
+
+    def _run_in(self, slot: WorkerSlot, machine_id: str, started: float) -> WorkerSpan:
+        assert self._tokens is not None and self._goal is not None
         if slot.role is Role.WORKER and slot.task_id is not None:
             self._put_task_files(slot, machine_id, slot.task_id)
         relay = self._relays[slot.name]
@@ -401,33 +442,39 @@ class MachineLauncher:
         return self._running.get(slot)
 
     async def run(self, slot: WorkerSlot) -> WorkerSpan:
-        """One agent run in the slot's machine (made on first use)."""
+        """One agent run in a machine of its own (``per_task``) or its slot's (``per_slot``), once the cap has
+        room."""
+        assert self._pool is not None, "start() first"
         try:
-            return await asyncio.to_thread(self._run_blocking, slot)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._run_blocking, slot)
         finally:
             self._running.pop(slot.name, None)
 
-    def _scan_for_keys(self) -> None:
-        """Look for the broker's provider keys in every machine before it is deleted (``keys_found``)."""
+    def _scan_for_keys(self, machine_ids: list[str]) -> None:
+        """Look for the broker's provider keys in machines about to be deleted (they add up in ``_key_places``)."""
         from swarmyard.broker.keys import held_values
         from swarmyard.swarm.keyscan import scan_machines
 
-        scan = scan_machines(self._machines, list(self._made.values()), held_values())
-        self.keys_found = scan.found
-        self.store.record_event("machines.keys_scanned", {"goal": self._goal.id if self._goal else None,
-                                                          "machines": scan.machines, "places": list(scan.places)})
+        scan = scan_machines(self._machines, machine_ids, held_values())
+        self._scanned += scan.machines
+        self._key_places += scan.places
         if scan.found:
             log.warning("provider keys found in machines: %s", ", ".join(scan.places))
+
+    def _close_machines(self) -> None:
+        """Delete the machines still live (scanned first), then say what every scan of the run found."""
+        left = self._held.close() if self._held is not None else []
+        for held in left:
+            self._drop(held)
+        self.keys_found = len(self._key_places)
+        self.store.record_event("machines.keys_scanned", {"goal": self._goal.id if self._goal else None,
+                                                          "machines": self._scanned, "places": self._key_places})
 
     async def close(self) -> None:
         """Delete every machine, then stop the plane."""
         try:
             if self._machines is not None:
-                await asyncio.to_thread(self._scan_for_keys)
-                for machine_id in list(self._made.values()):
-                    await asyncio.to_thread(self._machines.delete, machine_id)
-                    await asyncio.to_thread(self.store.record_event, "machine.deleted", {"machine": machine_id})
-                self._made.clear()
+                await asyncio.to_thread(self._close_machines)
                 await asyncio.to_thread(self._machines.close)
         finally:
             if self._broker is not None:
@@ -439,3 +486,6 @@ class MachineLauncher:
                 await asyncio.to_thread(self._thread.join, 10)
             if self._ui_server is not None:
                 await asyncio.to_thread(self._ui_server.stop)
+            if self._pool is not None:
+                # every machine is gone, so every agent run in it has returned or is about to
+                self._pool.shutdown(wait=False, cancel_futures=True)
