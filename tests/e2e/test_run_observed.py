@@ -199,3 +199,34 @@ def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
         assert a["swarmyard.worker_id"].startswith("wrk_") and a["swarmyard.task_id"].startswith("task_")
     assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in spans if c["name"].startswith("chat ")) == \
         root["attrs"]["swarmyard.spend_micro_usd"]
+
+    # the report: charts, each agent's steps, the board and findings readable, the audit root and key
+    md = (run_dir / "report.md").read_text()
+    page = (run_dir / "report.html").read_text()
+    assert "![Calls, tokens and spend per worker](spend.png)" in md and "## Trajectories" in md
+    assert '- step 1 (' in md and '`board_post {"body": "the market is large"}`' in md
+    assert "## Audit" in md and f"swarmyard audit verify runs/{run_dir.name} --log-key" in md
+    assert '<section id="trajectories">' in page and '<li data-step="2">' in page
+    assert '<tr id="post-1">' in page and '<a href="#post-1">post 1</a>' in page
+    assert (run_dir / "spend.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # swarmyard runs list / show, from an ordinary folder
+    listed = _cli(folder, "runs", "list", "--runs-dir", "runs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["run"] == run_dir.name and row["status"] == "done" and row["tasks_done"] == 2
+    assert row["calls"] == 4 and row["spent_micro_usd"] == root["attrs"]["swarmyard.spend_micro_usd"] > 0
+    table = _cli(folder, "runs", "list", "--runs-dir", "runs")
+    assert table.returncode == 0 and run_dir.name in table.stdout and "done" in table.stdout
+    shown = _cli(folder, "runs", "show", run_dir.name, "--runs-dir", "runs", "--json")
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["synthesis"] == SYNTHESIS and info["audit_root"] and info["audit_size"] > 0
+    assert sorted(w["steps"] for w in info["workers"]) == [1, 2]
+    assert all(w["trajectory"] and Path(folder, w["trajectory"]).is_file() for w in info["workers"])
+    text = _cli(folder, "runs", "show", run_dir.name, "--runs-dir", "runs")
+    assert text.returncode == 0 and "synthesis: " + SYNTHESIS in text.stdout
+    for bad in (["runs", "show", "nope", "--runs-dir", "runs"], ["runs", "show", "..", "--runs-dir", "runs"],
+                ["runs", "list", "--runs-dir", "missing"]):
+        refused = _cli(folder, *bad)
+        assert refused.returncode == 1 and refused.stderr.startswith("error (user_error):"), bad

@@ -23,6 +23,7 @@ NOUNS: dict[str, str] = {
     "witness": "swarmyard.cli.witness",
     "machines": "swarmyard.cli.machines",
     "run": "swarmyard.cli.run",
+    "runs": "swarmyard.cli.runs",
     "campaign": "swarmyard.cli.campaign",
     "serve": "swarmyard.cli.serve",
     "worker": "swarmyard.cli.worker",

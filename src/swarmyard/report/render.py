@@ -11,6 +11,7 @@ from swarmyard.domain import Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
 from swarmyard.report.data import ReportData
+from swarmyard.report.steps import Steps, html_steps, load_steps, markdown_steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,29 @@ def _cites(f: Finding) -> str:
     return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
 
 
-def markdown(data: ReportData) -> str:
+def _audit_lines(data: ReportData) -> list[str]:
+    """What checks the run's log: its root and keys, and the command that verifies it against them."""
+    if not data.audit_root:
+        return []
+    lines = [f"Root of the audit log (RFC 6962, base64): `{data.audit_root}`"]
+    if data.audit_key:
+        lines.append(f"Log key: `{data.audit_key}`")
+    witness = data.extra.get("audit witness")
+    if witness:
+        lines.append(f"Witness: `{witness}`")
+    if data.audit_key:
+        lines.append(f"Check it: `swarmyard audit verify runs/{data.run_id} --log-key '{data.audit_key}'`")
+    return lines
+
+
+def _cite_link(f: Finding) -> str:
+    e = html.escape
+    links = [f'<a href="#{"post-" + e(c.ref) if c.kind.value == "post" else e(c.ref)}">{e(c.kind.value)} {e(c.ref)}</a>'
+             for c in f.citations]
+    return ", ".join(links) or "none"
+
+
+def markdown(data: ReportData, steps: Steps | None = None) -> str:
     """The report as Markdown."""
     out = [f"# Run {data.run_id}", "", "## Objective", "", data.goal.objective, "", "## Synthesis", ""]
     out += [data.synthesis.body if data.synthesis else "_No synthesis was written._", ""]
@@ -117,7 +140,12 @@ def markdown(data: ReportData) -> str:
         + [f"- **{p.seq}** [{p.kind.value}] {p.author} ({p.group}): {p.body}" for p in data.posts]
         + [""]
     )
-    out += ["## Charts", "", "![Worker timeline](timeline.png)", "", "![Spend per worker](spend.png)", ""]
+    out += ["## Charts", "", "![Worker timeline](timeline.png)", "",
+            "![Calls, tokens and spend per worker](spend.png)", ""]
+    out += markdown_steps(data, steps or {})
+    audit = _audit_lines(data)
+    if audit:
+        out += ["## Audit", "", *[f"- {line}" for line in audit], ""]
     return "\n".join(out)
 
 
@@ -125,20 +153,25 @@ def _img(png: bytes, alt: str, ident: str) -> str:
     return f'<img id="{ident}" alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
+def html_page(data: ReportData, timeline: bytes, spend: bytes, steps: Steps | None = None) -> str:
     """The report as one self-contained HTML page (charts inline)."""
     e = html.escape
+    row_of = {s.worker_id: s.row for s in data.spans}
+    start = data.goal.created_at
     findings = "".join(
         f'<article class="finding" id="{e(f.id)}"><h3>{e(f.title)}</h3>'
-        f'<p class="meta">{e(f.id)} by {e(f.author)} (group {e(f.group)})</p>'
-        f"<pre>{e(f.body)}</pre><p>Citations: {e(_cites(f))}</p></article>"
+        f'<p class="meta">{e(f.id)} by {e(row_of.get(f.author, f.author))} (group {e(f.group)}, '
+        f"{f.created_at - start:.1f} s{f', score {f.score}' if f.score is not None else ''})</p>"
+        f"<div class=\"body\">{e(f.body)}</div><p>Citations: {_cite_link(f)}</p></article>"
         for f in data.findings
         if not (data.synthesis and f.id == data.synthesis.id)
     )
     board = "".join(
-        f"<li><b>{p.seq}</b> [{e(p.kind.value)}] {e(p.author)} ({e(p.group)}): {e(p.body)}</li>"
+        f'<tr id="post-{p.seq}"><td>{p.seq}</td><td>{p.created_at - start:.1f} s</td><td>{e(p.kind.value)}</td>'
+        f"<td>{e(row_of.get(p.author, p.author))}</td><td>{e(p.group)}</td><td class=\"body\">{e(p.body)}</td></tr>"
         for p in data.posts
     )
+    audit = "".join(f"<li>{e(line)}</li>" for line in _audit_lines(data))
     totals = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _totals(data))
     per_worker = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _WORKER_HEAD) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _worker_rows(data))
@@ -156,9 +189,12 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes) -> str:
                       f"<th>tries</th><th>why</th></tr>{failed}</table></section>\n" if failed else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>swarmyard run {e(data.run_id)}</title>
-<style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
-pre{{white-space:pre-wrap}} img{{max-width:100%}}
-table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
+<style>body{{font-family:sans-serif;max-width:64rem;margin:2rem auto;padding:0 1rem;color:#1d2330}}
+pre,.body{{white-space:pre-wrap;word-break:break-word}} img{{max-width:100%}}
+table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem;vertical-align:top}}
+#board td{{border-bottom:1px solid #e3e6ec}} .finding{{border-left:3px solid #1565c0;padding:.1rem 1rem;margin:1rem 0}}
+details{{margin:.4rem 0}} summary{{cursor:pointer;font-weight:600}} .malformed pre{{background:#fbeceb}}
+pre{{background:#f3f4f7;padding:.3rem .5rem}} code{{word-break:break-all}}
 .meta{{color:#555}}</style></head><body>
 <h1>Run {e(data.run_id)}</h1>
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
@@ -166,9 +202,12 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
 {scores_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
-{_img(spend, "Spend per worker", "spend")}</section>
+{_img(spend, "Calls, tokens and spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>
-<section id="board"><h2>Board</h2><ol>{board}</ol></section>
+<section id="board"><h2>Board</h2><table><tr><th>#</th><th>at</th><th>kind</th><th>author</th><th>group</th>
+<th>post</th></tr>{board}</table></section>
+{html_steps(data, steps or {})}
+<section id="audit"><h2>Audit</h2><ul>{audit or "<li>No audit root was recorded.</li>"}</ul></section>
 </body></html>
 """
 
@@ -176,12 +215,13 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem}}
 def write_report(data: ReportData, out_dir: Path) -> ReportFiles:
     """Write the Markdown, the HTML and the two chart images into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    timeline, spend = timeline_png(data), spend_png(data)
+    steps = load_steps(out_dir / "agents")
+    timeline, spend = timeline_png(data, steps), spend_png(data)
     files = ReportFiles(
         out_dir / "report.md", out_dir / "report.html", out_dir / "timeline.png", out_dir / "spend.png"
     )
     files.timeline.write_bytes(timeline)
     files.spend.write_bytes(spend)
-    files.markdown.write_text(markdown(data), encoding="utf-8")
-    files.html.write_text(html_page(data, timeline, spend), encoding="utf-8")
+    files.markdown.write_text(markdown(data, steps), encoding="utf-8")
+    files.html.write_text(html_page(data, timeline, spend, steps), encoding="utf-8")
     return files

@@ -1,0 +1,168 @@
+"""``swarmyard runs list`` and ``swarmyard runs show RUN``: the runs in a runs folder, read back from their stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from swarmyard.cli import render
+from swarmyard.cli.options import JsonOption
+from swarmyard.errors import StoreError, SwarmyardError, UserError
+from swarmyard.money import format_usd
+
+app = typer.Typer(help="Runs in a runs folder: list them, show one.", no_args_is_help=True)
+
+_RunsDir = typer.Option(Path("runs"), "--runs-dir", help="The runs folder ([run] runs_dir of the swarm file).")
+
+
+def _state(run_dir: Path) -> dict[str, Any]:
+    try:
+        value = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{run_dir} is not a run folder (no readable run.json)") from exc
+    if not isinstance(value, dict) or not isinstance(value.get("goal_id"), str):
+        raise UserError(f"{run_dir}/run.json is not a run's state")
+    return value
+
+
+def _audit_root(run_dir: Path) -> tuple[int, str] | None:
+    """The latest signed checkpoint's tree size and root (its second and third lines)."""
+    notes = sorted((run_dir / "audit" / "checkpoints").glob("*.note"))
+    if not notes:
+        return None
+    lines = notes[-1].read_text(encoding="utf-8", errors="replace").splitlines()
+    if len(lines) < 3 or not lines[1].isdigit():
+        return None
+    return int(lines[1]), lines[2]
+
+
+def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
+    """What a run's store says about it (opened read-mostly: the run is over, or runs elsewhere)."""
+    from swarmyard.domain import TaskState
+    from swarmyard.report.data import reservation_cost
+    from swarmyard.store import open_store
+
+    state = _state(run_dir)
+    url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise UserError(f"run {run_dir.name}: its store {url} is gone")
+    store = open_store(url)
+    try:
+        goal = store.get_goal(state["goal_id"])
+        tasks = store.list_tasks(goal.id)
+        reservations = store.list_reservations(goal.id)
+        findings = store.read_findings(goal.id, limit=10_000) if detail else []
+        workers = store.list_workers(goal.id) if detail else []
+    finally:
+        store.close()
+    lead = [t for t in tasks if t.group == "lead"]
+    if state.get("lead_done"):
+        status = "done"
+    elif lead and lead[-1].state is TaskState.FAILED:
+        status = "no synthesis"
+    else:
+        status = "running or stopped"
+    out: dict[str, Any] = {
+        "run": run_dir.name, "goal": goal.id, "status": status, "objective": goal.objective, "policy": goal.policy,
+        "started_at": goal.created_at, "tasks": len(tasks),
+        "tasks_done": sum(1 for t in tasks if t.state is TaskState.DONE),
+        "tasks_failed": sum(1 for t in tasks if t.state is TaskState.FAILED),
+        "calls": sum(1 for r in reservations if r.state.value != "released"),
+        "tokens": sum(r.input_tokens + r.output_tokens for r in reservations),
+        "spent_micro_usd": sum(reservation_cost(r) for r in reservations),
+        "budget_micro_usd": goal.budget_micro_usd,
+    }
+    if not detail:
+        return out
+    agents = run_dir / "agents"
+    per_worker: dict[str, dict[str, int]] = {}
+    for r in reservations:
+        row = per_worker.setdefault(r.worker_id or "-", {"calls": 0, "tokens": 0, "spent_micro_usd": 0})
+        row["calls"] += 1
+        row["tokens"] += r.input_tokens + r.output_tokens
+        row["spent_micro_usd"] += reservation_cost(r)
+    files = {p.name: p for p in agents.glob("*.jsonl")} if agents.is_dir() else {}
+    audit = _audit_root(run_dir)
+    synthesis = next((f for f in reversed(findings) if lead and f.task_id == lead[-1].id), None)
+    out.update({
+        "task_list": [{"id": t.id, "title": t.title, "group": t.group, "state": t.state.value,
+                       "attempts": t.attempts, "result": t.result} for t in tasks],
+        "workers": [{"id": w.id, "group": w.group, **per_worker.get(w.id, {"calls": 0, "tokens": 0,
+                                                                           "spent_micro_usd": 0}),
+                     "trajectory": next((str(p) for n, p in files.items()
+                                         if n.endswith(f"{w.id}.jsonl") and ".transcript." not in n), None),
+                     "steps": next((sum(1 for _ in p.open(encoding="utf-8", errors="replace"))
+                                    for n, p in files.items() if n.endswith(f"{w.id}.jsonl")), 0)}
+                    for w in workers],
+        "findings": [{"id": f.id, "title": f.title, "author": f.author, "score": f.score,
+                      "citations": len(f.citations)} for f in findings],
+        "synthesis": synthesis.body if synthesis else None,
+        "audit_size": audit[0] if audit else None, "audit_root": audit[1] if audit else None,
+        "report": str(run_dir / "report.html") if (run_dir / "report.html").exists() else None,
+    })
+    return out
+
+
+def _runs(runs_dir: Path) -> list[Path]:
+    if not runs_dir.is_dir():
+        raise UserError(f"no runs folder at {runs_dir} (give --runs-dir)")
+    return sorted(p for p in runs_dir.iterdir() if (p / "run.json").is_file())
+
+
+@app.command("list")
+def list_runs(runs_dir: Path = _RunsDir, as_json: bool = JsonOption) -> None:
+    """Every run in the runs folder, oldest first: status, tasks, calls, tokens and spend."""
+    rows = []
+    for run_dir in _runs(runs_dir):
+        try:
+            rows.append(_summary(run_dir))
+        except (SwarmyardError, OSError) as exc:
+            message = exc.message if isinstance(exc, SwarmyardError) else str(exc)
+            rows.append({"run": run_dir.name, "status": f"unreadable: {message}"})
+    rows.sort(key=lambda r: r.get("started_at", 0.0))
+    if as_json:
+        render.print_json(rows)
+        return
+    render.print_table(None, ["run", "status", "tasks", "calls", "tokens", "spend", "objective"], [
+        [r["run"], r["status"], f"{r['tasks_done']}/{r['tasks']}" if "tasks" in r else "-", r.get("calls", "-"),
+         r.get("tokens", "-"), format_usd(r["spent_micro_usd"]) if "spent_micro_usd" in r else "-",
+         str(r.get("objective", ""))[:60]] for r in rows])
+
+
+@app.command()
+def show(run: str = typer.Argument(help="The run id (a folder of the runs folder)."), runs_dir: Path = _RunsDir,
+         as_json: bool = JsonOption) -> None:
+    """One run: its goal, tasks, workers with their trajectories, findings, synthesis and audit root."""
+    if not run or "/" in run or run in (".", ".."):
+        raise UserError(f"not a run id: {run!r}")
+    run_dir = runs_dir / run
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"no run {run} in {runs_dir}")
+    try:
+        info = _summary(run_dir, detail=True)
+    except StoreError as exc:
+        raise UserError(f"run {run}: its store cannot be read: {exc.message}") from exc
+    if as_json:
+        render.print_json(info)
+        return
+    out = render.stdout
+    out.print(f"run {info['run']} ({info['status']}): {info['objective']}", highlight=False, markup=False)
+    out.print(f"goal {info['goal']}, policy {info['policy']}; {info['calls']} calls, {info['tokens']} tokens, "
+              f"{format_usd(info['spent_micro_usd'])} of {format_usd(info['budget_micro_usd'])}",
+              highlight=False, markup=False)
+    render.print_table("tasks", ["task", "group", "state", "tries", "result"],
+                       [[t["title"], t["group"], t["state"], t["attempts"], (t["result"] or "")[:60]]
+                        for t in info["task_list"]])
+    render.print_table("workers", ["worker", "group", "calls", "tokens", "spend", "steps", "trajectory"],
+                       [[w["id"], w["group"], w["calls"], w["tokens"], format_usd(w["spent_micro_usd"]), w["steps"],
+                         w["trajectory"] or "-"] for w in info["workers"]])
+    render.print_table("findings", ["finding", "title", "by", "score", "cites"],
+                       [[f["id"], f["title"][:50], f["author"], "-" if f["score"] is None else f["score"],
+                         f["citations"]] for f in info["findings"]])
+    out.print(f"synthesis: {info['synthesis'] or '(none)'}", highlight=False, markup=False)
+    if info["audit_root"]:
+        out.print(f"audit: {info['audit_size']} events, root {info['audit_root']}", highlight=False, markup=False)
+    out.print(f"report: {info['report'] or '-'}", highlight=False, markup=False)
