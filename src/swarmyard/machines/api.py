@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import environment
+from swarmyard.machines.networks import check_names
 from swarmyard.machines.protocol import (
     Backend,
     Baseline,
@@ -150,6 +151,7 @@ class Machines:
         limits: Limits | None,
         isolation: Isolation | None,
         control_socket: Path | None,
+        networks: Sequence[str] | None = None,
     ) -> MachineSpec:
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidInputError(
@@ -169,6 +171,7 @@ class Machines:
             group=group,
             baseline=baseline,
             control_socket=Path(control_socket) if control_socket else None,
+            networks=check_names(networks),
         )
 
     def _claim(self, name: str, machine_id: str) -> None:
@@ -202,8 +205,12 @@ class Machines:
         limits: Limits | None = None,
         isolation: Isolation | None = None,
         control_socket: Path | None = None,
+        networks: Sequence[str] | None = None,
     ) -> MachineInfo:
-        """Create a machine and start it booting; waits in the queue while the concurrency cap is reached."""
+        """Create a machine and start it booting; waits in the queue while the concurrency cap is reached.
+
+        ``networks``: private networks it joins once ready (names resolve as ``<name>.yard`` between machines
+        that share one); none keeps it isolated: loopback and the control plane only."""
         spec = self._spec(
             name,
             baseline=baseline,
@@ -212,6 +219,7 @@ class Machines:
             limits=limits,
             isolation=isolation,
             control_socket=control_socket,
+            networks=networks,
         )
         return self._start(name, spec, lambda: self.backend.create(spec))
 

@@ -22,16 +22,17 @@ import site
 import sys
 import sysconfig
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, assert_never
 
-from swarmyard.errors import SandboxUnavailableError
-from swarmyard.machines import disks, doctor, execs, identity, launchers, native, sysroot
+from swarmyard.errors import SandboxError, SandboxUnavailableError
+from swarmyard.machines import disks, doctor, execs, identity, launchers, native, networks, sysroot
 from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
 from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.identity import HOST_UID, SANDBOX_UID
-from swarmyard.machines.protocol import MachineSpec, OutputCap
+from swarmyard.machines.protocol import MachineInfo, MachineSpec, OutputCap
 from swarmyard.machines.supervised import (
     _SPAWNER,
     DEFAULT_DISK_BYTES,
@@ -39,6 +40,7 @@ from swarmyard.machines.supervised import (
     Launch,
     Machine,
     SupervisedBackend,
+    _inside,
     init_argv,
 )
 
@@ -169,6 +171,8 @@ class LocalBackend(SupervisedBackend):
         # The compiled launcher mounts each machine's disk in the machine's own mount namespace.
         self.mounts_in_launcher = self.native_init is not None
         self._pool: launchers.LauncherPool | None = None
+        #: the private networks this backend's machines join
+        self.networks = networks.Networks()
         #: How many launchers this backend keeps parked (0 when it keeps none).
         self.parked = parked if self.native_init is not None else 0
         if self.native_init is not None and parked > 0:
@@ -257,6 +261,37 @@ class LocalBackend(SupervisedBackend):
         super().close()
         if self._pool is not None:
             self._pool.close()
+        self.networks.close()
+
+    # -- private networks (see swarmyard.machines.networks) ------------------------------------------------------
+
+    def networks_refusal(self) -> str | None:
+        """Private networks need root here (see :mod:`swarmyard.machines.networks`)."""
+        return networks.available()
+
+    def wait_until_ready(self, machine_id: str, timeout_s: float) -> MachineInfo:
+        """Block until the machine can run commands; a machine with networks is on them by then."""
+        info = super().wait_until_ready(machine_id, timeout_s)
+        machine = self._get(machine_id)
+        if not machine.spec.networks:
+            return info
+        with machine.lock:
+            if machine.info.addresses:
+                return machine.info
+            inner = None if machine.proc is None else _inside(machine.proc.pid, "net")
+            if inner is None:
+                raise SandboxError(f"machine {machine_id} is not running", machine_id=machine_id)
+            joined = self.networks.attach(machine_id, machine.spec.name, inner, machine.spec.networks,
+                                          machine.root / "hosts")
+            machine.info = replace(machine.info, addresses=tuple(joined.items()))
+            return machine.info
+
+    def delete(self, machine_id: str) -> None:
+        """Kill everything the machine runs, remove it, and take it off its networks."""
+        try:
+            super().delete(machine_id)
+        finally:
+            self.networks.detach(machine_id)
 
     def _enforced(self, machine: Machine, landlock_abi: int) -> tuple[str, ...]:
         have = ["namespaces"]
@@ -393,6 +428,10 @@ class LocalBackend(SupervisedBackend):
         if spec.control_socket is not None:
             identity.admit(spec.control_socket)
             argv += ["--ro-bind", str(spec.control_socket), PLANE_SOCKET]
+        if spec.networks:
+            hosts = machine.root / "hosts"  # its peers' names, rewritten as they come and go
+            networks.write_hosts(hosts, networks.LOCALHOST)
+            argv += ["--ro-bind", str(hosts), "/etc/hosts"]
         pass_fds: tuple[int, ...] = ()
         close_after: tuple[int, ...] = ()
         if spec.isolation.seccomp and self.report.seccomp:

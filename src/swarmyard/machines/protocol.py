@@ -109,6 +109,8 @@ class MachineSpec:
     group: str | None = None
     baseline: str | None = None
     control_socket: Path | None = None
+    #: private networks the machine joins (see :mod:`swarmyard.machines.networks`); none: isolated
+    networks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,8 @@ class MachineInfo:
     enforced: tuple[str, ...] = field(default_factory=tuple)
     #: where the machine runs, for backends that place machines on several hosts (the Ray node id)
     node: str | None = None
+    #: (network, address) for each private network the machine is on
+    addresses: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

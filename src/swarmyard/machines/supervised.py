@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import swarmyard
-from swarmyard.errors import NotFoundError, SandboxError, UserError
+from swarmyard.errors import NotFoundError, SandboxError, SandboxUnavailableError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
@@ -216,6 +216,10 @@ class SupervisedBackend:
 
     # -- what a subclass provides -------------------------------------------------------------------------------
 
+    def networks_refusal(self) -> str | None:
+        """Why machines of this backend cannot join private networks (``MachineSpec.networks``), if they cannot."""
+        return f"the {self.name} backend has no private networks: its machines share the host's network"
+
     def _launch(self, machine: Machine, ready_w: int) -> Launch:
         raise NotImplementedError
 
@@ -337,6 +341,8 @@ class SupervisedBackend:
         forked_from: str | None,
         seed: Path | None = None,
     ) -> MachineInfo:
+        if spec.networks and (reason := self.networks_refusal()) is not None:
+            raise SandboxUnavailableError(reason, machine_id=spec.id)  # before anything is made
         parked = self._take_parked(spec)
         if parked is not None and parked.folder is not None:
             root = parked.folder
@@ -640,14 +646,15 @@ class SupervisedBackend:
                 )
 
 
-def _inside(pid: int) -> int | None:
-    """The first process at or below ``pid`` in another mount namespace than this one's (bwrap's sandbox side)."""
-    own = os.readlink("/proc/self/ns/mnt")
+def _inside(pid: int, namespace: str = "mnt") -> int | None:
+    """The first process at or below ``pid`` in another ``namespace`` (``mnt``, ``net``) than this one's: bwrap's
+    sandbox side (a parked launcher has a mount namespace of its own, but not the machine's network one)."""
+    own = os.readlink(f"/proc/self/ns/{namespace}")
     todo = [pid]
     while todo:
         current = todo.pop(0)
         try:
-            if os.readlink(f"/proc/{current}/ns/mnt") != own:
+            if os.readlink(f"/proc/{current}/ns/{namespace}") != own:
                 return current
             children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:

@@ -39,6 +39,8 @@ _OWN = {
     ),
     "group": "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n",
     "hostname": "machine\n",
+    # a machine on a private network binds its own over this one (names of its peers as <name>.yard)
+    "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 }
 #: Host entries never copied: private keys have no business in a machine.
 _SKIP = {"private"}
