@@ -16,6 +16,14 @@ inside it reach a model with the machine's own capability token and no provider 
 """
 
 from swarmyard.boxd._client import AsyncBoxd, Boxd
-from swarmyard.boxd._models import ExecResult, Machine, MachineSource, MachineStatus
+from swarmyard.boxd._models import (
+           ExecResult,
+           Machine,
+           MachineSource,
+           MachineStatus,
+           PauseResult,
+           ResumeResult,
+)
 
-__all__ = ["AsyncBoxd", "Boxd", "ExecResult", "Machine", "MachineSource", "MachineStatus"]
+__all__ = ["AsyncBoxd", "Boxd", "ExecResult", "Machine", "MachineSource", "MachineStatus", "PauseResult",
+           "ResumeResult"]

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.boxd import _logins
-from swarmyard.boxd._models import ExecResult, Machine
+from swarmyard.boxd._models import ExecResult, Machine, PauseResult, ResumeResult
 from swarmyard.boxd._plane import Login, Plane, open_plane
-from swarmyard.errors import InvalidInputError, NotFoundError, UserError
+from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, UserError
 from swarmyard.ids import new_id
+from swarmyard.machines import pausing
 from swarmyard.machines.api import Machines
 from swarmyard.machines.protocol import Limits, MachineInfo, MachineState
 from swarmyard.money import usd_to_micro
@@ -67,6 +68,7 @@ class MachinesResource:
         self._client = client
         self._sync = client._sync
         self._kept: dict[str, _Kept] = {}
+        self._paused: set[str] = set()
         self.files = Files(self)
 
     # -- lookups ---------------------------------------------------------------------------------------------
@@ -85,11 +87,12 @@ class MachinesResource:
 
     def get(self, machine: str) -> Machine:
         """A machine by id or name."""
-        return Machine.of(self._info(machine))
+        info = self._info(machine)
+        return Machine.of(info, paused=info.id in self._paused)
 
     def list(self) -> list[Machine]:
         """This client's machines."""
-        return [Machine.of(i) for i in self._sync.list() if i.id in self._kept]
+        return [Machine.of(i, paused=i.id in self._paused) for i in self._sync.list() if i.id in self._kept]
 
     def suggest_name(self) -> str:
         """A name no machine of this client has."""
@@ -145,6 +148,8 @@ class MachinesResource:
     def _ready(self, machine: str, timeout_s: float = 180.0) -> str:
         """The machine's id once it is ready and logged in (its agents' files written)."""
         info = self._info(machine)
+        if info.id in self._paused:
+            raise ConflictError(f"machine {info.name} is paused: resume it first")
         kept = self._kept[info.id]
         with kept.lock:
             if not kept.provisioned:
@@ -188,9 +193,31 @@ class MachinesResource:
         self._kept[info.id] = _Kept(login)
         return Machine.of(info)
 
+    def pause(self, machine: str) -> PauseResult:
+        """Freeze the machine (cgroup freezer): its processes keep their memory and use no CPU until ``resume``."""
+        machine_id = self._ready(machine)
+        result = PauseResult(pausing.pause(self._sync.backend, machine_id))
+        self._paused.add(machine_id)
+        return result
+
+    def resume(self, machine: str) -> ResumeResult:
+        """Thaw a paused machine: its processes go on from where they stopped."""
+        info = self._info(machine)
+        if info.id not in self._paused:
+            raise ConflictError(f"machine {info.name} is not paused")
+        result = ResumeResult(pausing.resume(self._sync.backend, info.id))
+        self._paused.discard(info.id)
+        return result
+
+    def cpu_time_us(self, machine: str) -> int:
+        """The CPU time the machine's processes have used so far, in microseconds (its cgroup's ``cpu.stat``)."""
+        return pausing.cpu_usage_us(self._sync.backend, self._info(machine).id)
+
     def delete(self, machine: str) -> None:
         """Kill everything in the machine, remove its disk and revoke its worker."""
         info = self._info(machine)
+        if info.id in self._paused:
+            self.resume(info.id)  # a frozen sandbox would not hear the stop it is sent first
         kept = self._kept.pop(info.id)
         try:
             if info.state is not MachineState.DELETED:
@@ -339,6 +366,14 @@ class _AsyncMachines:
     async def delete(self, machine: str) -> None:
         """See :meth:`MachinesResource.delete`."""
         await asyncio.to_thread(self._m.delete, machine)
+
+    async def pause(self, machine: str) -> PauseResult:
+        """See :meth:`MachinesResource.pause`."""
+        return await asyncio.to_thread(self._m.pause, machine)
+
+    async def resume(self, machine: str) -> ResumeResult:
+        """See :meth:`MachinesResource.resume`."""
+        return await asyncio.to_thread(self._m.resume, machine)
 
     def suggest_name(self) -> str:
         """See :meth:`MachinesResource.suggest_name`."""

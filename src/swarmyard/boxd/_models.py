@@ -78,3 +78,17 @@ class ExecResult:
         """The record of a backend's result."""
         return cls(raw.stdout.decode("utf-8", "replace"), raw.stderr.decode("utf-8", "replace"), raw.exit_code,
                    raw.timed_out, raw.duration_s, raw.stdout, raw.stderr, raw.truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class PauseResult:
+    """A pause: how long freezing the machine's processes took."""
+
+    suspend_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeResult:
+    """A resume: how long thawing them took."""
+
+    resume_us: int
