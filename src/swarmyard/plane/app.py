@@ -338,4 +338,6 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
             direct[route.path] = _DirectRoute(route)
     app = _PlaneApp(direct, routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.plane = plane
+    # run by the server when it is told to stop, before it waits for open requests: dashboard streams end
+    app.state.on_stop = [plane.dashboard.close]
     return app

@@ -187,6 +187,11 @@ class Dashboard:
         self._trajectories = trajectories
         self._machines = machines
         self._changed: asyncio.Event | None = None
+        self._closing = False  # set from any thread: open streams end within POLL_S
+
+    def close(self) -> None:
+        """End every open stream (the server is stopping: a browser left open must not hold it up)."""
+        self._closing = True
 
     def _usage(self) -> dict[str, dict[str, int]]:
         return self._trajectories.usage() if self._trajectories is not None else {}
@@ -302,7 +307,7 @@ class Dashboard:
         async def stream() -> AsyncIterator[str]:
             last = ""
             quiet = 0.0
-            while True:
+            while not self._closing:
                 try:
                     state = await self._offload(lambda: goal_state(self._store, goal_id, self._machines, self._usage()))
                     text = json.dumps(state, separators=(",", ":"), default=str)

@@ -187,6 +187,7 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
 
     async def watch() -> None:
         await stop.wait()
+        stopping(app)
         for server in servers:
             server.should_exit = True
 
@@ -207,6 +208,16 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
                 log.exception("closing the app failed")
     if interrupted:  # after a clean shutdown: Ctrl-C is exit 130, SIGTERM (a supervisor's stop) exit 0
         raise KeyboardInterrupt
+
+
+def stopping(app: ASGIApp) -> None:
+    """Tell the app its server is stopping (``app.state.on_stop``): requests that would never end on their own,
+    such as the dashboard's event streams, finish, and the server's wait for open requests ends."""
+    for hook in getattr(getattr(app, "state", None), "on_stop", ()):
+        try:
+            hook()
+        except Exception:
+            log.exception("stopping the app failed")
 
 
 def _run(main: Any) -> None:
@@ -333,6 +344,7 @@ class BackgroundServer:
             self.tcp_port = tcp_port(self._servers[-1])
         self._started.set()
         await self._stop.wait()
+        stopping(self._app)
         for server in self._servers:
             server.should_exit = True
         await asyncio.gather(*tasks)
