@@ -647,14 +647,14 @@ class SwarmConfig(_Frozen):
             raise ValueError(f"workers.tools: two tools are named {next(n for n in names if names.count(n) > 1)!r}")
         for where, agent, profile in (("workers", self.workers.agent, self.workers.profile),
                                       ("lead", self.lead.agent, self.lead.profile)):
-            if agent is not AgentKind.BUILTIN and names and (where == "workers" or profile is Profile.GOVERNED):
-                raise ValueError(f"{where}.agent: WASI tools are offered by the built-in agent, not {agent.value}")
             if agent is not AgentKind.BUILTIN and profile is Profile.GOVERNED:
                 from swarmyard.agents.adapters import get_adapter
 
                 refusal = get_adapter(agent.value).governed_refusal
                 if refusal:
                     raise ValueError(f"{where}.profile: {agent.value} cannot run governed: {refusal}")
+            if agent is not AgentKind.BUILTIN and names and (where == "workers" or profile is Profile.GOVERNED):
+                raise ValueError(f"{where}.agent: WASI tools are offered by the built-in agent, not {agent.value}")
         for where, model in (("workers.model", self.workers.model), ("lead.model", self.lead.model)):
             if model not in served:
                 raise ValueError(f"{where}: no provider serves {model!r} (served: {', '.join(sorted(served))})")

@@ -1,0 +1,137 @@
+"""``swarmyard run`` with ``profile = "governed"`` on the scripted provider, through the console script, in real
+bubblewrap machines: a worker (and the lead) that asks for ``shell`` is refused with a typed ``tool_refused`` the
+model is shown, and a worker's WASI tool (csvdiff) reads its task's input files in its machine and answers; the
+run reaches its synthesis. A governed aider, or WASI tools on an external CLI, are refused before anything exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmyard.wasi.catalog import built_dir
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-g-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _tool(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def _swarm(folder: Path, *, workers: str = "", lead: str = 'profile = "governed"') -> Path:
+    conf = folder / "conf"
+    (conf / "data").mkdir(parents=True, exist_ok=True)
+    (conf / "data" / "left.csv").write_text("id,amount\n1,10\n2,20\n3,30\n")
+    (conf / "data" / "right.csv").write_text("id,amount\n1,10\n3,33\n4,40\n")
+    path = conf / "swarm.toml"
+    files = '["data/left.csv", "data/right.csv"]'
+    path.write_text(f"""
+[goal]
+objective = "Reconcile the ledger with the bank statement."
+budget_usd = "1"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "first pass"
+prompt = "Compare the two files."
+files = {files}
+[[tasks.lenses]]
+title = "second pass"
+prompt = "Compare them again."
+files = {files}
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+max_steps = 4
+model = "scripted-worker"
+retry_backoff_s = 0.2
+profile = "governed"
+{workers}
+[[workers.tools]]
+name = "csvdiff"
+wasm = "csvdiff"
+folder = "task"
+[lead]
+model = "scripted-lead"
+{lead}
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies.json"
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+def _run(folder: Path, swarm: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) -> None:
+    assert (built_dir() / "csvdiff.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
+    swarm = _swarm(short_tmp)
+    last = "{{last_message}}"
+    (short_tmp / "conf" / "replies.json").write_text(json.dumps({
+        "scripted-worker": [_tool("shell", command="cat /etc/passwd"),
+                            _tool("submit_finding", title="shell", body=last),
+                            _tool("csvdiff", left="left.csv", right="right.csv"),
+                            _tool("submit_finding", title="diff", body=last)],
+        "scripted-lead": [_tool("shell", command="id"),
+                          _tool("submit_finding", title="synthesis", body=last)],
+    }))
+    done = _run(short_tmp, swarm)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (short_tmp / "runs").iterdir()
+    with sqlite3.connect(run_dir / "store.db") as db:
+        bodies = [str(b) for (b,) in db.execute("SELECT body FROM findings ORDER BY created_at").fetchall()]
+    refusal = "error (tool_refused): 'shell' is not a tool of the 'governed' profile"
+    shells = [b for b in bodies if b.startswith("Result of shell")]
+    assert len(shells) == 2 and all(refusal in b for b in shells)  # the worker's, and the governed lead's
+    [diff] = [b for b in bodies if b.startswith("Result of csvdiff")]
+    answer = json.loads(diff.split("\n", 1)[1])
+    assert (answer["added"], answer["removed"], answer["same"]) == (["4"], ["2"], 1)
+    assert answer["changed"] == [{"key": "3", "column": "amount", "left": "30", "right": "33"}]
+    assert refusal in done.stdout  # the lead's synthesis is what it was told when it asked for a shell
+
+
+@pytest.mark.parametrize(("workers", "lead", "field", "words"), [
+    ('agent = "aider"', "", "workers.profile", "aider cannot run governed"),
+    ('agent = "claude"', "", "workers.agent", "WASI tools are offered by the built-in agent, not claude"),
+    ("", 'agent = "aider"\nprofile = "governed"', "lead.profile", "aider cannot run governed"),
+    ("", 'agent = "pi"\nprofile = "governed"', "lead.profile", "pi cannot run governed"),
+])
+def test_what_cannot_be_governed_is_refused_before_anything(short_tmp: Path, workers: str, lead: str, field: str,
+                                                             words: str) -> None:
+    swarm = _swarm(short_tmp, workers=workers, lead=lead)
+    (short_tmp / "conf" / "replies.json").write_text("{}")
+    done = _run(short_tmp, swarm)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "config_error" in lines[0] and field in lines[0] and words in lines[0], done.stderr
+    assert not (short_tmp / "runs").exists()
