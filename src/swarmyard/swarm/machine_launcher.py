@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-from swarmyard.config import AgentKind, PolicyKind, SandboxKind, SwarmConfig
+from swarmyard.config import AgentKind, PolicyKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
@@ -33,6 +33,7 @@ from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store.protocol import Store
+from swarmyard.swarm import governance
 from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.run_machines import HeldMachine, RunMachines
 from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
@@ -92,6 +93,7 @@ class MachineLauncher:
         #: which would cap the concurrency of a small host below the swarm file's)
         self._pool: ThreadPoolExecutor | None = None
         self._groups: dict[str, str] = {}  # slot -> its group (the machine's)
+        self._roles: dict[str, Role] = {}  # slot -> its role (a governed one's machine executes only its agent)
         self._key_places: list[str] = []  # where the scans of deleted machines found a provider key
         self._scanned = 0  # machines scanned for provider keys so far
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
@@ -214,8 +216,10 @@ class MachineLauncher:
     def _make(self, slot: str) -> HeldMachine:
         """Boot a machine for ``slot`` (fresh, or from the baseline) and wait until it runs commands."""
         group = self._groups.get(slot)
+        # a governed slot's machine executes nothing but its agent (see swarmyard.swarm.governance)
         info = self._machines.create(f"{slot}-{new_id('m')[-8:]}", self._baseline, group,
-                                     control_socket=self.socket)
+                                     control_socket=self.socket,
+                                     isolation=governance.isolation(self.config, self._roles.get(slot, Role.WORKER)))
         try:
             ready = self._machines.wait_until_ready(info.id)
         except BaseException:
@@ -247,6 +251,7 @@ class MachineLauncher:
     def _run_blocking(self, slot: WorkerSlot) -> WorkerSpan:
         assert self._held is not None
         self._groups[slot.name] = slot.group
+        self._roles[slot.name] = slot.role
         started = time.time()
         held = self._held.take(slot.name)
         try:
@@ -291,6 +296,9 @@ class MachineLauncher:
                 env["SWARMYARD_DIRECTIONS"] = json.dumps(list(policy.directions))
                 env["SWARMYARD_PATIENCE"] = str(policy.patience)
                 env["SWARMYARD_ADOPT_MARGIN"] = str(policy.adopt_margin)
+            env |= governance.agent_env(self.config, slot.role)
+            for path, data in governance.uploads(self.config).items():
+                self._machines.files.upload(machine_id, path, data, mode=0o400)
             env["SWARMYARD_HISTORY"] = self.config.workers.history.value
             env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)
             if lead:
@@ -320,7 +328,8 @@ class MachineLauncher:
                 AdapterContext(relay, token, model, prompt, home=self._homes[slot.name],
                                workdir=self._homes[slot.name],
                                mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"),
-                               task_id=claim.task.id, fencing_token=claim.token)
+                               task_id=claim.task.id, fencing_token=claim.token,
+                               governed=governance.profile_of(self.config, slot.role) is Profile.GOVERNED)
             )
             if adapter.finding_file is not None:
                 submit = (adapter.finding_file, claim.task.id, claim.token, claim.task.title)
