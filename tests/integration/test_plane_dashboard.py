@@ -191,3 +191,30 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if line.startswith("data: "):
             yield json.loads(line[len("data: "):])
+
+
+def test_a_stopping_server_ends_open_streams(store_url: str, clock: FakeClock) -> None:
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="sy-ui-"))
+    store = open_store(store_url, clock=clock, blob_dir=folder / "blobs")
+    tokens = TokenAuthority(b"k" * 32, store, clock)
+    goal = store.create_goal(GoalSpec(objective="o", budget_micro_usd=1_000, call_cap=10))
+    listen = Listen(socket_path=folder / "plane.sock")
+    server = BackgroundServer(create_app(store, tokens, clock=clock), listen).start()
+    stopper = threading.Thread(target=server.stop)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(listen.socket_path)), base_url="http://plane",
+                          timeout=20) as http, \
+                http.stream("GET", "/ui/events", params={"goal": goal.id},
+                            headers={"authorization": f"Bearer {tokens.issue_operator()}"}) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            stopper.start()
+            rest = list(lines)  # ends (the server ends the stream) well before the read timeout
+        assert all(not line.startswith("data: ") or '"goal"' in line for line in rest)
+        stopper.join()
+        assert not server._thread.is_alive()
+    finally:
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
