@@ -85,13 +85,13 @@ def test_a_swarm_file_the_campaign_cannot_use_is_refused(short_tmp: Path) -> Non
     done = _campaign(short_tmp, "c.toml", timeout=60)
     assert done.returncode == 1 and "campaign.swarm:" in done.stderr and "lenses" in done.stderr
     # a field the swarm file gets wrong for one seed only is still found before anything runs
-    bad_swarm.write_text(SWARM_TEXT().replace('budget_usd = "0.10"', 'budget_usd = "${seed}.x"'))
+    bad_swarm.write_text(swarm_text().replace('budget_usd = "0.10"', 'budget_usd = "${seed}.x"'))
     done = _campaign(short_tmp, "c.toml", timeout=60)
     assert done.returncode == 1 and "goal.budget_usd" in done.stderr, done.stderr
     assert sorted(p.name for p in short_tmp.iterdir()) == ["c.toml", "s.toml"]
 
 
-def SWARM_TEXT() -> str:  # noqa: N802 - reads like the constant it stands for
+def swarm_text() -> str:
     return (EXAMPLES / "hidden-code-simulated.toml").read_text().replace(
         'bundle = "../bundles/hidden-code"', f'bundle = "{(REPO / "examples/bundles/hidden-code").as_posix()}"')
 

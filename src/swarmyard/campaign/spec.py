@@ -10,9 +10,12 @@ A campaign file (TOML)::
                  shares: team by default)
     [sweep]      best@n (independent) vs team@n for every n in ``n``; history (the workers' context)
 
-The swarm file states the problem as its lenses; a cell of n workers gets n copies of them (one attempt per
-worker). ``${seed}`` anywhere in the swarm file is replaced by the trial's seed, so the same seed is the same
-task instance in every cell. Every trial's swarm file is built and checked when the campaign file is read, so a
+The swarm file states the problem as its lenses (listed, or ``from_family``). A problem of one lens is
+attempted by each of a cell's n workers (n copies of the task); a problem of several (a family's shards) is
+shared by the cell's n workers as it is. ``${seed}`` anywhere in the swarm file is replaced by the trial's seed,
+so the same seed is the same task instance in every cell: a task family's instances, made beforehand with
+``swarmyard families generate NAME instances/seed-N --seed N``, are named as ``from_family =
+"instances/seed-${seed}"`` and ``[evaluator] bundle = "instances/seed-${seed}/bundle"``. Every trial's swarm file is built and checked when the campaign file is read, so a
 bad campaign is refused (``ConfigError`` naming the field) before anything runs.
 """
 
@@ -181,11 +184,12 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
         if value is not None:
             goal[key] = value
     data["goal"] = goal
-    lenses = [lens.model_dump() for lens in base.tasks.lenses]
-    data["tasks"] = {"lenses": [
-        {**lens, "title": lens["title"] if cell.n == 1 else f"{lens['title']} (attempt {i + 1} of {cell.n})"}
-        for i in range(cell.n) for lens in lenses
-    ]}
+    lenses = [lens.model_dump(mode="json") for lens in base.tasks.lenses]
+    if len(lenses) == 1 and cell.n > 1:
+        # one problem: each of the n workers makes its own attempt at it
+        lenses = [{**lenses[0], "title": f"{lenses[0]['title']} (attempt {i + 1} of {cell.n})"}
+                  for i in range(cell.n)]
+    data["tasks"] = {"lenses": lenses}
     data["policy"] = {**base.policy.model_dump(mode="json"), "kind": cell.policy.value}
     workers = dict(data.get("workers") or {})
     workers.update(count=cell.n, concurrency=min(cell.n, base.workers.concurrency), history=cell.history.value,
@@ -255,8 +259,8 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     swarm_text = _swarm_text(swarm_path)
     _, base = _parse_trial(swarm_text, table.seeds[0], swarm_path)
     if not base.tasks.lenses:
-        raise ConfigError("the swarm file must state its problem as [[tasks.lenses]] (a cell of n workers gets "
-                          "n copies of them), not as a plan", field="campaign.swarm")
+        raise ConfigError("the swarm file must state its problem as [[tasks.lenses]] or from_family (every "
+                          "cell gets the same tasks), not as a plan", field="campaign.swarm")
     where = Path(table.dir) if table.dir else Path("campaigns") / table.name
     if not where.is_absolute():
         where = (cwd or Path.cwd()) / where
