@@ -117,13 +117,14 @@ def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | 
     tokens_plot = n_plot = None
     if scored:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for c in scored:
+        for index, c in enumerate(scored):
+            colour = f"C{index % 10}"
             points = [(t.tokens_in + t.tokens_out, t.score) for t in c.trials if t.score is not None]
-            line = ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.35, s=14)
+            ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.35, s=14, color=colour)
             score, tokens = c.score, c.intervals["tokens"]
             assert score is not None and tokens is not None
             ax.errorbar([tokens.mean], [score.mean], yerr=[[score.mean - score.low], [score.high - score.mean]],
-                        fmt="o", color=tuple(line.get_facecolor()[0][:3]), capsize=3, label=c.cell.name)
+                        fmt="o", color=colour, capsize=3, label=c.cell.name)
         ax.set_xlabel("total tokens per trial")
         ax.set_ylabel("score")
         ax.set_title("score vs total tokens, per cell (mean, 95% CI)")
