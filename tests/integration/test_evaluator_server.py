@@ -356,3 +356,15 @@ def test_the_holdout_stays_spent_after_a_server_restart() -> None:
         assert time.monotonic() - started < 60
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_bad_goal_stops_serve_before_anything_changes(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(EXAMPLE, bundle)
+    argv = [sys.executable, "-c", CLI, "serve", str(bundle), "--socket", str(tmp_path / "s.sock"),
+            "--state", str(tmp_path / "state"), "--goal", "../not-a-goal"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=CHILD_ENV, timeout=60)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "invalid_input" in lines[0] and "goal" in lines[0], done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no state, no copy, no socket

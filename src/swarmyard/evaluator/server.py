@@ -42,7 +42,7 @@ from swarmyard.evaluator.identity import (
     ensure_system_user,
     protect_tree,
 )
-from swarmyard.evaluator.service import KEY_FILE, LEDGER_FILE, Evaluator
+from swarmyard.evaluator.service import KEY_FILE, LEDGER_FILE, Evaluator, check_goal
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,8 @@ def serve(options: ServeOptions) -> None:
     """Run the evaluator until SIGINT/SIGTERM; prints one JSON line on stdout once the socket accepts."""
     import uvicorn
 
+    if options.goal is not None:
+        check_goal(options.goal)  # a bad --goal changes nothing: no copy, no owner change, no socket
     me_uid = os.getuid()
     bundle, sock, runner = prepare(options)
     with contextlib.closing(sock):

@@ -28,7 +28,8 @@ LEDGER_FILE = "holdout.db"
 _GOAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
-def _check_goal(goal: object) -> str:
+def check_goal(goal: object) -> str:
+    """``goal`` if it is a goal id the evaluator accepts, else ``InvalidInputError``."""
     if not isinstance(goal, str) or not _GOAL.match(goal):
         raise InvalidInputError("goal must be 1-128 characters of letters, digits, '_', '.', ':', '-'",
                                 field="goal")
@@ -42,7 +43,7 @@ class Evaluator:
                  sandbox: ScoringSandbox | None = None, goal: str | None = None) -> None:
         self.bundle = bundle
         #: the one goal this evaluator answers for (a run's own evaluator), or ``None`` for any goal
-        self.goal = None if goal is None else _check_goal(goal)
+        self.goal = None if goal is None else check_goal(goal)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._clock = clock or SystemClock()
@@ -84,14 +85,14 @@ class Evaluator:
 
     def holdout_used(self, goal: str) -> bool:
         """Whether ``goal`` has used its final holdout."""
-        return self._ledger.is_used(_check_goal(goal))
+        return self._ledger.is_used(check_goal(goal))
 
     def close(self) -> None:
         """Release the ledger."""
         self._ledger.close()
 
     def _check_served(self, goal: str) -> None:
-        _check_goal(goal)
+        check_goal(goal)
         if self.goal is not None and goal != self.goal:
             raise ForbiddenError(f"this evaluator answers for goal {self.goal} only, not {goal}", goal_id=goal)
 
