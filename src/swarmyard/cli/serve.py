@@ -49,6 +49,9 @@ _Provider = typer.Option(None, "--provider",
                          help="Mount the model broker with NAME=KIND:MODEL[,MODEL...] (repeatable), e.g. "
                               "sim=simulated:sim-1 or oa=openai:gpt-4.1-mini.")
 _CacheDir = typer.Option(None, "--cache-dir", help="Where embedded models are assembled.")
+_Trajectories = typer.Option(None, "--trajectories",
+                             help="Keep the agent steps workers report here, one JSONL file per worker (the "
+                                  "dashboard at /ui shows them); without it they are acknowledged, not kept.")
 _Workers = typer.Option(1, "--workers", min=1,
                         help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves.")
 
@@ -80,8 +83,10 @@ def command(
     provider: list[str] | None = _Provider,
     cache_dir: Path | None = _CacheDir,
     workers: int = _Workers,
+    trajectories: Path | None = _Trajectories,
 ) -> None:
-    """Serve the control plane (worker tools, operator API, /metrics, and the model broker) until Ctrl-C."""
+    """Serve the control plane (worker tools, operator API, /metrics, the dashboard at /ui, and the model broker)
+    until Ctrl-C."""
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
@@ -116,8 +121,11 @@ def command(
 
             evaluator = AsyncEvaluatorClient(evaluator_socket)
         broker = configured_broker(opened, tokens, table, cache_dir=cache_dir) if table else None
+        from swarmyard.plane.trajectory import TrajectoryFiles
+
         app = create_app(opened, tokens, settings, evaluator=evaluator,
-                         extra_routes=broker.routes() if broker else ())
+                         extra_routes=broker.routes() if broker else (),
+                         trajectories=TrajectoryFiles(trajectories) if trajectories is not None else None)
         if broker is not None:
             # run by the server after it stopped taking requests: queued settlements are written, providers closed
             app.state.on_close = [broker.aclose]
