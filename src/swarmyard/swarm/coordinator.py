@@ -192,6 +192,7 @@ class Coordinator:
         self._on_span = on_span
         self._on_progress = on_progress
         self._running: dict[str, str] = {}  # slot -> task id it was started for ("" when any)
+        self._running_group: dict[str, str] = {}  # slot -> the group of the agent it runs now
         self._goal_id = ""
         self._task_streaks: dict[str, Streak] = {}  # task id -> its failed tries in a row
         self._slot_streaks: dict[str, Streak] = {}  # slot -> its agents' failures without a task, in a row
@@ -237,10 +238,12 @@ class Coordinator:
 
     async def _record(self, slot: WorkerSlot) -> WorkerSpan:
         self._running[slot.name] = slot.task_id or ""
+        self._running_group[slot.name] = slot.group
         try:
             span = await self.launcher.run(slot)
         finally:
             self._running.pop(slot.name, None)
+            self._running_group.pop(slot.name, None)
         self.spans.append(span)
         if self._on_span is not None:
             self._on_span(span)
@@ -325,15 +328,26 @@ class Coordinator:
     def _handed(self, goal: Goal, slot: WorkerSlot) -> WorkerSlot | None:
         """The slot as its agent gets it. Where tasks have input files, the coordinator hands each agent its
         task (so the launcher can put that task's files in the machine first), never one another slot holds:
-        ``None`` when no such task is open. Without files, agents claim whichever task they get."""
+        ``None`` when no such task is open. Without files, agents claim whichever task they get, and ``None`` when
+        the agents already started will claim every open task."""
         if not any(lens.files for lens in self.config.tasks.lenses):
-            return slot
+            return slot if self._claimable(goal, slot.group) > 0 else None
         taken = set(self._running.values())
         now = self.clock.now()
         for task in self.store.list_tasks(goal.id, group=slot.group):
             if task.group not in SIDE_GROUPS and task.id not in taken and _open(task, now):
                 return replace(slot, task_id=task.id)
         return None
+
+    def _claimable(self, goal: Goal, group: str) -> int:
+        """Open tasks of ``group`` that no agent already started for it will claim. An agent still booting holds
+        no claim yet: one more started for the same last task would boot a machine only to end ``no_task``."""
+        now = self.clock.now()
+        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group not in SIDE_GROUPS]
+        claimed_by = {t.worker_id for t in tasks if t.worker_id}
+        booting = sum(1 for name, g in list(self._running_group.items())
+                      if g == group and self.launcher.worker_of(name) not in claimed_by)
+        return sum(1 for t in tasks if t.state not in _ENDED and _open(t, now)) - booting
 
     async def _work_round(self, goal: Goal) -> None:
         gate = asyncio.Semaphore(self.config.workers.concurrency)
