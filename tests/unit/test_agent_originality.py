@@ -19,6 +19,7 @@ from swarmyard.agents.model import ModelReply
 from swarmyard.agents.originality import copied_share, problem, repeated_share
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.domain import GoalSpec, TaskSpec
+from swarmyard.swarm.setup import LEAD_GROUP, lead_prompt
 
 #: the demo's lead "synthesis": one scout's list, six lines over and over until the token limit
 LOOP = "\n".join(f"{i}. {line}" for i, line in enumerate(
@@ -93,42 +94,53 @@ def test_a_finding_that_restates_its_prompt_is_asked_again(tmp_path: Path,
     assert "only restates the task" in _reasked(model)
 
 
-def test_a_lead_copying_a_finding_is_refused_and_writes_its_own(tmp_path: Path,
-                                                                live_plane: Callable[..., LivePlane]) -> None:
+def _lead(live_plane: Callable[..., LivePlane], body: str) -> tuple[LivePlane, str, str]:
+    """A scout's finding in its group and the lead's task in the lead's, its prompt made as a run makes it: the
+    lead reads the finding in its prompt, not through read_findings (its own group has none)."""
     plane = live_plane()
     store = plane.store
     goal = store.create_goal(GoalSpec("Should a small team build a speech app?", 1_000_000, 100))
-    scout_task = store.create_task(goal.id, TaskSpec("market", PROMPT, group="scouts"))
+    scout_task = store.create_task(goal.id, TaskSpec("market", PROMPT, group="team"))
     claim = store.claim(goal.id, "wrk_scout", 600, task_id=scout_task.id)
     assert claim is not None
-    found = store.submit_finding(scout_task.id, claim.token, author="wrk_scout", title="market", body=SCOUT)
-    store.create_task(goal.id, TaskSpec("synthesis", f"Objective: o\n\nFindings:\n[{found.id}] market\n{SCOUT}\n\n"
-                                                     "Write the synthesis.", group="scouts"))
+    found = store.submit_finding(scout_task.id, claim.token, author="wrk_scout", title="market", body=body)
     store.complete(scout_task.id, claim.token)
-    token, _ = plane.tokens.issue(goal.id, "scouts", ttl_s=3600)
+    store.create_task(goal.id, TaskSpec("synthesis", lead_prompt(goal, "Write one recommendation.", [found]),
+                                        group=LEAD_GROUP))
+    token, _ = plane.tokens.issue(goal.id, LEAD_GROUP, ttl_s=3600)
+    return plane, token, found.id
+
+
+def test_a_lead_copying_a_finding_is_refused_and_writes_its_own(tmp_path: Path,
+                                                                live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, found = _lead(live_plane, SCOUT)
     own = ("Build it, for clinicians first: demand exists and offline use is the gap the incumbents leave open, "
-           f"so six months of work can reach paying users [{found.id}].")
+           f"so six months of work can reach paying users [{found}].")
     body, model = _run(tmp_path, plane, token, [_finish(SCOUT, "synthesis"), _finish(own, "synthesis")], Role.LEAD)
     assert body == own
-    assert "copies the findings" in _reasked(model) and found.id in _reasked(model)
+    assert "copies the findings" in _reasked(model) and found in _reasked(model)
+
+
+def test_a_lead_rewording_a_finding_a_little_is_refused(tmp_path: Path,
+                                                       live_plane: Callable[..., LivePlane]) -> None:
+    # the demo's lead: a scout's sentence with its subject and one verb changed
+    scout = ("The team is currently working on developing an on-device speech model product and has not yet "
+             "submitted any findings.")
+    plane, token, found = _lead(live_plane, scout)
+    near = ("We are currently working on developing an on-device speech model product and have not yet submitted "
+            "any findings.")
+    own = f"No-go for now: nothing was found out yet about the market or the models [{found}]."
+    body, model = _run(tmp_path, plane, token, [_finish(near, "synthesis"), _finish(own, "synthesis")], Role.LEAD)
+    assert body == own and "copies the findings" in _reasked(model)
 
 
 def test_a_lead_that_only_ever_copies_submits_no_copy(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
-    plane = live_plane()
-    store = plane.store
-    goal = store.create_goal(GoalSpec("o", 1_000_000, 100))
-    scout_task = store.create_task(goal.id, TaskSpec("market", PROMPT, group="scouts"))
-    claim = store.claim(goal.id, "wrk_scout", 600, task_id=scout_task.id)
-    assert claim is not None
-    store.submit_finding(scout_task.id, claim.token, author="wrk_scout", title="market", body=SCOUT)
-    store.complete(scout_task.id, claim.token)
-    store.create_task(goal.id, TaskSpec("synthesis", "Write the synthesis.", group="scouts"))
-    token, _ = plane.tokens.issue(goal.id, "scouts", ttl_s=3600)
+    plane, token, _ = _lead(live_plane, SCOUT)
     model = ScriptedModel([_finish(SCOUT)] * 9)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
                                        max_steps=3, role=Role.LEAD))
     outcome = asyncio.run(agent.run())
     assert outcome.ending is Ending.STEP_CAP and outcome.finding_id is not None
-    body = store.get_finding(outcome.finding_id).body
+    body = plane.store.get_finding(outcome.finding_id).body
     assert SCOUT not in body and "No result was reached" in body

@@ -408,7 +408,9 @@ class BuiltinAgent:
             # findings the task does not hold yet are added
             self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
             found = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
-            self._read = {str(f["id"]): str(f.get("body", "")) for f in found if "id" in f}
+            # what it may not copy: the findings its prompt shows (its group's own are none) and any it read
+            self._read = {**originality.findings_in(task.prompt),
+                          **{str(f["id"]): str(f.get("body", "")) for f in found if "id" in f}}
             more = [(str(f["id"]), str(f.get("title", "")), str(f.get("body", "")))
                     for f in found if "id" in f and str(f["id"]) not in self._findings_seen]
             self._findings_seen += [ref for ref, _, _ in more]

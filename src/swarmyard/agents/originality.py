@@ -19,8 +19,11 @@ from collections.abc import Iterable, Mapping
 
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
 SHINGLE = 4
-#: A body with this share of its shingles in its prompt, or in the findings a lead read, is not its own.
+#: A body with this share of its shingles in the findings a lead read is not its own.
 COPIED = 0.6
+#: A body with this share of its shingles in its own task's prompt only says the task back (the demo's scouts
+#: wrote "The estimated market size for on-device speech models is unknown": half its phrases the prompt's).
+RESTATED = 0.5
 #: A body with this share of repeated lines or shingles is a loop.
 REPEATED = 0.5
 #: Fewer shingles or lines than these are too short to call a loop.
@@ -62,6 +65,16 @@ def repeated_share(text: str) -> float:
     return max(by_line, by_gram)
 
 
+_HEADER = re.compile(r"^\[(fnd_[0-9a-z]+)\][^\n]*$", re.MULTILINE)
+
+
+def findings_in(prompt: str) -> dict[str, str]:
+    """The findings a lead's prompt shows (``[fnd_...] title`` then the body, up to the next such line), by id."""
+    heads = list(_HEADER.finditer(prompt))
+    return {m[1]: prompt[m.end():heads[i + 1].start() if i + 1 < len(heads) else len(prompt)].strip()
+            for i, m in enumerate(heads)}
+
+
 def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:
     """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt``, or (for
     a lead, ``read`` maps the ids of the findings it read to their bodies) it copies what it read."""
@@ -69,7 +82,7 @@ def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = Non
     if looped >= REPEATED:
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
                 "once")
-    if prompt and copied_share(body, prompt) >= COPIED:
+    if prompt and copied_share(body, prompt) >= RESTATED:
         return "the body only restates the task: say what you found out, not what you were asked"
     if read:
         whole = copied_share(body, "\n".join(read.values()))
