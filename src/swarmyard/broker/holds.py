@@ -41,6 +41,7 @@ from swarmyard.errors import (
     DuplicateOfUnknownError,
     NotFoundError,
     ProviderError,
+    StoreBusyError,
     SwarmyardError,
     UpstreamLostError,
     UpstreamUnknownError,
@@ -173,6 +174,10 @@ class Holds:
                         input_tokens=usage.input_tokens,
                         output_tokens=usage.output_tokens,
                     )
+                except StoreBusyError:
+                    # the write lock was taken on the event loop's no-wait path: the store threads settle it
+                    # (marked unknown here, it would stay unknown whenever the lock was free again by then)
+                    raise
                 except SwarmyardError:
                     # refused (a usage the store will not take): the cost is not known after all
                     log.exception("reservation %s could not be settled; marking it unknown", reservation_id)
