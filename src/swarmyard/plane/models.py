@@ -67,6 +67,10 @@ class BoardPostRequest(_Fenced):
     body: Annotated[str, Field(min_length=1)]
 
 
+#: Citations one finding may carry.
+MAX_CITATIONS = 10_000
+
+
 class CitationModel(_Body):
     """A reference to a post (its sequence number), an artifact (sha256) or a finding (id)."""
 
@@ -79,7 +83,9 @@ class SubmitFindingRequest(_Fenced):
 
     title: Annotated[str, Field(min_length=1, max_length=500)]
     body: Annotated[str, Field(min_length=1)]
-    citations: list[CitationModel] = Field(default_factory=list, max_length=200)
+    #: a lead cites every finding it synthesises, one a worker: room for the largest swarm planned (10,000
+    #: workers); the request's byte bound (``max_request_bytes``) holds the body to 1 MiB whatever the count
+    citations: list[CitationModel] = Field(default_factory=list, max_length=MAX_CITATIONS)
 
 
 class ReadFindingsRequest(_Fenced):
