@@ -12,6 +12,7 @@ could see it.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -162,5 +163,9 @@ def test_the_agent_works_its_task_to_a_submitted_finding(short_tmp: Path, agent:
         assert finding.body == FINDING and finding.author in workers
         # the tool's result went back to the model in the second request: the CLI ran the call it was given
         assert len(provider.requests[1].messages) > len(provider.requests[0].messages)
+        if agent in ("claude", "codex"):  # their own session transcript is kept beside the log
+            [transcript] = (run_dir / "agents").glob("worker-0-*.transcript.jsonl")
+            lines = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+            assert lines and FINDING in transcript.read_text()
     finally:
         store.close()
