@@ -10,6 +10,7 @@ terminal summary show the holdout, the best search score over time and who reach
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -163,6 +164,11 @@ def test_a_scored_run_scores_artifacts_fires_the_holdout_once_and_reports_it(sho
     [fired] = [body for kind, body in events if kind == "holdout.scored"]
     signed = SignedScore.from_dict(fired["score"])
     assert (signed.goal, signed.split, signed.score, signed.artifact_sha256) == (goal_id, "holdout", 5, best_sha)
+    # the log says which key signed them: every score verifies from the log alone
+    [started] = [body for kind, body in events if kind == "evaluator.started"]
+    assert started["goal"] == goal_id and started["bundle"] == "sort-numbers"
+    key = base64.b64decode(started["public_key"])
+    assert verify_score(signed, key) and all(verify_score(SignedScore.from_dict(b["score"]), key) for b in issued)
     db.close()
     audit = subprocess.run([sys.executable, "-m", "swarmyard.cli", "audit", "verify", str(run_dir)], cwd=short_tmp,
                            env=env, capture_output=True, text=True, timeout=120)

@@ -21,6 +21,7 @@ Policies read scores from the store: ``best_scores(goal, by="worker" | "directio
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 SEARCH = "search"
 HOLDOUT = "holdout"
-#: Audit event kinds of the final holdout.
+#: Audit event kinds of the run's evaluator and its final holdout.
 HOLDOUT_SCORED = "holdout.scored"
+EVALUATOR_STARTED = "evaluator.started"
 HOLDOUT_REFUSED = "holdout.refused"
 
 
@@ -54,9 +56,11 @@ class RunEvaluator:
     """The evaluator of one run: not running until ``start(goal)``; then ``score`` for the plane and
     ``fire_holdout`` for the coordinator, until ``close``."""
 
-    def __init__(self, bundle: Path, run_id: str) -> None:
+    def __init__(self, bundle: Path, run_id: str, store: Store | None = None) -> None:
         self.bundle = bundle
         self.run_id = run_id
+        #: where ``start`` records the evaluator it started (``evaluator.started``, with its public key)
+        self.store = store
         self._process: EvaluatorProcess | None = None
         self._client: EvaluatorClient | None = None
 
@@ -72,11 +76,21 @@ class RunEvaluator:
         if self._process is None:
             self._process = EvaluatorProcess.start(self.bundle, run_id=self.run_id, goal=goal_id)
             self._client = EvaluatorClient(self._process.socket)
+            if self.store is not None:
+                # the key every score.issued and holdout.scored event of this goal verifies with
+                self.store.record_event(EVALUATOR_STARTED, {
+                    "goal": goal_id, "bundle": self._process.name, "user": self._process.user,
+                    "own_user": self._process.own_user, "public_key": self.public_key_b64})
             log.info("evaluator %s for goal %s (pid %d)", self._process.describe(), goal_id, self._process.pid)
             if not self._process.own_user:
                 log.warning("the evaluator runs as this run's user, not one of its own (start as root for "
                             "that): only file modes protect its bundle")
         return self._process
+
+    @property
+    def public_key_b64(self) -> str:
+        """The evaluator's Ed25519 public key, base64 (``swarmyard evaluator verify --public-key``)."""
+        return base64.b64encode(self.process.public_key).decode("ascii")
 
     def describe(self) -> str:
         """Which evaluator, and as which user."""

@@ -75,7 +75,7 @@ class Swarm:
             run_dir.mkdir(mode=0o700, exist_ok=True)
             url = self.config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
         store = open_store(url, serving=True)
-        evaluator = RunEvaluator(self.config.evaluator.bundle_path, run_id) if self.config.evaluator else None
+        evaluator = RunEvaluator(self.config.evaluator.bundle_path, run_id, store) if self.config.evaluator else None
         try:
             coordinator = Coordinator(
                 self.config,
