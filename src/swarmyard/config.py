@@ -580,6 +580,16 @@ class RunConfig(_Frozen):
     #: of its Unix socket; none by default (the log is then signed by its own key only)
     witness: Annotated[str, Field(min_length=1)] | None = None
 
+    @field_validator("sandbox")
+    @classmethod
+    def _backend_installed(cls, value: SandboxKind) -> SandboxKind:
+        if value is SandboxKind.RAY:
+            from swarmyard.machines.ray import missing
+
+            if (hint := missing()) is not None:
+                raise ValueError(hint)
+        return value
+
 
 class EvaluatorConfig(_Frozen):
     """``[evaluator]``: the bundle that scores the run's artifacts (``swarmyard.evaluator``).

@@ -150,6 +150,12 @@ def command(
     from swarmyard.swarm.swarm import Swarm
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
+    if sandbox is SandboxKind.RAY:
+        from swarmyard.errors import UserError
+        from swarmyard.machines.ray import missing
+
+        if (hint := missing()) is not None:
+            raise UserError(hint)  # before any run folder or goal exists
     dashboard = _dashboard(host, port) if ui else None
     import os
 

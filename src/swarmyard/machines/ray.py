@@ -50,6 +50,17 @@ def boot_id() -> str:
         return ""
 
 
+def missing() -> str | None:
+    """The install hint when Ray is not installed (checked before a run makes anything), else ``None``."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else INSTALL_HINT
+
+
 def _ray() -> Any:
     try:
         import ray
