@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 SLOTS = 3
@@ -158,3 +157,32 @@ def test_the_machines_api_reaches_machines_on_every_node(short_tmp: Path) -> Non
     assert out["missing"] == "not_found"
     assert out["listed"] == 2
     assert out["after"] == [0, 0]  # closing the API deleted every machine on both nodes
+
+
+#: The console script's entry with Ray made unimportable, as on a host without the ray extra.
+WITHOUT_RAY = textwrap.dedent("""\
+    import importlib.abc, sys
+    class NoRay(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "ray" or name.startswith("ray."):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return None
+    sys.meta_path.insert(0, NoRay())
+    from swarmyard.cli.main import main
+    main()
+""")
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_without_the_ray_extra_a_run_stops_with_the_install_hint_before_anything_exists(
+        short_tmp: Path, where: str) -> None:
+    runs = short_tmp / "runs"
+    swarm = short_tmp / "swarm.toml"
+    swarm.write_text(f'[goal]\nobjective = "x"\nbudget_usd = "1"\n[[tasks.lenses]]\ntitle = "a"\nprompt = "b"\n'
+                     f'[run]\nruns_dir = "{runs}"\n' + ('sandbox = "ray"\n' if where == "file" else ""))
+    flags = ["--sandbox", "ray"] if where == "flag" else []
+    done = subprocess.run([sys.executable, "-c", WITHOUT_RAY, "run", str(swarm), *flags], cwd=short_tmp,
+                          env=_env(short_tmp), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'swarmyard[ray]'" in done.stderr
+    assert not runs.exists()
