@@ -178,6 +178,7 @@ def test_a_scored_run_scores_artifacts_fires_the_holdout_once_and_reports_it(sho
     report = (run_dir / "report.md").read_text()
     assert "## Scores" in report and f"holdout: 5 (artifact {best_sha[:12]} by worker-0" in report
     assert f"| 5 | worker-0 | {best_sha[:12]} |" in report
+    assert f"Its scores verify with its key `{started['public_key']}`" in report
     assert "holdout 5" in done.stderr and "best search score 5 by worker-0" in done.stderr
     user = "swarmyard-eval" if os.geteuid() == 0 else None
     if user is not None:

@@ -94,6 +94,8 @@ class RunScores:
     search: tuple[ScorePoint, ...] = ()
     holdout: ScorePoint | None = None
     holdout_note: str = ""
+    #: the evaluator's Ed25519 public key (base64): every signed score of the run verifies with it
+    public_key: str = ""
 
     @property
     def best(self) -> ScorePoint | None:

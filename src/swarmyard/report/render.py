@@ -110,7 +110,10 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
         out += [f"Cites: {_cites(data.synthesis)}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
     if data.scores is not None:
-        out += ["## Scores", "", f"Evaluator: {data.scores.evaluator}", "", f"**{_holdout_line(data)}**", ""]
+        out += ["## Scores", "", f"Evaluator: {data.scores.evaluator}", ""]
+        if data.scores.public_key:
+            out += [f"Its scores verify with its key `{data.scores.public_key}` (`swarmyard evaluator verify`).", ""]
+        out += [f"**{_holdout_line(data)}**", ""]
         rows = _score_rows(data)
         out += (["| " + " | ".join(_SCORE_HEAD) + " |", "|---:|---:|---|---|"]
                 + ["| " + " | ".join(row) + " |" for row in rows] if rows else ["_No artifact was scored._"]) + [""]
@@ -183,7 +186,9 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes, steps: Steps | No
         rows = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _score_rows(data))
         head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _SCORE_HEAD) + "</tr>"
         table = f"<table>{head}{rows}</table>" if rows else "<p>No artifact was scored.</p>"
-        scores_section = (f'<section id="scores"><h2>Scores</h2><p>Evaluator: {e(data.scores.evaluator)}</p>'
+        key = (f"<p>Its scores verify with its key <code>{e(data.scores.public_key)}</code>.</p>"
+               if data.scores.public_key else "")
+        scores_section = (f'<section id="scores"><h2>Scores</h2><p>Evaluator: {e(data.scores.evaluator)}</p>{key}'
                           f'<p class="holdout"><b>{e(_holdout_line(data) or "")}</b></p>{table}</section>\n')
     failed_section = (f'<section id="failed"><h2>Failed tasks</h2><table><tr><th>task</th><th>id</th>'
                       f"<th>tries</th><th>why</th></tr>{failed}</table></section>\n" if failed else "")

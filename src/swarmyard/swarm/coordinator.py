@@ -582,7 +582,8 @@ class Coordinator:
             from swarmyard.swarm.scoring import run_scores
 
             rows = {s.worker_id: s.row for s in self.spans}
-            data = replace(data, scores=run_scores(self.store, goal, self.evaluator.describe(), rows, holdout))
+            data = replace(data, scores=run_scores(self.store, goal, self.evaluator.describe(), rows, holdout,
+                                                   self.evaluator.public_key_b64))
         report = write_report(data, self.run_dir)
         if not_cosigned is not None:
             raise AuditError(f"run {self.run_id}: the witness did not cosign the last checkpoint "

@@ -89,8 +89,9 @@ class RunEvaluator:
 
     @property
     def public_key_b64(self) -> str:
-        """The evaluator's Ed25519 public key, base64 (``swarmyard evaluator verify --public-key``)."""
-        return base64.b64encode(self.process.public_key).decode("ascii")
+        """The evaluator's Ed25519 public key, base64 (``swarmyard evaluator verify --public-key``); empty
+        before ``start``."""
+        return base64.b64encode(self._process.public_key).decode("ascii") if self._process is not None else ""
 
     def describe(self) -> str:
         """Which evaluator, and as which user."""
@@ -153,7 +154,7 @@ def best_record(records: list[ScoreRecord]) -> ScoreRecord | None:
 
 
 def run_scores(store: Store, goal: Goal, evaluator: str, rows: dict[str, str],
-               holdout: HoldoutOutcome | None) -> RunScores:
+               holdout: HoldoutOutcome | None, public_key: str = "") -> RunScores:
     """The report's view of the scores: times from the goal's start, workers by their timeline rows."""
 
     def point(r: ScoreRecord) -> ScorePoint:
@@ -162,7 +163,7 @@ def run_scores(store: Store, goal: Goal, evaluator: str, rows: dict[str, str],
 
     search = tuple(point(r) for r in store.list_scores(goal.id, split=SEARCH))
     if holdout is None:
-        return RunScores(evaluator, search, None, "the run did not reach its end")
+        return RunScores(evaluator, search, None, "the run did not reach its end", public_key)
     # the holdout's time is when its artifact was submitted: the search score of the same artifact
     first = {p.sha256: p for p in reversed(search)}
     held = None
@@ -170,4 +171,4 @@ def run_scores(store: Store, goal: Goal, evaluator: str, rows: dict[str, str],
         base = first.get(holdout.record.sha256)
         held = point(holdout.record) if base is None else ScorePoint(base.at_s, holdout.record.score, base.worker,
                                                                       base.sha256)
-    return RunScores(evaluator, search, held, holdout.note)
+    return RunScores(evaluator, search, held, holdout.note, public_key)
