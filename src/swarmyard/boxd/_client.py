@@ -114,11 +114,10 @@ class MachinesResource:
     ) -> Machine:
         """Start a machine and return at once (call ``wait_until_ready`` before using it).
 
-        ``isolated=True`` (the only kind this build has): loopback and the control plane, nothing else.
+        ``isolated=True`` (the only kind this build has): no route out, only loopback, the control plane and
+        the private ``networks`` named (joined once ready; ``<name>.yard`` resolves between machines that
+        share one; they need root on the host, see :mod:`swarmyard.machines.networks`).
         """
-        if networks:
-            raise UserError("private networks between machines are not in this build: a machine reaches only "
-                            "the control plane (networks=None)")
         if isolated is not True:
             raise UserError("every machine is isolated (loopback and the control plane only): isolated=True")
         if from_snapshot is not None:
@@ -129,7 +128,7 @@ class MachinesResource:
         login = plane.login(name, group or DEFAULT_GROUP)
         try:
             info = self._sync.create(name, baseline, login.group, env=env, limits=limits,
-                                     control_socket=plane.socket)
+                                     control_socket=plane.socket, networks=networks)
         except BaseException:
             plane.logout(login)
             raise

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -42,6 +42,8 @@ class Machine:
     source: MachineSource | None = None
     #: the isolation the host enforces for it (namespaces, seccomp, landlock, cgroups...), once it is running
     enforced: tuple[str, ...] = ()
+    #: its address on each private network it is on (``<name>.yard`` resolves to it there), once it is running
+    addresses: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, info: MachineInfo, *, paused: bool = False, source: MachineSource | None = None) -> Machine:
@@ -50,7 +52,7 @@ class Machine:
         if source is None and info.forked_from is not None:
             source = MachineSource("fork", info.forked_from, id=info.forked_from)
         return cls(info.id, info.name, status, datetime.fromtimestamp(info.created_at).astimezone(), info.backend,
-                   info.group, source, info.enforced)
+                   info.group, source, info.enforced, dict(info.addresses))
 
 
 @dataclass(frozen=True, slots=True)
