@@ -72,6 +72,8 @@ _HEADERS = {
 }
 #: Posts and findings a state carries (the newest), and characters of each body.
 _POSTS, _FINDINGS, _BODY_CHARS = 200, 100, 4000
+#: Steps of a trajectory the page gets (the newest): the file itself holds them all.
+_STEPS = 200
 
 
 def _asset(name: str) -> str:
@@ -294,7 +296,8 @@ class Dashboard:
             steps = [] if files is None else await self._offload(lambda: read_trajectory(files.path(worker.id)))
         except SwarmyardError as exc:
             return _error(exc)
-        return JSONResponse({"worker": worker.id, "kept": files is not None, "steps": steps}, headers=_HEADERS)
+        return JSONResponse({"worker": worker.id, "kept": files is not None, "steps_total": len(steps),
+                             "steps": steps[-_STEPS:]}, headers=_HEADERS)
 
     async def events(self, request: Request) -> Response:
         try:
