@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -24,4 +25,7 @@ def test_doctor_json_reports_every_check() -> None:
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
     assert report["landlock_abi"] >= 1 and report["user_namespaces"] is True
-    assert {c["name"] for c in report["checks"]} >= {"bubblewrap", "seccomp", "landlock", "overlayfs"}
+    assert {c["name"] for c in report["checks"]} >= {"bubblewrap", "seccomp", "landlock", "overlayfs",
+                                                     "private networks"}
+    (networks,) = [c for c in report["checks"] if c["name"] == "private networks"]
+    assert networks["ok"] is (os.geteuid() == 0)  # root makes them; anyone else is told why not

@@ -154,6 +154,7 @@ def probe(scratch: Path | None = None) -> HostReport:
             else "teardown kills process by process",
         ),
         Check("rlimits", True, "last fallback for memory and pids"),
+        _private_networks(),
         Check(
             "C compiler",
             (cc := native.compiler()) is not None,
@@ -183,6 +184,17 @@ NO_QUOTA_HINT = (
     "run as root with loop devices and mke2fs (an ext4 image per disk), or install bubblewrap 0.7 or later "
     "(a tmpfs per disk); else accept disks without a quota: Limits(disk_bytes=None)"
 )
+
+
+def _private_networks() -> Check:
+    from swarmyard.machines import networks
+
+    reason = networks.available()
+    if reason is None:
+        return Check("private networks", True, "machines.create(networks=[...]): a bridge per network in a "
+                     "namespace of its own, names as <name>.yard; no route out")
+    return Check("private networks", False, f"none: {reason} (pasta and slirp4netns give a way out, not a "
+                 "network between machines)")
 
 
 def _disk_quota(image: bool, tmpfs: bool, hierarchy: cgroups.Hierarchy) -> Check:
