@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.boxd import _logins
-from swarmyard.boxd._models import ExecResult, Machine, PauseResult, ResumeResult
+from swarmyard.boxd._models import ExecResult, Machine, MachineSource, PauseResult, ResumeResult
 from swarmyard.boxd._plane import Login, Plane, open_plane
 from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
 from swarmyard.machines.api import Machines
 from swarmyard.machines.protocol import Limits, MachineInfo, MachineState
+from swarmyard.machines.snapshots import IDENTITY_FILES, Snapshot, Snapshots
 from swarmyard.money import usd_to_micro
 
 #: The group a machine's worker is in unless ``create(group=...)`` names one.
@@ -35,6 +37,7 @@ class _Kept:
     """What the client keeps of one of its machines."""
 
     login: Login
+    source: MachineSource | None = None
     env: dict[str, str] = field(default_factory=dict)
     provisioned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -87,12 +90,14 @@ class MachinesResource:
 
     def get(self, machine: str) -> Machine:
         """A machine by id or name."""
-        info = self._info(machine)
-        return Machine.of(info, paused=info.id in self._paused)
+        return self._record(self._info(machine))
+
+    def _record(self, info: MachineInfo) -> Machine:
+        return Machine.of(info, paused=info.id in self._paused, source=self._kept[info.id].source)
 
     def list(self) -> list[Machine]:
         """This client's machines."""
-        return [Machine.of(i, paused=i.id in self._paused) for i in self._sync.list() if i.id in self._kept]
+        return [self._record(i) for i in self._sync.list() if i.id in self._kept]
 
     def suggest_name(self) -> str:
         """A name no machine of this client has."""
@@ -120,9 +125,12 @@ class MachinesResource:
         """
         if isolated is not True:
             raise UserError("every machine is isolated (loopback and the control plane only): isolated=True")
+        source = None
         if from_snapshot is not None:
-            raise UserError("snapshots are not in this build: make a baseline from a folder and pass "
-                            "baseline=NAME")
+            if baseline is not None:
+                raise InvalidInputError("a machine starts from a snapshot or a baseline, not both", field="baseline")
+            snapshot = self._client.snapshots.get(from_snapshot)
+            baseline, source = snapshot.baseline, MachineSource("snapshot", snapshot.name, snapshot.version)
         plane = self._client._plane_now()
         name = name if name is not None else self.suggest_name()
         login = plane.login(name, group or DEFAULT_GROUP)
@@ -132,8 +140,8 @@ class MachinesResource:
         except BaseException:
             plane.logout(login)
             raise
-        self._kept[info.id] = _Kept(login)
-        return Machine.of(info)
+        self._kept[info.id] = _Kept(login, source)
+        return self._record(info)
 
     def wait_until_ready(self, machine: str, timeout: float = 180.0, poll_interval: float = 1.0) -> Machine:
         """Block until the machine runs commands (``poll_interval`` is accepted for boxd's signature: readiness
@@ -142,7 +150,7 @@ class MachinesResource:
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise InvalidInputError("timeout must be a positive number of seconds", field="timeout")
         machine_id = self._ready(machine, timeout)
-        return Machine.of(self._info(machine_id))
+        return self._record(self._info(machine_id))
 
     def _ready(self, machine: str, timeout_s: float = 180.0) -> str:
         """The machine's id once it is ready and logged in (its agents' files written)."""
@@ -189,8 +197,19 @@ class MachinesResource:
         except BaseException:
             plane.logout(login)
             raise
-        self._kept[info.id] = _Kept(login)
-        return Machine.of(info)
+        self._kept[info.id] = _Kept(login, MachineSource("fork", source.name, id=source.id))
+        return self._record(info)
+
+    def disk_digest(self, machine: str) -> str:
+        """The digest of the machine's disk as :func:`swarmyard.machines.snapshots.tree_digest` makes it, read
+        inside the machine, leaving out the files that log its agents in (its own token): machines from one
+        snapshot version start with that version's digest."""
+        program = ("import sys; from pathlib import Path; from swarmyard.machines.snapshots import tree_digest; "
+                   f"print(tree_digest(Path(sys.argv[1]), {IDENTITY_FILES!r})[0])")
+        done = self.exec(machine, ["python3", "-c", program, _logins.HOME])
+        if not done.success:
+            raise UserError(f"machine {machine}: its disk could not be read: {done.stderr.strip()[-300:]}")
+        return done.stdout.strip()
 
     def pause(self, machine: str) -> PauseResult:
         """Freeze the machine (cgroup freezer): its processes keep their memory and use no CPU until ``resume``."""
@@ -232,6 +251,39 @@ class MachinesResource:
                 self.delete(machine_id)
             except NotFoundError:
                 self._kept.pop(machine_id, None)
+
+
+class SnapshotsResource:
+    """``boxd.snapshots``: versioned disks to create machines from (``create(..., from_snapshot=NAME[:VERSION])``)."""
+
+    def __init__(self, client: Boxd) -> None:
+        self._client = client
+        self._store = Snapshots(client._sync.backend)
+
+    def create(self, machine: str, name: str) -> Snapshot:
+        """A new version of snapshot ``name`` from the machine's disk (re-saving bumps the version)."""
+        machine_id = self._client.machines._ready(machine)
+        return self._store.create(name, machine_id=machine_id)
+
+    def create_from_folder(self, folder: str | Path, name: str) -> Snapshot:
+        """A new version of snapshot ``name`` from a folder on this host."""
+        return self._store.create(name, folder=Path(folder))
+
+    def get(self, name: str) -> Snapshot:
+        """``NAME`` (its newest version) or ``NAME:VERSION``."""
+        return self._store.get(name)
+
+    def list(self) -> list[Snapshot]:
+        """The newest version of every snapshot."""
+        return self._store.list()
+
+    def versions(self, name: str) -> builtins.list[Snapshot]:
+        """Every version of ``name``, oldest first."""
+        return self._store.versions(name)
+
+    def delete(self, name: str) -> None:
+        """Delete ``NAME`` (every version) or ``NAME:VERSION``; refused while a live machine runs on one."""
+        self._store.delete(name)
 
 
 class Boxd:
@@ -276,6 +328,7 @@ class Boxd:
         self._plane: Plane | None = None
         self._plane_lock = threading.Lock()
         self._closed = False
+        self.snapshots = SnapshotsResource(self)
         self.machines = MachinesResource(self)
         # a script that never calls close() still leaves no machine and no plane behind when it exits
         atexit.register(self.close)

@@ -1,4 +1,5 @@
-"""``swarmyard machines doctor|list``: what sandboxing this host allows, and the machines' run folders."""
+"""``swarmyard machines doctor|list|snapshot``: what sandboxing this host allows, the machines' run folders,
+and their snapshots."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import typer
 
-from swarmyard.cli import render
+from swarmyard.cli import render, snapshots
 
-app = typer.Typer(help="Sandboxed machines: probe the host, list run folders.", no_args_is_help=True)
+app = typer.Typer(help="Sandboxed machines: probe the host, list run folders, snapshots.", no_args_is_help=True)
+app.add_typer(snapshots.app, name="snapshot")
 
 
 @app.command()
