@@ -154,6 +154,8 @@ def probe(scratch: Path | None = None) -> HostReport:
             else "teardown kills process by process",
         ),
         Check("rlimits", True, "last fallback for memory and pids"),
+        _pause(hierarchy),
+        _fork_memory(),
         _private_networks(),
         Check(
             "C compiler",
@@ -184,6 +186,21 @@ NO_QUOTA_HINT = (
     "run as root with loop devices and mke2fs (an ext4 image per disk), or install bubblewrap 0.7 or later "
     "(a tmpfs per disk); else accept disks without a quota: Limits(disk_bytes=None)"
 )
+
+
+def _pause(hierarchy: cgroups.Hierarchy) -> Check:
+    """Pausing needs each machine's cgroup v2 group (its ``cgroup.freeze``)."""
+    if hierarchy.v2 is not None:
+        return Check("pause", True, "the cgroup v2 freezer: a paused machine keeps its memory and uses no CPU")
+    return Check("pause", False, "no writable cgroup v2 hierarchy, so no freezer: machines cannot be paused")
+
+
+def _fork_memory() -> Check:
+    """What a fork carries: always the disk; memory only with CRIU, which swarmyard does not use (yet)."""
+    criu = shutil.which("criu")
+    found = f"criu is installed ({criu}), but swarmyard does not checkpoint with it" if criu else "no criu here"
+    return Check("fork keeps memory", False, f"no: a fork copies the disk, not running processes ({found}); "
+                 "pause keeps memory in place instead")
 
 
 def _private_networks() -> Check:
