@@ -80,11 +80,8 @@ class AgentSettings:
     max_tokens: int = 512
     #: planner: how many lenses to ask for
     plan_count: int = 3
-    #: explore: the policy, the directions on offer, attempts before a switch, the margin to adopt a peer's
+    #: the run's policy; under ``explore`` the directions and their settings come from the store, through the tools
     policy: str = ""
-    directions: tuple[str, ...] = ()
-    patience: int = 3
-    adopt_margin: int = 10
     #: seconds between lease renewals while a model call is in flight (well inside the plane's lease)
     heartbeat_s: float = 20.0
     #: ``full`` (shell and files in its machine) or ``governed`` (only the governed tools and its WASI tools)
@@ -128,9 +125,6 @@ class AgentSettings:
             max_tokens=int(number("SWARMYARD_MAX_TOKENS", 512)),
             plan_count=max(1, int(number("SWARMYARD_PLAN_COUNT", 3))),
             policy=env.get("SWARMYARD_POLICY", ""),
-            directions=_directions(env.get("SWARMYARD_DIRECTIONS", "")),
-            patience=max(1, int(number("SWARMYARD_PATIENCE", 3))),
-            adopt_margin=max(0, int(number("SWARMYARD_ADOPT_MARGIN", 10))),
             heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
             profile=_profile(env.get("SWARMYARD_PROFILE", governed.FULL)),
             history=_history(env.get("SWARMYARD_HISTORY", "")),
@@ -150,16 +144,6 @@ def _profile(value: str) -> str:
     if value not in (governed.FULL, governed.GOVERNED):
         raise ConfigError(f"is not {governed.FULL} or {governed.GOVERNED}", field="SWARMYARD_PROFILE")
     return value
-
-
-def _directions(text: str) -> tuple[str, ...]:
-    try:
-        value = json.loads(text) if text else []
-    except json.JSONDecodeError:
-        raise ConfigError("is not a JSON list of strings", field="SWARMYARD_DIRECTIONS") from None
-    if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
-        raise ConfigError("is not a JSON list of strings", field="SWARMYARD_DIRECTIONS")
-    return tuple(value)
 
 
 @dataclass(frozen=True, slots=True)
