@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from swarmyard.agents.model import ModelReply
-from swarmyard.plane.trajectory import MAX_TEXT_CHARS, cut
+from swarmyard.plane.step_text import MAX_TEXT_CHARS, cut
 
 log = logging.getLogger(__name__)
 

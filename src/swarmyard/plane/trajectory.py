@@ -21,9 +21,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from swarmyard.errors import InvalidInputError
+from swarmyard.plane.step_text import MAX_TEXT_CHARS
 
-#: Characters of a reply's text, a tool call's arguments or a tool's result that a step keeps.
-MAX_TEXT_CHARS = 8000
 #: Bytes of one request to the trajectory endpoint.
 MAX_STEP_BYTES = 256 * 1024
 #: Bytes of one worker's trajectory file.
@@ -88,11 +87,6 @@ class StepAccepted(_Strict):
     """The plane's answer: whether the step was kept (``false`` once the file is full)."""
 
     kept: bool
-
-
-def cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
-    """``text`` within ``limit`` characters, marked when cut."""
-    return text if len(text) <= limit else text[: limit - 6] + " [...]"
 
 
 class TrajectoryFiles:
