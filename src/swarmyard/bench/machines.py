@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.machines import networks
 from swarmyard.machines.api import Machines
 from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.protocol import Limits
@@ -91,6 +92,16 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         create_exec_ms = _ms(create_exec_samples)
         for info in machines.list():
             machines.delete(info.id)
+        network_ms: float | None = None
+        if networks.available() is None:
+
+            def create_exec_networked() -> None:
+                info = machines.create(f"w{next(counter)}", networks=["bench"])
+                machines.exec(info.id, ["true"])
+
+            network_ms = _ms(_timed(create_exec_networked, n))
+            for info in machines.list():
+                machines.delete(info.id)
         ready = machines.create("ready")
         machines.exec(ready.id, ["true"])
         exec_ms = _ms(_timed(lambda: machines.exec(ready.id, ["true"]), n))
@@ -147,6 +158,9 @@ def run(quick: bool = False, **options: object) -> BenchResult:
     result.add(
         BenchRow("create + first exec (true)", create_exec_ms, "ms", raw_bwrap, "raw bwrap", "<= 10 ms")
     )
+    if network_ms is not None:
+        result.add(BenchRow("create + first exec, on a private network", network_ms, "ms", create_exec_ms,
+                            "create + first exec", "<= 2x"))
     result.add(
         BenchRow("create + first exec, no launcher parked", unparked_ms, "ms", raw_bwrap, "raw bwrap")
     )
@@ -171,6 +185,7 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         create_exec_unparked_ms_p50=round(unparked_ms, 2),
         exec_ms_p50=round(exec_ms, 2),
         fork_ms_p50=round(fork_ms, 2),
+        create_exec_network_ms_p50=None if network_ms is None else round(network_ms, 2),
         create_exec_no_cgroups_ms_p50=round(unlimited_ms, 2),
         create_exec_python_init_ms_p50=round(python_init_ms, 2),
         init="native" if native else "python",
