@@ -88,7 +88,20 @@ def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecor
 
 def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKind | None = None,
                  on_event: Callable[[TrialEvent], None] | None = None) -> list[TrialRecord]:
-    """Run every trial not yet in the record; the whole record, in the campaign's order."""
+    """Run every trial not yet in the record; the whole record, in the campaign's order.
+
+    What the trials need from this host (a machines backend, bubblewrap, a baseline, provider keys) is checked
+    before the campaign's folder is made, as ``swarmyard run`` checks it before a run folder."""
+    import os
+
+    from swarmyard.broker.providers.configured import check_table
+    from swarmyard.swarm.preflight import check_host
+    from swarmyard.swarm.swarm import Swarm
+
+    # the cells differ in workers, policy and history only: the host's part is the same for every trial
+    config = Swarm(campaign.trials[0].config, sandbox=sandbox).config
+    check_host(config)
+    check_table(config.providers, env=os.environ)
     record = TrialLog(campaign.dir)
     finished = record.begin(campaign.name, campaign.digest, resume=resume)
     total = len(campaign.trials)
