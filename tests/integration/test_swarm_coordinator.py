@@ -277,3 +277,49 @@ def test_a_run_asking_for_an_unreachable_witness_starts_nothing(tmp_path: Path) 
     with pytest.raises(UserError, match="witness"):
         Swarm(config, witness=str(tmp_path / "no-such.sock")).run()
     assert not (tmp_path / "runs").exists()
+
+
+class SlowLauncher(StoreLauncher):
+    """Every agent run takes ten seconds of the fake clock."""
+
+    async def run(self, slot: WorkerSlot) -> WorkerSpan:
+        span = await super().run(slot)
+        self.clock.advance(10)
+        return span
+
+
+def test_groups_rounds_stop_at_the_deadline(tmp_path: Path) -> None:
+    config = loads_config("""
+[goal]
+objective = "Pick a speech model"
+budget_usd = "1"
+call_cap = 100
+deadline_s = 40
+[[tasks.lenses]]
+title = "market"
+[[tasks.lenses]]
+title = "models"
+[policy]
+kind = "groups"
+rounds = 5
+[[policy.groups]]
+prompt = "Argue for it."
+[[policy.groups]]
+prompt = "Argue against it."
+[workers]
+count = 2
+concurrency = 1
+""")
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
+    launcher = SlowLauncher(store, clock)
+    coordinator = Coordinator(config, store, launcher, run_id="run_t", run_dir=tmp_path / "runs" / "run_t",
+                              clock=clock)
+    result = asyncio.run(coordinator.run())
+    titles = Counter(t.title for t in store.list_tasks(result.goal_id) if t.group != "lead")
+    # round 1's four tasks (two lenses in two groups) took the 40 s there were: none of the next four rounds
+    # was made (their tasks would have stayed pending, unworked)
+    assert titles == {"market (round 1)": 2, "models (round 1)": 2}
+    prompts = {t.group: t.prompt for t in store.list_tasks(result.goal_id) if t.title == "market (round 1)"}
+    assert prompts["g0"].endswith("Your group's formulation: Argue for it.")
+    assert prompts["g1"].endswith("Your group's formulation: Argue against it.")
