@@ -15,6 +15,7 @@ from swarmyard.clock import FakeClock
 from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.plane.app import create_app
 from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.trajectory import TrajectoryFiles
 from swarmyard.store import open_store
 
 
@@ -37,7 +38,8 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         store.create_task(goal.id, TaskSpec(title=f"t{i}", budget_micro_usd=1000, call_cap=10))
     TOKENS.worker = tokens.issue(goal.id, "main", ttl_s=10**6)[0]
     TOKENS.operator = tokens.issue_operator()
-    app = create_app(store, tokens, PlaneSettings(rate_per_s=10**6, rate_burst=10**6), clock=clock)
+    app = create_app(store, tokens, PlaneSettings(rate_per_s=10**6, rate_burst=10**6), clock=clock,
+                     trajectories=TrajectoryFiles(folder / "agents"))  # steps are written, not just acknowledged
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     store.close()
 
@@ -49,6 +51,7 @@ def test_the_schema_is_published(api_schema: Any) -> None:
     paths = api_schema.raw_schema["paths"]
     assert "/v1/tools/claim_task" in paths and "/v1/operator/goals" in paths
     assert len([p for p in paths if p.startswith("/v1/tools/")]) == 10
+    assert "/v1/trajectory/steps" in paths
 
 
 @schema.parametrize()

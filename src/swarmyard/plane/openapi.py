@@ -11,6 +11,7 @@ from pydantic.json_schema import models_json_schema
 from swarmyard.plane import models as m
 from swarmyard.plane.operator import ENDPOINTS
 from swarmyard.plane.tools import TOOLS
+from swarmyard.plane.trajectory import StepAccepted, StepRecord
 
 _REF = "#/components/schemas/{model}"
 _ERRORS = {
@@ -41,7 +42,7 @@ def _query_parameters(model: type[BaseModel], schema: dict[str, Any]) -> list[di
 
 def build_openapi(version: str) -> dict[str, Any]:
     """The whole document."""
-    models: list[type[BaseModel]] = [m.ErrorResult]
+    models: list[type[BaseModel]] = [m.ErrorResult, StepRecord, StepAccepted]
     for spec in TOOLS:
         models += [spec.request, spec.response]
     for ep in ENDPOINTS:
@@ -64,6 +65,13 @@ def build_openapi(version: str) -> dict[str, Any]:
                                   "content": {"application/json": {"schema": ref(spec.response)}}},
                           **_error_responses(worker_errors)},
         }}
+    paths["/v1/trajectory/steps"] = {"post": {
+        "operationId": "trajectory_step", "summary": "Report one agent step (kept in the worker's trajectory)",
+        "tags": ["worker tools"], "security": [{"bearer": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref(StepRecord)}}},
+        "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": ref(StepAccepted)}}},
+                      **_error_responses(("400", "401", "413", "429"))},
+    }}
     for ep in ENDPOINTS:
         op: dict[str, Any] = {
             "operationId": f"operator_{ep.name}", "summary": ep.summary, "tags": ["operator"],
