@@ -46,6 +46,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: ``rm -rf -- FOLDER`` and ``find DIR -name '*.jsonl' -type f -size -MAX -newer MARK`` in the machine's own
+#: interpreter, the one program every machine (a governed one too) may execute.
+_REMOVE_TREE = "import shutil, sys; shutil.rmtree(sys.argv[1], ignore_errors=True)"
+_FIND_TRANSCRIPTS = (
+    "import os, sys\n"
+    "top, mark, most = sys.argv[1], os.stat(sys.argv[2]).st_mtime, int(sys.argv[3])\n"
+    "for folder, _, names in os.walk(top):\n"
+    "    for name in names:\n"
+    "        path = os.path.join(folder, name); st = os.lstat(path)\n"
+    "        if name.endswith('.jsonl') and os.path.isfile(path) and not os.path.islink(path) \\\n"
+    "                and st.st_size < most and st.st_mtime > mark:\n"
+    "            print(path)\n"
+)
+
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
 
@@ -373,7 +387,8 @@ class MachineLauncher:
         home = self._homes[slot.name]
         if slot.name in self._with_files:
             # the previous task's files must not pass for this one's
-            self._machines.exec(machine_id, ["/bin/rm", "-rf", "--", TASK_FOLDER], timeout=60, cwd=home)
+            # by the machine's interpreter, not rm: a governed machine executes nothing else
+            self._machines.exec(machine_id, [sys.executable, "-c", _REMOVE_TREE, TASK_FOLDER], timeout=60, cwd=home)
             self._with_files.discard(slot.name)
         if lens is None:
             return
@@ -408,9 +423,10 @@ class MachineLauncher:
         if where is None:
             return
         home = self._homes[slot.name]
-        found = self._machines.exec(machine_id, ["find", f"{home}/{where}", "-name", "*.jsonl", "-type", "f",
-                                                 "-size", f"-{MAX_FILE_BYTES // 1024}k", "-newer",
-                                                 f"{home}/.swarmyard-run-{worker_id}"], timeout=30)
+        # by the machine's interpreter, not find: a governed machine executes nothing else
+        found = self._machines.exec(machine_id, [sys.executable, "-c", _FIND_TRANSCRIPTS, f"{home}/{where}",
+                                                 f"{home}/.swarmyard-run-{worker_id}", str(MAX_FILE_BYTES)],
+                                    timeout=30)
         paths = sorted(found.stdout.decode("utf-8", "replace").split())
         if not paths:
             return

@@ -7,6 +7,12 @@ import json
 from swarmyard.agents.adapters.base import WORKER_INSTRUCTIONS, AdapterContext, AgentLaunch, base_env
 
 
+def _plane_tools() -> frozenset[str]:
+    from swarmyard.plane.tools import TOOL_NAMES  # the MCP server's tools are the plane's
+
+    return frozenset(TOOL_NAMES)
+
+
 def _toml_str(value: str) -> str:
     # a JSON string is a valid TOML basic string for the characters we write
     return json.dumps(value)
@@ -54,6 +60,11 @@ class CodexAdapter:
                 # wait for it before the first turn (else the first answer may call a tool not yet listed)
                 "required = true",
                 "",
+                # governed: the read-only sandbox asks approval for every MCP call and approval_policy = "never"
+                # refuses it; swarmyard's own tools (and only they) are approved by name
+                *(line for name in sorted(_plane_tools()) for line in
+                  (f"[mcp_servers.swarmyard.tools.{name}]", 'approval_mode = "approve"', "")
+                  if ctx.governed),
             ]
         )
 

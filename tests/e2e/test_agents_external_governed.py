@@ -1,0 +1,77 @@
+"""Claude Code, Codex and opencode as governed workers, in real governed machines (exec of anything but the CLI,
+what it vendors, and swarmyard's own interpreter for its MCP server is refused by the sandbox): each is started
+with its own tools off, is asked by the scripted model first for its own shell tool, which it does not have, and
+then for swarmyard's submit_finding over MCP, which lands in the store."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from external_agent_rig import MODEL, assert_installed, swarm_file
+
+from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
+from swarmyard.config import Profile, load_config
+from swarmyard.store import open_store
+from swarmyard.swarm.launcher import WorkerSlot
+from swarmyard.swarm.machine_launcher import MachineLauncher
+from swarmyard.swarm.setup import create_goal, create_round_tasks
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
+
+FINDING = "Hello, team: the governed greeting is done."
+#: each CLI's own shell tool as its model would call it, and what the CLI answered the model when it did
+SHELL = {"claude": ("Bash", "No such tool available: Bash"), "codex": ("shell", "unsupported call: shell"),
+         "opencode": ("bash", "unavailable tool 'bash'")}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-xg-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("agent", sorted(SHELL))
+def test_a_governed_cli_has_no_shell_and_submits_over_mcp(short_tmp: Path, agent: str) -> None:
+    assert_installed(agent)
+    path = swarm_file(short_tmp, agent)
+    path.write_text(path.read_text().replace("[workers]\n", '[workers]\nprofile = "governed"\n'))
+    config = load_config(path)
+    assert config.workers.profile is Profile.GOVERNED
+    run_dir = short_tmp / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    provider = ScriptedProvider({MODEL: [
+        CallTools(((SHELL[agent][0], {"command": "echo escaped > /machine/escaped"}),)),
+        CallTools((("*submit_finding", {"title": "greeting", "body": FINDING}),)),
+        Say("Submitted."),
+    ]}, name="script")
+    launcher = MachineLauncher(config, store, run_dir, {"script": provider})
+
+    async def one_worker() -> None:
+        from swarmyard.clock import SystemClock
+        from swarmyard.swarm.policies import make_policy
+
+        goal = create_goal(store, config, SystemClock())
+        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
+        await launcher.start(goal)
+        try:
+            span = await launcher.run(WorkerSlot("worker-0", "team"))
+            assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
+        finally:
+            await launcher.close()
+
+    try:
+        asyncio.run(one_worker())
+        (finding,) = [f for g in store.list_goals() for f in store.read_findings(g.id)]
+        assert finding.body == FINDING
+        # the shell call went back to the model as the CLI's own refusal: it has no such tool
+        assert SHELL[agent][1] in str(provider.requests[1].messages[-1].content)
+        assert FINDING in str(provider.requests[2].messages[-1].content)  # the MCP call's result
+    finally:
+        store.close()
