@@ -79,16 +79,18 @@ function renderTasks(state) {
 }
 
 function renderBoard(state) {
+  const slots = slotOf(state);
   $("board-count").textContent = "(" + state.board_total + ")";
   $("board").replaceChildren(...state.board.slice().reverse().map((p) => el("li", { "data-seq": String(p.seq) },
-    el("div", { class: "meta" }, "#" + p.seq + " " + p.kind + " · " + p.group + " · " + p.author + " · " + clock(p.at)),
+    el("div", { class: "meta" }, "#" + p.seq + " " + p.kind + " · " + p.group + " · " + who(slots, p.author) + " · " + clock(p.at)),
     el("div", { class: "body" }, p.body))));
 }
 
 function renderFindings(state) {
+  const slots = slotOf(state);
   $("findings-count").textContent = "(" + state.findings_total + ")";
   $("findings").replaceChildren(...state.findings.slice().reverse().map((f) => el("li", { "data-finding": f.id },
-    el("div", { class: "meta" }, f.id + " · " + f.group + " · " + f.author + " · " + f.status +
+    el("div", { class: "meta" }, f.id + " · " + f.group + " · " + who(slots, f.author) + " · " + f.status +
       (f.score !== null ? " · score " + f.score : "")),
     el("div", { class: "title" }, f.title), el("div", { class: "body" }, f.body),
     el("div", { class: "citations" }, f.citations.length ? "cites: " + f.citations.map((c) => c.kind + " " + c.ref).join(", ") : "no citations"))));
@@ -102,7 +104,16 @@ function svg(tag, attrs, text) {
   return node;
 }
 
+function slotOf(state) {
+  return new Map(state.machines.map((m) => [m.worker, m.slot]));
+}
+
+function who(slots, id) {
+  return slots.has(id) ? slots.get(id) + " " + id.slice(-6) : id;
+}
+
 function renderTimeline(state) {
+  const slots = slotOf(state);
   const lanes = state.workers.map((w) => w.id);
   const start = state.goal.created_at;
   const times = state.calls.map((c) => c.end).concat(state.board.map((p) => p.at), state.findings.map((f) => f.at), [Date.now() / 1000]);
@@ -113,7 +124,7 @@ function renderTimeline(state) {
   chart.append(svg("text", { x: left, y: 12, class: "axis" }, "0 s"), svg("text", { x: width - 60, y: 12, class: "axis" }, (end - start).toFixed(1) + " s"));
   lanes.forEach((id, i) => {
     const y = 20 + i * lane;
-    chart.append(svg("text", { x: 4, y: y + 14, class: "lane" }, id.slice(0, 22)));
+    chart.append(svg("text", { x: 4, y: y + 14, class: "lane" }, who(slots, id).slice(0, 24)));
     chart.append(svg("line", { x1: left, x2: width - 10, y1: y + 10, y2: y + 10, class: "lane-line" }));
     for (const c of state.calls.filter((c) => c.worker === id)) {
       const bar = svg("rect", { x: x(c.start), y: y + 3, width: Math.max(2, x(c.end) - x(c.start)), height: 14, class: "call call-" + c.state });
