@@ -16,6 +16,7 @@ from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.config import Profile, SwarmConfig, loads_config
 from swarmyard.errors import ConfigError, ToolRefusedError
 from swarmyard.machines.execs import exec_allowlist, interpreter_of
+from swarmyard.plane.tools import TOOL_NAMES
 
 
 def _ctx(governed_: bool) -> AdapterContext:
@@ -43,6 +44,9 @@ def test_codex_governed_is_read_only_with_its_shell_and_exec_tools_off() -> None
     assert parsed["features"] == {"shell_tool": False, "unified_exec": False, "apply_patch_freeform": False,
                                   "view_image_tool": False, "web_search_request": False}
     assert list(parsed["mcp_servers"]) == ["swarmyard"]
+    # its read-only sandbox asks approval for every MCP call: swarmyard's own tools, and only they, are approved
+    approvals = parsed["mcp_servers"]["swarmyard"]["tools"]
+    assert set(approvals) == set(TOOL_NAMES) and {a["approval_mode"] for a in approvals.values()} == {"approve"}
     full = tomllib.loads(next(iter(get_adapter("codex").launch(_ctx(False)).files.values())))
     assert full["sandbox_mode"] == "danger-full-access" and "features" not in full
 
