@@ -88,6 +88,10 @@ def test_a_swarm_file_the_campaign_cannot_use_is_refused(short_tmp: Path) -> Non
     bad_swarm.write_text(swarm_text().replace('budget_usd = "0.10"', 'budget_usd = "${seed}.x"'))
     done = _campaign(short_tmp, "c.toml", timeout=60)
     assert done.returncode == 1 and "goal.budget_usd" in done.stderr, done.stderr
+    # what the host lacks (here the machine baseline the swarm file names) is found before any folder is made
+    bad_swarm.write_text(swarm_text().replace("[workers]", '[workers]\nbaseline = "no-such-baseline"'))
+    done = _campaign(short_tmp, "c.toml", timeout=60)
+    assert done.returncode == 1 and "workers.baseline" in done.stderr, done.stderr
     assert sorted(p.name for p in short_tmp.iterdir()) == ["c.toml", "s.toml"]
 
 
