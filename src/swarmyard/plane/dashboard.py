@@ -190,16 +190,41 @@ class Dashboard:
         self._machines = machines
         self._changed: asyncio.Event | None = None
         self._closing = False  # set from any thread: open streams end within POLL_S
+        self._generation = 0  # counts notify(): a cached state older than the last change is built again
+        self._built: dict[str, tuple[float, int, str]] = {}  # goal -> (built at, generation, state JSON)
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def close(self) -> None:
         """End every open stream (the server is stopping: a browser left open must not hold it up)."""
         self._closing = True
+
+    async def _shared_state(self, goal_id: str) -> str:
+        """The goal's state as JSON, built at most once per ``POLL_S`` (or per change) whatever the number of
+        open streams, on a thread of its own: a dashboard never queues behind, nor delays, the workers' tools
+        on the store threads."""
+        loop = asyncio.get_running_loop()
+        lock = self._locks.setdefault(goal_id, asyncio.Lock())
+        async with lock:
+            cached = self._built.get(goal_id)
+            if cached is not None and cached[1] == self._generation and loop.time() - cached[0] < POLL_S / 2:
+                return cached[2]
+            generation = self._generation
+            try:
+                state = await asyncio.to_thread(goal_state, self._store, goal_id, self._machines, self._usage())
+                text = json.dumps(state, separators=(",", ":"), default=str)
+            except SwarmyardError as exc:
+                text = json.dumps(exc.to_dict())
+            if len(self._built) >= 64:
+                self._built.clear()
+            self._built[goal_id] = (loop.time(), generation, text)
+            return text
 
     def _usage(self) -> dict[str, dict[str, int]]:
         return self._trajectories.usage() if self._trajectories is not None else {}
 
     def notify(self) -> None:
         """Something may have changed: open streams look now."""
+        self._generation += 1
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -311,11 +336,7 @@ class Dashboard:
             last = ""
             quiet = 0.0
             while not self._closing:
-                try:
-                    state = await self._offload(lambda: goal_state(self._store, goal_id, self._machines, self._usage()))
-                    text = json.dumps(state, separators=(",", ":"), default=str)
-                except SwarmyardError as exc:
-                    text = json.dumps(exc.to_dict())
+                text = await self._shared_state(goal_id)
                 if text != last:
                     last, quiet = text, 0.0
                     yield f"event: state\ndata: {text}\n\n"
