@@ -290,9 +290,14 @@ def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) ->
 
 
 def run(quick: bool = False, **options: Any) -> BenchResult:
-    """Measure ``--workers N`` (default: 100 and 1,000; quick: 20); 500 or more also with two plane replicas."""
-    result = BenchResult(area="swarm")
+    """Measure ``--workers N`` (default: 100 and 1,000; quick: 20); 500 or more also with two plane replicas.
+    With ``sandboxed``, real machines with the real agent in each (:mod:`swarmyard.bench.swarm_sandboxed`)."""
     asked = int(options.get("workers") or 0)
+    if options.get("sandboxed"):
+        from swarmyard.bench import swarm_sandboxed
+
+        return swarm_sandboxed.run(quick, asked)
+    result = BenchResult(area="swarm")
     sizes = [asked] if asked else ([20] if quick else [100, 1000])
     calls, latency = (2, 0.5) if quick else (4, 5.0)
     targets = {100: "<= 1.1", 1000: "<= 1.2"}

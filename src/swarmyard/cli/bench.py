@@ -35,10 +35,16 @@ def _make(area: str) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         quick: bool = typer.Option(False, "--quick", help="A smaller, faster run."),
         workers: int = typer.Option(0, "--workers", min=0, help="Worker count (areas that take one: swarm)."),
+        sandboxed: bool = typer.Option(False, "--sandboxed", help="swarm: real machines with the real agent in "
+                                       "each, instead of in-process clients."),
     ) -> None:
         if workers and area not in TAKES_WORKERS:
             raise UserError(f"bench {area} takes no --workers (only {', '.join(sorted(TAKES_WORKERS))} does)")
+        if sandboxed and area != "swarm":
+            raise UserError(f"bench {area} takes no --sandboxed (only swarm does)")
         options: dict[str, object] = {"workers": workers} if workers else {}
+        if sandboxed:
+            options["sandboxed"] = True
         show(run_area(area, quick=quick, **options), as_json)
 
     command.__doc__ = f"Benchmark the {area} area."

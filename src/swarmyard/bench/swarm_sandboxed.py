@@ -1,0 +1,325 @@
+"""``swarmyard bench swarm --sandboxed --workers N``: N real machines, the real built-in agent in each.
+
+Each worker is what a run's worker is: a ``local`` machine (bubblewrap, its own disk, cgroups) created and deleted
+through the Machines API, running ``python -m swarmyard.agent`` against the control plane and broker through the
+machine's in-sandbox relay; the model is the simulated provider with a fixed latency. Every worker starts at
+once, takes a task, makes its model calls (the simulated answer is no action, so each step asks three times:
+the call and two re-asks), reports its steps and submits a partial finding. The ideal wall time is the calls
+of one agent times the latency (every agent in parallel, nothing else costing anything); ``overhead_ratio`` is
+``wall / ideal``, as for the in-process workers of :mod:`swarmyard.bench.swarm`.
+
+What else it reports, to say where it saturates:
+
+- each agent's own CPU and peak RSS (``getrusage`` in the agent's process at its exit), and the control
+  plane's CPU per request;
+- memory per machine: how far the host's ``MemAvailable`` fell while the most agents were alive, divided by
+  them (the agent, the sandbox's init and relay, its disk, the kernel's share);
+- the ramp: how long after the start the last agent was up, and the CPU all of this took over the wall time.
+
+On one host the agents' start-up is CPU (imports, mostly): N agents need N times one agent's CPU before the
+last one makes its first call, so ``wall - ideal`` grows with N over the cores; memory caps N at
+``MemAvailable`` over the memory per machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.domain import GoalSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from swarmyard.machines.api import Machines
+
+#: Runs the agent as ``python -m swarmyard.agent`` does, and at its exit writes its own CPU and peak RSS on stderr.
+_AGENT = (
+    "import atexit, resource, runpy, sys\n"
+    "def _said():\n"
+    "    u = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "    sys.stderr.write(f'bench-rusage {u.ru_utime + u.ru_stime:.4f} {u.ru_maxrss}\\n')\n"
+    "atexit.register(_said)\n"
+    "runpy.run_module('swarmyard.agent', run_name='__main__', alter_sys=True)\n"
+)
+#: Set in every agent's environment, so the sampler counts this benchmark's agents and no one else's.
+_MARK = "SWARMYARD_BENCH_RUN"
+
+
+@dataclass(slots=True)
+class _Agent:
+    """What one worker did: when its machine was ready, its exit, its CPU and peak RSS (from the agent)."""
+
+    boot_s: float = 0.0
+    exit_code: int | None = None
+    cpu_s: float | None = None
+    maxrss_kib: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxedRun:
+    """One measured run of ``workers`` sandboxed agents."""
+
+    workers: int
+    latency_s: float
+    calls_per_agent: int
+    wall_s: float
+    errors: int
+    findings: int
+    last_up_s: float  # from the start until the last agent process was running
+    most_alive: int  # agent processes alive at once, at most
+    mem_available_drop_bytes: int  # how far MemAvailable fell at that moment
+    agent_cpu_s: tuple[float, ...]
+    agent_maxrss_kib: tuple[int, ...]
+    boot_s: tuple[float, ...]  # create until ready, per machine
+    server_cpu_s: float
+    bench_cpu_s: float  # this process: the Machines API's threads (create, exec, delete)
+    requests: int
+    failures: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ideal_s(self) -> float:
+        """One agent's calls, every agent in parallel, nothing but the model's latency."""
+        return self.calls_per_agent * self.latency_s
+
+    @property
+    def overhead_ratio(self) -> float:
+        """``wall / ideal``."""
+        return self.wall_s / self.ideal_s if self.ideal_s else float("inf")
+
+    @property
+    def memory_per_machine_bytes(self) -> int:
+        """The fall of MemAvailable while the most agents were alive, per agent alive then."""
+        return self.mem_available_drop_bytes // max(1, self.most_alive)
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _ours(mark: bytes) -> int:
+    """Agent processes alive now whose environment carries ``mark``."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark in f.read():
+                    count += 1
+        except OSError:
+            continue  # exited, or not ours to read
+    return count
+
+
+class _Sampler:
+    """Every second: our agents alive and MemAvailable; keeps the moment the most were alive."""
+
+    def __init__(self, mark: str) -> None:
+        self._mark = f"{_MARK}={mark}".encode()
+        self._stop = threading.Event()
+        self.baseline = _mem_available()
+        self.most_alive = 0
+        self.drop_at_most = 0
+        self.all_up_at: float | None = None
+        self.started = time.perf_counter()
+        self.wanted = 0
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def start(self, wanted: int) -> None:
+        self.wanted = wanted
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            alive = min(self.wanted, _ours(self._mark))  # (a forked child of an agent carries its mark too)
+            if alive >= self.most_alive:
+                self.most_alive = alive
+                self.drop_at_most = max(0, self.baseline - _mem_available())
+            if alive >= self.wanted and self.all_up_at is None:
+                self.all_up_at = time.perf_counter() - self.started
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _worker(machines: Machines, index: int, sock: Path, token: str, env: dict[str, str], timeout_s: float,
+            out: _Agent) -> None:
+    began = time.perf_counter()
+    machine: str | None = None
+    try:
+        info = machines.create(f"bench-{index}", control_socket=sock)
+        machine = info.id
+        ready = machines.wait_until_ready(info.id)
+        out.boot_s = time.perf_counter() - began
+        agent_env = {**env, "SWARMYARD_PLANE_URL": f"http://127.0.0.1:{ready.relay_port}",
+                     "SWARMYARD_TOKEN": token}
+        result = machines.exec(info.id, [sys.executable, "-c", _AGENT], env=agent_env, timeout=timeout_s)
+        out.exit_code = result.exit_code
+        for line in result.stderr.decode("utf-8", "replace").splitlines():
+            if line.startswith("bench-rusage "):
+                cpu, rss = line.split()[1:3]
+                out.cpu_s, out.maxrss_kib = float(cpu), int(rss)
+        if not result.ok:
+            out.error = ("timed out" if result.timed_out else
+                         f"exit {result.exit_code}: {result.stderr.decode('utf-8', 'replace')[-300:]}")
+    except Exception as exc:  # a benchmark reports a failed worker and goes on with the rest
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if machine is not None:
+            with contextlib.suppress(Exception):
+                machines.delete(machine)
+
+
+def _warm_bytecode() -> None:
+    """Import the agent here first: its modules' bytecode is then current on disk, as on any host that ran it
+    once (machines see the package read-only and would compile whatever is stale, every one of them)."""
+    import swarmyard.agents.entry  # noqa: F401
+
+
+def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> SandboxedRun:
+    """Serve the plane + broker in their own process, then run ``workers`` sandboxed agents at once."""
+    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
+    from swarmyard.bench.swarm import MODEL, _serve, _tree_cpu_s, _wait_ready
+    from swarmyard.machines.api import Machines
+    from swarmyard.store import open_store
+
+    _warm_bytecode()
+    folder = Path(tempfile.mkdtemp(prefix="sy-bench-sbx-", dir="/tmp"))  # short: socket paths are limited
+    url, sock, secret = f"sqlite:///{folder / 'store.db'}", folder / "plane.sock", folder / "secret"
+    store = open_store(url)
+    goal = store.create_goal(GoalSpec("bench swarm sandboxed", 10**12, workers * (3 * steps + 2))).id
+    for i in range(workers):
+        store.create_task(goal, TaskSpec(f"task {i}", budget_micro_usd=10**6))
+    authority = TokenAuthority(load_or_create_secret(secret), store)
+    tokens = [authority.issue(goal, "main", ttl_s=24 * 3600)[0] for _ in range(workers)]
+    server = mp.get_context("spawn").Process(target=_serve, args=(url, str(sock), str(secret), latency_s, 1))
+    server.start()
+    assert server.pid is not None  # started
+    # as a run sets it for its workers (a heartbeat every quarter of the default 120 s lease)
+    env = {"SWARMYARD_MODEL": MODEL, "SWARMYARD_MAX_STEPS": str(steps), "SWARMYARD_HEARTBEAT_S": "30",
+           _MARK: folder.name}
+    agents = [_Agent() for _ in range(workers)]
+    timeout_s = 600.0 + workers + 3 * steps * latency_s  # a bound on a stuck agent, never reached by a working one
+    try:
+        _wait_ready(sock, server, 1)
+        machines = Machines("local", max_concurrent=workers, boot_timeout_s=600.0)
+        sampler = _Sampler(folder.name)
+        server_cpu, bench_cpu = _tree_cpu_s(server.pid), time.process_time()
+        began = time.perf_counter()
+        sampler.start(workers)
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-agent") as pool:
+                for i in range(workers):
+                    pool.submit(_worker, machines, i, sock, tokens[i], env, timeout_s, agents[i])
+            wall = time.perf_counter() - began
+        finally:
+            sampler.stop()
+            machines.close()
+        server_cpu, bench_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - bench_cpu
+        calls: dict[str, int] = {}
+        for hold in store.list_reservations(goal):
+            calls[hold.task_id] = calls.get(hold.task_id, 0) + 1
+        findings = len(store.read_findings(goal, limit=workers + 10))
+    finally:
+        server.terminate()
+        server.join(timeout=10)
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    per_agent = max(calls.values(), default=0)
+    failures = tuple(a.error for a in agents if a.error)
+    # a claim, each call, each step's report, the finding and the last step's report
+    requests = workers * 2 + sum(calls.values()) + workers * (steps + 1)
+    return SandboxedRun(
+        workers, latency_s, per_agent, wall, len(failures), findings,
+        sampler.all_up_at if sampler.all_up_at is not None else wall, sampler.most_alive, sampler.drop_at_most,
+        tuple(a.cpu_s for a in agents if a.cpu_s is not None),
+        tuple(a.maxrss_kib for a in agents if a.maxrss_kib is not None),
+        tuple(a.boot_s for a in agents if a.boot_s), server_cpu, bench_cpu, requests, failures[:5])
+
+
+def _median(values: tuple[float, ...] | tuple[int, ...]) -> float:
+    ordered = sorted(values)
+    return float(ordered[len(ordered) // 2]) if ordered else 0.0
+
+
+def summary_of(got: SandboxedRun, cores: int) -> dict[str, float | int | bool]:
+    """The JSON summary of one run (the keys ``--json`` prints)."""
+    agent_cpu = sum(got.agent_cpu_s)
+    busy = agent_cpu + got.server_cpu_s + got.bench_cpu_s
+    return {
+        "workers": got.workers,
+        "sandboxed": True,
+        "wall_s": round(got.wall_s, 3),
+        "ideal_s": got.ideal_s,
+        "overhead_ratio": round(got.overhead_ratio, 3),
+        "calls_per_agent": got.calls_per_agent,
+        "latency_s": got.latency_s,
+        "errors": got.errors,
+        "findings": got.findings,
+        "last_agent_up_s": round(got.last_up_s, 3),
+        "most_alive": got.most_alive,
+        "memory_per_machine_mib": round(got.memory_per_machine_bytes / 2**20, 1),
+        "agent_peak_rss_mib_median": round(_median(got.agent_maxrss_kib) / 1024, 1),
+        "agent_cpu_s_median": round(_median(got.agent_cpu_s), 3),
+        "machine_boot_s_median": round(_median(got.boot_s), 3),
+        "server_cpu_ms_per_request": round(got.server_cpu_s * 1e3 / max(1, got.requests), 3),
+        "host_cpu_s_per_agent": round(busy / max(1, got.workers), 3),
+        # the cores' share this run kept busy over its wall time (the agents, the plane, the machines' host side)
+        "cpu_utilisation": round(busy / (got.wall_s * cores), 3) if got.wall_s else 0.0,
+        "cores": cores,
+        # what the measured costs allow on this host: agents that start within one ideal, and that fit in memory
+        "agents_started_per_ideal": int(got.ideal_s * cores / max(1e-9, busy / max(1, got.workers))),
+        "agents_fitting_in_memory": int(_mem_available() // max(1, got.memory_per_machine_bytes)),
+    }
+
+
+def run(quick: bool = False, workers: int = 0) -> BenchResult:
+    """Measure ``workers`` sandboxed agents (default: 100 and 500; quick: 8 agents, 2 s calls)."""
+    cores = len(os.sched_getaffinity(0))
+    result = BenchResult(area="swarm")
+    sizes = [workers] if workers else ([8] if quick else [100, 500])
+    latency = 2.0 if quick else 30.0
+    last: dict[str, float | int | bool] = {}
+    for n in sizes:
+        got = measure(n, latency_s=latency)
+        summary = summary_of(got, cores)
+        label = f"{n} sandboxed agents, {got.calls_per_agent} calls of {latency:g} s"
+        result.add(BenchRow(f"{label}: wall", got.wall_s, "s", got.ideal_s, "ideal (calls x latency)",
+                            "<= 1.5" if n >= 500 else None))
+        for name, key, unit in (("last agent up", "last_agent_up_s", "s"),
+                                ("memory per machine", "memory_per_machine_mib", "MiB"),
+                                ("agent peak RSS (median)", "agent_peak_rss_mib_median", "MiB"),
+                                ("agent CPU (median)", "agent_cpu_s_median", "s"),
+                                ("host CPU per agent (agents, plane, machines)", "host_cpu_s_per_agent", "s"),
+                                ("machine boot (median)", "machine_boot_s_median", "s"),
+                                ("server CPU per request", "server_cpu_ms_per_request", "ms")):
+            result.add(BenchRow(f"{label}: {name}", float(summary[key]), unit))
+        result.summary[f"overhead_ratio_sandboxed_{n}"] = summary["overhead_ratio"]
+        if got.errors or got.findings != n:
+            result.notes.append(f"{label}: {got.errors} failed, {got.findings} findings; first failures: "
+                                f"{'; '.join(got.failures)}")
+        last = summary
+    result.summary.update(last)
+    result.notes.append(
+        "real local machines (bubblewrap, own disk and cgroups), the real built-in agent in each, the simulated "
+        "provider; every agent starts at once. Saturation: the agents' start-up is CPU, so agents_started_per_ideal "
+        "(ideal x cores / host CPU per agent) is how many start within one ideal, and agents_fitting_in_memory "
+        "(MemAvailable / memory per machine) how many fit")
+    return result

@@ -1,0 +1,56 @@
+"""``swarmyard bench swarm --sandboxed --workers N --json`` through the console script, at a small N: real machines
+with the real agent in each. Its figures are measurements and are not asserted; its shape is."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+CLI = "from swarmyard.cli.main import main; main()"
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-c", CLI, "bench", "swarm", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1200)
+
+
+def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path: Path) -> None:
+    done = bench(tmp_path, "--sandboxed", "--workers", "4", "--quick", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["area"] == "swarm" and got["sandboxed"] is True and got["workers"] == 4
+    assert got["errors"] == 0 and got["findings"] == 4  # every agent took its task and submitted
+    # each agent asks three times a step (the simulated answer is no action) for one step
+    assert got["calls_per_agent"] == 3 and got["ideal_s"] == 3 * got["latency_s"]
+    assert got["overhead_ratio"] == pytest.approx(got["wall_s"] / got["ideal_s"], rel=1e-2)
+    assert got["overhead_ratio_sandboxed_4"] == got["overhead_ratio"]
+    for key in ("memory_per_machine_mib", "agent_peak_rss_mib_median", "agent_cpu_s_median",
+                "machine_boot_s_median", "server_cpu_ms_per_request", "host_cpu_s_per_agent", "last_agent_up_s"):
+        assert isinstance(got[key], int | float) and got[key] > 0, key
+    assert 1 <= got["most_alive"] <= 4 and got["cores"] >= 1
+    assert got["agents_started_per_ideal"] >= 0 and got["agents_fitting_in_memory"] >= 0
+    assert any("real local machines" in note for note in got["notes"])
+
+
+def test_sandboxed_is_an_option_of_the_swarm_bench_only(tmp_path: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    done = subprocess.run([sys.executable, "-c", CLI, "bench", "store", "--sandboxed"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "takes no --sandboxed" in done.stderr
