@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
+import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
 from test_plane_tools import Plane, start_plane
 
 from swarmyard.clock import FakeClock
@@ -145,3 +151,35 @@ def test_eight_workers_claiming_at_once_through_the_tools_get_three_distinct_dir
     holders = _holders(plane, workers[0])
     assert {name: holders[name] for name in DIRECTIONS} == {
         name: w.who.worker_id for w, name in zip(workers, got, strict=True) if name}
+
+
+def test_an_mcp_agent_takes_a_direction_and_is_moved_by_its_scores(plane: Plane) -> None:
+    """``swarmyard mcp`` as a real subprocess driven by the MCP SDK's stdio client, relaying to the plane."""
+    goal = _goal(plane, 2, patience=1)
+    peer = Worker(plane, goal)
+    assert peer.take() == "proof"
+    token, who = plane.tokens.issue(goal, "explore", ttl_s=3600)
+    here = Path(sys.executable).parent / "swarmyard"
+    exe = str(here) if here.exists() else shutil.which("swarmyard") or str(here)
+    params = StdioServerParameters(command=exe, args=["mcp"],
+                                   env={"SWARMYARD_TOKEN": token, "SWARMYARD_PLANE_SOCKET": plane.socket})
+
+    async def session() -> list[Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            out = []
+            for name, args in [("claim_task", {}), ("claim_direction", {}),
+                               ("submit_artifact", {"data_base64": base64.b64encode(b"score=7 a").decode()}),
+                               ("submit_artifact", {"data_base64": base64.b64encode(b"score=6 b").decode()}),
+                               ("read_directions", {})]:
+                result = await client.call_tool(name, args)
+                assert not result.is_error, result.content
+                out.append(json.loads(result.content[0].text))  # type: ignore[union-attr]
+            return out
+
+    _, taken, first, second, listed = anyio.run(session)
+    assert taken["direction"]["name"] == "disproof"  # proof is the peer's
+    assert first["direction"]["reason"] == "stay"
+    assert (second["direction"]["reason"], second["direction"]["direction"]) == ("switch", "counterexample")
+    assert {d["name"]: d["holder"] for d in listed["directions"]} == {
+        "proof": peer.who.worker_id, "disproof": None, "counterexample": who.worker_id}
