@@ -201,3 +201,13 @@ def _post_latency_ms(page: Any, url: str, operator: str, before: set[str]) -> di
     return {str(p["seq"]): round(seen[str(p["seq"])] - p["created_at"] * 1000)
             for p in posts if str(p["seq"]) in seen and str(p["seq"]) not in before}
 
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "example.com"])
+def test_a_dashboard_beyond_loopback_is_refused_before_anything(short_tmp: Path, host: str) -> None:
+    swarm = _swarm(short_tmp)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--ui", "--host", host],
+                          cwd=short_tmp, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "beyond loopback" in done.stderr and "--tls-cert" in done.stderr
+    assert not (short_tmp / "runs").exists()
