@@ -151,3 +151,21 @@ def test_scores_are_attributed_and_ranked(store: SqlStore) -> None:
     with pytest.raises(InvalidInputError):
         store.best_scores(goal, by="model")  # type: ignore[arg-type]
     assert len(store.list_scores(goal)) == 3
+
+
+def test_a_score_counts_for_whoever_submitted_the_attempt(store: SqlStore) -> None:
+    # content-addressed: b's identical attempt is a's artifact row, and still b's attempt on b's direction
+    goal, (a, b) = _slots(store, 2)
+    store.claim_direction(a.task.id, a.token, ["proof"], author="w0")
+    store.claim_direction(b.task.id, b.token, ["disproof"], author="w1")
+    art = store.put_artifact(a.task.id, a.token, b"same attempt", author="w0")
+    assert store.put_artifact(b.task.id, b.token, b"same attempt", author="w1") == art
+    mine = store.record_score(goal, art.sha256, 9, task_id=b.task.id, worker_id="w1")
+    assert (mine.worker_id, mine.task_id, mine.direction) == ("w1", b.task.id, "disproof")
+    other = store.create_goal(GoalSpec("other", 1_000_000, 10)).id
+    for bad in ({"task_id": b.task.id}, {"task_id": "task_nope", "worker_id": "w1"}):
+        with pytest.raises((InvalidInputError, NotFoundError)):
+            store.record_score(goal, art.sha256, 1, **bad)  # type: ignore[arg-type]
+    with pytest.raises(NotFoundError):
+        store.record_score(other, art.sha256, 1)
+    assert len(store.list_scores(goal)) == 1

@@ -261,7 +261,8 @@ class WorkerTools:
             value = score.get("score") if isinstance(score, dict) else None
             if isinstance(value, bool) or not isinstance(value, int):
                 return None
-            self._store.record_score(who.goal_id, result.artifact.sha256, value, split=req.split)
+            self._store.record_score(who.goal_id, result.artifact.sha256, value, split=req.split,
+                                     task_id=req.task_id, worker_id=who.worker_id)
             return self._explore_move(who, req.task_id, req.fencing_token) if req.split == "search" else None
 
         move = await offload(record)

@@ -190,22 +190,30 @@ class DirectionStore:
                     "IS NOT NULL", (held_until, task_id, token))
 
     # -- scores ---------------------------------------------------------------------------------------------
-    def record_score(self, goal_id: str, sha256: str, score: int, *, split: str = _SPLIT) -> ScoreRecord:
-        """Record the evaluator's score of an artifact of the goal, attributed to the artifact's task, worker
-        and group and to the direction that task holds now (if any)."""
+    def record_score(self, goal_id: str, sha256: str, score: int, *, split: str = _SPLIT,
+                     task_id: str | None = None, worker_id: str | None = None) -> ScoreRecord:
+        """Record the evaluator's score of an artifact of the goal, attributed to the task and worker that
+        submitted it (``task_id``, ``worker_id``: a content-addressed artifact may have been stored first by
+        another; by default the artifact's own), their group and the direction that task holds now (if any)."""
         score = _score(score)
         split = _name(split, "split")
+        if (task_id is None) != (worker_id is None):
+            raise InvalidInputError("name both the task and the worker an attempt is scored for, or neither",
+                                    field="task_id")
         now = self._now()
         with self._e.write() as cur:
             row = self._one(cur, "SELECT task_id, author FROM artifacts WHERE goal_id = ? AND sha256 = ?",
                             (goal_id, sha256))
             if row is None:
                 raise NotFoundError("artifact", str(sha256))
-            task = self._task_row(cur, str(row[0]))
+            task = self._task_row(cur, task_id or str(row[0]))
+            if task.goal_id != goal_id:
+                raise InvalidInputError(f"task {task.id} is not of goal {goal_id}", field="task_id")
             held = self._one(cur, "SELECT name FROM directions WHERE goal_id = ? AND group_name = ? AND task_id = ? "
                                   "AND held_until > ? ORDER BY taken_at DESC LIMIT 1",
                              (goal_id, task.group, task.id, now))
-            record = ScoreRecord(goal_id, task.id, str(row[1]), task.group, None if held is None else str(held[0]),
+            record = ScoreRecord(goal_id, task.id, worker_id or str(row[1]), task.group,
+                                 None if held is None else str(held[0]),
                                  sha256, split, score, now)
             cur.execute(f"INSERT INTO scores ({_SCORE_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (record.goal_id, record.task_id, record.worker_id, record.group, record.direction,

@@ -192,8 +192,10 @@ class Store(Protocol):
         """Take the first of ``names`` no live claim holds, under the caller's claim; ``None`` when all are held."""
         ...
 
-    def record_score(self, goal_id: str, sha256: str, score: int, *, split: str = "search") -> ScoreRecord:
-        """Record an artifact's score, attributed to its task, worker, group and the direction held now."""
+    def record_score(self, goal_id: str, sha256: str, score: int, *, split: str = "search",
+                     task_id: str | None = None, worker_id: str | None = None) -> ScoreRecord:
+        """Record an artifact's score, attributed to the task and worker that submitted it (by default the
+        artifact's own), their group and the direction that task holds now."""
         ...
 
     def list_scores(self, goal_id: str, *, worker_id: str | None = None, task_id: str | None = None,
