@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from swarmyard.config import PolicyConfig, PolicyKind
-from swarmyard.domain import Finding, FindingStatus
+from swarmyard.domain import Direction, Finding, FindingStatus
 from swarmyard.swarm.policies import (
     DirectionTracker,
     best_findings,
     consolidation_text,
     direction_to_adopt,
+    explore_move,
+    explore_order,
     free_direction,
     make_policy,
-    next_direction,
 )
+
+
+def _d(name: str, holder: str | None = None) -> Direction:
+    return Direction("goal", "explore", name, True, holder, None if holder is None else "task", None, None)
 
 
 def test_independent_gives_each_worker_its_own_group() -> None:
@@ -44,16 +49,16 @@ def test_switch_after_k_attempts_without_improvement() -> None:
     assert not tracker.should_switch  # 12 was an improvement; two stale since
     tracker.record(None)
     assert tracker.should_switch
-    offered = ["pruning", "distillation", "quantisation"]
-    assert next_direction(tracker, offered, ["pruning", "distillation"], {}, margin=10) == "quantisation"
+    directions = [_d("pruning", "me"), _d("distillation", "peer"), _d("quantisation")]
+    move = explore_move("pruning", [10, 12, 12, 11, None], directions, "me", [], {}, 3, 10)
+    assert (move.direction, move.reason, move.best, move.stale) == ("quantisation", "switch", 12, 3)
     tracker.switch("quantisation")
     assert (tracker.best, tracker.stale, tracker.should_switch) == (None, 0, False)
 
 
 def test_stays_when_everything_is_held() -> None:
-    tracker = DirectionTracker("a", patience=1)
-    tracker.record(None)
-    assert next_direction(tracker, ["a", "b"], ["a", "b"], {}, margin=5) == "a"
+    move = explore_move("a", [None], [_d("a", "me"), _d("b", "peer")], "me", [], {"b": 99}, 1, 5)
+    assert (move.direction, move.reason) == ("a", "stay")  # b is better, but a live peer holds it
 
 
 def test_free_direction_prefers_untried() -> None:
@@ -67,12 +72,11 @@ def test_adopt_only_when_clearly_better() -> None:
     assert direction_to_adopt(50, {"x": 60, "y": 70}, margin=10) == "y"
     assert direction_to_adopt(None, {"x": 1}, margin=10) == "x"
     assert direction_to_adopt(50, {}, margin=0) is None
-    tracker = DirectionTracker("mine")
-    tracker.record(40)
-    assert (
-        next_direction(tracker, ["mine", "theirs"], ["theirs"], {"theirs": 80, "mine": 99}, margin=10)
-        == "theirs"
-    )
+    free = [_d("mine", "me"), _d("theirs"), _d("close")]
+    assert explore_move("mine", [40], free, "me", [], {"theirs": 80}, 3, 10).reason == "adopt"
+    assert explore_move("mine", [40], free, "me", [], {"close": 45}, 3, 10).reason == "stay"
+    # untried free directions are asked for first; a peer's live hold is never asked for
+    assert explore_order([_d("a", "peer"), _d("b"), _d("c")], "me", tried=["b"]) == ["c", "b"]
 
 
 def _finding(fid: str, group: str, score: int | None, at: float) -> Finding:

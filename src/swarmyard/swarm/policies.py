@@ -186,26 +186,6 @@ def direction_to_adopt(own_best: int | None, peer_best: Mapping[str, int], margi
     return direction if score >= baseline + margin and (own_best is None or score > own_best) else None
 
 
-def next_direction(
-    tracker: DirectionTracker,
-    offered: Sequence[str],
-    held_by_active_peers: Sequence[str],
-    peer_best: Mapping[str, int],
-    margin: int,
-) -> str:
-    """Where a slot goes next: adopt a clearly better peer direction, else switch when stale, else stay."""
-    adopt = direction_to_adopt(
-        tracker.best, {d: s for d, s in peer_best.items() if d != tracker.direction}, margin
-    )
-    if adopt is not None:
-        return adopt
-    if tracker.should_switch:
-        tried = [tracker.direction]
-        others = [d for d in held_by_active_peers if d != tracker.direction]
-        return free_direction(offered, others, tried) or tracker.direction
-    return tracker.direction
-
-
 @dataclass(frozen=True, slots=True)
 class Move:
     """Where an ``explore`` worker goes after an attempt: stay, switch to a free direction, or adopt a better one."""
