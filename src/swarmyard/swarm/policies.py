@@ -2,11 +2,11 @@
 
 - ``independent`` (best@n): each worker its own group; nobody reads anybody.
 - ``team`` (team@n): one group, shared board and findings.
-- ``explore``: one group of slots with visible directions; a worker switches to a free direction after
-  ``patience`` attempts in a row without improvement, and adopts a peer's direction only when its score is
-  clearly better.
-- ``groups``: several groups explore apart for several rounds; after each round the best findings of every
-  group are broadcast to all groups.
+- ``explore``: one group of slots; each holds at most one direction, claimed in the store (never two holders);
+  after ``patience`` scored attempts in a row without improvement a worker moves to a free direction, and it
+  adopts a free direction only when peers scored it clearly better (``explore_move``; the plane applies it).
+- ``groups``: several groups, each with its own formulation, explore apart for up to ``rounds`` rounds; after
+  each round the best findings of every group by score are broadcast to all groups.
 """
 
 from __future__ import annotations
