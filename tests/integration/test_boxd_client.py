@@ -80,8 +80,6 @@ def test_a_fork_keeps_the_disk_and_has_its_own_identity(boxd: Boxd) -> None:
 
 def test_bad_input_is_refused_and_changes_nothing(boxd: Boxd) -> None:
     boxd.machines.create("only")
-    with pytest.raises(UserError, match="networks"):
-        boxd.machines.create("net", networks=["job-1"])
     with pytest.raises(UserError, match="isolated"):
         boxd.machines.create("open", isolated=False)
     with pytest.raises(InvalidInputError):

@@ -20,6 +20,8 @@ from typing import Any
 from swarmyard.boxd import _logins
 from swarmyard.boxd._models import ExecResult, Machine, MachineSource, PauseResult, ResumeResult
 from swarmyard.boxd._plane import Login, Plane, open_plane
+from swarmyard.boxd._remote import RemoteMachines
+from swarmyard.boxd._spawn import Spawners, routes
 from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
@@ -38,6 +40,7 @@ class _Kept:
 
     login: Login
     source: MachineSource | None = None
+    spawn: bool = False
     env: dict[str, str] = field(default_factory=dict)
     provisioned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -116,8 +119,12 @@ class MachinesResource:
         group: str | None = None,
         baseline: str | None = None,
         limits: Limits | None = None,
+        spawn: bool = False,
     ) -> Machine:
         """Start a machine and return at once (call ``wait_until_ready`` before using it).
+
+        ``spawn=True``: a coordinator, whose own ``Boxd()`` makes machines through this client (see
+        :mod:`swarmyard.boxd._spawn`); only on a plane this client serves itself.
 
         ``isolated=True`` (the only kind this build has): no route out, only loopback, the control plane and
         the private ``networks`` named (joined once ready; ``<name>.yard`` resolves between machines that
@@ -132,6 +139,8 @@ class MachinesResource:
             snapshot = self._client.snapshots.get(from_snapshot)
             baseline, source = snapshot.baseline, MachineSource("snapshot", snapshot.name, snapshot.version)
         plane = self._client._plane_now()
+        if spawn and not plane.embedded:
+            raise UserError("a machine that makes machines needs this client's own plane: not with SWARMYARD_SERVER")
         name = name if name is not None else self.suggest_name()
         login = plane.login(name, group or DEFAULT_GROUP)
         try:
@@ -140,7 +149,9 @@ class MachinesResource:
         except BaseException:
             plane.logout(login)
             raise
-        self._kept[info.id] = _Kept(login, source)
+        self._kept[info.id] = _Kept(login, source, spawn=spawn)
+        if spawn:
+            self._client._spawners.allow(info.id, login.token)
         return self._record(info)
 
     def wait_until_ready(self, machine: str, timeout: float = 180.0, poll_interval: float = 1.0) -> Machine:
@@ -166,6 +177,8 @@ class MachinesResource:
                 for path, text in _logins.files(relay, kept.login, model).items():
                     self._sync.files.upload(info.id, path, text.encode(), mode=0o600)
                 kept.env = _logins.environment(relay, kept.login, model)
+                if kept.spawn:
+                    kept.env["SWARMYARD_BOXD_URL"] = relay  # its Boxd() makes machines through this client
                 kept.provisioned = True
         return info.id
 
@@ -236,6 +249,9 @@ class MachinesResource:
         info = self._info(machine)
         if info.id in self._paused:
             self.resume(info.id)  # a frozen sandbox would not hear the stop it is sent first
+        for child in self._client._spawners.forget(info.id):  # what a coordinator made goes with it
+            if child in self._kept:
+                self.delete(child)
         kept = self._kept.pop(info.id)
         try:
             if info.state is not MachineState.DELETED:
@@ -262,7 +278,7 @@ class SnapshotsResource:
 
     def create(self, machine: str, name: str) -> Snapshot:
         """A new version of snapshot ``name`` from the machine's disk (re-saving bumps the version)."""
-        machine_id = self._client.machines._ready(machine)
+        machine_id = self._client._local._ready(machine)
         return self._store.create(name, machine_id=machine_id)
 
     def create_from_folder(self, folder: str | Path, name: str) -> Snapshot:
@@ -310,7 +326,17 @@ class Boxd:
         max_machines: int = 128,
         root: str | Path | None = None,
         lease_s: float = 300.0,
+        spawn_cap: int = 8,
     ) -> None:
+        configured = any(v is not None for v in (server, providers, provider_objects, model))
+        inside = os.environ.get("SWARMYARD_BOXD_URL")
+        #: inside a coordinator machine with nothing configured: machines are made by the client that made it
+        self._remote = (RemoteMachines(inside, os.environ.get("SWARMYARD_TOKEN", ""))
+                        if inside and not configured else None)
+        if not configured and not inside and os.environ.get("SWARMYARD_TOKEN"):
+            # a machine's worker token with no way to make machines: a plane cannot start in here either
+            raise UserError("this machine may not make machines: the client that made it must create it with "
+                            "spawn=True")
         self._server = server if server is not None else os.environ.get("SWARMYARD_SERVER") or None
         token_file = operator_token_file or os.environ.get("SWARMYARD_OPERATOR_TOKEN_FILE")
         self._token_file = Path(token_file) if token_file else None
@@ -324,12 +350,20 @@ class Boxd:
         if not isinstance(lease_s, int | float) or lease_s <= 0:
             raise InvalidInputError("lease_s must be a positive number of seconds", field="lease_s")
         self._lease_s = float(lease_s)
-        self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines)
+        if not isinstance(spawn_cap, int) or spawn_cap < 0:
+            raise InvalidInputError("spawn_cap must be a whole number, 0 or more", field="spawn_cap")
         self._plane: Plane | None = None
-        self._plane_lock = threading.Lock()
         self._closed = False
+        self._plane_lock = threading.Lock()
+        self.machines: MachinesResource | RemoteMachines
+        if self._remote is not None:
+            self.machines = self._remote
+            return
+        self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines)
+        self._spawners = Spawners(self, spawn_cap)
         self.snapshots = SnapshotsResource(self)
-        self.machines = MachinesResource(self)
+        self._local = MachinesResource(self)
+        self.machines = self._local
         # a script that never calls close() still leaves no machine and no plane behind when it exits
         atexit.register(self.close)
 
@@ -341,7 +375,8 @@ class Boxd:
                 self._plane = open_plane(server=self._server, operator_token_file=self._token_file,
                                          providers=self._providers, given=self._given, model=self._model,
                                          budget_micro_usd=self._budget,
-                                         machine_budget_micro_usd=self._machine_budget, lease_s=self._lease_s)
+                                         machine_budget_micro_usd=self._machine_budget, lease_s=self._lease_s,
+                                         extra_routes=routes(self, self._spawners))
             return self._plane
 
     @property
@@ -355,8 +390,11 @@ class Boxd:
         if self._closed:
             return
         self._closed = True
+        if self._remote is not None:
+            self._remote.close()
+            return
         try:
-            self.machines._close()
+            self._local._close()
             self._sync.close()
         finally:
             with self._plane_lock:
@@ -437,7 +475,9 @@ class AsyncBoxd:
 
     def __init__(self, **kwargs: Any) -> None:
         self._sync = Boxd(**kwargs)
-        self.machines = _AsyncMachines(self._sync.machines)
+        if self._sync._remote is not None:
+            raise UserError("inside a machine that makes machines, use Boxd (AsyncBoxd runs machines itself)")
+        self.machines = _AsyncMachines(self._sync._local)
 
     async def close(self) -> None:
         """See :meth:`Boxd.close`."""

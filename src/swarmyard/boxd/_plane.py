@@ -19,12 +19,13 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.routing import BaseRoute
 
 from swarmyard.config import DEFAULT_MODEL, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError, SwarmyardError, UserError
@@ -52,10 +53,12 @@ class Login:
 class Plane:
     """A control plane this client acts on as operator (see the module docstring)."""
 
-    def __init__(self, socket_path: Path, operator_token: str, *, model: str, budget_micro_usd: int,
+    def __init__(self, socket_path: Path, operator_token: str, *, model: str, embedded: bool, budget_micro_usd: int,
                  machine_budget_micro_usd: int, lease_s: float, owned: _Embedded | None = None) -> None:
         self.socket = socket_path
         self.model = model
+        #: whether this client serves the plane itself (only then can its machines make machines)
+        self.embedded = embedded
         self._owned = owned
         self._http = PlaneAddress(socket_path=str(socket_path)).client(operator_token, timeout_s=60.0)
         self._machine_budget = machine_budget_micro_usd
@@ -136,7 +139,7 @@ class _Embedded:
     """A control plane and broker served from this process on a socket in a private temp folder."""
 
     def __init__(self, providers: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None,
-                 lease_s: float) -> None:
+                 lease_s: float, extra_routes: Sequence[BaseRoute] = ()) -> None:
         import uvicorn
 
         from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
@@ -157,7 +160,7 @@ class _Embedded:
             # any agent CLI may run in a machine: slots its prompts fit in
             self.broker = configured_broker(self.store, self.tokens, providers, given=given, local_slots=CLI_SLOTS)
             app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
-                             extra_routes=self.broker.routes())
+                             extra_routes=[*self.broker.routes(), *extra_routes])
             if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
                 raise ConfigError(f"the temp folder {self.folder} is too deep for a Unix socket", field="TMPDIR")
             # bound and listening before the server's thread starts: a connection made now waits in the backlog
@@ -195,7 +198,7 @@ def default_providers() -> dict[str, ProviderConfig]:
 
 def open_plane(*, server: str | None, operator_token_file: Path | None, providers: Path | None,
                given: Mapping[str, Any] | None, model: str | None, budget_micro_usd: int,
-               machine_budget_micro_usd: int, lease_s: float) -> Plane:
+               machine_budget_micro_usd: int, lease_s: float, extra_routes: Sequence[BaseRoute] = ()) -> Plane:
     """The plane named by ``server`` (a ``swarmyard serve`` socket), else one embedded here."""
     if server is not None:
         if server.startswith(("http://", "https://")):
@@ -210,7 +213,7 @@ def open_plane(*, server: str | None, operator_token_file: Path | None, provider
         if model is None:
             raise ConfigError("with SWARMYARD_SERVER, name the model its broker serves (Boxd(model=...) or "
                               "SWARMYARD_MODEL)", field="model")
-        return Plane(Path(server).resolve(), token, model=model, budget_micro_usd=budget_micro_usd,
+        return Plane(Path(server).resolve(), token, model=model, embedded=False, budget_micro_usd=budget_micro_usd,
                      machine_budget_micro_usd=machine_budget_micro_usd, lease_s=lease_s)
     from swarmyard.config import provider_table
 
@@ -224,6 +227,6 @@ def open_plane(*, server: str | None, operator_token_file: Path | None, provider
     if chosen not in served:
         raise ConfigError(f"model {chosen!r} is served by no provider of the table ({', '.join(served)})",
                           field="model")
-    embedded = _Embedded(table, given, lease_s)
-    return Plane(embedded.socket, embedded.operator_token, model=chosen, budget_micro_usd=budget_micro_usd,
+    embedded = _Embedded(table, given, lease_s, extra_routes)
+    return Plane(embedded.socket, embedded.operator_token, model=chosen, embedded=True, budget_micro_usd=budget_micro_usd,
                  machine_budget_micro_usd=machine_budget_micro_usd, lease_s=lease_s, owned=embedded)
