@@ -159,6 +159,9 @@ def mount_space(image: Path, target: Path) -> None:
                 if _libc().mount(device.encode(), os.fsencode(target), b"ext4", _MS_NOSUID | _MS_NODEV,
                                 b"noinit_itable") != 0:
                     err = ctypes.get_errno()
+                    if err == errno.EBUSY:
+                        # still held as another machine's went (the close below clears it): take another
+                        continue
                     raise SandboxError(f"cannot mount the disk image at {target}: {os.strerror(err)}")
                 return
             finally:

@@ -880,8 +880,11 @@ static int mount_space(const char *image, const char *dir) {
         }
         /* noinit_itable: the image's inode tables stay holes (the kernel would zero them in the background). */
         done = mount(device, dir, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable");
-        close(loop);
-        if (done != 0) break;
+        int busy = done != 0 && errno == EBUSY;
+        close(loop); /* unmounted, the device clears itself at this last close (LO_FLAGS_AUTOCLEAR) */
+        /* EBUSY: the device was still held as another machine's went (hundreds of machines booting and ending at
+         * once); take another free one. */
+        if (done != 0 && !busy) break;
     }
     if (done != 0) fprintf(stderr, "launch: cannot mount the disk image %s: %s\n", image, strerror(errno));
 out:

@@ -451,8 +451,10 @@ class SupervisedBackend:
                 return machine.info
             if machine.info.state is not MachineState.BOOTING or machine.ready_fd is None:
                 raise SandboxError(f"machine {machine_id} is {machine.info.state}", machine_id=machine_id)
-            readable, _, _ = select.select([machine.ready_fd], [], [], timeout_s)
-            if not readable:
+            # poll, not select: a host process with hundreds of machines holds descriptors past select's 1024
+            poller = select.poll()
+            poller.register(machine.ready_fd, select.POLLIN)
+            if not poller.poll(timeout_s * 1000):
                 raise SandboxError(
                     f"machine {machine_id} did not become ready in {timeout_s} s",
                     machine_id=machine_id,
