@@ -15,7 +15,8 @@ from swarmyard.cli.main import app
 @pytest.mark.slow
 def test_bench_quick_has_the_summary_keys() -> None:
     result = run(quick=True)
-    for key in ("create_exec_ms_p50", "create_exec_unparked_ms_p50", "fork_ms_p50", "raw_bwrap_ms_p50", "exec_ms_p50"):
+    for key in ("create_exec_ms_p50", "create_exec_unparked_ms_p50", "fork_ms_p50", "raw_bwrap_ms_p50", "exec_ms_p50",
+                "pause_resume_ms_p50", "create_exec_snapshot_ms_p50"):
         assert result.summary[key] > 0
     assert any(row.baseline for row in result.rows)
 
@@ -26,6 +27,8 @@ def test_doctor_json_reports_every_check() -> None:
     report = json.loads(out.stdout)
     assert report["landlock_abi"] >= 1 and report["user_namespaces"] is True
     assert {c["name"] for c in report["checks"]} >= {"bubblewrap", "seccomp", "landlock", "overlayfs",
-                                                     "private networks"}
+                                                     "private networks", "pause", "fork keeps memory"}
+    (fork,) = [c for c in report["checks"] if c["name"] == "fork keeps memory"]
+    assert fork["ok"] is False and "disk" in fork["detail"]  # said plainly: no CRIU, a fork is its disk
     (networks,) = [c for c in report["checks"] if c["name"] == "private networks"]
     assert networks["ok"] is (os.geteuid() == 0)  # root makes them; anyone else is told why not

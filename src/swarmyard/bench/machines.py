@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from swarmyard.bench.result import BenchResult, BenchRow
-from swarmyard.machines import networks
+from swarmyard.machines import networks, pausing
 from swarmyard.machines.api import Machines
 from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.protocol import Limits
+from swarmyard.machines.snapshots import Snapshots
 
 
 def _ms(samples: list[float]) -> float:
@@ -115,6 +116,26 @@ def run(quick: bool = False, **options: object) -> BenchResult:
             if info.id != ready.id:
                 machines.delete(info.id)
 
+        def pause_resume() -> None:
+            pausing.pause(machines.backend, ready.id)
+            pausing.resume(machines.backend, ready.id)
+
+        pause_resume_ms = _ms(_timed(pause_resume, n))
+        golden = Path(tmp) / "golden"
+        (golden / "repo").mkdir(parents=True)
+        for i in range(50):  # a small checkout: fifty files
+            (golden / "repo" / f"f{i}.py").write_text(f"x = {i}\n" * 20)
+        snapshot = Snapshots(machines.backend).create("bench", folder=golden)
+
+        def create_from_snapshot() -> None:
+            info = machines.create(f"s{next(counter)}", snapshot.baseline)
+            machines.exec(info.id, ["true"])
+
+        snapshot_ms = _ms(_timed(create_from_snapshot, n))
+        for info in machines.list():
+            if info.id != ready.id:
+                machines.delete(info.id)
+
         native = isinstance(machines.backend, LocalBackend) and machines.backend.native_init is not None
         parked = machines.backend.parked if isinstance(machines.backend, LocalBackend) else 0
 
@@ -168,6 +189,10 @@ def run(quick: bool = False, **options: object) -> BenchResult:
     result.add(BenchRow("create + first exec, Python init", python_init_ms, "ms", raw_bwrap, "raw bwrap"))
     result.add(BenchRow("exec on a ready machine", exec_ms, "ms", raw_sub, "raw subprocess"))
     result.add(BenchRow("fork (ready)", fork_ms, "ms", raw_bwrap, "raw bwrap", "<= 20 ms"))
+    result.add(BenchRow("pause + resume (cgroup freezer)", pause_resume_ms, "ms", create_exec_ms,
+                        "create + first exec", "<= 2x"))
+    result.add(BenchRow("create + first exec from a snapshot (50 files)", snapshot_ms, "ms", create_exec_ms,
+                        "create + first exec", "<= 2x"))
     result.add(
         BenchRow(
             f"{many} machines at once (create + exec)",
@@ -185,6 +210,8 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         create_exec_unparked_ms_p50=round(unparked_ms, 2),
         exec_ms_p50=round(exec_ms, 2),
         fork_ms_p50=round(fork_ms, 2),
+        pause_resume_ms_p50=round(pause_resume_ms, 2),
+        create_exec_snapshot_ms_p50=round(snapshot_ms, 2),
         create_exec_network_ms_p50=None if network_ms is None else round(network_ms, 2),
         create_exec_no_cgroups_ms_p50=round(unlimited_ms, 2),
         create_exec_python_init_ms_p50=round(python_init_ms, 2),
