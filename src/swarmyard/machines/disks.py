@@ -138,6 +138,9 @@ def mount_space(image: Path, target: Path) -> None:
     control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
+        # one machine at a time from a free device to its mount, as the compiled init does (see mount_space in
+        # sandbox_init.c); released when ``control`` is closed
+        fcntl.flock(control, fcntl.LOCK_EX)
         for _ in range(64):
             number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
             device = f"/dev/loop{number}"

@@ -27,6 +27,7 @@
 #include <sched.h>
 #include <grp.h>
 #include <linux/loop.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -854,6 +855,13 @@ static int mount_space(const char *image, const char *dir) {
     int done = -1;
     if (ctl < 0 || file < 0) {
         fprintf(stderr, "launch: cannot open the disk image %s: %s\n", image, strerror(errno));
+        goto out;
+    }
+    /* One machine at a time from taking a free device to its mount (the lock goes with the close below): with
+     * hundreds booting at once, another launcher opening the same free device for writing made this mount
+     * EBUSY, and each retry's device was the next one's free device again. */
+    if (flock(ctl, LOCK_EX) != 0) {
+        fprintf(stderr, "launch: cannot lock /dev/loop-control: %s\n", strerror(errno));
         goto out;
     }
     for (int tries = 0; tries < 64 && done != 0; tries++) {
