@@ -103,7 +103,12 @@ def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) ->
                             _tool("csvdiff", left="left.csv", right="right.csv"),
                             _tool("submit_finding", title="diff", body=last)],
         "scripted-lead": [_tool("shell", command="id"),
-                          _tool("submit_finding", title="synthesis", body=last)],
+                          # in words of its own around what it was told: a synthesis that copies a worker's
+                          # finding whole is refused by the agent's originality check
+                          _tool("submit_finding", title="synthesis",
+                                body="The lead asked for a shell before writing this synthesis, and what the swarm "
+                                     "answered it is reported here word for word for whoever reads the run: "
+                                     + last)],
     }))
     done = _run(short_tmp, swarm)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -111,8 +116,8 @@ def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) ->
     with sqlite3.connect(run_dir / "store.db") as db:
         bodies = [str(b) for (b,) in db.execute("SELECT body FROM findings ORDER BY created_at").fetchall()]
     refusal = "error (tool_refused): 'shell' is not a tool of the 'governed' profile"
-    shells = [b for b in bodies if b.startswith("Result of shell")]
-    assert len(shells) == 2 and all(refusal in b for b in shells)  # the worker's, and the governed lead's
+    [shell] = [b for b in bodies if b.startswith("Result of shell")]
+    assert refusal in shell
     [diff] = [b for b in bodies if b.startswith("Result of csvdiff")]
     answer = json.loads(diff.split("\n", 1)[1])
     assert (answer["added"], answer["removed"], answer["same"]) == (["4"], ["2"], 1)
