@@ -170,3 +170,28 @@ def test_a_campaign_killed_mid_way_resumes_without_rerunning_finished_trials(sho
     again = _campaign(short_tmp, "c.toml", timeout=60)
     assert again.returncode == 1 and "already holds a campaign" in again.stderr
     assert _lines(record) == after
+    # on a terminal, stderr shows the trials' progress (all six are in the record: nothing runs again)
+    shown = _on_a_terminal(short_tmp, "campaign", "c.toml", "--resume")
+    assert "6/6" in shown and _lines(record) == after
+
+
+def _on_a_terminal(cwd: Path, *args: str) -> str:
+    """Run the CLI with its stderr on a pseudo-terminal; what it wrote there."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env={**_env(cwd), "TERM": "xterm"},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(timeout=120) == 0, out[-2000:]
+    return out.decode("utf-8", "replace")
