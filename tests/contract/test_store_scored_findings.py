@@ -43,3 +43,30 @@ def test_a_finding_carries_the_best_search_score_of_the_artifacts_it_cites(store
     assert (both.score, only_low.score, none_scored.score, no_cites.score) == (4, 2, None, None)
     read = {f.id: f.score for f in store.read_findings(goal)}
     assert read == {both.id: 4, only_low.id: 2, none_scored.id: None, no_cites.id: None}
+
+
+def test_a_finding_that_cited_an_artifact_before_its_score_takes_it_and_the_log_says_so(store: SqlStore) -> None:
+    from swarmyard.audit.tables import Ledger, check_tables, parse_body
+
+    goal = store.create_goal(GoalSpec("sort", 1_000_000, 100)).id
+    store.create_task(goal, TaskSpec("sorter"))
+    claim = store.claim(goal, "w0", 60)
+    assert claim is not None
+    artifact = store.put_artifact(claim.task.id, claim.token, b"attempt", author="w0")
+    other = store.put_artifact(claim.task.id, claim.token, b"another", author="w0")
+    early = store.submit_finding(claim.task.id, claim.token, author="w0", title="t", body="b",
+                                 citations=[Citation(CitationKind.ARTIFACT, artifact.sha256)])
+    bystander = store.submit_finding(claim.task.id, claim.token, author="w0", title="t", body="b",
+                                     citations=[Citation(CitationKind.ARTIFACT, other.sha256)])
+    assert early.score is None
+    store.record_score(goal, artifact.sha256, 3)
+    store.record_score(goal, artifact.sha256, 1)  # a lower score later does not lower the finding's
+    store.record_score(goal, artifact.sha256, 8, split="holdout")  # nor does the holdout count
+    assert {f.id: f.score for f in store.read_findings(goal)} == {early.id: 3, bystander.id: None}
+    # the rows still match what the log says of them
+    size = store.sequence_events()
+    ledger = Ledger()
+    for event in store.read_events(0, size):
+        assert event.leaf_index is not None
+        ledger.add(event.leaf_index, event.kind, parse_body(event, event.leaf_index))
+    check_tables(store, ledger)

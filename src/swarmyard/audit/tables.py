@@ -106,6 +106,11 @@ class Ledger:
             if found is not None:
                 found.leaf = leaf
                 found.values.update(status=body.get("status"), score=body.get("score"))
+        elif kind == "finding.scored":
+            found = self.findings.get(str(body.get("finding")))
+            if found is not None:
+                found.leaf = leaf
+                found.values["score"] = body.get("score")
         elif kind == "artifact.submitted":
             key = (str(body.get("goal")), str(body.get("sha256")))
             self.artifacts.setdefault(key, _Seen(leaf, {"task": body.get("task"), "size": body.get("size")}))

@@ -221,6 +221,14 @@ class DirectionStore:
             self._event(cur, "score.recorded", now, {"goal": goal_id, "task": task.id, "worker": record.worker_id,
                                                       "group": task.group, "direction": record.direction,
                                                       "sha256": sha256, "split": split, "score": score})
+            if split == _SPLIT:
+                # a finding that cited the artifact before it was scored takes the score too (its best)
+                cur.execute("UPDATE findings SET score = ? WHERE goal_id = ? AND citations LIKE ? AND "
+                            "(score IS NULL OR score < ?) RETURNING id",
+                            (score, goal_id, f'%"kind":"artifact","ref":"{sha256}"%', score))
+                for (finding_id,) in cur.fetchall():
+                    self._event(cur, "finding.scored", now, {"goal": goal_id, "finding": str(finding_id),
+                                                              "sha256": sha256, "score": score})
             return record
 
     def list_scores(self, goal_id: str, *, worker_id: str | None = None, task_id: str | None = None,
