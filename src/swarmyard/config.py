@@ -320,8 +320,12 @@ class WasiToolConfig(_Frozen):
 
     @model_validator(mode="after")
     def _known(self) -> Self:
+        import importlib.util
+
         from swarmyard.wasi.catalog import SHIPPED, shipped_wasm
 
+        if importlib.util.find_spec("wasmtime") is None:  # here, not in the first worker's machine
+            raise ValueError("WASI tools need the 'wasmtime' package: pip install 'swarmyard[wasi]'")
         if not self.wasm.startswith("/"):
             if self.params is not None or self.description is not None or self.required:
                 raise ValueError(f"{self.wasm!r} is a shipped tool: its params and description are its own")
