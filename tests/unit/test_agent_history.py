@@ -161,3 +161,13 @@ def test_the_simulated_attempt_maker_refines_what_it_is_shown() -> None:
     text = "[score 250000] instance 4 code 11110000\n[score 750000] instance 4 code 11111100"
     finding = json.loads(attempt_answer(_request(text, ("submit_finding",))))["action"]
     assert finding["tool"] == "submit_finding" and "[score 750000] instance 4 code 11111100" in finding["args"]["body"]
+
+
+def test_simulate_is_a_setting_of_the_simulated_provider_only() -> None:
+    from swarmyard.config import ProviderConfig, ProviderKind, loads_config
+
+    assert ProviderConfig(kind=ProviderKind.SIMULATED, models=("sim",), simulate="attempts").simulate == "attempts"
+    with pytest.raises(ValueError, match="simulate is for a simulated provider"):
+        ProviderConfig(kind=ProviderKind.SCRIPTED, models=("sim",), simulate="attempts")
+    with pytest.raises(ConfigError, match=r"workers\.history"):
+        loads_config('[goal]\nobjective = "x"\nbudget_usd = "1"\n[tasks]\nplan = 1\n[workers]\nhistory = "all"\n')
