@@ -3,6 +3,9 @@
 ``call_ms_p50``: instantiate a cached compiled module in a fresh store, run it, read its JSON (the trivial
 ``echo`` module): what every tool call pays on top of its own work. ``fuel_trap_s``: an endless loop (``spin``)
 stopped by a 50M fuel cap. Also the first compile of a module (what the cache saves) and a wall-clock trap.
+
+Measured on a shared 2-core host (wasmtime 50): call_ms_p50 0.23 ms (p99 3.5 ms), the first compile 60-180 ms,
+fuel_trap_s 0.004-0.008 s (the issue's earlier figure: ~0.06 s), a 0.1 s wall-clock cap 0.12 s.
 """
 
 from __future__ import annotations
