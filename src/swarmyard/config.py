@@ -661,6 +661,9 @@ class SwarmConfig(_Frozen):
             raise ValueError(f"workers.tools: two tools are named {next(n for n in names if names.count(n) > 1)!r}")
         for where, agent, profile in (("workers", self.workers.agent, self.workers.profile),
                                       ("lead", self.lead.agent, self.lead.profile)):
+            if profile is Profile.GOVERNED and self.run.sandbox is SandboxKind.PROCESS:
+                raise ValueError(f"{where}.profile: a governed machine needs a sandbox that can refuse exec; the "
+                                 "process backend cannot (use local or ray)")
             if agent is not AgentKind.BUILTIN and profile is Profile.GOVERNED:
                 from swarmyard.agents.adapters import get_adapter
 

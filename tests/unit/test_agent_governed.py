@@ -139,3 +139,12 @@ def test_a_bad_tool_is_a_config_error_naming_its_field(tmp_path: Path, tools: st
     with pytest.raises(ConfigError) as bad:
         _parse(tmp_path, tools)
     assert bad.value.field == field and words in bad.value.message, (bad.value.field, bad.value.message)
+
+
+def test_a_governed_worker_on_the_process_backend_is_refused(tmp_path: Path) -> None:
+    replies = tmp_path / "r.json"
+    replies.write_text("{}")
+    text = _SWARM.format(replies=replies, tools="") + '[run]\nsandbox = "process"\n'
+    with pytest.raises(ConfigError) as bad:
+        loads_config(text, base_dir=tmp_path)
+    assert bad.value.field == "workers.profile" and "process backend cannot" in bad.value.message
