@@ -135,10 +135,13 @@ class MachineLauncher:
         # outside the run folder: machines, reports and whoever reads the run never see it
         secret = run_secrets(self.run_dir.name) / TOKEN_SECRET
         self._tokens = TokenAuthority(load_or_create_secret(secret), self.store)
-        from swarmyard.broker.providers.configured import configured_broker
+        from swarmyard.broker.providers.configured import configured_broker, slots_for
 
+        # an agent CLI's prompts need bigger slots of the embedded model than the built-in agent's
+        agents = {self.config.workers.agent.value, self.config.lead.agent.value}
         self._broker = configured_broker(self.store, self._tokens, self.config.providers,
-                                         given=self._given_providers)
+                                         given=self._given_providers,
+                                         local_slots=slots_for(agents, self.config.workers.concurrency))
         app = create_app(
             self.store,
             self._tokens,
