@@ -194,7 +194,11 @@ def test_a_scored_run_scores_artifacts_fires_the_holdout_once_and_reports_it(sho
         assert db.execute("SELECT COUNT(*) FROM scores WHERE split = 'holdout'").fetchone() == (1,)
     assert kinds.count("holdout.scored") == 1 and "holdout.refused" not in kinds
 
-    # a second holdout for the goal is refused, by a restarted evaluator on the run's state
+    # a second holdout for the goal is refused, by a restarted evaluator on the run's state: its key and ledger
+    # stayed, its copy of the bundle did not
+    state = run_folder(run_dir.name) / "state"
+    assert (state / "holdout.db").is_file() and (state / "evaluator.key").is_file()
+    assert not (state / "bundle").exists()
     try:
         with EvaluatorProcess.start(bundle, run_id=run_dir.name, goal=goal_id) as again:
             assert verify_score(signed, again.public_key)  # the same key, kept in its state

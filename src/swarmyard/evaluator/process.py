@@ -8,10 +8,11 @@ Its folder is ``$TMPDIR/swarmyard-eval-UID/RUN/`` (beside the machines' ``swarmy
 
     eval.sock      the socket: the control plane's user and the evaluator's group only (0660); no machine
                    sees this folder, so a worker reaches the evaluator only through the plane's tools
-    state/         the evaluator's own (key, holdout ledger, the bundle's copy), 0700 as its own user
+    state/         the evaluator's own (key, holdout ledger, the bundle's copy while it runs), 0700 as its user
     serve.log      the child's stderr, which may quote hidden data: 0600, never in the run folder
 
-The state stays after the run: a resumed run's evaluator signs with the same key and finds the holdout spent.
+The key and the holdout ledger stay after the run (a few kilobytes): a resumed run's evaluator signs with the
+same key and finds the holdout spent.
 Started as root, the folders are 0711 (the evaluator's user must pass through them to its state, and may list
 nothing); otherwise 0700. The child gets a minimal environment, never this process's (provider keys live there).
 """
@@ -24,6 +25,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import stat
 import subprocess
@@ -35,6 +37,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from swarmyard.errors import EvaluatorError
+from swarmyard.evaluator.server import BUNDLE_COPY
 
 #: How long the child may take to print its ready line (it creates a user and copies the bundle first).
 READY_TIMEOUT_S = 120.0
@@ -158,8 +161,10 @@ class EvaluatorProcess:
         return f"{self.name}, as {self.user} ({whose})"
 
     def close(self) -> None:
-        """Stop the child (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``); its state stays."""
+        """Stop the child (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``). Its key and holdout ledger stay; its
+        copy of the bundle goes (the next start copies the bundle afresh)."""
         _stop(self.proc)
+        shutil.rmtree(self.state_dir / BUNDLE_COPY, ignore_errors=True)
 
     def __enter__(self) -> Self:
         return self
