@@ -230,6 +230,11 @@ class LocalProvider:
                                           extra_body=ANTI_LOOP)
         self._tokenize = httpx.Client(base_url=self._base, timeout=30)
 
+    @property
+    def base_url(self) -> str:
+        """The in-process llama.cpp server's loopback address (its own OpenAI-compatible API, ``/tokenize``...)."""
+        return self._base
+
     def _count(self, text: str) -> int:
         response = self._tokenize.post("/tokenize", json={"content": text})
         response.raise_for_status()
