@@ -144,7 +144,7 @@ sandbox = "local"
         rows = db.execute("SELECT model, state FROM reservations ORDER BY created_at").fetchall()
     worker_rows = [state for model, state in rows if model == "up-worker"]
     assert worker_rows == ["unknown"], rows  # one hold, unknown; no second hold
-    [worker_log] = [p.read_text() for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-0-")]
+    [worker_log] = [p.read_text() for p in (run_dir / "agents").glob("worker-0-*.log")]
     assert worker_log.count('chat/completions "HTTP/1.1 502') == 1, worker_log[-2000:]
     assert "asking again" not in worker_log
     # it stopped on that error without a placeholder finding: its one try failed, and so did its task

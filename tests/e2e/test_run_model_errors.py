@@ -161,7 +161,7 @@ sandbox = "local"
     assert "stopped on a model error at step 1 of 4, before any work" in why and f"({code})" in why, why
     assert findings == ["synthesis"]  # no placeholder finding from the worker
     assert upstream.posts["up-worker"] >= 2, upstream.posts
-    logs = [p.read_text() for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-0-")]
+    logs = [p.read_text() for p in (run_dir / "agents").glob("worker-0-*.log")]
     assert len(logs) == 2 and all("stopped on a model error" in text for text in logs)
     assert "No result was reached" not in "".join(logs)
     report = (run_dir / "report.md").read_text()

@@ -157,7 +157,7 @@ sandbox = "local"
     assert f"| spend | ${spent // 1_000_000}.{spent % 1_000_000:06d} of $0.350000 |" in report
     assert f"${spent // 1_000_000}.{spent % 1_000_000:06d}" in done.stderr
     # the worker was told no at its fourth call, by the broker, with 402 and what its envelope had left
-    [worker_log] = [p.read_text() for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-0-")]
+    [worker_log] = [p.read_text() for p in (run_dir / "agents").glob("worker-0-*.log")]
     answers = re.findall(r'chat/completions "HTTP/1.1 (\d+)', worker_log)
     assert answers == ["200", "200", "200", "402"], worker_log[-2000:]
     assert f"(available {175_000 - 3 * CALL_COST})" in worker_log

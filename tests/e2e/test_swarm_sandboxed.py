@@ -162,7 +162,7 @@ def check_run(result: RunResult, run_dir: Path, *, tasks: int) -> None:
     assert result.report is not None and "Go: the scouts agree." in result.report.markdown.read_text()
     assert leftovers(run_dir, machine_ids(result, run_dir)) == []
     # each agent run's own output is kept, named by slot and worker, with how it ended
-    logs = {p.name: p.read_text() for p in (run_dir / "agents").iterdir()}
+    logs = {p.name: p.read_text() for p in (run_dir / "agents").glob("*.log")}
     assert set(logs) == {f"{s.row}-{s.worker_id}.log" for s in result.spans}
     for span in result.spans:
         text = logs[f"{span.row}-{span.worker_id}.log"]
