@@ -84,10 +84,12 @@ def test_host_root_home_and_tmp_are_not_visible(
     planted = Path("/tmp") / f"swarmyard-escape-{os.getpid()}"
     planted.write_text("host")
     try:
-        seen = _py(machines, info, "import os;print(os.path.exists('/home'), sorted(os.listdir('/tmp')))")
+        # the host's /home is not there: the machine's own /home holds only boxd's home, a link to its own disk
+        seen = _py(machines, info, "import os;print(os.listdir('/home'), os.readlink('/home/boxd'), "
+                                   "sorted(os.listdir('/tmp')))")
     finally:
         planted.unlink()
-    assert seen == f"False {allowed}"
+    assert seen == f"['boxd'] /machine {allowed}"
     assert _errno_of(machines, info, f"open({str(tmp_path / 'run' / 'etc' / 'passwd')!r})") == "ENOENT"
 
 
