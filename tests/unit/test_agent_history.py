@@ -160,7 +160,8 @@ def test_the_simulated_attempt_maker_refines_what_it_is_shown() -> None:
     # offered no submit_artifact, it reports the best it was shown
     text = "[score 250000] instance 4 code 11110000\n[score 750000] instance 4 code 11111100"
     finding = json.loads(attempt_answer(_request(text, ("submit_finding",))))["action"]
-    assert finding["tool"] == "submit_finding" and "[score 750000] instance 4 code 11111100" in finding["args"]["body"]
+    body = finding["args"]["body"]
+    assert finding["tool"] == "submit_finding" and "750000" in body and "code 11111100" in body
 
 
 def test_simulate_is_a_setting_of_the_simulated_provider_only() -> None:

@@ -5,7 +5,7 @@ code (the ``hidden-code`` bundle's task: ``instance I code DIGITS``, as many dig
 ``N-digit`` says): with no scored attempt in its context, random digits; with one (a single draft), that
 draft with one or two digits changed; with several (a scored history), a per-digit mix of them weighted by score,
 then one digit changed. Offered only ``submit_finding`` (the last step, or the lead), it submits the best scored
-attempt its context shows. Every choice is drawn from a ``random.Random`` seeded by the request's text and the
+attempt its context shows, in words of its own. Every choice is drawn from a ``random.Random`` seeded by the request's text and the
 provider's seed, so the same conversation gets the same answer, and a run is repeatable.
 """
 
@@ -67,7 +67,9 @@ def attempt_answer(request: ChatRequest, seed: int = 0) -> str:
                                       "args": {"content": f"instance {instance} code {code}"}}})
     if scored:
         score, code = max(scored, key=lambda sc: sc[0])
-        body = f"The best attempt found: [score {score}] instance {instance} code {code}"
+        # in words of its own: a lead may not hand in a finding's text as its synthesis
+        body = (f"Of all the scored attempts reported, the highest reached {score} points; that answer for "
+                f"instance {instance} is the code {code}, so it is the one to keep.")
     else:
         body = "No attempt was scored, so there is no best attempt to report."
     return json.dumps({"action": {"tool": "submit_finding", "args": {"title": "best attempt", "body": body}}})
