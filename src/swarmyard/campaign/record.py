@@ -27,7 +27,8 @@ class TrialRecord:
     cell: str
     seed: int
     run_id: str
-    #: the run's score (its holdout when the run has one, else its best search score); ``None``: unscored
+    #: the run's score (its holdout when the run has one, else its best search score, else 0 where the run has
+    #: an evaluator); ``None``: a run without an evaluator, or one that failed
     score: int | None
     spend_micro_usd: int
     calls: int

@@ -60,6 +60,8 @@ def _scores(url: str, goal_id: str) -> tuple[int | None, list[str]]:
 
 def _record(trial: Trial, run_id: str, data: ReportData, url: str, wall_s: float) -> TrialRecord:
     score, texts = _scores(url, data.goal.id)
+    if score is None and trial.config.evaluator is not None:
+        score = 0  # a scored run whose workers submitted nothing the evaluator scored: it scored nothing
     return TrialRecord(trial.key, trial.cell.name, trial.seed, run_id, score, data.spent_micro_usd, data.calls,
                        data.input_tokens, data.output_tokens, round(wall_s, 3), mean_pairwise_similarity(texts),
                        len(texts), data.synthesis is not None)
