@@ -91,7 +91,7 @@ def test_a_finding_that_restates_its_prompt_is_asked_again(tmp_path: Path,
     body, model = _run(tmp_path, plane, token, [_finish("Size the market for speech apps in Europe."),
                                                 _finish(SCOUT)], Role.WORKER)
     assert body == SCOUT
-    assert "only restates the task" in _reasked(model)
+    assert "only restates what you were given" in _reasked(model)
 
 
 def _lead(live_plane: Callable[..., LivePlane], body: str) -> tuple[LivePlane, str, str]:
@@ -132,6 +132,16 @@ def test_a_lead_rewording_a_finding_a_little_is_refused(tmp_path: Path,
     own = f"No-go for now: nothing was found out yet about the market or the models [{found}]."
     body, model = _run(tmp_path, plane, token, [_finish(near, "synthesis"), _finish(own, "synthesis")], Role.LEAD)
     assert body == own and "copies the findings" in _reasked(model)
+
+
+def test_a_lead_answering_with_a_findings_heading_is_asked_again(tmp_path: Path,
+                                                                 live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, found = _lead(live_plane, SCOUT)
+    heading = "market (by wrk_scout, group team)"  # the demo's lead: one finding's title line, as its prompt shows it
+    own = f"Go, for clinicians first: the demand is there and offline use is left open [{found}]."
+    body, model = _run(tmp_path, plane, token, [_finish(heading, "synthesis"), _finish(own, "synthesis")],
+                       Role.LEAD)
+    assert body == own and "only restates what you were given" in _reasked(model)
 
 
 def test_a_lead_that_only_ever_copies_submits_no_copy(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:

@@ -267,8 +267,9 @@ class BuiltinAgent:
         task = await self._plane.claim(self._settings.task_id)
         if task is None:
             return AgentOutcome(Ending.NO_TASK)
-        # a lead's prompt holds the findings it is to synthesise: copying those is checked on their own
-        self._prompt = task.prompt if self._settings.role is Role.WORKER else ""
+        # what a finding may not merely say back: its task (for a lead, the findings' headings too: the demo's
+        # lead once answered with one finding's title line)
+        self._prompt = task.prompt
         messages = [
             {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(self._offered))},
             {"role": "user", "content": await self._brief(task)},

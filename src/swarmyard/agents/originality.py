@@ -82,14 +82,14 @@ def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = Non
     if looped >= REPEATED:
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
                 "once")
-    if prompt and copied_share(body, prompt) >= RESTATED:
-        return "the body only restates the task: say what you found out, not what you were asked"
     if read:
         whole = copied_share(body, "\n".join(read.values()))
         if whole >= COPIED:
             ref = _most_copied(body, read.items())
             return (f"the body copies the findings ({whole:.0%} of its phrases, most from [{ref}]): write the "
                     "synthesis in your own words and cite the findings by id")
+    if prompt and copied_share(body, prompt) >= RESTATED:
+        return "the body only restates what you were given: say in your own words what you found out"
     return None
 
 
