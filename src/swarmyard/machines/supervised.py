@@ -198,8 +198,11 @@ class SupervisedBackend:
             owner = _read_owner(folder / "owner")
             if owner is not None and _alive(*owner):
                 continue
-            if owner is None and time.time() - folder.stat().st_mtime < 600:
-                continue  # being made right now by another process (the owner file comes first but be safe)
+            try:
+                if owner is None and time.time() - folder.stat().st_mtime < 600:
+                    continue  # being made right now by another process (the owner file comes first but be safe)
+            except FileNotFoundError:
+                continue  # its live owner deleted it while we looked (another backend on this root)
             for mounted in (folder / "disk", folder / "space"):
                 with contextlib.suppress(OSError, SandboxError):
                     if mounted.is_mount():
