@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.agents.builtin import Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-from swarmyard.config import AgentKind, PolicyKind, Profile, SandboxKind, SwarmConfig
+from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
@@ -308,11 +308,7 @@ class MachineLauncher:
             if slot.task_id:
                 env["SWARMYARD_TASK_ID"] = slot.task_id
             policy = self.config.policy
-            env["SWARMYARD_POLICY"] = policy.kind.value
-            if policy.kind is PolicyKind.EXPLORE:
-                env["SWARMYARD_DIRECTIONS"] = json.dumps(list(policy.directions))
-                env["SWARMYARD_PATIENCE"] = str(policy.patience)
-                env["SWARMYARD_ADOPT_MARGIN"] = str(policy.adopt_margin)
+            env["SWARMYARD_POLICY"] = policy.kind.value  # explore's directions and settings are in the store
             env |= governance.agent_env(self.config, slot.role)
             for path, data in governance.uploads(self.config).items():
                 self._machines.files.upload(machine_id, path, data, mode=0o400)
