@@ -231,3 +231,45 @@ def test_the_process_backend_refuses_networks(tmp_path: Path) -> None:
         with pytest.raises(SandboxUnavailableError, match="no private networks"):
             machines.create("netted", networks=["job-1"])
         assert machines.list() == []
+
+
+def _hubs() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split(" ", 1)[0] for line in listed.splitlines() if line.startswith("swarmyard-")}
+
+
+def test_the_hub_has_no_address_a_machine_could_reach(machines: Machines) -> None:
+    """No IPv4 and no IPv6 (not even link-local) on the hub's bridges and veth ends: its kernel answers nobody."""
+    before = _hubs()
+    machine_id = machines.create("probe", networks=["job-1"]).id
+    machines.wait_until_ready(machine_id)
+    (hub,) = _hubs() - before
+    for family in ("-4", "-6"):
+        shown = subprocess.run(["ip", "-n", hub, family, "-o", "addr", "show"], capture_output=True, text=True,
+                               check=True).stdout
+        assert [line for line in shown.splitlines() if " lo " not in line] == [], shown
+
+
+def test_networked_names_are_dns_labels_and_networks_are_bounded(machines: Machines) -> None:
+    # "A" and "a" would be one name to the hosts file (lookups ignore case): a networked name is lowercase
+    for name in ("Alpha", "a_b", "-x", "x" * 64):
+        with pytest.raises(InvalidInputError) as info:
+            machines.create(name, networks=["job-1"])
+        assert info.value.field == "name"
+    with pytest.raises(InvalidInputError) as info:
+        machines.create("many", networks=[f"n{i}" for i in range(17)])
+    assert info.value.field == "networks"
+    assert machines.list() == []
+    assert machines.wait_until_ready(machines.create("Alpha").id)  # without networks, names are as before
+
+
+def test_a_hub_left_by_a_dead_process_is_removed(machines: Machines) -> None:
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not Path(f"/proc/{pid}").exists())
+    stale = f"swarmyard-{dead}-leftover"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    try:
+        machine_id = machines.create("fresh", networks=["job-1"]).id
+        machines.wait_until_ready(machine_id)
+        assert stale not in _hubs()
+    finally:
+        subprocess.run(["ip", "netns", "del", stale], capture_output=True)

@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import environment
-from swarmyard.machines.networks import check_names
+from swarmyard.machines.networks import check_member_name, check_names
 from swarmyard.machines.protocol import (
     Backend,
     Baseline,
@@ -171,8 +171,15 @@ class Machines:
             group=group,
             baseline=baseline,
             control_socket=Path(control_socket) if control_socket else None,
-            networks=check_names(networks),
+            networks=self._networks(name, networks),
         )
+
+    @staticmethod
+    def _networks(name: str, networks: Sequence[str] | None) -> tuple[str, ...]:
+        names = check_names(networks)
+        if names:
+            check_member_name(name)
+        return names
 
     def _claim(self, name: str, machine_id: str) -> None:
         with self._lock:

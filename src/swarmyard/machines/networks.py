@@ -44,6 +44,11 @@ DOMAIN = "yard"
 #: What every machine's /etc/hosts starts with.
 LOCALHOST = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 _NETWORK = re.compile(r"[a-z0-9][a-z0-9-]{0,31}\Z")
+#: What a networked machine may be called: a DNS label in lowercase, so no two names differ only in case
+#: (hosts-file lookups ignore case: "A" would answer for "a.yard").
+MEMBER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+#: Networks one machine may join.
+MAX_PER_MACHINE = 16
 _MAX_NETWORKS = 255
 _HOSTS_PER_NETWORK = 254
 _ROOT_HINT = ("private networks need root on the host (they make a bridge namespace and move veth ends into "
@@ -63,7 +68,16 @@ def check_names(networks: object) -> tuple[str, ...]:
                                     "letter or digit", field="networks")
     if len(set(names)) != len(names):
         raise InvalidInputError("a network is named twice", field="networks")
+    if len(names) > MAX_PER_MACHINE:
+        raise InvalidInputError(f"a machine joins at most {MAX_PER_MACHINE} networks", field="networks")
     return names
+
+
+def check_member_name(name: str) -> None:
+    """A machine on a network is named as a DNS label: lowercase letters, digits and '-', at most 63."""
+    if not MEMBER_NAME.match(name):
+        raise InvalidInputError("a machine on a private network is named in lowercase letters, digits and '-' "
+                                "(its name is its <name>.yard)", field="name")
 
 
 def available() -> str | None:
@@ -117,9 +131,20 @@ class Networks:
 
     def _hub_name(self) -> str:
         if self._hub is None:
-            name = f"swarmyard-{os.getpid()}-{new_id('n')[-8:]}"
+            reap_hubs()
+            name = f"{_HUB_PREFIX}{os.getpid()}-{new_id('n')[-8:]}"
             _run(["ip", "netns", "add", name])
-            _run(["ip", "-n", name, "link", "set", "lo", "up"])
+            try:
+                # No IPv6 on the hub's bridges and veth ends: with a link-local address each, the hub's own
+                # kernel would answer a machine (the bridges carry no IPv4 address for the same reason).
+                _run(["ip", "netns", "exec", name, "sh", "-c",
+                      "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && "
+                      "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"])
+                _run(["ip", "-n", name, "link", "set", "lo", "up"])
+            except BaseException:
+                with contextlib.suppress(SandboxError):
+                    _run(["ip", "netns", "del", name])
+                raise
             self._hub = name
         return self._hub
 
@@ -227,6 +252,28 @@ class Networks:
         if hub is not None:
             with contextlib.suppress(SandboxError):
                 _run(["ip", "netns", "del", hub])
+
+
+_HUB_PREFIX = "swarmyard-"
+
+
+def reap_hubs() -> list[str]:
+    """Remove hub namespaces whose backend's process is gone (a runner killed by a signal leaves its hub)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    reaped: list[str] = []
+    for line in listed.splitlines():
+        name = line.split(" ", 1)[0]
+        parts = name.removeprefix(_HUB_PREFIX).split("-")
+        if not name.startswith(_HUB_PREFIX) or len(parts) != 2 or not parts[0].isdigit():
+            continue
+        if Path(f"/proc/{parts[0]}").exists():
+            continue  # alive (or its pid reused: then kept, never a live hub removed)
+        with contextlib.suppress(SandboxError):
+            _run(["ip", "netns", "del", name])
+            reaped.append(name)
+    if reaped:
+        log.info("removed %d private-network hubs left by processes that are gone", len(reaped))
+    return reaped
 
 
 def write_hosts(path: Path, text: str) -> None:
