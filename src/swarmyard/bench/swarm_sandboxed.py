@@ -27,7 +27,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.domain import GoalSpec, TaskSpec
+from swarmyard.machines.environment import MACHINE_PYTHON
 
 if TYPE_CHECKING:
     from swarmyard.machines.api import Machines
@@ -170,7 +170,7 @@ def _worker(machines: Machines, index: int, sock: Path, token: str, env: dict[st
         out.boot_s = time.perf_counter() - began
         agent_env = {**env, "SWARMYARD_PLANE_URL": f"http://127.0.0.1:{ready.relay_port}",
                      "SWARMYARD_TOKEN": token}
-        result = machines.exec(info.id, [sys.executable, "-c", _AGENT], env=agent_env, timeout=timeout_s)
+        result = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _AGENT], env=agent_env, timeout=timeout_s)
         out.exit_code = result.exit_code
         for line in result.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("bench-rusage "):

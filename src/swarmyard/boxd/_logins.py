@@ -10,10 +10,10 @@ broker serves. Nothing here is a provider key: the broker swaps those in upstrea
 from __future__ import annotations
 
 import json
-import sys
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.boxd._plane import Login
+from swarmyard.machines.environment import MACHINE_PYTHON
 
 #: The home a boxd machine's user has (the machine's own disk).
 HOME = "/home/boxd"
@@ -25,7 +25,7 @@ _MACHINE_OWNS = frozenset({"PATH", "HOME", "LANG"})
 
 def _context(relay_url: str, login: Login, model: str) -> AdapterContext:
     return AdapterContext(relay_url, login.token, model, prompt="", home=HOME, workdir=HOME,
-                          mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"), task_id=login.task_id,
+                          mcp_command=(*MACHINE_PYTHON, "-m", "swarmyard.cli", "mcp"), task_id=login.task_id,
                           fencing_token=login.fencing_token)
 
 

@@ -37,3 +37,9 @@ def build(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
 #: The bin folder of the Python environment swarmyard runs in (a virtual environment's own, not its resolved
 #: interpreter's): first on a machine's PATH, so ``python3`` in a machine has the same packages as swarmyard.
 ENV_BIN = os.path.dirname(os.path.abspath(sys.executable))
+#: How every Python swarmyard starts in a machine begins (the agent, ``swarmyard mcp``, the launcher's helpers):
+#: with neither the working folder (``-P``) nor the user site under ``$HOME`` (``-s``) on ``sys.path``. Both are
+#: the machine's own disk, writable by whatever ran there: an ``httpx.py`` in the home, or a ``.pth`` file under
+#: ``~/.local``, would run inside the next process before it locks anything. Not ``-I``: it drops ``PYTHONPATH``
+#: too, which a machine is given when swarmyard comes from a source folder.
+MACHINE_PYTHON: tuple[str, ...] = (sys.executable, "-P", "-s")

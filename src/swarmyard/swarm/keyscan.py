@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from swarmyard.errors import SwarmyardError
+from swarmyard.machines.environment import MACHINE_PYTHON
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def targets(values: list[str]) -> list[tuple[int, str, str]]:
 
 def scan_command(values: list[str]) -> list[str]:
     """The command that scans a machine for ``values`` (run it with the machine's interpreter)."""
-    return [sys.executable, "-c", _SCANNER, json.dumps(targets(values))]
+    return [*MACHINE_PYTHON, "-c", _SCANNER, json.dumps(targets(values))]
 
 
 def read_places(machine: str, stdout: bytes) -> list[str]:

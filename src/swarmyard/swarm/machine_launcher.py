@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
+from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME as MACHINE_HOME
 from swarmyard.machines.protocol import Backend
 from swarmyard.plane.server import BackgroundServer, Listen
@@ -293,7 +293,7 @@ class MachineLauncher:
             agent = AgentKind.BUILTIN  # the planning call is always the built-in one: an external CLI cannot
         submit: tuple[str, str, int, str] | None = None  # (file, task, fencing token, title) for an agent w/o MCP
         if agent is AgentKind.BUILTIN:
-            argv: list[str] = [sys.executable, "-m", "swarmyard.agent"]
+            argv: list[str] = [*MACHINE_PYTHON, "-m", "swarmyard.agent"]
             env = {
                 "SWARMYARD_PLANE_URL": relay,
                 "SWARMYARD_TOKEN": token,
@@ -340,7 +340,7 @@ class MachineLauncher:
                 # path (the console script's folder is not on the machine's PATH).
                 AdapterContext(relay, token, model, prompt, home=self._homes[slot.name],
                                workdir=self._homes[slot.name],
-                               mcp_command=(sys.executable, "-m", "swarmyard.cli", "mcp"),
+                               mcp_command=(*MACHINE_PYTHON, "-m", "swarmyard.cli", "mcp"),
                                task_id=claim.task.id, fencing_token=claim.token,
                                governed=governance.profile_of(self.config, slot.role) is Profile.GOVERNED)
             )
@@ -387,7 +387,7 @@ class MachineLauncher:
         if slot.name in self._with_files:
             # the previous task's files must not pass for this one's
             # by the machine's interpreter, not rm: a governed machine executes nothing else
-            self._machines.exec(machine_id, [sys.executable, "-c", _REMOVE_TREE, TASK_FOLDER], timeout=60, cwd=home)
+            self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", _REMOVE_TREE, TASK_FOLDER], timeout=60, cwd=home)
             self._with_files.discard(slot.name)
         if lens is None:
             return
@@ -423,7 +423,7 @@ class MachineLauncher:
             return
         home = self._homes[slot.name]
         # by the machine's interpreter, not find: a governed machine executes nothing else
-        found = self._machines.exec(machine_id, [sys.executable, "-c", _FIND_TRANSCRIPTS, f"{home}/{where}",
+        found = self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", _FIND_TRANSCRIPTS, f"{home}/{where}",
                                                  f"{home}/.swarmyard-run-{worker_id}", str(MAX_FILE_BYTES)],
                                     timeout=30)
         paths = sorted(found.stdout.decode("utf-8", "replace").split())

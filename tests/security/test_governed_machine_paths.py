@@ -1,0 +1,56 @@
+"""What a process in a governed machine could leave behind for the next one: a module in the home (or in the user
+site under it) does not shadow what the launcher's Pythons import (they start with ``MACHINE_PYTHON``: neither the
+working folder nor the user site on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.machines import Isolation, Machines
+from swarmyard.machines.environment import MACHINE_PYTHON
+from swarmyard.machines.local import HOME, LocalBackend
+from swarmyard.machines.protocol import MachineInfo
+from swarmyard.swarm.machine_launcher import _REMOVE_TREE
+
+pytestmark = [pytest.mark.bwrap,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+
+_PLANTED = b"import sys; sys.stderr.write('SHADOWED\\n'); raise SystemExit(7)\n"
+_USER_SITE = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+
+
+@pytest.fixture
+def machines(tmp_path: Path) -> Iterator[Machines]:
+    with Machines(LocalBackend(tmp_path / "run")) as machines:
+        yield machines
+
+
+@pytest.fixture
+def governed(machines: Machines) -> MachineInfo:
+    return machines.wait_until_ready(machines.create("g", isolation=Isolation(exec_only=(sys.executable,))).id)
+
+
+def test_a_module_planted_in_the_home_does_not_run_in_the_agent_or_the_helpers(machines: Machines,
+                                                                               governed: MachineInfo) -> None:
+    for name in ("httpx.py", "asyncio.py", "shutil.py", f"{_USER_SITE}/httpx.py"):
+        machines.files.upload(governed.id, name, _PLANTED)
+    machines.files.upload(governed.id, f"{_USER_SITE}/planted.pth", b"import sys; sys.stderr.write('SHADOWED\\n')\n")
+    # what a bare interpreter would have done: the planted asyncio is what it imports
+    bare = machines.exec(governed.id, [sys.executable, "-c", "import asyncio"], cwd=HOME, timeout=60)
+    assert b"SHADOWED" in bare.stderr
+    agent = machines.exec(governed.id, [*MACHINE_PYTHON, "-m", "swarmyard.agent"], cwd=HOME, timeout=60,
+                          env={"SWARMYARD_PROFILE": "governed"})
+    assert b"SHADOWED" not in agent.stderr
+    assert b"agent error" in agent.stderr  # its own refusal (no plane URL), after its real imports
+    machines.files.upload(governed.id, "task/a.txt", b"x")
+    helper = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", _REMOVE_TREE, "task"], cwd=HOME, timeout=60)
+    assert helper.ok and b"SHADOWED" not in helper.stderr
+    left = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", "import os; print(os.path.exists('task'))"],
+                         cwd=HOME, timeout=60)
+    assert left.stdout == b"False\n"
