@@ -1,6 +1,7 @@
-"""What a process in a governed machine could leave behind for the next one: a module in the home (or in the user
-site under it) does not shadow what the launcher's Pythons import (they start with ``MACHINE_PYTHON``: neither the
-working folder nor the user site on ``sys.path``).
+"""What a process in a governed machine could leave behind for the next one, or run past the exec allowlist:
+a module in the home (or in the user site under it) does not shadow what the launcher's Pythons import (they start
+with ``MACHINE_PYTHON``: neither the working folder nor the user site on ``sys.path``), and a memfd cannot be made,
+so none is executed past Landlock. A machine of the ``full`` profile keeps memfds.
 """
 
 from __future__ import annotations
@@ -54,3 +55,33 @@ def test_a_module_planted_in_the_home_does_not_run_in_the_agent_or_the_helpers(m
     left = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", "import os; print(os.path.exists('task'))"],
                          cwd=HOME, timeout=60)
     assert left.stdout == b"False\n"
+
+
+_MEMFD_EXEC = (
+    "import os\n"
+    "try:\n"
+    "    fd = os.memfd_create('x')\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc.errno); raise SystemExit(0)\n"
+    "os.write(fd, open('/bin/true', 'rb').read())\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    try:\n"
+    "        os.execve(fd, ['true'], {})\n"
+    "    finally:\n"
+    "        os._exit(9)\n"
+    "print('ran', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+)
+
+
+def test_a_governed_machine_makes_no_memfd_to_execute(machines: Machines, governed: MachineInfo) -> None:
+    import errno
+
+    done = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", _MEMFD_EXEC], timeout=60)
+    assert done.stdout == f"refused {errno.ENOSYS}\n".encode(), done.stderr
+
+
+def test_a_full_machine_keeps_its_memfds(machines: Machines) -> None:
+    info = machines.wait_until_ready(machines.create("full").id)
+    done = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _MEMFD_EXEC], timeout=60)
+    assert done.stdout == b"ran 0\n", done.stderr

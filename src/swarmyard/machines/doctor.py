@@ -59,10 +59,11 @@ def _run(argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Complete
         return None
 
 
-def seccomp_fd() -> int:
-    """A memfd holding the seccomp filter, positioned at its start (bwrap reads it once)."""
+def seccomp_fd(governed: bool = False) -> int:
+    """A memfd holding the seccomp filter (a governed machine's, see ``seccomp``), positioned at its start (bwrap
+    reads it once)."""
     fd = os.memfd_create("swarmyard-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, seccomp.build_filter())
+    os.write(fd, seccomp.build_filter(governed))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 

@@ -435,7 +435,7 @@ class LocalBackend(SupervisedBackend):
         pass_fds: tuple[int, ...] = ()
         close_after: tuple[int, ...] = ()
         if spec.isolation.seccomp and self.report.seccomp:
-            fd = doctor.seccomp_fd()
+            fd = doctor.seccomp_fd(governed=bool(exec_only))
             argv += ["--seccomp", str(fd)]
             pass_fds = close_after = (fd,)
         if self._userns is not None:

@@ -7,6 +7,11 @@ the terminal injection ioctls ``TIOCSTI`` and ``TIOCLINUX``, and every socket fa
 back). The kernel truncates an ioctl request to 32 bits, so only the low word of the argument is compared:
 ``TIOCSTI | 1 << 32`` (the "high-bit variant") is denied the same way.
 ``clone3`` answers ``ENOSYS``: its flags sit in memory BPF cannot read, and libc falls back to ``clone``.
+A governed machine's filter (``governed=True``) also answers ``memfd_create`` and ``memfd_secret`` with ``ENOSYS``:
+a memfd lives on the kernel's internal mount, beneath no Landlock rule, so ``execve`` of one (``/proc/self/fd/N``
+or ``execveat(fd, "", AT_EMPTY_PATH)``) would run any program past the exec allowlist. ``ENOSYS``, as for a kernel
+without them, so a program that uses one for memory falls back (wasmtime does). Every other file a process can
+name or hold an fd of is on a mount Landlock sees, so ``execveat`` needs no rule of its own.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ DENIED_SYSCALLS: dict[str, int] = {
 _IOCTL = 16
 _CLONE = 56
 _CLONE3 = 435
+#: Refused with ENOSYS in a governed machine (see the module docstring).
+GOVERNED_ENOSYS: dict[str, int] = {"memfd_create": 319, "memfd_secret": 447}
 #: Terminal ioctls that push input into another process's terminal or console.
 DENIED_IOCTLS: dict[str, int] = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
 #: The socket families a machine may open; the network namespace confines only these. AF_UNIX: the init's
@@ -112,8 +119,8 @@ def supported_arch() -> bool:
     return platform.machine() == "x86_64"
 
 
-def build_program() -> list[tuple[int, int, int, int]]:
-    """The filter as ``(code, jt, jf, k)`` instructions."""
+def build_program(governed: bool = False) -> list[tuple[int, int, int, int]]:
+    """The filter as ``(code, jt, jf, k)`` instructions (``governed``: a governed machine's, see above)."""
     deny = _stmt(_RET_K, _RET_ERRNO | errno.EPERM)
     allow = _stmt(_RET_K, _RET_ALLOW)
     prog: list[_Insn] = [
@@ -126,7 +133,9 @@ def build_program() -> list[tuple[int, int, int, int]]:
     ]
     for nr in sorted(set(DENIED_SYSCALLS.values())):
         prog += [_jump(_JEQ_K, nr, 0, 1), deny]
-    prog += [_jump(_JEQ_K, _CLONE3, 0, 1), _stmt(_RET_K, _RET_ERRNO | errno.ENOSYS)]
+    enosys = [_CLONE3, *(sorted(GOVERNED_ENOSYS.values()) if governed else [])]
+    for nr in enosys:
+        prog += [_jump(_JEQ_K, nr, 0, 1), _stmt(_RET_K, _RET_ERRNO | errno.ENOSYS)]
     # clone(flags, ...): deny any namespace flag in the low word of arg0.
     prog += [
         _jump(_JEQ_K, _CLONE, 0, 3),
@@ -152,9 +161,9 @@ def build_program() -> list[tuple[int, int, int, int]]:
 
 
 @functools.cache
-def build_filter() -> bytes:
+def build_filter(governed: bool = False) -> bytes:
     """The filter as the array of ``struct sock_filter`` bytes bwrap's ``--seccomp`` expects."""
-    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_program())
+    return b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_program(governed))
 
 
 #: x86_64 syscall numbers of exec.
