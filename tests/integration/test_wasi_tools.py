@@ -178,3 +178,51 @@ def test_bad_arguments_are_typed_before_the_module_runs(built: Path, data: Path,
             runner.call(spec, args)
         assert bad.value.reason == "bad_arguments", args
 
+
+
+def _module(tmp_path: Path, wat: str, **kwargs: Any) -> WasiToolSpec:
+    import wasmtime
+
+    path = tmp_path / "m.wasm"
+    path.write_bytes(wasmtime.wat2wasm(wat))
+    (tmp_path / "d").mkdir(exist_ok=True)
+    return WasiToolSpec("m", "", path, tmp_path / "d", {}, (), **kwargs)
+
+
+def test_a_missing_folder_is_a_typed_tool_error(built: Path, data: Path, runner: WasiRunner) -> None:
+    with pytest.raises(ToolError, match="does not exist") as caught:
+        runner.call(_spec(built, "jsonquery", data / "nosuch"), {"path": "orders.json", "query": "."})
+    assert caught.value.reason == "no_folder"
+
+
+@pytest.mark.parametrize("where", ["folder", "parent"])
+def test_a_folder_that_is_or_passes_through_a_symlink_is_refused(built: Path, data: Path, runner: WasiRunner,
+                                                                 tmp_path: Path, where: str) -> None:
+    (tmp_path / "etc").symlink_to("/etc")
+    folder = tmp_path / "etc" if where == "folder" else tmp_path / "etc" / "ssl"
+    with pytest.raises(ToolError, match="symlink") as caught:
+        runner.call(_spec(built, "textsearch", folder), {"pattern": "root:", "path": "."})
+    assert caught.value.reason == "outside_folder"
+    assert runner.call(_spec(built, "textsearch", data), {"pattern": "Ledger"})["matches"]  # and it carries on
+
+
+def test_a_module_without_start_is_a_typed_tool_error(runner: WasiRunner, tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match="no _start") as caught:
+        runner.call(_module(tmp_path, '(module (memory (export "memory") 1))'), {})
+    assert caught.value.reason == "bad_module"
+
+
+def test_tables_are_held_to_the_memory_cap(runner: WasiRunner, tmp_path: Path) -> None:
+    caps = WasiCaps(memory_bytes=1 << 20)
+    big = '(module (table 50000000 funcref) (memory (export "memory") 1) (func (export "_start")))'
+    with pytest.raises(WasiTrapError) as caught:
+        runner.call(_module(tmp_path, big, caps=caps), {})
+    assert caught.value.limit == "memory"
+    # a grow past the cap fails (-1), which this module turns into a trap; one within it succeeds (exit 0, no JSON)
+    grow = ('(module (table 1 funcref) (memory (export "memory") 1) (func (export "_start") (if (i32.eq (table.grow 0 '
+            '(ref.null func) (i32.const {n})) (i32.const -1)) (then unreachable))))')
+    with pytest.raises(ToolError, match="trapped") as failed:
+        runner.call(_module(tmp_path, grow.format(n=50_000_000), caps=caps), {})
+    assert failed.value.reason == "trap"
+    with pytest.raises(ToolError, match="no JSON"):
+        runner.call(_module(tmp_path, grow.format(n=1000), caps=caps), {})

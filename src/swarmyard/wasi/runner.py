@@ -32,6 +32,9 @@ _PAGE = 65536
 _STDERR_BYTES = 4096
 _EXIT_BAD_INPUT = 2
 _EXIT_NO_MEMORY = 3
+#: A funcref table element takes a pointer: tables together are held to the memory cap as well.
+_TABLE_ELEMENT_BYTES = 8
+_MAX_TABLES = 2
 
 
 def _wasmtime() -> Any:
@@ -139,16 +142,18 @@ class WasiRunner:
         """Run one call; the tool's JSON object, or ``ToolError`` (``WasiTrapError`` for a cap)."""
         argv = [spec.name, *self._argv(spec, args)]
         module = self.module(spec.wasm)
+        folder = _open_folder(spec)
         store = self._wt.Store(self._engine)
         try:
-            return self._run(spec, module, store, argv)
+            return self._run(spec, module, store, argv, f"/proc/self/fd/{folder}")
         finally:
             # freed now, not by the collector: a store left to the interpreter's exit (a trapped one above all)
             # makes wasmtime's runtime thread abort the process as it is torn down
             store.close()
+            os.close(folder)
 
     def _run(self, spec: WasiToolSpec, module: wasmtime.Module, store: wasmtime.Store,
-             argv: list[str]) -> dict[str, Any]:
+             argv: list[str], folder: str) -> dict[str, Any]:
         wt = self._wt
         wasi = wt.WasiConfig()
         wasi.argv = argv
@@ -156,23 +161,28 @@ class WasiRunner:
         wasi.stdout_custom = out.write
         wasi.stderr_custom = err.write
         # no environment, no stdin, no sockets (preview 1 offers none unless given): only the folder
-        wasi.preopen_dir(str(spec.folder), "/data", spec.writer)
+        wasi.preopen_dir(folder, "/data", spec.writer)
         store.set_wasi(wasi)
         store.set_fuel(spec.caps.fuel)
-        store.set_limits(memory_size=spec.caps.memory_bytes)
+        store.set_limits(memory_size=spec.caps.memory_bytes, memories=1, instances=1, tables=_MAX_TABLES,
+                         table_elements=spec.caps.memory_bytes // _TABLE_ELEMENT_BYTES // _MAX_TABLES)
         # one tick more than the cap: the first tick may come at once, and a cap is a floor, not a ceiling
         store.set_epoch_deadline(max(1, round(spec.caps.wall_s / TICK_S)) + 1)
         try:
             instance = self._linker.instantiate(store, module)
         except wt.WasmtimeError as exc:
-            if "memory" in str(exc) and "limit" in str(exc):
+            if ("memory" in str(exc) or "table" in str(exc)) and "limit" in str(exc):
                 raise WasiTrapError(spec.name, "memory", spec.caps.memory_bytes) from exc
             raise ToolError(f"{spec.name} could not start: {str(exc)[:300]}", tool=spec.name,
                             reason="instantiate") from exc
+        start = instance.exports(store).get("_start")
+        if not isinstance(start, wt.Func):
+            raise ToolError(f"{spec.name}'s module has no _start function to run (a WASI command exports one)",
+                            tool=spec.name, reason="bad_module")
         code = 0
         with self._ticker:
             try:
-                instance.exports(store)["_start"](store)
+                start(store)
             except wt.ExitTrap as exc:
                 code = exc.code
             except wt.Trap as exc:
@@ -262,3 +272,35 @@ class WasiRunner:
         if real != folder and not real.startswith(folder + os.sep):
             raise ToolError(f"{spec.name}: {name} {value!r} leads outside the tool's folder", tool=spec.name,
                             reason="outside_folder")
+
+
+def _open_folder(spec: WasiToolSpec) -> int:
+    """The tool's folder, opened: a descriptor of a directory that neither is nor passes through a symlink.
+
+    A process in the machine may have put a symlink where the folder should be (``task -> /etc``); the preopen
+    would follow it. The folder is opened without following one and then checked by the path the kernel gives
+    for what was opened, so a swap between the check and the preopen (which takes ``/proc/self/fd/N``) gains
+    nothing.
+    """
+    where = os.path.normpath(os.path.abspath(spec.folder))
+
+    def refused(why: str, reason: str) -> ToolError:
+        return ToolError(f"{spec.name}: its folder {str(spec.folder)!r} {why}", tool=spec.name, reason=reason)
+
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise refused("does not exist", "no_folder") from None
+    except OSError as exc:
+        if os.path.islink(where):
+            raise refused("is a symlink (a tool reads only the folder it was given)", "outside_folder") from None
+        raise refused(f"cannot be opened: {exc.strerror}", "no_folder") from None
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        os.close(fd)
+        raise refused(f"cannot be checked (no /proc: {exc.strerror})", "no_folder") from None
+    if opened != where:
+        os.close(fd)
+        raise refused(f"passes through a symlink (it is {opened})", "outside_folder")
+    return fd
