@@ -286,10 +286,11 @@ class WasiToolConfig(_Frozen):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
     wasm: Annotated[str, Field(min_length=1)]
     folder: str = "."
-    writer: bool = False
+    # strict: "yes" or "5" in a swarm file is a mistake to report, not a value to guess at
+    writer: Annotated[bool, Field(strict=True)] = False
     fuel: Annotated[int, Field(gt=0, le=10**13, strict=True)] = 1_000_000_000
     memory_mb: Annotated[int, Field(gt=0, le=4096, strict=True)] = 64
-    timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    timeout_s: Annotated[float, Field(gt=0, le=600, strict=True)] = 10.0
     description: str | None = None
     params: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
                  Literal["string", "integer", "boolean", "path"]] | None = None
@@ -305,8 +306,9 @@ class WasiToolConfig(_Frozen):
     @field_validator("folder")
     @classmethod
     def _inside(cls, value: str) -> str:
-        if value.startswith("/") or ".." in Path(value).parts:
-            raise ValueError("must be relative to the worker's working folder, without '..'")
+        if value.startswith(("/", "~")) or ".." in Path(value).parts:
+            # no '~' either: nothing expands it, and a folder named '~' is not what the file meant
+            raise ValueError("must be relative to the worker's working folder, without '..' or '~'")
         return value
 
     @field_validator("wasm")
@@ -327,13 +329,15 @@ class WasiToolConfig(_Frozen):
         if importlib.util.find_spec("wasmtime") is None:  # here, not in the first worker's machine
             raise ValueError("WASI tools need the 'wasmtime' package: pip install 'swarmyard[wasi]'")
         if not self.wasm.startswith("/"):
+            if self.wasm not in SHIPPED:  # the benchmark's modules (echo, spin) are built beside them, not tools
+                raise ValueError(f"no shipped WASI tool is named {self.wasm!r}; shipped: {', '.join(sorted(SHIPPED))} "
+                                 "(or a .wasm file of the swarm file's own)")
             if self.params is not None or self.description is not None or self.required:
                 raise ValueError(f"{self.wasm!r} is a shipped tool: its params and description are its own")
             try:
                 shipped_wasm(self.wasm)
             except UserError as exc:
                 raise ValueError(exc.message) from None
-            assert self.wasm in SHIPPED
             return self
         try:
             with open(self.wasm, "rb") as f:

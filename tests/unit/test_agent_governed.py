@@ -134,6 +134,13 @@ def test_a_swarm_file_names_shipped_and_own_tools(tmp_path: Path) -> None:
     ('[[workers.tools]]\nname = "x"\nwasm = "csvdiff"\n[[workers.tools]]\nname = "x"\nwasm = "textsearch"',
      "workers.tools", "two tools are named 'x'"),
     ('[[workers.tools]]\nname = "Bad Name"\nwasm = "csvdiff"', "workers.tools.0.name", ""),
+    # the benchmark's modules are built beside the shipped tools but are none
+    ('[[workers.tools]]\nname = "x"\nwasm = "echo"', "workers.tools.0", "no shipped WASI tool is named 'echo'"),
+    ('[[workers.tools]]\nname = "x"\nwasm = "spin"', "workers.tools.0", "no shipped WASI tool is named 'spin'"),
+    ('[[workers.tools]]\nname = "x"\nwasm = "csvdiff"\ntimeout_s = "5"', "workers.tools.0.timeout_s", ""),
+    ('[[workers.tools]]\nname = "x"\nwasm = "csvdiff"\nwriter = "yes"', "workers.tools.0.writer", ""),
+    ('[[workers.tools]]\nname = "x"\nwasm = "csvdiff"\nfolder = "~"', "workers.tools.0.folder", "'~'"),
+    ('[[workers.tools]]\nname = "x"\nwasm = "csvdiff"\nfolder = "~/task"', "workers.tools.0.folder", "'~'"),
 ])
 def test_a_bad_tool_is_a_config_error_naming_its_field(tmp_path: Path, tools: str, field: str, words: str) -> None:
     with pytest.raises(ConfigError) as bad:
