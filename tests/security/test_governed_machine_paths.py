@@ -1,7 +1,8 @@
 """What a process in a governed machine could leave behind for the next one, or run past the exec allowlist:
 a module in the home (or in the user site under it) does not shadow what the launcher's Pythons import (they start
 with ``MACHINE_PYTHON``: neither the working folder nor the user site on ``sys.path``), and a memfd cannot be made,
-so none is executed past Landlock. A machine of the ``full`` profile keeps memfds.
+so none is executed past Landlock. A machine of the ``full`` profile keeps memfds. An upload replaces what is at
+its path (a slot's read-only module sent again for its next task; a symlink left there), with either init.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from swarmyard.machines import Isolation, Machines
 from swarmyard.machines.environment import MACHINE_PYTHON
-from swarmyard.machines.local import HOME, LocalBackend
+from swarmyard.machines.local import HOME, InitKind, LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 from swarmyard.swarm.machine_launcher import _REMOVE_TREE
 
@@ -85,3 +86,23 @@ def test_a_full_machine_keeps_its_memfds(machines: Machines) -> None:
     info = machines.wait_until_ready(machines.create("full").id)
     done = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _MEMFD_EXEC], timeout=60)
     assert done.stdout == b"ran 0\n", done.stderr
+
+
+@pytest.mark.parametrize("init", ["native", "python"])
+def test_an_upload_replaces_a_read_only_file_and_a_symlink(tmp_path: Path, init: InitKind) -> None:
+    with Machines(LocalBackend(tmp_path / "run", init=init)) as machines:
+        info = machines.wait_until_ready(machines.create("g", isolation=Isolation(exec_only=(sys.executable,))).id)
+        machines.files.upload(info.id, ".swarmyard/wasi/m.wasm", b"first", mode=0o400)
+        machines.files.upload(info.id, ".swarmyard/wasi/m.wasm", b"second", mode=0o400)  # a slot's next task
+        assert machines.files.download(info.id, ".swarmyard/wasi/m.wasm") == b"second"
+        machines.files.upload(info.id, "target", b"kept")
+        made = machines.exec(info.id, [*MACHINE_PYTHON, "-c", "import os; os.symlink('target', 'link')"],
+                             cwd=HOME, timeout=60)
+        assert made.ok, made.stderr
+        machines.files.upload(info.id, "link", b"new")
+        looked = machines.exec(info.id, [*MACHINE_PYTHON, "-c", "import os; print(os.path.islink('link'), "
+                                         "oct(os.stat('.swarmyard/wasi/m.wasm').st_mode & 0o777))"],
+                               cwd=HOME, timeout=60)
+        assert looked.stdout == b"False 0o400\n"
+        assert machines.files.download(info.id, "target") == b"kept"
+        assert machines.files.download(info.id, "link") == b"new"

@@ -561,7 +561,12 @@ static void put_file(int conn, struct request *req) {
         return;
     }
     int fd = -1;
-    if (mkdir_parents(req->path) == 0) fd = open(req->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, req->mode);
+    /* replaced, not rewritten in place: a file sent read-only (a governed slot's module, 0400) takes its next copy,
+       and a symlink left where the file goes is replaced, not written through; open() reports what failed */
+    if (mkdir_parents(req->path) == 0) {
+        unlink(req->path);
+        fd = open(req->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, req->mode);
+    }
     if (fd < 0) {
         int e = errno;
         drain_upload(conn);
@@ -593,15 +598,29 @@ static void put_file(int conn, struct request *req) {
 }
 
 static void get_file(int conn, struct request *req) {
-    int fd = req->path ? open(req->path, O_RDONLY | O_CLOEXEC) : -1;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is sent (a symlink to
+    // /dev/zero or a FIFO would never end)
+    int fd = req->path ? open(req->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        fd = -1;
-        errno = EISDIR;
+    char what[4096];
+    snprintf(what, sizeof what, "%s", req->path ? req->path : "get");
+    if (fd >= 0) {
+        int err = 0;
+        if (fstat(fd, &st) != 0) err = errno;
+        else if (S_ISDIR(st.st_mode)) err = EISDIR;
+        else if (!S_ISREG(st.st_mode)) {
+            err = EINVAL;
+            snprintf(what, sizeof what, "%s (not a regular file)", req->path);
+        }
+        if (err) {
+            close(fd);
+            fd = -1;
+            errno = err;
+        }
     }
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (fd < 0) {
-        send_error(conn, req->path ? req->path : "get", errno);
+        send_error(conn, what, errno);
         return;
     }
     char *buf = malloc(MAX_FRAME);

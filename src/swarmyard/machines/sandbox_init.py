@@ -8,6 +8,7 @@ its own thread. A timed-out or abandoned exec has its whole process tree stopped
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import selectors
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from swarmyard.machines import landlock, wire
@@ -186,6 +188,10 @@ def _put(conn: socket.socket, req: dict[str, Any]) -> None:
     size = 0
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # replaced, not rewritten in place: a file sent read-only (a governed slot's module, 0o400) takes its next
+        # copy, and a symlink left where the file goes is replaced, not written through; open says what failed
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, int(req.get("mode", 0o644)))
     except OSError as exc:
         _drain_upload(conn)
@@ -206,10 +212,18 @@ def _drain_upload(conn: socket.socket) -> None:
 def _get(conn: socket.socket, req: dict[str, Any]) -> None:
     path = Path(req["path"])
     try:
-        handle = path.open("rb")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is sent (a symlink to
+        # /dev/zero or a FIFO would never end)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
         return
+    if not S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        wire.send_json(conn, b"!", {"message": f"{path}: not a regular file", "errno": errno.EINVAL})
+        return
+    os.set_blocking(fd, True)
+    handle = os.fdopen(fd, "rb")
     size = 0
     with handle:
         while chunk := handle.read(wire.MAX_FRAME):
