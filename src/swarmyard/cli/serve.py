@@ -52,6 +52,13 @@ _CacheDir = typer.Option(None, "--cache-dir", help="Where embedded models are as
 _Trajectories = typer.Option(None, "--trajectories",
                              help="Keep the agent steps workers report here, one JSONL file per worker (the "
                                   "dashboard at /ui shows them); without it they are acknowledged, not kept.")
+_HeaderTimeout = typer.Option(10.0, "--header-timeout-s", min=0.001,
+                              help="Close a connection whose request line and headers take longer than this.")
+_BodyTimeout = typer.Option(30.0, "--body-timeout-s", min=0.001,
+                            help="Close a connection whose request body takes longer than this after its headers.")
+_MaxConnections = typer.Option(None, "--max-connections", min=1,
+                               help="Connections each listener (the socket, TCP) holds at once; more are closed "
+                                    "as they arrive (default: a share of the open-files limit).")
 _Workers = typer.Option(1, "--workers", min=1,
                         help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves.")
 
@@ -84,6 +91,9 @@ def command(
     cache_dir: Path | None = _CacheDir,
     workers: int = _Workers,
     trajectories: Path | None = _Trajectories,
+    header_timeout_s: float = _HeaderTimeout,
+    body_timeout_s: float = _BodyTimeout,
+    max_connections: int | None = _MaxConnections,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, the dashboard at /ui, and the model broker)
     until Ctrl-C."""
@@ -91,6 +101,7 @@ def command(
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
     from swarmyard.plane.app import create_app
+    from swarmyard.plane.connections import ConnectionLimits
     from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve, serve_processes
     from swarmyard.plane.settings import PlaneSettings
 
@@ -100,6 +111,7 @@ def command(
     tls = TlsFiles(tls_cert, tls_key, tls_ca) if tls_cert and tls_key and tls_ca else None
     listen = Listen(socket_path=None if no_socket else socket, tcp_host=host, tcp_port=port, tls=tls)
     check_listen(listen)  # before touching the store: a refused setup changes nothing
+    limits = ConnectionLimits(header_timeout_s, body_timeout_s, max_connections)
     table = provider_table(providers, provider or [])
     from swarmyard.broker.providers.configured import check_table, configured_broker
 
@@ -142,9 +154,9 @@ def command(
     if workers > 1:
         # Every process opens its own store after the fork (connections and pool threads do not survive one).
         opened.close()
-        serve_processes(lambda: make_app(store_at(store, serving=True)), listen, workers)
+        serve_processes(lambda: make_app(store_at(store, serving=True)), listen, workers, limits=limits)
         return
     try:
-        serve(make_app(opened), listen)
+        serve(make_app(opened), listen, limits=limits)
     finally:
         opened.close()

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
@@ -55,6 +55,12 @@ def error_response(exc: SwarmyardError) -> Response:
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that went away before its body was read (or that the body deadline closed): no one to answer,
+    and nothing to log as a failure."""
+    return Response(status_code=400)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -240,6 +246,8 @@ class _DirectRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             response = await self._endpoint(Request(scope, receive, send))
+        except ClientDisconnect:
+            return
         except Exception:
             log.exception("%s failed", self._name)
             response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
@@ -336,7 +344,8 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
     for route in extra_routes:
         if isinstance(route, Route) and route.methods == {"POST"} and not route.param_convertors:
             direct[route.path] = _DirectRoute(route)
-    app = _PlaneApp(direct, routes=routes, exception_handlers={HTTPException: _http_error})
+    app = _PlaneApp(direct, routes=routes,
+                    exception_handlers={HTTPException: _http_error, ClientDisconnect: _client_gone})
     app.state.plane = plane
     # run by the server when it is told to stop, before it waits for open requests: dashboard streams end
     app.state.on_stop = [plane.dashboard.close]

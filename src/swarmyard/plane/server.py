@@ -31,6 +31,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from swarmyard.errors import UserError
+from swarmyard.plane.connections import ConnectionLimits, guarded_protocol
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,9 @@ def check_listen(listen: Listen) -> None:
 
 
 def _fast_parts() -> dict[str, str]:
-    # httptools and uvloop roughly double throughput; fall back to the pure-Python parts when absent.
-    parts = {"http": "h11", "loop": "asyncio"}
-    if importlib.util.find_spec("httptools") is not None:
-        parts["http"] = "httptools"
+    # uvloop roughly doubles throughput; fall back to asyncio's loop when absent. (httptools, the other half,
+    # is a dependency: the connection guards are built on its protocol.)
+    parts = {"loop": "asyncio"}
     if importlib.util.find_spec("uvloop") is not None:
         parts["loop"] = "uvloop"
     return parts
@@ -101,7 +101,8 @@ class _Server(uvicorn.Server):
 
 
 def _common(log_level: str) -> dict[str, Any]:
-    return {"log_level": log_level, "access_log": False, "lifespan": "off", "http": _fast_parts()["http"],
+    # ws off: the plane has no WebSocket routes, and an upgraded connection would leave the guards' protocol
+    return {"log_level": log_level, "access_log": False, "lifespan": "off", "ws": "none",
             "backlog": 4096, "timeout_keep_alive": 30,
             # Nothing sits in front of the plane: X-Forwarded-* headers are not to be believed, nor parsed.
             "proxy_headers": False}
@@ -115,21 +116,26 @@ def _tls(listen: Listen) -> dict[str, Any]:
 
 
 def _servers(app: ASGIApp, listen: Listen, log_level: str,
-             sockets: tuple[socket.socket | None, socket.socket | None] | None = None) -> list[_Server]:
+             sockets: tuple[socket.socket | None, socket.socket | None] | None = None,
+             limits: ConnectionLimits | None = None) -> list[_Server]:
     """One uvicorn server per address; with ``sockets`` (Unix, TCP) they serve those instead of binding."""
     check_listen(listen)
     common = _common(log_level)
+    limits = limits or ConnectionLimits()
+    cap = limits.cap(listeners=(listen.socket_path is not None) + (listen.tcp_host is not None))
     servers = []
     if listen.socket_path is not None:
         if sockets is None:
             listen.socket_path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()  # a stale socket from a previous run would make bind fail
-        server = _Server(uvicorn.Config(app, uds=str(listen.socket_path), **common))
+        server = _Server(uvicorn.Config(app, uds=str(listen.socket_path), **common,
+                                        http=guarded_protocol(limits, cap, f"unix:{listen.socket_path}")))
         server.bound = None if sockets is None or sockets[0] is None else [sockets[0]]
         servers.append(server)
     if listen.tcp_host is not None:
-        server = _Server(uvicorn.Config(app, host=listen.tcp_host, port=listen.tcp_port, **common, **_tls(listen)))
+        server = _Server(uvicorn.Config(app, host=listen.tcp_host, port=listen.tcp_port, **common, **_tls(listen),
+                                        http=guarded_protocol(limits, cap, f"{listen.tcp_host}:{listen.tcp_port}")))
         server.bound = None if sockets is None or sockets[1] is None else [sockets[1]]
         servers.append(server)
     return servers
@@ -164,14 +170,15 @@ def tcp_port(server: uvicorn.Server) -> int | None:
 
 
 async def serve_async(app: ASGIApp, listen: Listen, *, log_level: str = "warning",
-                      stop: asyncio.Event | None = None) -> None:
+                      stop: asyncio.Event | None = None, limits: ConnectionLimits | None = None) -> None:
     """Run until ``stop`` is set (or, on the main thread, SIGINT/SIGTERM)."""
-    await _serve_async(app, listen, log_level, stop, None)
+    await _serve_async(app, listen, log_level, stop, None, limits)
 
 
 async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: asyncio.Event | None,
-                       sockets: tuple[socket.socket | None, socket.socket | None] | None) -> None:
-    servers = _servers(app, listen, log_level, sockets)
+                       sockets: tuple[socket.socket | None, socket.socket | None] | None,
+                       limits: ConnectionLimits | None = None) -> None:
+    servers = _servers(app, listen, log_level, sockets, limits)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     interrupted = False
@@ -234,13 +241,13 @@ def _run(main: Any) -> None:
         asyncio.run(main)
 
 
-def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning") -> None:
+def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
     """Serve in the foreground until interrupted."""
-    _run(serve_async(app, listen, log_level=log_level))
+    _run(serve_async(app, listen, log_level=log_level, limits=limits))
 
 
 def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: int, *,
-                    log_level: str = "warning") -> None:
+                    log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
     """Serve from ``processes`` forked processes sharing the listening sockets, until SIGINT/SIGTERM.
 
     ``make_app`` runs in each child after the fork, so every process opens its own store connections and
@@ -274,7 +281,7 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
                 try:
                     for sig, handler in previous.items():
                         signal.signal(sig, handler)
-                    _run(_serve_async(make_app(), listen, log_level, None, sockets))
+                    _run(_serve_async(make_app(), listen, log_level, None, sockets, limits))
                 except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: a clean stop here too
                     pass
                 except BaseException:
@@ -308,10 +315,12 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
 class BackgroundServer:
     """The same servers on a background thread: ``with BackgroundServer(app, listen) as srv: ...``."""
 
-    def __init__(self, app: ASGIApp, listen: Listen, *, log_level: str = "warning") -> None:
+    def __init__(self, app: ASGIApp, listen: Listen, *, log_level: str = "warning",
+                 limits: ConnectionLimits | None = None) -> None:
         self._app = app
         self.listen = listen
         self._log_level = log_level
+        self._limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._servers: list[_Server] = []
@@ -333,7 +342,7 @@ class BackgroundServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._servers = _servers(self._app, self.listen, self._log_level)
+        self._servers = _servers(self._app, self.listen, self._log_level, limits=self._limits)
         tasks = [asyncio.create_task(server.serve()) for server in self._servers]
         while not all(server.started for server in self._servers):
             if any(t.done() for t in tasks):

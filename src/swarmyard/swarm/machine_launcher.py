@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from swarmyard.agents.builtin import Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
-from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
+from swarmyard.errors import ConfigError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME as MACHINE_HOME
@@ -112,10 +111,8 @@ class MachineLauncher:
         self._scanned = 0  # machines scanned for provider keys so far
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
         self.keys_found: int | None = None
-        self._server: Any = None
-        self._ui_server: BackgroundServer | None = None
+        self._plane: BackgroundServer | None = None
         self._broker: Broker | None = None
-        self._thread: threading.Thread | None = None
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
         self._running: dict[str, str] = {}
@@ -125,8 +122,6 @@ class MachineLauncher:
 
     async def start(self, goal: Goal) -> None:
         """Serve the plane on the run's socket and open the machines backend."""
-        import uvicorn
-
         from swarmyard.machines.api import Machines
         from swarmyard.plane.app import create_app
         from swarmyard.plane.settings import PlaneSettings
@@ -157,19 +152,13 @@ class MachineLauncher:
                               f"({len(os.fsencode(self.socket))} bytes, at most {_MAX_SOCKET_PATH})",
                               field="run.runs_dir")
         self.socket.unlink(missing_ok=True)
+        # as `swarmyard serve` serves it (deadlines for headers and bodies, a cap on connections); with --ui the
+        # same app on loopback TCP as well, for a browser: the dashboard at /ui
+        self._plane = BackgroundServer(app, Listen(self.socket, self.ui.host, self.ui.port) if self.ui is not None
+                                       else Listen(self.socket))
+        await asyncio.to_thread(self._plane.start)
         if self.ui is not None:
-            # the same app on loopback TCP as well, for a browser: the dashboard at /ui
-            self._ui_server = BackgroundServer(app, Listen(self.socket, self.ui.host, self.ui.port))
-            await asyncio.to_thread(self._ui_server.start)
-            self._announce_ui(self.ui, self._ui_server.tcp_port)
-        else:
-            self._server = uvicorn.Server(uvicorn.Config(app, uds=str(self.socket), log_level="warning"))
-            self._thread = threading.Thread(target=self._server.run, daemon=True, name="swarmyard-plane")
-            self._thread.start()
-            while not self._server.started:
-                if not self._thread.is_alive():
-                    raise SandboxError(f"the control plane did not start on {self.socket} (see the log above)")
-                await asyncio.sleep(0.02)
+            self._announce_ui(self.ui, self._plane.tcp_port)
         workers = self.config.workers
         # The launcher keeps within the cap itself (RunMachines); the API's own cap is the same number, and a
         # machine made outside the launcher that holds a place longer than an agent may run is an error there.
@@ -504,12 +493,8 @@ class MachineLauncher:
             if self._broker is not None:
                 # the last answers' settlements are queued behind them: written before the report reads them
                 await asyncio.to_thread(self._broker.wait_settled, 30)
-            if self._server is not None:
-                self._server.should_exit = True
-            if self._thread is not None:
-                await asyncio.to_thread(self._thread.join, 10)
-            if self._ui_server is not None:
-                await asyncio.to_thread(self._ui_server.stop)
+            if self._plane is not None:
+                await asyncio.to_thread(self._plane.stop)
             if self._pool is not None:
                 # every machine is gone, so every agent run in it has returned or is about to
                 self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,129 @@
+"""Guards on the connections one listener of the plane holds: a deadline for a request's headers, one for its
+body, and a cap on how many connections the listener keeps open.
+
+uvicorn waits without end for a request line or headers that never finish, and for a body shorter than its
+``Content-Length``; a few thousand such connections (no token needed: ``POST /ui/login`` reads its body
+first) use up the process's file descriptors, and then the workers' Unix socket refuses them too. Each
+listener gets its own cap, a share of the open-files limit, so a flood on TCP leaves the Unix socket room.
+A request whose headers and body have arrived has no deadline: the dashboard's event streams last a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from asyncio import TimerHandle, Transport
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY_S = 10.0  # one line per listener at most this often, however many connections are closed
+_RESERVED_FDS = 256  # the store, log files, trajectories, an evaluator's socket: not for listeners
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long a request may take to send its headers and its body, and how many connections a listener holds
+    (``None``: an equal share of the open-files limit, less what the rest of the process needs)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("the header and body timeouts must be positive")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+
+    def cap(self, listeners: int) -> int:
+        """The connections each of ``listeners`` listeners may hold at once."""
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        return max(16, (soft - _RESERVED_FDS) // max(1, listeners))
+
+
+class _Closures:
+    """Counts the connections a listener closed, and says so in the log (the first at once, then at most one
+    line every ``_LOG_EVERY_S`` with the count since the last)."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where
+        self._counts: Counter[str] = Counter()
+        self._logged_at = -_LOG_EVERY_S
+
+    def note(self, why: str) -> None:
+        self._counts[why] += 1
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY_S:
+            self._logged_at = now
+            said = "; ".join(f"{n} {why}" for why, n in self._counts.items())
+            self._counts.clear()
+            log.warning("closed connections on %s: %s", self._where, said)
+
+
+class _GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the cap (set per listener by ``guarded_protocol``)."""
+
+    limits: ClassVar[ConnectionLimits]
+    cap: ClassVar[int]
+    closures: ClassVar[_Closures]
+    _deadline: TimerHandle | None = None
+
+    def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
+        over = len(self.connections) >= self.cap
+        super().connection_made(transport)
+        if over:
+            self.closures.note(f"over the cap of {self.cap} open connections")
+            transport.close()
+            return
+        self._arm(self.limits.header_timeout_s, "request line and headers")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # a request after the first on a kept-alive connection
+            self._arm(self.limits.header_timeout_s, "request line and headers")
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        # cancelled at once by on_message_complete when there is no body (a GET)
+        self._arm(self.limits.body_timeout_s, "body")
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired, what, seconds)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self, what: str, seconds: float) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.closures.note(f"{what} not received within {seconds:g} s")
+            # the app, if it was reading the body, sees the client disconnect
+            self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits, cap: int, where: str) -> type[HttpToolsProtocol]:
+    """A protocol class for one listener (``where`` names it in the log): its own cap and its own count."""
+    return type("GuardedProtocol", (_GuardedProtocol,),
+                {"limits": limits, "cap": cap, "closures": _Closures(where)})
