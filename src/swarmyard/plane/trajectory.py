@@ -130,9 +130,10 @@ class TrajectoryFiles:
             try:
                 size = os.fstat(fd).st_size
                 if size + len(line) > self.max_file_bytes:
-                    if size and not _ends_cut(path):
-                        os.write(fd, _line({"worker": worker_id, "cut": True,
-                                            "note": "trajectory file full; later steps dropped"}))
+                    marker = _line({"worker": worker_id, "cut": True,
+                                    "note": "trajectory file full; later steps dropped"})
+                    if size and not _ends_with_line(path, size, marker):
+                        os.write(fd, marker)
                     return False
                 os.write(fd, line)
                 return True
@@ -145,10 +146,14 @@ def _line(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def _ends_cut(path: Path) -> bool:
+def _ends_with_line(path: Path, size: int, line: bytes) -> bool:
+    """Whether the file's last line is exactly ``line``: a worker's own step may hold ``"cut":true`` in its
+    arguments, but never is the marker line (a step has its step number and times). On disk, not in memory:
+    several serving processes append to one file."""
     with contextlib.suppress(OSError), path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - 200))
-        return b'"cut":true' in f.read()
+        f.seek(max(0, size - len(line) - 1))
+        tail = f.read(len(line) + 1)
+        return tail == line or tail == b"\n" + line
     return False
 
 
