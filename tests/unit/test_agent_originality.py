@@ -154,3 +154,20 @@ def test_a_lead_that_only_ever_copies_submits_no_copy(tmp_path: Path, live_plane
     assert outcome.ending is Ending.STEP_CAP and outcome.finding_id is not None
     body = plane.store.get_finding(outcome.finding_id).body
     assert SCOUT not in body and "No result was reached" in body
+
+
+#: filler as long as SCOUT: pasted beside it, the copy is half the body (under COPIED) but all of SCOUT
+FILLER = ("Independent remark alpha concerns a separate consideration worth weighing carefully here, and "
+          "independent remark beta another one, with remark gamma on pricing and remark delta on hiring.")
+
+
+def test_a_copy_disguised_or_padded_is_still_a_copy() -> None:
+    for disguised in (SCOUT.replace("e", "e\u200b"),  # zero-width space in every word with an 'e'
+                      SCOUT.replace("e", "e\u00ad"),  # soft hyphens
+                      SCOUT.replace("a", "\u0430").replace("e", "\u0435").replace("o", "\u043e"),  # Cyrillic
+                      SCOUT + "\n" + FILLER):  # the whole finding plus as much text again
+        assert problem(disguised, read={"fnd_a": SCOUT}) is not None, disguised
+    assert copied_share(SCOUT + "\n" + FILLER, SCOUT) < 0.6
+    # a short finding may be quoted whole inside a synthesis of one's own
+    assert problem("Build it: [fnd_b] says the pilot worked, and the numbers in the market study agree with "
+                   "what the clinicians told us about offline use.", read={"fnd_b": "The pilot worked."}) is None

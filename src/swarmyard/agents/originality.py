@@ -9,12 +9,20 @@ dropped), so rewording a sentence counts as one's own and copying it does not:
 - ``repeated_share(text)``: the share of ``text``'s lines that repeat an earlier line, or of its shingles that
   repeat an earlier shingle, whichever is larger.
 
+- ``contained_share(text, source)``: the share of ``source``'s shingles found in ``text`` (a finding pasted whole
+  into a synthesis padded with as much filler again is 50% copied, but 100% contained).
+
+Words are read after ``skeleton``: NFKC, format characters (zero-width spaces, soft hyphens) dropped, accents
+stripped and Cyrillic and Greek look-alike letters folded to the Latin ones, so a copy with U+200B after every
+letter, or with Cyrillic 'а' for 'a', is still a copy.
+
 ``problem`` turns these into the reason a submission is refused (and the model asked again), or ``None``.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
@@ -24,6 +32,10 @@ COPIED = 0.6
 #: A body with this share of its shingles in its own task's prompt only says the task back (the demo's scouts
 #: wrote "The estimated market size for on-device speech models is unknown": half its phrases the prompt's).
 RESTATED = 0.5
+#: A body holding this share of one finding's shingles holds that finding, whatever else it adds.
+CONTAINED = 0.8
+#: A finding shorter than this (in shingles) may be quoted whole: a one-line result is cited, not copied.
+_MIN_CONTAINED = 8
 #: A body with this share of repeated lines or shingles is a loop.
 REPEATED = 0.5
 #: Fewer shingles or lines than these are too short to call a loop.
@@ -34,8 +46,28 @@ _WORD = re.compile(r"[^\W_]+")
 _MARKER = re.compile(r"^\s*(?:[-*+\u2022]|\(?\d+[.)]|\(?[a-z][.)])\s+", re.IGNORECASE)
 
 
+# Cyrillic and Greek letters drawn like Latin ones (Unicode's confusables for the letters a copier reaches for).
+_LOOKALIKE = str.maketrans(
+    "\u0430\u0432\u0435\u0455\u0456\u0458\u043a\u043c\u043d\u043e\u0440\u0441\u0442\u0443\u0445\u0501\u04bb"
+    "\u0410\u0412\u0415\u0405\u0406\u0408\u041a\u041c\u041d\u041e\u0420\u0421\u0422\u0423\u0425"
+    "\u03b1\u03b5\u03b9\u03ba\u03bd\u03bf\u03c1\u03c4\u03c5\u03c7"
+    "\u0391\u0392\u0395\u0396\u0397\u0399\u039a\u039c\u039d\u039f\u03a1\u03a4\u03a5\u03a7",
+    "abesijkmhopctyxdh"
+    "ABESIJKMHOPCTYX"
+    "aeikvoptux"
+    "ABEZHIKMNOPTYX")
+
+
+def skeleton(text: str) -> str:
+    """``text`` as it reads: NFKC, format characters (Cf: zero-width spaces, soft hyphens, bidi marks) dropped,
+    accents stripped, Cyrillic and Greek look-alikes folded to Latin letters."""
+    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text))
+    text = "".join(c for c in text if unicodedata.category(c) not in ("Cf", "Mn"))
+    return unicodedata.normalize("NFC", text).translate(_LOOKALIKE)
+
+
 def _words(text: str) -> list[str]:
-    return [w.lower() for line in text.splitlines() for w in _WORD.findall(_MARKER.sub("", line))]
+    return [w.lower() for line in skeleton(text).splitlines() for w in _WORD.findall(_MARKER.sub("", line))]
 
 
 def _shingles(words: list[str], n: int = SHINGLE) -> list[tuple[str, ...]]:
@@ -51,6 +83,15 @@ def copied_share(text: str, source: str) -> float:
         return 0.0
     theirs = set(_shingles(_words(source), len(mine[0])))
     return sum(1 for s in mine if s in theirs) / len(mine)
+
+
+def contained_share(text: str, source: str) -> float:
+    """The share of ``source``'s shingles that occur in ``text`` (0 for a ``source`` too short to tell)."""
+    theirs = _shingles(_words(source))
+    if len(theirs) < _MIN_CONTAINED:
+        return 0.0
+    mine = set(_shingles(_words(text), len(theirs[0])))
+    return sum(1 for s in theirs if s in mine) / len(theirs)
 
 
 def repeated_share(text: str) -> float:
@@ -83,6 +124,10 @@ def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = Non
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
                 "once")
     if read:
+        held = max(read.items(), key=lambda item: contained_share(body, item[1]))
+        if (share := contained_share(body, held[1])) >= CONTAINED:
+            return (f"the body holds the finding [{held[0]}] ({share:.0%} of its phrases): write the synthesis in "
+                    "your own words and cite the findings by id")
         whole = copied_share(body, "\n".join(read.values()))
         if whole >= COPIED:
             ref = _most_copied(body, read.items())
