@@ -101,8 +101,12 @@ def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) ->
     swarm = _swarm(short_tmp)
     last = "{{last_message}}"
     (short_tmp / "conf" / "replies.json").write_text(json.dumps({
+        # the worker's note holds words of its own beside what it was told: the lead quotes only the latter, so its
+        # synthesis is not refused as a copy of the note
         "scripted-worker": [_tool("shell", command="cat /etc/passwd"),
-                            _tool("submit_finding", title="shell", body=last),
+                            _tool("submit_finding", title="shell",
+                                  body="The worker asked for a shell to read the password file of its machine, and "
+                                       "keeps here the answer it got, to show the lead: " + last),
                             _tool("csvdiff", left="left.csv", right="right.csv"),
                             _tool("submit_finding", title="diff", body=last)],
         "scripted-lead": [_tool("shell", command="id"),
@@ -119,7 +123,7 @@ def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) ->
     with sqlite3.connect(run_dir / "store.db") as db:
         bodies = [str(b) for (b,) in db.execute("SELECT body FROM findings ORDER BY created_at").fetchall()]
     refusal = "error (tool_refused): 'shell' is not a tool of the 'governed' profile"
-    [shell] = [b for b in bodies if b.startswith("Result of shell")]
+    [shell] = [b for b in bodies if "Result of shell" in b and "worker asked" in b]
     assert refusal in shell
     [diff] = [b for b in bodies if b.startswith("Result of csvdiff")]
     answer = json.loads(diff.split("\n", 1)[1])
