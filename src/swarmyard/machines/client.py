@@ -9,12 +9,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from swarmyard.errors import SandboxError
+from swarmyard.errors import PayloadTooLargeError, SandboxError
 from swarmyard.machines import wire
 from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
 #: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.
 GRACE_S = 5.0
+#: The most a download brings back: the whole file is held in this process, and a machine decides what its
+#: files are (a symlink to ``/dev/zero`` never ends; the init refuses files that are not regular, this counts).
+MAX_DOWNLOAD_BYTES = 64 << 20
 
 
 class _Kept:
@@ -148,15 +151,20 @@ class InitClient:
             wire.send_frame(sock, b"d", b"")
             self._finish(sock)
 
-    def download(self, path: str) -> bytes:
-        """Read ``path`` from inside the machine."""
+    def download(self, path: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> bytes:
+        """Read ``path`` from inside the machine; more than ``max_bytes`` raises ``PayloadTooLargeError``."""
         chunks: list[bytes] = []
+        size = 0
         with self._request(wire.encode_request("get", path=path)) as sock:
             while True:
                 frame = wire.recv_frame(sock)
                 if frame is None:
                     raise SandboxError(f"machine {self.machine_id} went away", machine_id=self.machine_id)
                 if frame[0] == b"d":
+                    size += len(frame[1])
+                    if size > max_bytes:
+                        # hanging up (leaving the with) stops the init's sending
+                        raise PayloadTooLargeError(f"{path} in machine {self.machine_id}", size, max_bytes)
                     chunks.append(frame[1])
                     continue
                 if frame[0] == b"x":

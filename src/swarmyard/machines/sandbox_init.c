@@ -598,15 +598,29 @@ static void put_file(int conn, struct request *req) {
 }
 
 static void get_file(int conn, struct request *req) {
-    int fd = req->path ? open(req->path, O_RDONLY | O_CLOEXEC) : -1;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is sent (a symlink to
+    // /dev/zero or a FIFO would never end)
+    int fd = req->path ? open(req->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        fd = -1;
-        errno = EISDIR;
+    char what[4096];
+    snprintf(what, sizeof what, "%s", req->path ? req->path : "get");
+    if (fd >= 0) {
+        int err = 0;
+        if (fstat(fd, &st) != 0) err = errno;
+        else if (S_ISDIR(st.st_mode)) err = EISDIR;
+        else if (!S_ISREG(st.st_mode)) {
+            err = EINVAL;
+            snprintf(what, sizeof what, "%s (not a regular file)", req->path);
+        }
+        if (err) {
+            close(fd);
+            fd = -1;
+            errno = err;
+        }
     }
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (fd < 0) {
-        send_error(conn, req->path ? req->path : "get", errno);
+        send_error(conn, what, errno);
         return;
     }
     char *buf = malloc(MAX_FRAME);

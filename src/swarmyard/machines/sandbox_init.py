@@ -8,6 +8,7 @@ its own thread. A timed-out or abandoned exec has its whole process tree stopped
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import selectors
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from swarmyard.machines import landlock, wire
@@ -210,10 +212,18 @@ def _drain_upload(conn: socket.socket) -> None:
 def _get(conn: socket.socket, req: dict[str, Any]) -> None:
     path = Path(req["path"])
     try:
-        handle = path.open("rb")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is sent (a symlink to
+        # /dev/zero or a FIFO would never end)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
         return
+    if not S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        wire.send_json(conn, b"!", {"message": f"{path}: not a regular file", "errno": errno.EINVAL})
+        return
+    os.set_blocking(fd, True)
+    handle = os.fdopen(fd, "rb")
     size = 0
     with handle:
         while chunk := handle.read(wire.MAX_FRAME):
