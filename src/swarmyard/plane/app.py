@@ -291,7 +291,8 @@ def _trajectory_endpoint(plane: _Plane, files: TrajectoryFiles | None) -> Callab
             kept = False
             if files is not None:
                 kept = await plane.offload(partial(files.append, who.worker_id, record))
-            plane.changed()
+            # no plane.changed(): a step changes no goal state but a worker's usage, which the streams' poll
+            # shows; waking them for every step of every agent rebuilt the whole state (every board post) each time
             return JSONResponse(StepAccepted(kept=kept).model_dump())
         except SwarmyardError as exc:
             return error_response(exc)
@@ -312,7 +313,9 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
     ``machines`` lists the run's machines for the dashboard at ``/ui``.
     """
     plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator)
-    plane.dashboard = Dashboard(store, tokens, plane.offload, trajectories=trajectories, machines=machines)
+    dashboard = plane.dashboard = Dashboard(store, tokens, plane.offload, trajectories=trajectories,
+                                            machines=machines)
+    plane.metrics.watch_dashboard(lambda: dashboard.wakes)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(plane.openapi)

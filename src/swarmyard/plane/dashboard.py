@@ -7,7 +7,8 @@ no data. Nothing here writes to the store.
 
 ``GET /ui/events?goal=ID`` streams the goal's state as one ``state`` event whenever it changed: the plane wakes
 the stream after every tool call it served, and it looks again every ``POLL_S`` otherwise (the broker's
-settlements, another serving process's writes).
+settlements, another serving process's writes, a worker's usage from its trajectory steps: a step wakes no
+stream, or every agent's every step would rebuild the goal's whole state).
 """
 
 from __future__ import annotations
@@ -221,6 +222,11 @@ class Dashboard:
 
     def _usage(self) -> dict[str, dict[str, int]]:
         return self._trajectories.usage() if self._trajectories is not None else {}
+
+    @property
+    def wakes(self) -> int:
+        """How many times the plane said something changed (``/metrics``: ``swarmyard_dashboard_wakes_total``)."""
+        return self._generation
 
     def notify(self) -> None:
         """Something may have changed: open streams look now."""

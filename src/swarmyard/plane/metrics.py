@@ -6,11 +6,11 @@ workers, spend) are read from the store at scrape time, so they are right even w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from swarmyard.domain import TaskState
@@ -40,6 +40,17 @@ class _StoreCollector(Collector):
         yield from (claims, workers, spend, reserved)
 
 
+class _WakesCollector(Collector):
+    """The dashboard's count of wakes, read at scrape time."""
+
+    def __init__(self, wakes: Callable[[], int]) -> None:
+        self._wakes = wakes
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("swarmyard_dashboard_wakes", "Times the plane woke the dashboard's streams to "
+                                  "rebuild a goal's state", value=self._wakes())
+
+
 class PlaneMetrics:
     """The control plane's metrics and their exposition."""
 
@@ -55,6 +66,10 @@ class PlaneMetrics:
                                       ["status"], registry=self.registry)
         self.registry.register(_StoreCollector(store))
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def watch_dashboard(self, wakes: Callable[[], int]) -> None:
+        """Expose the dashboard's count of wakes (each one a state rebuild for every open stream)."""
+        self.registry.register(_WakesCollector(wakes))
 
     def observe(self, tool: str, status: int, seconds: float) -> None:
         """Count one tool call and its latency."""
