@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,10 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     return out
 
 
+#: a run's folder name (``run_...`` from ``new_id``; a folder a user renamed keeps to the same characters)
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def _runs(runs_dir: Path) -> list[Path]:
     if not runs_dir.is_dir():
         raise UserError(f"no runs folder at {runs_dir} (give --runs-dir)")
@@ -136,8 +141,9 @@ def list_runs(runs_dir: Path = _RunsDir, as_json: bool = JsonOption) -> None:
 def show(run: str = typer.Argument(help="The run id (a folder of the runs folder)."), runs_dir: Path = _RunsDir,
          as_json: bool = JsonOption) -> None:
     """One run: its goal, tasks, workers with their trajectories, findings, synthesis and audit root."""
-    if not run or "/" in run or run in (".", ".."):
-        raise UserError(f"not a run id: {run!r}")
+    if _RUN_ID.fullmatch(run) is None:  # fullmatch: "abc\n" is no id, nor is a name too long for a folder
+        shown = run if len(run) <= 60 else run[:60] + "..."
+        raise UserError(f"not a run id: {shown!r}")
     run_dir = runs_dir / run
     if not (run_dir / "run.json").is_file():
         raise UserError(f"no run {run} in {runs_dir}")
