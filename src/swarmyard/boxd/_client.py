@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import builtins
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -58,12 +59,14 @@ class Files:
             data = data.encode("utf-8")
         if not isinstance(data, bytes | bytearray):
             raise InvalidInputError("upload data must be str or bytes", field="data")
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+            raise InvalidInputError("mode must be a permission number such as 0o644", field="mode")
         machine_id = self._machines._ready(machine)
         self._machines._sync.files.upload(machine_id, path, bytes(data), mode=mode)
         return len(data)
 
     def download(self, machine: str, path: str) -> bytes:
-        """The whole file at ``path``."""
+        """The whole file at ``path``: a regular file, at most 64 MiB (``PayloadTooLargeError`` past that)."""
         return self._machines._sync.files.download(self._machines._ready(machine), path)
 
 
@@ -158,8 +161,7 @@ class MachinesResource:
         """Block until the machine runs commands (``poll_interval`` is accepted for boxd's signature: readiness
         here is a message from the machine's init, not a poll)."""
         del poll_interval
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-            raise InvalidInputError("timeout must be a positive number of seconds", field="timeout")
+        _check_timeout(timeout)
         machine_id = self._ready(machine, timeout)
         return self._record(self._info(machine_id))
 
@@ -193,8 +195,13 @@ class MachinesResource:
         stdin: str | bytes | None = None,
     ) -> ExecResult:
         """Run ``command`` (a shell line, or an argv list) to its end; ``timeout`` kills its whole process tree."""
+        _check_command(command)
+        if timeout is not None:
+            _check_timeout(timeout)
+        if stdin is not None and not isinstance(stdin, str | bytes | bytearray):
+            raise InvalidInputError("stdin must be str or bytes", field="stdin")
         machine_id = self._ready(machine)
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else None if stdin is None else bytes(stdin)
         merged = {**self._kept[machine_id].env, **(env or {})}
         raw = self._sync.exec(machine_id, command, timeout=timeout, env=merged, cwd=cwd, stdin=data)
         return ExecResult.of(raw)
@@ -219,7 +226,9 @@ class MachinesResource:
         snapshot version start with that version's digest."""
         program = ("import sys; from pathlib import Path; from swarmyard.machines.snapshots import tree_digest; "
                    f"print(tree_digest(Path(sys.argv[1]), {IDENTITY_FILES!r})[0])")
-        done = self.exec(machine, ["python3", "-c", program, _logins.HOME])
+        # -P, -s and cwd "/": the home is the machine's own to write, and a swarmyard/ or .pth planted there
+        # would otherwise be imported in place of ours and forge the digest
+        done = self.exec(machine, ["python3", "-P", "-s", "-c", program, _logins.HOME], cwd="/")
         if not done.success:
             raise UserError(f"machine {machine}: its disk could not be read: {done.stderr.strip()[-300:]}")
         return done.stdout.strip()
@@ -252,6 +261,7 @@ class MachinesResource:
         for child in self._client._spawners.forget(info.id):  # what a coordinator made goes with it
             if child in self._kept:
                 self.delete(child)
+        self._client._spawners.disown(info.id)  # its coordinator no longer lists it
         kept = self._kept.pop(info.id)
         try:
             if info.state is not MachineState.DELETED:
@@ -267,6 +277,21 @@ class MachinesResource:
                 self.delete(machine_id)
             except NotFoundError:
                 self._kept.pop(machine_id, None)
+
+
+def _check_timeout(timeout: object) -> None:
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool) or not math.isfinite(timeout)
+            or timeout <= 0):
+        raise InvalidInputError("timeout must be a positive, finite number of seconds", field="timeout")
+
+
+def _check_command(command: object) -> None:
+    parts = [command] if isinstance(command, str) else command
+    if (not isinstance(parts, list | tuple) or not parts or not all(isinstance(p, str) for p in parts)
+            or not parts[0]):
+        raise InvalidInputError("command must be a shell line or a non-empty list of strings", field="command")
+    if any("\0" in p for p in parts):
+        raise InvalidInputError("command may not contain a NUL character", field="command")
 
 
 class SnapshotsResource:

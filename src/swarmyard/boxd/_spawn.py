@@ -13,6 +13,7 @@ import asyncio
 import base64
 import hmac
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from swarmyard.errors import ForbiddenError, InvalidInputError, InvalidTokenError, SwarmyardError
+from swarmyard.errors import (
+    ForbiddenError,
+    InvalidInputError,
+    InvalidTokenError,
+    NotFoundError,
+    SwarmyardError,
+)
+from swarmyard.plane.limits import read_limited
 
 if TYPE_CHECKING:
     from swarmyard.boxd._client import Boxd
@@ -44,18 +52,34 @@ class Spawners:
         self.cap = cap
         self._tokens: dict[str, str] = {}  # token -> the coordinator's machine id
         self.children: dict[str, list[str]] = {}
+        # creates under way, by coordinator: a slot is taken before the machine exists, so concurrent creates
+        # cannot all pass the cap
+        self._pending: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def allow(self, machine_id: str, token: str) -> None:
         """Let the machine holding ``token`` spawn."""
-        self._tokens[token] = machine_id
-        self.children[machine_id] = []
+        with self._lock:
+            self._tokens[token] = machine_id
+            self.children[machine_id] = []
+            self._pending[machine_id] = 0
 
     def forget(self, machine_id: str) -> list[str]:
-        """Drop a coordinator; returns the machines it made that still live."""
-        for token, owner in list(self._tokens.items()):
-            if owner == machine_id:
-                del self._tokens[token]
-        return self.children.pop(machine_id, [])
+        """Drop a coordinator (a create of its still under way is undone when it ends, see ``adopt``); returns the
+        machines it made that still live."""
+        with self._lock:
+            for token, owner in list(self._tokens.items()):
+                if owner == machine_id:
+                    del self._tokens[token]
+            self._pending.pop(machine_id, None)
+            return self.children.pop(machine_id, [])
+
+    def disown(self, machine_id: str) -> None:
+        """A machine was deleted: it is no coordinator's child any more."""
+        with self._lock:
+            for children in self.children.values():
+                if machine_id in children:
+                    children.remove(machine_id)
 
     def owner(self, request: Request) -> str:
         header = request.headers.get("authorization", "")
@@ -65,21 +89,50 @@ class Spawners:
                 return machine_id
         raise InvalidTokenError("this token may not make machines (create the machine with spawn=True)")
 
+    def made(self, owner: str) -> list[str]:
+        """The ids of the machines ``owner`` made that live."""
+        with self._lock:
+            return list(self.children.get(owner, []))
+
     def child(self, owner: str, machine: str) -> str:
         """The id of the machine ``machine`` (id or name) among those ``owner`` made."""
         machines = self._client._local
-        for machine_id in self.children.get(owner, []):
-            info = machines._info(machine_id)
+        with self._lock:
+            made = list(self.children.get(owner, []))
+        for machine_id in made:
+            try:
+                info = machines._info(machine_id)
+            except NotFoundError:
+                continue  # gone another way (the client closing): not this machine's business
             if machine in (info.id, info.name):
                 return info.id
         raise ForbiddenError(f"machine {machine!r} is not one this machine made")
 
-    def adopt(self, owner: str, machine_id: str) -> None:
-        self.children[owner].append(machine_id)
+    def reserve(self, owner: str) -> None:
+        """Take one of ``owner``'s slots for a machine about to be made (``adopt`` or ``unreserve`` it after)."""
+        with self._lock:
+            if owner not in self._pending:
+                raise NotFoundError("machine", owner)
+            if len(self.children[owner]) + self._pending[owner] >= self.cap:
+                raise ForbiddenError(f"this machine has {self.cap} machines alive or being made already: its "
+                                     "spawn cap")
+            self._pending[owner] += 1
 
-    def check_room(self, owner: str) -> None:
-        if len(self.children.get(owner, [])) >= self.cap:
-            raise ForbiddenError(f"this machine has {self.cap} machines alive already: its spawn cap")
+    def unreserve(self, owner: str) -> None:
+        """A reserved slot's create failed."""
+        with self._lock:
+            if owner in self._pending:
+                self._pending[owner] -= 1
+
+    def adopt(self, owner: str, machine_id: str) -> bool:
+        """Count the machine made in a reserved slot as ``owner``'s; ``False`` when ``owner`` was deleted
+        meanwhile (the caller deletes the machine: nothing a coordinator made outlives it)."""
+        with self._lock:
+            if owner not in self._pending:
+                return False
+            self._pending[owner] -= 1
+            self.children[owner].append(machine_id)
+            return True
 
 
 def routes(client: Boxd, spawners: Spawners) -> list[Route]:
@@ -89,9 +142,7 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
         async def endpoint(request: Request) -> Response:
             try:
                 owner = spawners.owner(request)
-                raw = await request.body()
-                if len(raw) > MAX_BODY_BYTES:
-                    raise InvalidInputError("body too large", field="body")
+                raw = await read_limited(request.stream(), request.headers.get("content-length"), MAX_BODY_BYTES)
                 body = json.loads(raw) if raw else {}
                 if not isinstance(body, dict):
                     raise InvalidInputError("the body must be a JSON object", field="body")
@@ -107,14 +158,24 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
 
     machines = client._local
 
-    def create(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        spawners.check_room(owner)
-        record = machines.create(_opt_str(body, "name"), from_snapshot=_opt_str(body, "from_snapshot"))
-        spawners.adopt(owner, record.id)
+    def made(owner: str, make: Callable[[], Any]) -> Any:
+        spawners.reserve(owner)
+        try:
+            record = make()
+        except BaseException:
+            spawners.unreserve(owner)
+            raise
+        if not spawners.adopt(owner, record.id):
+            machines.delete(record.id)
+            raise NotFoundError("machine", owner)
         return _machine_json(record)
 
+    def create(request: Request, owner: str, body: dict[str, Any]) -> Any:
+        name, snapshot = _opt_str(body, "name"), _opt_str(body, "from_snapshot")
+        return made(owner, lambda: machines.create(name, from_snapshot=snapshot))
+
     def listing(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        return [_machine_json(machines.get(m)) for m in spawners.children.get(owner, [])]
+        return [_machine_json(machines.get(m)) for m in spawners.made(owner)]
 
     def get(request: Request, owner: str, body: dict[str, Any]) -> Any:
         return _machine_json(machines.get(spawners.child(owner, request.path_params["machine"])))
@@ -140,15 +201,12 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
                 "timed_out": result.timed_out, "duration_s": result.duration_s, "truncated": result.truncated}
 
     def fork(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        spawners.check_room(owner)
-        record = machines.fork(spawners.child(owner, request.path_params["machine"]), _opt_str(body, "new_name"))
-        spawners.adopt(owner, record.id)
-        return _machine_json(record)
+        source, name = spawners.child(owner, request.path_params["machine"]), _opt_str(body, "new_name")
+        return made(owner, lambda: machines.fork(source, name))
 
     def delete(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
-        machines.delete(machine)
-        spawners.children[owner].remove(machine)
+        machines.delete(machine)  # which disowns it
         return {"deleted": machine}
 
     def upload(request: Request, owner: str, body: dict[str, Any]) -> Any:
