@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,7 @@ def otlp_url(flag: str | None, env: Mapping[str, str]) -> str | None:
                 break
     if url is None:
         return None
-    if not url.startswith(("http://", "https://")):
-        raise UserError(f"OTLP endpoint {url!r}: give an http:// or https:// URL (OTLP over HTTP/protobuf)")
+    _check_url(url)
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter
         import opentelemetry.sdk.trace  # noqa: F401
@@ -59,6 +59,22 @@ def otlp_url(flag: str | None, env: Mapping[str, str]) -> str | None:
     if full or url.rstrip("/").endswith("/v1/traces"):
         return url
     return url.rstrip("/") + "/v1/traces"
+
+
+def _check_url(url: str) -> None:
+    """Refuse, before the run, a URL the exporter could only fail on after it: parsed whole (host, port), as
+    ``http://[::1`` passes a look at its scheme."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise UserError(f"OTLP endpoint {url!r} is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not url.startswith(f"{parts.scheme}://"):
+        raise UserError(f"OTLP endpoint {url!r}: give an http:// or https:// URL (OTLP over HTTP/protobuf)")
+    if not parts.hostname or any(c.isspace() or not c.isprintable() for c in url):
+        raise UserError(f"OTLP endpoint {url!r}: the http(s) URL needs a host (and no spaces)")
+    if port == 0:
+        raise UserError(f"OTLP endpoint {url!r}: port 0 is no port to send to")
 
 
 def _id(bits: int, *parts: str) -> int:
