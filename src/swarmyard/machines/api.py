@@ -19,6 +19,7 @@ from swarmyard.ids import new_id
 from swarmyard.machines import environment
 from swarmyard.machines.networks import check_member_name, check_names
 from swarmyard.machines.protocol import (
+    BOOT_TIMEOUT_S,
     Backend,
     Baseline,
     ExecEvent,
@@ -114,7 +115,7 @@ class Machines:
         max_concurrent: int = 128,
         queue_timeout_s: float | None = None,
         isolation: Isolation | None = None,
-        boot_timeout_s: float = 30.0,
+        boot_timeout_s: float = BOOT_TIMEOUT_S,
     ) -> None:
         if max_concurrent < 1:
             raise InvalidInputError("max_concurrent must be at least 1", field="max_concurrent")

@@ -27,6 +27,11 @@ TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
 }
 
 
+#: How long a machine may take to boot before it is an error: a quiet host boots one in milliseconds, but a
+#: burst of hundreds on a busy 2-core host took 20-50 s (a boot that waits is not a boot that failed).
+BOOT_TIMEOUT_S = 120.0
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Resource limits of one machine; ``None`` means no limit of that kind."""

@@ -33,6 +33,7 @@ from swarmyard.machines.client import InitClient
 from swarmyard.machines.disks import Disk, clone_tree, space_template, unmount
 from swarmyard.machines.launchers import ParkedLauncher
 from swarmyard.machines.protocol import (
+    BOOT_TIMEOUT_S,
     TRANSITIONS,
     Baseline,
     ExecEvent,
@@ -495,7 +496,7 @@ class SupervisedBackend:
         return tail.decode(errors="replace").strip() or f"init exited (status {status})"
 
     def _ready(self, machine_id: str) -> Machine:
-        self.wait_until_ready(machine_id, 30.0)
+        self.wait_until_ready(machine_id, BOOT_TIMEOUT_S)
         return self._get(machine_id)
 
     def exec(
