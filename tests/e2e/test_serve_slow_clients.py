@@ -1,7 +1,7 @@
 """``swarmyard serve`` against slow clients: a request line or headers left half-sent, and a body shorter than its
 Content-Length (``POST /ui/login`` needs no token), are closed at their deadline, and said so in the log; a
 listener holds at most ``--max-connections``, and when TCP is full of them the workers' Unix socket still
-answers, as does TCP below the cap."""
+answers, as does TCP below the cap. ``swarmyard broker serve`` has the same guards."""
 
 from __future__ import annotations
 
@@ -141,3 +141,22 @@ def test_a_full_tcp_listener_leaves_the_unix_socket_and_tcp_below_the_cap_usable
         assert _closed(more[-1])  # past the cap: closed as it arrives
         assert _healthz_unix(sock) == 200  # the workers' path answers while TCP is full
     assert f"over the cap of {cap} open connections" in log.read_text()
+
+
+def test_broker_serve_closes_half_sent_headers_too(folder: Path) -> None:
+    port = _free_port()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    with (folder / "broker.log").open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "swarmyard.cli", "broker", "serve", "--store",
+                                 f"sqlite:///{folder / 'store.db'}", "--port", str(port), "--secret-file",
+                                 str(folder / "secret"), "--provider", "sim=simulated:sim-1"],
+                                cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        with httpx.Client(timeout=_SAFETY_S, transport=httpx.HTTPTransport(retries=20)) as client:
+            assert client.get(f"http://127.0.0.1:{port}/v1/models").status_code in (200, 401), proc.poll()
+        # the default deadline (no flag on this command): closed, not kept
+        assert _closed(_half_sent(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert "request line and headers not received within 10 s" in (folder / "broker.log").read_text()

@@ -86,7 +86,12 @@ def serve(store: str = StoreOption, host: str = _Host, port: int = _Port, secret
     typer.echo(f"broker on http://{host}:{port}/v1 serving {', '.join(models)}", err=True)
     # Server.run, not uvicorn.run: after a clean shutdown it re-raises the signal that stopped it (Ctrl-C exits
     # 130) where uvicorn.run swallows it; and a port it could not bind is our error (exit 1), not its exit 3.
-    server = uvicorn.Server(uvicorn.Config(broker_app, host=host, port=port, log_level="warning"))
+    # the plane's connection guards: deadlines for headers and bodies, a cap on open connections
+    from swarmyard.plane.connections import ConnectionLimits, guarded_protocol
+
+    limits = ConnectionLimits()
+    server = uvicorn.Server(uvicorn.Config(broker_app, host=host, port=port, log_level="warning", ws="none",
+                                           http=guarded_protocol(limits, limits.cap(1), f"{host}:{port}")))
     server.run()
     if not server.started:
         raise UserError(f"the broker could not listen on {host}:{port}")
