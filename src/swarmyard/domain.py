@@ -21,6 +21,10 @@ class TaskState(StrEnum):
     CANCELLED = "cancelled"
 
 
+#: The group of a goal's synthesis task: its one worker is the lead, and what it submits must be its own.
+LEAD_GROUP = "lead"
+
+
 class PostKind(StrEnum):
     """What a board post is."""
 

@@ -6,7 +6,8 @@
     │   └── InsecureSecretError         a secret file others can read or that is not the user's (``path``)
     ├── InvalidInputError (400)         a request or call argument is malformed
     │   ├── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
-    │   └── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
+    │   ├── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
+    │   └── UnoriginalFindingError (400) a lead's finding that copies, loops or says back (``task_id``, ``reason``)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
     │   └── QuotaExceededError (413)    a goal's or task's artifacts or board past their total (``used``, ...)
@@ -186,6 +187,18 @@ class NestingTooDeepError(InvalidInputError):
         super().__init__(f"{field} is JSON nested deeper than {limit} levels", field=field)
         self.details["limit"] = limit
         self.limit = limit
+
+
+class UnoriginalFindingError(InvalidInputError):
+    """A lead's synthesis that is not its own: a finding copied, a loop, its task or instructions said back."""
+
+    code = "unoriginal_finding"
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"task {task_id}: {reason}", field="body")
+        self.details.update(task_id=task_id, reason=reason)
+        self.task_id = task_id
+        self.reason = reason
 
 
 class ContextLengthError(InvalidInputError):

@@ -171,3 +171,37 @@ def test_a_copy_disguised_or_padded_is_still_a_copy() -> None:
     # a short finding may be quoted whole inside a synthesis of one's own
     assert problem("Build it: [fnd_b] says the pilot worked, and the numbers in the market study agree with "
                    "what the clinicians told us about offline use.", read={"fnd_b": "The pilot worked."}) is None
+
+
+def _post_synthesis(plane: LivePlane, token: str, body: str) -> tuple[int, dict[str, Any]]:
+    """What the plane answers a lead that calls submit_finding itself (its shell can read the agent's token)."""
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with plane.client(token) as http:
+            claimed = (await http.post("/v1/tools/claim_task", json={})).json()
+            answer = await http.post("/v1/tools/submit_finding", json={
+                "task_id": claimed["task"]["id"], "fencing_token": claimed["fencing_token"], "title": "synthesis",
+                "body": body})
+            return answer.status_code, answer.json()
+    return asyncio.run(post())
+
+
+def test_the_plane_refuses_a_leads_copy_or_its_nudge_said_back(live_plane: Callable[..., LivePlane]) -> None:
+    from swarmyard.agents.instructions import LAST_STEP
+
+    for body in (SCOUT, SCOUT.replace("e", "e\u200b"), FILLER + "\n" + SCOUT, LAST_STEP, LOOP):
+        plane, token, found = _lead(live_plane, SCOUT)
+        status, answer = _post_synthesis(plane, token, body)
+        assert status == 400 and answer["error"]["code"] == "unoriginal_finding", (body, answer)
+        assert plane.store.read_findings(plane.store.get_task(answer["error"]["task_id"]).goal_id,
+                                         group=LEAD_GROUP) == []
+    plane, token, found = _lead(live_plane, SCOUT)
+    status, answer = _post_synthesis(plane, token, f"Go, for clinicians first: the demand is there [{found}].")
+    assert status == 200, answer
+
+
+def test_a_lead_padding_a_copy_is_asked_again(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, found = _lead(live_plane, SCOUT)
+    own = f"Go, for clinicians first: the demand is there and offline use is left open [{found}]."
+    body, model = _run(tmp_path, plane, token, [_finish(FILLER + "\n" + SCOUT, "synthesis"),
+                                                _finish(own, "synthesis")], Role.LEAD)
+    assert body == own and "could not be used" in _reasked(model)

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import governed, history, originality
+from swarmyard.agents import governed, history, instructions, originality
 from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
 from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
@@ -35,6 +35,7 @@ from swarmyard.errors import (
     InvalidInputError,
     ProviderError,
     SwarmyardError,
+    UnoriginalFindingError,
 )
 
 log = logging.getLogger(__name__)
@@ -157,26 +158,9 @@ class AgentOutcome:
     malformed: int = 0
 
 
-_SYSTEM = {
-    Role.WORKER: (
-        "You are one worker in a swarm. Work on your task with the tools, then call submit_finding with a "
-        "clear, specific result. Reply with exactly one tool call each turn. Tools: {tools}."
-    ),
-    Role.LEAD: (
-        "You are the lead of a swarm. Read the findings below and call submit_finding with one synthesis "
-        "that answers the objective; cite the finding ids you rely on in cite. Tools: {tools}."
-    ),
-}
-
-_LAST_STEP = (
-    "This is your last step. Call submit_finding now: a short title and a body with everything you have "
-    "worked out, citing what you used."
-)
-
-_REASK = (
-    "That reply could not be used ({error}). Reply with exactly one JSON object like "
-    '{{"action": {{"tool": "submit_finding", "args": {{"title": "...", "body": "..."}}}}}}.'
-)
+_SYSTEM = {Role.WORKER: instructions.WORKER, Role.LEAD: instructions.LEAD}
+_LAST_STEP = instructions.LAST_STEP
+_REASK = instructions.REASK
 
 
 #: Per-message character limits tried, in turn, when the conversation is too long for the model's window.
@@ -299,7 +283,16 @@ class BuiltinAgent:
                     await self._step_done(task, None, None, "no usable reply")
                     continue
                 if action.tool == FINISH:
-                    finding_id = await self._submit(action.args)
+                    try:
+                        finding_id = await self._submit(action.args)
+                    except UnoriginalFindingError as exc:
+                        # the plane's own copy check reads the findings whole (the brief has them cut): asked again
+                        self.malformed += 1
+                        await self._step_done(task, action, exc.to_dict())
+                        messages += [{"role": "assistant",
+                                      "content": json.dumps({"action": {"tool": action.tool, "args": action.args}})},
+                                     {"role": "user", "content": _REASK.format(error=exc.reason)}]
+                        continue
                     await self._step_done(task, action, {"finding_id": finding_id})
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
@@ -334,7 +327,11 @@ class BuiltinAgent:
             cut_short = f"cut short by a model error {where} ({exc.code}): {exc.message}"[:1000]
         partial = {"title": f"{task.title} (partial)",
                    "body": self._partial_body(task.title, ending, steps, cut_short)}
-        finding_id = await self._submit(partial)
+        try:
+            finding_id = await self._submit(partial)
+        except UnoriginalFindingError:
+            partial["body"] = self._partial_body(task.title, ending, steps, cut_short, salvage=False)
+            finding_id = await self._submit(partial)
         await self._step_done(task, Action(FINISH, partial), {"finding_id": finding_id},
                               f"ended: {ending.value}" + (f"; {cut_short}" if cut_short else ""))
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
@@ -347,15 +344,15 @@ class BuiltinAgent:
                                           action=(action.tool, action.args) if action else None,
                                           result=result, note=note)
 
-    def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str) -> str:
+    def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str, *, salvage: bool = True) -> str:
         """What a run that did not submit has: the model's last words (a submission it began and could not
         finish, or whatever it said), saying why it stopped when a model error stopped it; a worker whose context
         is its scored attempts has its best one."""
-        if self.attempts and not cut_short:
+        if salvage and self.attempts and not cut_short:
             top = history.best(self.attempts, 1)[0]
             return f"The best attempt found: [score {top.score}] {top.content}"
         salvaged = salvage_submission(self._last_text)
-        said = salvaged["body"] if salvaged else self._last_text.strip()
+        said = (salvaged["body"] if salvaged else self._last_text.strip()) if salvage else ""
         if said and originality.problem(said, prompt=self._prompt, read=self._read) is not None:
             said = ""  # a loop, the prompt said back or a copied finding is no result: say there is none
         if cut_short:

@@ -25,6 +25,8 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
+from swarmyard.agents import instructions
+
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
 SHINGLE = 4
 #: A body with this share of its shingles in the findings a lead read is not its own.
@@ -117,8 +119,9 @@ def findings_in(prompt: str) -> dict[str, str]:
 
 
 def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:
-    """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt``, or (for
-    a lead, ``read`` maps the ids of the findings it read to their bodies) it copies what it read."""
+    """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt`` or the
+    agent's own instructions, or (for a lead, ``read`` maps the ids of the findings it read to their bodies) it
+    copies what it read."""
     looped = repeated_share(body)
     if looped >= REPEATED:
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
@@ -135,6 +138,8 @@ def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = Non
                     "synthesis in your own words and cite the findings by id")
     if prompt and copied_share(body, prompt) >= RESTATED:
         return "the body only restates what you were given: say in your own words what you found out"
+    if copied_share(body, instructions.ALL) >= RESTATED:
+        return "the body only says back the agent's instructions: say in your own words what you found out"
     return None
 
 

@@ -18,10 +18,17 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from swarmyard.agents import originality
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
-from swarmyard.domain import Citation, Claim, PostKind, TaskSpec
-from swarmyard.errors import ForbiddenError, InvalidInputError, PayloadTooLargeError, StaleFencingTokenError
+from swarmyard.domain import LEAD_GROUP, Citation, Claim, PostKind, TaskSpec
+from swarmyard.errors import (
+    ForbiddenError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    StaleFencingTokenError,
+    UnoriginalFindingError,
+)
 from swarmyard.plane import models as m
 from swarmyard.plane.limits import RateLimiter
 from swarmyard.plane.metrics import PlaneMetrics
@@ -220,10 +227,24 @@ class WorkerTools:
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
         """Record a finding under the worker's claim."""
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
+        if who.group == LEAD_GROUP:
+            self._check_synthesis(req.task_id, who.goal_id, req.body)
         citations = tuple(Citation(c.kind, c.ref) for c in req.citations)
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
                                              title=req.title, body=req.body, citations=citations)
         return m.FindingResult.model_construct(finding=finding)
+
+    def _check_synthesis(self, task_id: str, goal_id: str, body: str) -> None:
+        """The built-in agent's copy check, held here too: the lead's shell can read the agent's token and call
+        the plane itself, so what the lead submits is checked where it is stored."""
+        read: dict[str, str] = {}
+        after: str | None = None
+        while page := self._store.read_findings(goal_id, after=after, limit=500):
+            read.update((f.id, f.body) for f in page if f.group != LEAD_GROUP)
+            after = page[-1].id
+        why = originality.problem(body, prompt=self._store.get_task(task_id).prompt, read=read)
+        if why is not None:
+            raise UnoriginalFindingError(task_id, why)
 
     def read_findings(self, token: str, req: m.ReadFindingsRequest) -> m.ReadFindingsResult:
         """The group's findings plus the consolidations broadcast to every group."""

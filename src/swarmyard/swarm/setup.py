@@ -5,11 +5,10 @@ from __future__ import annotations
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
 from swarmyard.config import PolicyKind, SwarmConfig
+from swarmyard.domain import LEAD_GROUP as LEAD_GROUP  # where the lead's group was first defined
 from swarmyard.domain import Finding, Goal, GoalSpec, Task, TaskSpec
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.policies import Explore, Policy, group_prompt
-
-LEAD_GROUP = "lead"
 
 
 def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
