@@ -14,7 +14,7 @@ from swarmyard.config import load_config
 from swarmyard.errors import ConfigError, UserError
 from swarmyard.families import FAMILIES, generate, instance, polyomino, reconciliation
 from swarmyard.families import code as code_family
-from swarmyard.families.scorers.code import passed_share
+from swarmyard.families.scorers.code import passed_count
 from swarmyard.families.scorers.polyomino import packing_score
 from swarmyard.families.scorers.reconciliation import SCALE, f1_score, named_ids
 
@@ -87,15 +87,11 @@ def test_polyomino_exact_verifier() -> None:
     assert packing_score("\n".join(lines[:5]), puzzle) == 0
 
 
-def test_code_scorer_reads_the_report(tmp_path: Path) -> None:
-    report = tmp_path / "r.xml"
-    report.write_text('<testsuites><testsuite><testcase name="a"/><testcase name="b"><failure/></testcase>'
-                      '<testcase name="c"><error/></testcase><testcase name="d"/></testsuite></testsuites>')
-    assert passed_share(report, 4) == SCALE // 2
-    assert passed_share(report, 8) == SCALE // 4  # tests never reached count as failed
-    assert passed_share(tmp_path / "missing.xml", 4) == 0
-    (tmp_path / "bad.xml").write_text("<not xml")
-    assert passed_share(tmp_path / "bad.xml", 4) == 0
+def test_code_scorer_counts_only_the_expected_values_as_json() -> None:
+    answers = ['{"value": "ab"}', '{"error": true}', 'not json', '{"value": 1}', '{"value": [1, 2]}']
+    # True is not 1 and the list must match exactly; a missing answer (the fifth expected) is not passed
+    assert passed_count(answers, ["ab", "x", "y", True, [1, 2], "z"]) == 2
+    assert passed_count([], ["ab"]) == 0
 
 
 def test_code_reference_passes_its_visible_tests_and_the_stub_fails_them(tmp_path: Path) -> None:

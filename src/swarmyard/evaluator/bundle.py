@@ -44,6 +44,8 @@ class Limits(BaseModel):
     max_artifact_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 30)] = 16 << 20
     max_output_bytes: Annotated[StrictInt, Field(gt=0, le=1 << 24)] = 64 << 10
     tmpfs_mib: Annotated[StrictInt, Field(gt=0, le=65536)] = 64
+    #: RLIMIT_NPROC of the scoring run; counted per user, so it holds when the evaluator has a user of its own.
+    max_processes: Annotated[StrictInt, Field(ge=8, le=4096)] = 64
 
 
 class Scoring(BaseModel):
@@ -53,6 +55,8 @@ class Scoring(BaseModel):
 
     entry: StrictStr
     interpreter: StrictStr = "/usr/bin/python3"
+    #: The highest score the scoring code may print; a score outside [0, max_score] is a scoring error.
+    max_score: Annotated[StrictInt, Field(gt=0, le=2**62)] = 1_000_000
 
     @field_validator("entry")
     @classmethod

@@ -3,12 +3,13 @@
 The child sees read-only system folders, a private tmpfs ``/tmp``, and exactly three things from the bundle
 side, all read-only: the entry point, the artifact (``/eval/artifact``) and the chosen split's data
 (``/eval/data``). It has no network (``--unshare-all``), its own session and PID namespace, and dies with its
-parent. CPU time and address space are rlimits set by ``prlimit`` before ``bwrap`` starts (no ``preexec_fn``:
-the server forks from worker threads, where that is unsafe). On the wall-clock timeout the whole process
-group is killed.
+parent. CPU time, address space and processes are rlimits set by ``prlimit`` before ``bwrap`` starts (no
+``preexec_fn``: the server forks from worker threads, where that is unsafe); the process limit is counted per
+user, and root is exempt from it, so it holds when the evaluator runs as its own user, as ``evaluator serve``
+does. On the wall-clock timeout the whole process group is killed.
 
-The scoring code's stdout must be one integer. Its stderr is logged here and never returned to callers: it may
-quote the hidden data, and errors travel back to workers.
+The scoring code's stdout must be exactly one line holding one integer in [0, max_score]. Its stderr is logged
+here and never returned to callers: it may quote the hidden data, and errors travel back to workers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from swarmyard.evaluator.bundle import Bundle, Split
 
 log = logging.getLogger(__name__)
 
-_INTEGER = re.compile(rb"^-?[0-9]{1,40}$")
+_INTEGER = re.compile(rb"\A(0|[1-9][0-9]{0,18})\n?\Z")
 _STDERR_KEEP = 4096
 #: The only variables the scoring code gets; nothing from the evaluator's own environment leaks in.
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
@@ -68,7 +69,7 @@ class BwrapSandbox:
         entry_inside = f"/eval/{bundle.manifest.scoring.entry}"
         # soft CPU limit sends SIGXCPU (reported as cpu_time); the hard one a second later is SIGKILL
         cmd = [self._prlimit, f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
-               f"--as={limits.memory_mib << 20}", "--core=0", "--",
+               f"--as={limits.memory_mib << 20}", f"--nproc={limits.max_processes}", "--core=0", "--",
                self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         for folder in _SYSTEM_DIRS:
             cmd += ["--ro-bind", folder, folder]
@@ -79,7 +80,9 @@ class BwrapSandbox:
                 cmd += ["--ro-bind", link, link]
         for extra in _SYSTEM_FILES:
             cmd += ["--ro-bind-try", extra, extra]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_mib << 20), "--tmpfs", "/tmp",
+        # No /proc: through /proc/PID/fd any process inside (same user, same PID namespace) could open the
+        # scorer's stdout, or bwrap's own copy of it as PID 1, and write digits into the score.
+        cmd += ["--dev", "/dev", "--size", str(limits.tmpfs_mib << 20), "--tmpfs", "/tmp",
                 "--ro-bind", str(bundle.entry_path), entry_inside,
                 "--ro-bind", str(artifact), "/eval/artifact",
                 "--ro-bind", str(bundle.split_dir(split)), "/eval/data",
@@ -164,7 +167,12 @@ def _parse(returncode: int, stdout: bytes, stderr: bytes, bundle: Bundle) -> int
         if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr:
             raise ScoringLimitError("memory", limits.memory_mib)
         raise ScoringError(f"the scoring code exited with status {returncode}", reason="exit_status")
-    text = stdout.strip()
-    if not _INTEGER.match(text):
-        raise ScoringError("the scoring code did not print one integer", reason="bad_output")
-    return int(text)
+    # Exactly one line holding one integer: anything else (a second line, a prefix another process wrote into
+    # the pipe) is refused, and the output itself is never quoted back, as it could carry what the data holds.
+    if not _INTEGER.match(stdout):
+        raise ScoringError("the scoring code did not print exactly one integer line", reason="bad_output")
+    score = int(stdout)
+    if not 0 <= score <= bundle.manifest.scoring.max_score:
+        raise ScoringError(f"the scoring code printed a score outside [0, {bundle.manifest.scoring.max_score}]",
+                           reason="out_of_range")
+    return score

@@ -2,7 +2,8 @@
 
 The seed picks three of the functions below, with constants of its own (a shift, a separator, divisors), and
 writes ``solution.py`` with their stubs, a README and ``tests/test_visible.py``. An answer is the whole text of
-``solution.py``; the evaluator runs the split's pytest tests against it in its sandbox (``scorers/code.py``).
+``solution.py``; the evaluator runs the split's cases (those of its pytest file, as ``cases.json``) against it in
+its sandbox, comparing return values outside the artifact's process (``scorers/code.py``).
 Score = passed share x 1,000,000. The hidden tests cover the same functions on other inputs and edge cases.
 """
 
@@ -107,6 +108,12 @@ def _test_file(specs: list[Spec], cases: dict[str, list[tuple[Any, ...]]], heade
     return "\n".join(lines)
 
 
+def _cases_file(specs: list[Spec], cases: dict[str, list[tuple[Any, ...]]]) -> str:
+    """The cases the scorer runs: function name -> [[args, expected], ...], the test file's cases as data."""
+    rows = {spec.name: [[list(args), _expected(spec, args)] for args in cases[spec.name]] for spec in specs}
+    return json.dumps(rows, sort_keys=True, indent=1) + "\n"
+
+
 def generate(seed: int) -> Instance:
     """The instance of ``seed``: the same seed gives the same repository and tests."""
     rng = random.Random(f"{NAME}:{seed}")
@@ -137,8 +144,10 @@ def generate(seed: int) -> Instance:
         NAME, seed,
         "Implement the functions of a small repository so that its visible and hidden tests pass.",
         (TaskInput("implement solution.py", prompt, files, "repo"),), "code",
-        search={"test_visible.py": visible_tests, "expected.txt": f"{total_visible}\n"},
-        holdout={"test_hidden.py": hidden_tests, "expected.txt": f"{total_hidden}\n"},
+        search={"test_visible.py": visible_tests, "cases.json": _cases_file(specs, visible),
+                "expected.txt": f"{total_visible}\n"},
+        holdout={"test_hidden.py": hidden_tests, "cases.json": _cases_file(specs, hidden),
+                 "expected.txt": f"{total_hidden}\n"},
         lead_prompt="Submit the best solution.py the findings hold, whole, as the synthesis.",
     )
 

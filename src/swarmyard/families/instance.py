@@ -90,6 +90,7 @@ def _manifest(instance: Instance) -> str:
         "[scoring]",
         'entry = "score.py"',
         'interpreter = "/usr/bin/python3"',
+        "max_score = 1000000",
         "",
         "[limits]",
         f"timeout_s = {limits.timeout_s}",

@@ -44,7 +44,8 @@ def _name(value: object, field: str) -> str:
 
 def _score(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -(2**62) <= value <= 2**62:
-        raise InvalidInputError(f"score must be an integer within +-2**62, got {value!r}", field="score")
+        # the value is not echoed: a score comes from scoring code a worker may steer, and errors reach workers
+        raise InvalidInputError("score must be an integer within +-2**62", field="score")
     return value
 
 
