@@ -385,6 +385,29 @@ def test_envelopes_are_carved(store: SqlStore) -> None:
         store.delegate(child.id, child_claim.token, TaskSpec("grandchild"))
 
 
+def test_a_cancelled_task_gives_its_unspent_envelope_back(store: SqlStore) -> None:
+    goal = _goal(store, budget=1_000, max_depth=1)
+    spent = store.create_task(goal, TaskSpec("spent", budget_micro_usd=600))
+    claim = store.claim(goal, "w", 30, task_id=spent.id)
+    assert claim
+    settled = store.reserve(spent.id, claim.token, model="m", amount=100, method="chat")
+    store.settle(settled.id, 70)
+    held = store.reserve(spent.id, claim.token, model="m", amount=50, method="chat")
+    child = store.delegate(spent.id, claim.token, TaskSpec("child", budget_micro_usd=200))
+    assert store.cancel_task(child.id, "not needed").state is TaskState.CANCELLED
+    assert store.get_task(spent.id).envelope.limit == 600  # 400 after delegating, and the child's 200 back
+    cancelled = store.cancel_task(spent.id, "its machine was deleted")
+    assert cancelled.state is TaskState.CANCELLED and cancelled.envelope.limit == 120  # 70 settled + 50 held
+    store.settle(held.id, 50)  # a hold in flight still settles inside it
+    store.create_task(goal, TaskSpec("again", budget_micro_usd=880))  # 1_000 - 120: the rest is unallocated
+    with pytest.raises(BudgetExceededError):
+        store.create_task(goal, TaskSpec("over", budget_micro_usd=1))
+    with pytest.raises(IllegalTransitionError):
+        store.cancel_task(spent.id, "twice")
+    with pytest.raises(LeaseExpiredError):  # its claim ended with it
+        store.reserve(spent.id, claim.token, model="m", amount=1, method="chat")
+
+
 @pytest.mark.parametrize("bad", [
     {"budget_micro_usd": -1}, {"budget_micro_usd": 1.5}, {"budget_micro_usd": True}, {"budget_micro_usd": "10"},
     {"call_cap": -1}, {"objective": ""}, {"policy": "chaos"}, {"max_depth": 1.0},

@@ -28,6 +28,7 @@ TASK_EVENTS = {
     "task.released": TaskState.PENDING,
     "task.completed": TaskState.DONE,
     "task.failed": TaskState.FAILED,
+    "task.cancelled": TaskState.CANCELLED,
 }
 
 
@@ -94,7 +95,7 @@ class Ledger:
                 seen.values.update(title=body.get("title"), group=body.get("group"))
             elif kind == "task.completed":
                 seen.values["result_sha256"] = body.get("result_sha256")
-            elif kind == "task.failed":
+            elif kind in ("task.failed", "task.cancelled"):
                 seen.values["result_sha256"] = _sha256(body.get("reason"))
         elif kind == "finding.submitted":
             self.findings[str(body.get("finding"))] = _Seen(leaf, {

@@ -94,22 +94,34 @@ class Plane:
         task = self._call("POST", f"/v1/operator/goals/{self.goal_id}/tasks", {
             "title": f"machine {machine_name}", "prompt": f"the work of machine {machine_name}", "group": group,
             "budget_micro_usd": self._machine_budget})["task"]
-        issued = self._call("POST", f"/v1/operator/goals/{self.goal_id}/workers", {"group": group})
-        token = issued["token"]
-        claim = self._call("POST", "/v1/tools/claim_task", {"task_id": task["id"]}, token=token)
-        if claim.get("fencing_token") is None:
-            raise UserError(f"the plane gave machine {machine_name} no claim on its own task {task['id']}")
+        worker_id: str | None = None
+        try:
+            issued = self._call("POST", f"/v1/operator/goals/{self.goal_id}/workers", {"group": group})
+            token, worker_id = issued["token"], issued["worker"]["id"]
+            claim = self._call("POST", "/v1/tools/claim_task", {"task_id": task["id"]}, token=token)
+            if claim.get("fencing_token") is None:
+                raise UserError(f"the plane gave machine {machine_name} no claim on its own task {task['id']}")
+        except BaseException:
+            self._end(worker_id, task["id"])
+            raise
         login = Login(issued["worker"]["id"], token, task["id"], int(claim["fencing_token"]), group)
         with self._lock:
             self._logins[login.worker_id] = login
         return login
 
     def logout(self, login: Login) -> None:
-        """Revoke the machine's worker: its token buys nothing more."""
+        """Revoke the machine's worker (its token buys nothing more) and end its task, which gives the goal back
+        what the machine did not spend: a client makes and deletes as many machines as its budget lasts for."""
         with self._lock:
             self._logins.pop(login.worker_id, None)
+        self._end(login.worker_id, login.task_id)
+
+    def _end(self, worker_id: str | None, task_id: str) -> None:
+        if worker_id is not None:  # first: a worker revoked reserves nothing more from the task
+            with contextlib.suppress(SwarmyardError):
+                self._call("POST", f"/v1/operator/workers/{worker_id}/revoke")
         with contextlib.suppress(SwarmyardError):
-            self._call("POST", f"/v1/operator/workers/{login.worker_id}/revoke")
+            self._call("POST", f"/v1/operator/tasks/{task_id}/cancel", {"reason": "its machine was deleted"})
 
     def _renew_loop(self) -> None:
         # A machine's agent may think for longer than a lease; the claim must outlive it while the client is open.

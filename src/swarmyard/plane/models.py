@@ -272,6 +272,12 @@ class OperatorPostRequest(_Body):
                                 description="a group, or * for every group")] = "*"
 
 
+class CancelTaskRequest(_Body):
+    """Why a task is ended for good."""
+
+    reason: Annotated[str, Field(max_length=10_000)] = ""
+
+
 class ReconcileRequest(_Body):
     """Settle an unknown reservation at ``actual_micro_usd``, or release it with ``null``."""
 

@@ -141,6 +141,11 @@ class OperatorApi:
         """One task."""
         return m.TaskResult.model_construct(task=self.store.get_task(call.path["task_id"]))
 
+    def cancel_task(self, call: Call) -> m.TaskResult:
+        """End a task for good; its unspent envelope goes back to its goal (or its parent)."""
+        b: m.CancelTaskRequest = call.body
+        return m.TaskResult.model_construct(task=self.store.cancel_task(call.path["task_id"], b.reason))
+
     def list_workers(self, call: Call) -> m.WorkersResult:
         """A goal's workers."""
         goal = self.store.get_goal(call.path["goal_id"])
@@ -214,6 +219,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              query=TasksQuery),
     Endpoint("GET", "/v1/operator/tasks/{task_id}", "get_task", "Get a task", m.TaskResult,
              OperatorApi.get_task),
+    Endpoint("POST", "/v1/operator/tasks/{task_id}/cancel", "cancel_task",
+             "End a task; its unspent envelope goes back to its goal", m.TaskResult, OperatorApi.cancel_task,
+             body=m.CancelTaskRequest),
     Endpoint("GET", f"{_G}/workers", "list_workers", "List a goal's workers", m.WorkersResult,
              OperatorApi.list_workers),
     Endpoint("POST", f"{_G}/workers", "issue_worker", "Register a worker and issue its token", m.IssuedWorker,

@@ -89,6 +89,11 @@ class Store(Protocol):
         """The task, or ``NotFoundError``."""
         ...
 
+    def cancel_task(self, task_id: str, reason: str) -> Task:
+        """End a pending or claimed task for good; the unspent part of its envelope goes back to where it was
+        carved from (the goal, or its parent)."""
+        ...
+
     def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
         """A goal's tasks, in creation order."""
         ...

@@ -460,6 +460,35 @@ class SqlStore(DirectionStore):
         return self._claim_update(task_id, token, "state = 'failed', result = ?, lease_expires_at = NULL",
                                   [reason], TaskState.FAILED, "task.failed", {"reason": reason})
 
+    def cancel_task(self, task_id: str, reason: str) -> Task:
+        """End a pending or claimed task that will do no more (a claim on it ends), and give the unspent part of
+        its envelope back where it was carved from: the goal's unallocated budget, or its parent's envelope.
+
+        Its budget becomes what it has spent and still holds, so a hold in flight settles inside it and the goal's
+        ledger stays exact."""
+        _text(reason, "reason", allow_empty=True, limit=self.finding_limit)
+        now = self._now()
+        with self._e.write() as cur:
+            task = self._task_row(cur, task_id, lock=True)
+            if task.state not in (TaskState.PENDING, TaskState.CLAIMED):
+                raise IllegalTransitionError("task", task_id, task.state.value, TaskState.CANCELLED.value)
+            unspent = task.envelope.available
+            cur.execute("UPDATE tasks SET state = 'cancelled', result = ?, lease_expires_at = NULL, "
+                        "budget = reserved + settled, revision = revision + 1 WHERE id = ? AND state = ? "
+                        f"RETURNING {rows.TASK_COLS}", (reason, task_id, task.state.value))
+            row = cur.fetchone()
+            if row is None:
+                raise IllegalTransitionError("task", task_id, "(changed meanwhile)", TaskState.CANCELLED.value)
+            if task.parent_id is None:
+                cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
+            else:
+                cur.execute("UPDATE tasks SET budget = budget + ? WHERE id = ?", (unspent, task.parent_id))
+            if task.state is TaskState.CLAIMED and task.fencing_token is not None:
+                self.follow_claim(cur, task_id, task.fencing_token, None)
+            self._event(cur, "task.cancelled", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
+                                                     "returned": unspent})
+            return rows.task(row)
+
     def current_claim(self, worker_id: str) -> Claim | None:
         """The worker's live claim (the one with the latest lease), if any."""
         now = self._now()
