@@ -13,6 +13,7 @@ naming the field, never halfway through a run.
 from __future__ import annotations
 
 import re
+import stat
 import tomllib
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
@@ -126,12 +127,17 @@ def _field_of(error: ValidationError) -> tuple[str, str]:
     return field, first["msg"]
 
 
-def _check_no_symlinks(root: Path) -> None:
+def _check_entries(root: Path) -> None:
     # Ownership and modes are changed recursively as root; a symlink could point that at any file on the host.
+    # A FIFO, socket or device cannot be copied into the run (a FIFO blocks the copy): only files and folders.
     for path in root.rglob("*"):
         if path.is_symlink():
             raise BundleError("symbolic links are not allowed in a bundle", field=str(path.relative_to(root)),
                               path=str(root))
+        mode = path.lstat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise BundleError("only regular files and folders are allowed in a bundle (this is a FIFO, socket "
+                              "or device)", field=str(path.relative_to(root)), path=str(root))
 
 
 def load_bundle(root: Path) -> Bundle:
@@ -154,7 +160,7 @@ def load_bundle(root: Path) -> Bundle:
     except ValidationError as exc:
         field, message = _field_of(exc)
         raise BundleError(message, field=field, path=where) from exc
-    _check_no_symlinks(root)
+    _check_entries(root)
     entry = root / manifest.scoring.entry
     if not entry.is_file():
         raise BundleError(f"{manifest.scoring.entry!r} is not a file in the bundle", field="scoring.entry",
