@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from asyncio import TimerHandle, Transport
+from asyncio import AbstractEventLoop, TimerHandle, Transport
 from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
@@ -53,18 +53,28 @@ class ConnectionLimits:
 
 class _Closures:
     """Counts the connections a listener closed, and says so in the log (the first at once, then at most one
-    line every ``_LOG_EVERY_S`` with the count since the last)."""
+    line every ``_LOG_EVERY_S`` with the count since the last; a count left over is said when its time comes)."""
 
     def __init__(self, where: str) -> None:
         self._where = where
         self._counts: Counter[str] = Counter()
         self._logged_at = -_LOG_EVERY_S
+        self._flush: TimerHandle | None = None
 
-    def note(self, why: str) -> None:
+    def note(self, why: str, loop: AbstractEventLoop) -> None:
         self._counts[why] += 1
-        now = time.monotonic()
-        if now - self._logged_at >= _LOG_EVERY_S:
-            self._logged_at = now
+        wait_s = self._logged_at + _LOG_EVERY_S - time.monotonic()
+        if wait_s <= 0:
+            self._say()
+        elif self._flush is None:
+            self._flush = loop.call_later(wait_s, self._say)
+
+    def _say(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        self._logged_at = time.monotonic()
+        if self._counts:
             said = "; ".join(f"{n} {why}" for why, n in self._counts.items())
             self._counts.clear()
             log.warning("closed connections on %s: %s", self._where, said)
@@ -82,7 +92,7 @@ class _GuardedProtocol(HttpToolsProtocol):
         over = len(self.connections) >= self.cap
         super().connection_made(transport)
         if over:
-            self.closures.note(f"over the cap of {self.cap} open connections")
+            self.closures.note(f"over the cap of {self.cap} open connections", self.loop)
             transport.close()
             return
         self._arm(self.limits.header_timeout_s, "request line and headers")
@@ -118,7 +128,7 @@ class _GuardedProtocol(HttpToolsProtocol):
     def _expired(self, what: str, seconds: float) -> None:
         self._deadline = None
         if not self.transport.is_closing():
-            self.closures.note(f"{what} not received within {seconds:g} s")
+            self.closures.note(f"{what} not received within {seconds:g} s", self.loop)
             # the app, if it was reading the body, sees the client disconnect
             self.transport.close()
 
