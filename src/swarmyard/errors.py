@@ -3,7 +3,9 @@
     SwarmyardError                      root; ``status`` is the HTTP status the control plane answers with
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
     │   ├── ConfigError                 a swarm file or setting is invalid; names the field
-    │   └── InsecureSecretError         a secret file others can read or that is not the user's (``path``)
+    │   ├── InsecureSecretError         a secret file others can read or that is not the user's (``path``)
+    │   ├── CampaignRecordError         a campaign folder's record line is malformed or a trial twice (``path``, ``line``)
+    │   └── CampaignBusyError           another process runs the campaign in this folder (``folder``)
     ├── InvalidInputError (400)         a request or call argument is malformed
     │   ├── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     │   ├── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
@@ -154,6 +156,28 @@ class ConfigError(UserError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message if field is None else f"{field}: {message}", field=field)
         self.field = field
+
+
+class CampaignRecordError(UserError):
+    """A line of a campaign folder's trials record that is malformed or records a trial a second time."""
+
+    code = "campaign_record_error"
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(f"{path}, line {line}: {reason}", path=path, line=line)
+        self.path = path
+        self.line = line
+
+
+class CampaignBusyError(UserError):
+    """Another process holds the campaign folder's lock: two would run every trial twice."""
+
+    code = "campaign_busy"
+
+    def __init__(self, folder: str) -> None:
+        super().__init__(f"{folder} is in use by another swarmyard campaign process: wait for it, or stop it",
+                         folder=folder)
+        self.folder = folder
 
 
 class InsecureSecretError(UserError):

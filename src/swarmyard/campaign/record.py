@@ -2,18 +2,25 @@
 
 ``DIR/campaign.json`` names the campaign (its file's digest) so that ``--resume`` continues the same one;
 ``DIR/trials.jsonl`` holds the finished trials. A process killed mid-write leaves at most a torn last line,
-which is ignored: that trial is run again.
+which is ignored: that trial is run again. Any other line must be a whole record, of a trial not recorded before
+(a record with ``"score": "abc"``, or a second one for a finished trial, is refused by its line number rather than
+read or let replace the first). ``DIR/.lock`` is held (``flock``) by the one process running the campaign.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from swarmyard.errors import UserError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarmyard.errors import CampaignBusyError, CampaignRecordError, UserError
 
 STATE_FILE = "campaign.json"
 TRIALS_FILE = "trials.jsonl"
@@ -53,6 +60,57 @@ class TrialRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+class _Line(BaseModel):
+    """A record line as it must be: every field of its type (strict: no "1" for 1), counts not negative."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    key: str = Field(min_length=1)
+    cell: str = Field(min_length=1)
+    seed: int
+    run_id: str
+    score: int | None
+    spend_micro_usd: int = Field(ge=0)
+    calls: int = Field(ge=0)
+    tokens_in: int = Field(ge=0)
+    tokens_out: int = Field(ge=0)
+    wall_s: float = Field(ge=0)
+    similarity: float | None = Field(ge=0, le=1)
+    submissions: int = Field(ge=0)
+    synthesis: bool
+    error: str = ""
+
+
+#: Lock files held by this process, by folder, with how many holders (a CLI and the runner it calls both hold).
+_HELD: dict[Path, tuple[int, int]] = {}
+
+
+@contextmanager
+def hold(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s campaign lock (made with the folder where missing), or raise ``CampaignBusyError``."""
+    key = folder.resolve()
+    if key in _HELD:
+        fd, count = _HELD[key]
+        _HELD[key] = (fd, count + 1)
+    else:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CampaignBusyError(str(folder)) from None
+        _HELD[key] = (fd, 1)
+    try:
+        yield
+    finally:
+        fd, count = _HELD.pop(key)
+        if count > 1:
+            _HELD[key] = (fd, count - 1)
+        else:
+            os.close(fd)  # the lock goes with the descriptor
+
+
 class TrialLog:
     """The record of one campaign folder."""
 
@@ -89,13 +147,20 @@ class TrialLog:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return out
-        for line in text.splitlines(keepends=True):
+        where: dict[str, int] = {}
+        for number, line in enumerate(text.splitlines(keepends=True), start=1):
             if not line.endswith("\n"):
                 break  # the write of this trial was cut off: it runs again
             try:
-                record = TrialRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                continue
+                record = TrialRecord(**_Line.model_validate_json(line).model_dump())
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                at = ".".join(str(part) for part in first["loc"]) or "the line"
+                raise CampaignRecordError(str(self.path), number, f"{at}: {first['msg']}") from None
+            if record.key in where:
+                raise CampaignRecordError(str(self.path), number,
+                                          f"trial {record.key} was recorded already on line {where[record.key]}")
+            where[record.key] = number
             out[record.key] = record
         return out
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swarmyard.campaign.record import TrialLog, TrialRecord
+from swarmyard.campaign.record import TrialLog, TrialRecord, hold
 from swarmyard.campaign.spec import Campaign, Trial
 from swarmyard.campaign.stats import mean_pairwise_similarity
 from swarmyard.config import SandboxKind
@@ -104,7 +104,12 @@ def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKi
     config = Swarm(campaign.trials[0].config, sandbox=sandbox).config
     check_host(config)
     check_table(config.providers, env=os.environ)
-    record = TrialLog(campaign.dir)
+    with hold(campaign.dir):  # one process runs a campaign's trials: two would run each twice
+        return _run_trials(campaign, TrialLog(campaign.dir), resume=resume, sandbox=sandbox, on_event=on_event)
+
+
+def _run_trials(campaign: Campaign, record: TrialLog, *, resume: bool, sandbox: SandboxKind | None,
+                on_event: Callable[[TrialEvent], None] | None) -> list[TrialRecord]:
     finished = record.begin(campaign.name, campaign.digest, resume=resume)
     total = len(campaign.trials)
     done = sum(1 for t in campaign.trials if t.key in finished)

@@ -63,6 +63,7 @@ def command(
     """
     from swarmyard.campaign import load_campaign, run_campaign, summarise
     from swarmyard.campaign.files import markdown, write_files
+    from swarmyard.campaign.record import hold
 
     campaign = load_campaign(campaign_file)  # every trial's swarm file is checked here: exit 1 before any run
     if sandbox is SandboxKind.PROCESS:
@@ -70,8 +71,9 @@ def command(
                             markup=True)
     with TrialProgress(len(campaign.trials)) as progress:
         records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress)
-    summary = summarise(campaign, records)
-    files = write_files(summary)
+        with hold(campaign.dir):  # the folder's files are this process's to write until they are written
+            summary = summarise(campaign, records)
+            files = write_files(summary)
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
