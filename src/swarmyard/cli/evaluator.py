@@ -25,6 +25,8 @@ def serve(
         "swarmyard-eval"),
     goal: Annotated[str | None, typer.Option(
         "--goal", help="Answer for this goal only (the holdout's one-shot key); any goal if not given.")] = None,
+    exit_with_stdin: Annotated[bool, typer.Option(
+        "--exit-with-stdin", help="Stop when stdin ends: the process that started this one is gone.")] = False,
 ) -> None:
     """Serve BUNDLE on a Unix socket as the evaluator's own user; prints one JSON line once ready.
 
@@ -33,7 +35,8 @@ def serve(
     from swarmyard.evaluator.server import ServeOptions
     from swarmyard.evaluator.server import serve as run_server
 
-    run_server(ServeOptions(bundle=bundle, socket_path=socket_path, state_dir=state, user=user, goal=goal))
+    run_server(ServeOptions(bundle=bundle, socket_path=socket_path, state_dir=state, user=user, goal=goal,
+                           exit_with_stdin=exit_with_stdin))
 
 
 def _read_public_key(value: str) -> bytes:

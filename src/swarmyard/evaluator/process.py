@@ -15,6 +15,7 @@ The key and the holdout ledger stay after the run (a few kilobytes): a resumed r
 same key and finds the holdout spent.
 Started as root, the folders are 0711 (the evaluator's user must pass through them to its state, and may list
 nothing); otherwise 0700. The child gets a minimal environment, never this process's (provider keys live there).
+Its stdin is a pipe this process holds: it stops when that ends, so it dies with its run even after a SIGKILL.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def _ready_line(proc: subprocess.Popen[bytes], log: Path) -> dict[str, object]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -127,7 +130,7 @@ class EvaluatorProcess:
         folder = run_folder(run_id)
         socket_path, state, log = folder / "eval.sock", folder / "state", folder / "serve.log"
         argv = [sys.executable, "-m", "swarmyard.cli", "evaluator", "serve", str(bundle), "--socket",
-                str(socket_path), "--state", str(state), "--goal", goal]
+                str(socket_path), "--state", str(state), "--goal", goal, "--exit-with-stdin"]
         env = {key: os.environ[key] for key in _CHILD_ENV_KEYS if key in os.environ}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -137,7 +140,9 @@ class EvaluatorProcess:
             os.close(fd)
             raise
         with handle:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=handle, env=env,
+            # stdin is a pipe nothing is written to: when this process dies, even by SIGKILL, the child reads end
+            # of file and stops, so no evaluator outlives its run and blocks the run's resume
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle, env=env,
                                     close_fds=True, start_new_session=True)
         ready = _ready_line(proc, log)
         try:

@@ -23,8 +23,10 @@ import shutil
 import socket
 import stat
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -43,6 +45,9 @@ from swarmyard.evaluator.identity import (
     protect_tree,
 )
 from swarmyard.evaluator.service import KEY_FILE, LEDGER_FILE, Evaluator, check_goal
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +134,8 @@ class ServeOptions:
     socket_mode: int = 0o660
     #: the one goal to answer for (a run's own evaluator); ``None``: any goal
     goal: str | None = None
+    #: stop when stdin reaches end of file: the parent holding its other end is gone, even killed with SIGKILL
+    exit_with_stdin: bool = False
 
 
 def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> socket.socket:
@@ -225,6 +232,15 @@ def _check_reachable(runner: Identity, *paths: Path) -> None:
                                  "searchable by that user (o+x)", path=str(path))
 
 
+def _exit_at_end_of_stdin(server: uvicorn.Server) -> None:
+    # Blocks in its own thread, never on the event loop. Nothing is ever written to this pipe: end of file means
+    # every holder of its write end (the run that started this evaluator) has exited, however it died.
+    while os.read(0, 4096):
+        pass
+    log.warning("stdin closed: the process that started this evaluator is gone; stopping")
+    server.should_exit = True
+
+
 def serve(options: ServeOptions) -> None:
     """Run the evaluator until SIGINT/SIGTERM; prints one JSON line on stdout once the socket accepts."""
     import uvicorn
@@ -249,6 +265,9 @@ def serve(options: ServeOptions) -> None:
             # the socket is already listening: clients that connect now wait in its backlog
             sys.stdout.write(json.dumps(ready) + "\n")
             sys.stdout.flush()
+            if options.exit_with_stdin:
+                threading.Thread(target=_exit_at_end_of_stdin, args=(server,), name="parent-watch",
+                                 daemon=True).start()
             server.run(sockets=[sock])
         finally:
             evaluator.close()
