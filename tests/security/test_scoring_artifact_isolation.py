@@ -1,5 +1,6 @@
 """An artifact the scoring code runs cannot forge its score: not by rewriting a report, not by writing into the
-scorer's stdout, not by an object that equals everything; and the scoring sandbox limits processes.
+scorer's stdout, not by an object that equals everything, not by reading the expected values;
+and the scoring sandbox limits processes.
 
 Every test runs the real bubblewrap scoring sandbox on the shipped bundles.
 """
@@ -50,6 +51,19 @@ def __getattr__(name):
     return lambda *args: _Any()
 """
 
+#: Answers by looking the expected values up in the split's own data, which the sandbox mounts for the scorer.
+LOOK_UP_ANSWERS = """
+import json
+try:
+    with open("/eval/data/cases.json") as f:
+        _cases = json.load(f)
+except OSError:
+    _cases = {}
+def __getattr__(name):
+    table = {json.dumps(args): want for args, want in _cases.get(name, [])}
+    return lambda *args: table[json.dumps(list(args))]
+"""
+
 
 def _score(tmp_path: Path, bundle: Path, text: str, split: Split) -> int:
     artifact = tmp_path / "artifact"
@@ -63,7 +77,8 @@ def test_the_reference_solution_scores_full(tmp_path: Path, split: Split) -> Non
 
 
 @pytest.mark.parametrize("split", [Split.SEARCH, Split.HOLDOUT])
-@pytest.mark.parametrize("attack", [FORGE_REPORT, WRITE_STDOUTS, EQUALS_ANYTHING, FORGE_REPORT + WRITE_STDOUTS])
+@pytest.mark.parametrize("attack", [FORGE_REPORT, WRITE_STDOUTS, EQUALS_ANYTHING, FORGE_REPORT + WRITE_STDOUTS,
+                                    LOOK_UP_ANSWERS])
 def test_a_solution_that_implements_nothing_scores_zero(tmp_path: Path, split: Split, attack: str) -> None:
     assert _score(tmp_path, CODE, attack, split) == 0
 

@@ -6,7 +6,8 @@ and their count (``expected.txt``). Prints one integer on stdout.
 
 The artifact is untrusted code, so it never runs in this process and nothing it can write is believed: a child
 imports it and calls each function on each case's arguments, and sends back only the JSON of each return
-value, on a pipe of its own. This process compares those values with the expected ones. A child that forges a
+value, on a pipe of its own. This process compares those values with the expected ones. The child confines
+itself with Landlock before it imports the answer, so the answer cannot read those expected values. A child that forges a
 report, patches its test runner or returns an object whose ``==`` is always true gains nothing: only the right
 value, as JSON, counts. This process makes itself non-dumpable first, so the child (same user, same PID
 namespace) cannot open ``/proc/PPID/fd/1`` and write into the score this prints.
@@ -26,8 +27,32 @@ RUN_TIMEOUT_S = 20
 PR_SET_DUMPABLE = 4
 #: What the child runs: read [name, args] lines on stdin, answer one JSON line each on stdout.
 RUNNER = """
-import json, sys
+import ctypes, errno, json, os, struct, sys
 sys.path.insert(0, sys.argv[1])
+
+
+def confine(work):
+    # Landlock (ABI 1 rights), before the answer is imported: read /usr, read and write work, nothing else, so
+    # it cannot read the split's expected values in the data folder. A kernel without Landlock runs unconfined.
+    libc = ctypes.CDLL(None, use_errno=True)
+    handled = (1 << 13) - 1
+    ruleset = libc.syscall(444, struct.pack("Q", handled), 8, 0)
+    if ruleset < 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EOPNOTSUPP):
+            return
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    read, write = 1 | 4 | 8, 2 | 16 | 32 | 128 | 256
+    for path, allowed in (("/usr", read), ("/dev", 2 | 4), (work, read | write)):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        if libc.syscall(445, ruleset, 1, struct.pack("=Qi", allowed, fd), 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+        os.close(fd)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(446, ruleset, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+
+
+confine(sys.argv[1])
 out = sys.stdout
 sys.stdout = sys.stderr
 try:
