@@ -12,7 +12,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
@@ -29,6 +29,9 @@ from swarmyard.machines.protocol import (
     MachineInfo,
     MachineSpec,
 )
+
+if TYPE_CHECKING:
+    from swarmyard.machines.supervised import HostView
 
 #: Backend name -> "module:Class"; imported only when asked for.
 BACKENDS: dict[str, str] = {
@@ -261,6 +264,14 @@ class Machines:
             control_socket=control_socket,
         )
         return self._start(name, spec, lambda: self.backend.fork(source, spec))
+
+    def host_view(self, machine_id: str) -> HostView | None:
+        """The machine's files and processes as seen from outside it (``None``: this backend cannot see in)."""
+        from swarmyard.machines.supervised import HostView
+
+        see = getattr(self.backend, "host_view", None)
+        view = None if see is None else see(machine_id)
+        return view if isinstance(view, HostView) else None
 
     def wait_until_ready(self, machine_id: str, timeout_s: float | None = None) -> MachineInfo:
         """Block until the machine can run commands."""

@@ -84,6 +84,19 @@ class Launch:
     close_after: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class HostView:
+    """A machine seen from outside it, where nothing its processes do can change what is read: its files
+    through the root of a process in its mount namespace, and the host pids of its processes."""
+
+    root: Path
+    pids: tuple[int, ...]
+    #: the machine's mount namespace (``/proc/PID/ns/mnt``): a pid read later is checked to be still the machine's
+    namespace: str
+    #: the machine's own disk, as the machine names it
+    home: str
+
+
 @dataclass(slots=True)
 class Machine:
     """A backend's record of one machine."""
@@ -598,6 +611,19 @@ class SupervisedBackend:
             raise SandboxError(f"machine {machine.info.id} is not running", machine_id=machine.info.id)
         return Path(f"/proc/{inner}/root") / self.sandbox_prefix().lstrip("/")
 
+    def host_view(self, machine_id: str) -> HostView | None:
+        """The machine as this process sees it from outside (``None``: it has no mount namespace of its own, or
+        none of its processes is left)."""
+        machine = self._get(machine_id)
+        inner = None if machine.proc is None else _inside(machine.proc.pid)
+        if inner is None:
+            return None
+        try:
+            namespace = os.readlink(f"/proc/{inner}/ns/mnt")
+        except OSError:
+            return None
+        return HostView(Path(f"/proc/{inner}/root"), tuple(_tree(inner)), namespace, self.sandbox_prefix())
+
     def _get(self, machine_id: str) -> Machine:
         with self._lock:
             machine = self._machines.get(machine_id)
@@ -667,6 +693,19 @@ def _inside(pid: int, namespace: str = "mnt") -> int | None:
             continue  # ended while we looked
         todo += [int(child) for child in children]
     return None
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+        except OSError:
+            continue  # ended while we looked
+    return out
 
 
 def _start_time(pid: int) -> str | None:
