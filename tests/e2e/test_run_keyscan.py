@@ -2,7 +2,8 @@
 
 - a ``.pth`` in the worker's user site (``~/.local/lib/python3.11/site-packages``) that prints ``{"found": []}``
   when a scanner starts in the machine: the scan reads the machine from outside, so nothing there runs;
-- the key at the end of a 67 MB file (the scanner skipped files over 64 MiB) and in ``/dev/shm``.
+- the key at the end of a 67 MB file (the scanner skipped files over 64 MiB), and in the machine's ``/tmp``;
+- and a worker that leaves no key: nothing is found (the machine's /tmp is read, not this host's).
 
 The key is a provider's (the broker holds it from ``FAKE_KEY``); the worker writes it itself, as a leak would.
 """
@@ -30,7 +31,7 @@ CLI = "from swarmyard.cli.main import main; main()"
 KEY = "sk-scan-0123456789abcdefXYZ"
 FORGE = (f"echo {KEY} > plain.txt; d=$(python3 -c 'import site; print(site.getusersitepackages())'); mkdir -p $d; "
          "printf '%s\\n' \"import os, sys; print('{\\\"found\\\": []}'); sys.stdout.flush(); os._exit(0)\" > $d/zz.pth")
-HIDE = f"(head -c 67200000 /dev/zero; echo {KEY}) > big.bin; echo {KEY} > /dev/shm/k"
+HIDE = f"(head -c 67200000 /dev/zero; echo {KEY}) > big.bin; echo {KEY} > /tmp/k"
 SWARM = """
 [goal]
 objective = "Look around the machine."
@@ -73,8 +74,9 @@ def folder() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("command", [FORGE, HIDE], ids=["forged-scanner", "big-file-and-shm"])
-def test_a_key_a_worker_hides_is_found(folder: Path, command: str) -> None:
+@pytest.mark.parametrize(("command", "places"), [(FORGE, 1), (HIDE, 2), ("true", 0)],
+                         ids=["forged-scanner", "big-file-and-tmp", "none"])
+def test_a_key_a_worker_hides_is_found(folder: Path, command: str, places: int) -> None:
     replies = {"w": [{"tool_calls": [{"name": "shell", "arguments": {"command": command}}]},
                      {"tool_calls": [{"name": "submit_finding", "arguments": {"title": "t", "body": "looked"}}]}],
                "l": [{"tool_calls": [{"name": "submit_finding",
@@ -88,5 +90,5 @@ def test_a_key_a_worker_hides_is_found(folder: Path, command: str) -> None:
     out = subprocess.run([sys.executable, "-c", CLI, "run", "swarm.toml", "--json"], cwd=folder, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    found = json.loads(out.stdout)["keys_found"]
-    assert found >= (1 if command == FORGE else 2), out.stderr[-2000:]
+    # exactly the places the worker wrote (the scan reads the machine's own /tmp, not this host's)
+    assert json.loads(out.stdout)["keys_found"] == places, out.stderr[-2000:]

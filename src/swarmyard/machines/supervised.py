@@ -612,10 +612,12 @@ class SupervisedBackend:
         return Path(f"/proc/{inner}/root") / self.sandbox_prefix().lstrip("/")
 
     def host_view(self, machine_id: str) -> HostView | None:
-        """The machine as this process sees it from outside (``None``: it has no mount namespace of its own, or
+        """The machine as this process sees it from outside (``None``: it has no pid namespace of its own, or
         none of its processes is left)."""
         machine = self._get(machine_id)
-        inner = None if machine.proc is None else _inside(machine.proc.pid)
+        # the first process in the machine's own pid namespace: the launcher above it has a mount namespace of
+        # its own too (where it mounts the disk), but not the machine's (its /tmp is this host's)
+        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
         if inner is None:
             return None
         try:
