@@ -7,15 +7,20 @@ Every test runs the real bubblewrap scoring sandbox on the shipped bundles.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from swarmyard.errors import ScoringError
 from swarmyard.evaluator.bundle import Split, load_bundle
+from swarmyard.evaluator.client import EvaluatorClient
+from swarmyard.evaluator.process import EvaluatorProcess, run_folder
 from swarmyard.evaluator.sandbox import BwrapSandbox
 from swarmyard.families.code import reference_solution
 
@@ -125,24 +130,43 @@ for _ in range(400):
     n += 1
 print(n)
 """
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-def test_the_scoring_sandbox_limits_processes(tmp_path: Path) -> None:
-    # Root is exempt from RLIMIT_NPROC, so the sandbox's own command line runs here as an unprivileged user, as
-    # it does under ``evaluator serve``, which drops to a user of its own.
-    import tempfile
-    folder = Path(tempfile.mkdtemp(prefix="nproc-"))  # readable by that user, unlike tmp_path
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="needs root (serve drops to its own user) and setpriv")
+
+
+def _serve_score(tmp_path: Path, scorer: str, artifact: str, busy: int) -> int:
+    # Through a real ``evaluator serve``: started as root it drops to a user of its own, as a run's does (root is
+    # exempt from RLIMIT_NPROC). ``busy`` processes of that user run meanwhile.
+    bundle = tmp_path / "bundle"
+    shutil.copytree(SORT, bundle)
+    if scorer:
+        (bundle / "score.py").write_text(scorer)
+    run_id = f"run_nproc_{uuid.uuid4().hex[:12]}"
     try:
-        bundle = folder / "bundle"
-        shutil.copytree(SORT, bundle)
-        (bundle / "score.py").write_text(FORK_SCORER)
-        (folder / "artifact").write_text("")
-        for path in [folder, *folder.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        loaded = load_bundle(bundle)
-        argv = BwrapSandbox().argv(loaded, Split.SEARCH, folder / "artifact")
-        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
-                              capture_output=True, text=True, timeout=120, cwd=folder, check=False)
+        with EvaluatorProcess.start(bundle, run_id=run_id, goal="goal_nproc") as evaluator:
+            assert evaluator.own_user
+            uid = pwd.getpwnam(evaluator.user).pw_uid
+            sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep",
+                                          "600"]) for _ in range(busy)]
+            try:
+                with EvaluatorClient(evaluator.socket) as client:
+                    return client.score("goal_nproc", artifact.encode()).score
+            finally:
+                for sleeper in sleepers:
+                    sleeper.kill()
+                    sleeper.wait()
     finally:
-        shutil.rmtree(folder)
-    assert done.returncode == 0, done.stderr[-800:]
-    assert 0 < int(done.stdout) < loaded.limits.max_processes
+        shutil.rmtree(run_folder(run_id), ignore_errors=True)
+
+
+@needs_root
+def test_the_scoring_sandbox_limits_processes(tmp_path: Path) -> None:
+    assert 0 < _serve_score(tmp_path, FORK_SCORER, "", 0) < load_bundle(SORT).limits.max_processes
+
+
+@needs_root
+def test_a_user_that_already_runs_many_processes_still_scores(tmp_path: Path) -> None:
+    # the kernel counts every process of the user, so the limit is that many more than it runs now
+    sort = "import sys\nprint(*sorted(map(int, sys.stdin.read().split())))\n"
+    cases = json.loads((SORT / "search" / "cases.json").read_text())
+    assert _serve_score(tmp_path, "", sort, 100) == len(cases)

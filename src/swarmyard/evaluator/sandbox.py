@@ -69,7 +69,8 @@ class BwrapSandbox:
         entry_inside = f"/eval/{bundle.manifest.scoring.entry}"
         # soft CPU limit sends SIGXCPU (reported as cpu_time); the hard one a second later is SIGKILL
         cmd = [self._prlimit, f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
-               f"--as={limits.memory_mib << 20}", f"--nproc={limits.max_processes}", "--core=0", "--",
+               f"--as={limits.memory_mib << 20}", f"--nproc={_process_limit(limits.max_processes)}", "--core=0",
+               "--",
                self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         for folder in _SYSTEM_DIRS:
             cmd += ["--ro-bind", folder, folder]
@@ -115,6 +116,31 @@ class BwrapSandbox:
         if why == "output":
             raise ScoringLimitError("output", limits.max_output_bytes)
         return _parse(proc.returncode, stdout, stderr, bundle)
+
+
+def _process_limit(extra: int) -> int:
+    """RLIMIT_NPROC for one scoring run: ``extra`` tasks more than this user runs now.
+
+    The kernel counts every task (thread) of the real uid against the limit, not only the sandbox's: the
+    evaluator's own threads and, when it shares its user with the run, all the run's processes count too, so a
+    flat limit would fail scoring for a user that already runs that many.
+    """
+    uid = os.getuid()
+    if uid == 0:
+        return extra  # exempt from the limit anyway
+    tasks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_bytes()  # bytes: no codec to import after the privilege drop
+        except OSError:
+            continue  # gone while we looked
+        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+        if fields.get(b"Uid", b"").split()[:1] == [str(uid).encode()]:
+            threads = fields.get(b"Threads", b"1").strip()
+            tasks += int(threads) if threads.isdigit() else 1
+    return tasks + extra
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
