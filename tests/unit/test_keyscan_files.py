@@ -37,3 +37,13 @@ def test_a_link_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "machine" / "link").symlink_to(tmp_path / "outside.txt")
     (tmp_path / "machine" / "dir").symlink_to(tmp_path)
     assert keyscan.scan_view(view, [KEY]) == []
+
+
+def test_a_socket_or_fifo_is_passed_over(tmp_path: Path) -> None:
+    import socket
+
+    view = _view(tmp_path)
+    os.mkfifo(tmp_path / "machine" / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "machine" / "sock"))
+        assert keyscan.scan_view(view, [KEY]) == []  # not "2 files not scanned": they hold no file's bytes

@@ -178,9 +178,11 @@ def _scan_file(path: Path, finder: _Finder, budget: list[int], deadline: float) 
     """Whether the file at ``path`` holds a key; ``None``: not read to its end. A link is not followed (it would
     be resolved against this host's root)."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False  # a link, a socket, a FIFO or a device holds no file's bytes
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        return False if exc.errno in (errno.ELOOP, errno.ENOENT) else None  # a link, or gone
+        return False if exc.errno in (errno.ELOOP, errno.ENOENT) else None  # made a link since, or gone
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False  # a FIFO or a device holds no file's bytes
