@@ -164,9 +164,10 @@ class CampaignRecordError(UserError):
     code = "campaign_record_error"
 
     def __init__(self, path: str, line: int, reason: str) -> None:
-        super().__init__(f"{path}, line {line}: {reason}", path=path, line=line)
+        super().__init__(f"{path}, line {line}: {reason}", path=path, line=line, reason=reason)
         self.path = path
         self.line = line
+        self.reason = reason
 
 
 class CampaignBusyError(UserError):
