@@ -38,7 +38,13 @@ CLUSTER = textwrap.dedent(f"""\
     export RAY_ADDRESS=127.0.0.1:56390
     set +e
     "$@"; rc=$?
-    ray stop --force >/dev/null 2>&1
+    # Stop this cluster only: `ray stop` kills every Ray process of the host, another test's cluster too.
+    own=$(readlink /proc/self/ns/net)
+    for proc in /proc/[0-9]*; do
+        pid=${{proc#/proc/}}
+        [ "$pid" = "$$" ] && continue
+        [ "$(readlink "$proc/ns/net" 2>/dev/null)" = "$own" ] && kill -9 "$pid" 2>/dev/null
+    done
     exit $rc
 """)
 
