@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ from swarmyard.swarm.policies import explore_move, explore_order
 
 T = TypeVar("T")
 
+
+#: The built-in agent's placeholder for a task it ended without a result (builtin._partial_body's fixed forms).
+_NO_RESULT = re.compile(r"No result was reached for '[^'\n]{1,200}'(?: within the limit of \d+ steps|: the budget ran "
+                        r"out at step \d+)\.")
 
 class Offload(Protocol):
     """Runs a blocking store call off the event loop (the app's store threads)."""
@@ -242,7 +247,11 @@ class WorkerTools:
         while page := self._store.read_findings(goal_id, after=after, limit=500):
             read.update((f.id, f.body) for f in page if f.group != LEAD_GROUP)
             after = page[-1].id
-        why = originality.problem(body, prompt=self._store.get_task(task_id).prompt, read=read)
+        if _NO_RESULT.fullmatch(body.strip()):
+            return  # the agent's own placeholder: it claims nothing, so it copies nothing
+        # Not the task's prompt: a lead's prompt holds every finding, so any synthesis that quotes one would
+        # "restate" it; the copy checks against the findings themselves are the ones that hold here.
+        why = originality.problem(body, read=read)
         if why is not None:
             raise UnoriginalFindingError(task_id, why)
 
