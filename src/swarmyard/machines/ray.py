@@ -181,9 +181,9 @@ class RayBackend:
                 raise SandboxUnavailableError(f"no Ray cluster at {target}: {exc}") from exc
         self._lock = threading.Condition()
         self._placed: dict[str, _Node] = {}
+        self._here = boot_id()  # this host's: a machine that binds the plane's socket runs on a node of it
+        self._describe: dict[str, Any] = {}
         self._nodes = self._start_hosts()
-        first = next(iter(self._nodes.values()))
-        self._describe = _value(ray.get(first.host.describe.remote()))
 
     def _start_hosts(self) -> dict[str, _Node]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -204,23 +204,22 @@ class RayBackend:
             ).remote(root)
             slots = resources.get(SLOTS_RESOURCE)
             nodes[node_id] = _Node(node_id, host, None if slots is None else int(slots), boot_id="")
-        here = boot_id()
         for node in nodes.values():
             described = _value(ray.get(node.host.describe.remote()))
+            self._describe = self._describe or described  # prefix and env: the same on every node (one install)
             node.boot_id = described["boot_id"]
             if node.capacity is None:
                 memory = next(n for n in alive if n["NodeID"] == node.id).get("Resources", {}).get("memory")
                 node.capacity = max(1, int(memory // (1 << 30))) if memory else None
             log.info("ray node %s: %s machines, %s host", node.id[:12], node.capacity or "any",
-                     "this" if node.boot_id == here else "another")
+                     "this" if node.boot_id == self._here else "another")
         return nodes
 
     # -- placement ----------------------------------------------------------------------------------------------
 
     def _place(self, spec: MachineSpec, on: _Node | None = None) -> _Node:
         """Take a place for ``spec`` on ``on`` or on the node with the most room; wait while every node is full."""
-        here = boot_id()
-        usable = [n for n in self._nodes.values() if spec.control_socket is None or n.boot_id == here]
+        usable = [n for n in self._nodes.values() if spec.control_socket is None or n.boot_id == self._here]
         if not usable:
             raise SandboxUnavailableError(
                 "every Ray node is on another host than the control plane, and a machine reaches the plane "
