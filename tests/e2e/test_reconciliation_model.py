@@ -67,7 +67,8 @@ def test_reconciliation_on_smollm2_completes_and_prints_its_figures(short_tmp: P
     figures = json.loads(done.stdout)
     assert set(figures) >= {"score", "wall_s", "calls", "tokens_in", "tokens_out", "spend_micro_usd",
                             "leftover_holds", "keys_found"}
-    assert figures["calls"] > 10 and figures["tokens_in"] > 0  # every shard's worker asked the model
+    # every kept shard's worker and the lead asked the model at least once (how often more is the model's choice)
+    assert figures["calls"] >= SHARDS_KEPT + 1 and figures["tokens_in"] > 0
     assert (figures["leftover_holds"], figures["keys_found"]) == (0, 0)
     assert figures["score"] is None or 0 <= figures["score"] <= 1_000_000
     for row in ("wall time", "time per worker", "model calls", "settled spend", "leftover holds",
