@@ -102,6 +102,7 @@ def command(
     from swarmyard.keys import write_secret_file
     from swarmyard.plane.app import create_app
     from swarmyard.plane.connections import ConnectionLimits
+    from swarmyard.plane.replicas import ReplicaWatch
     from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve, serve_processes
     from swarmyard.plane.settings import PlaneSettings
 
@@ -138,9 +139,11 @@ def command(
         app = create_app(opened, tokens, settings, evaluator=evaluator,
                          extra_routes=broker.routes() if broker else (),
                          trajectories=TrajectoryFiles(trajectories) if trajectories is not None else None)
-        if broker is not None:
-            # run by the server after it stopped taking requests: queued settlements are written, providers closed
-            app.state.on_close = [broker.aclose]
+        # this process's row among the store's replicas: its holds are tagged, dead replicas' holds swept
+        watch = ReplicaWatch(opened)
+        watch.start()
+        # run by the server after it stopped taking requests: queued settlements are written, providers closed
+        app.state.on_close = [broker.aclose, watch.aclose] if broker is not None else [watch.aclose]
         return app
 
     where = [f"unix:{socket}"] if listen.socket_path else []

@@ -1,5 +1,8 @@
 """Request limits: the body size cap and a per-worker token bucket that answers 429 with ``Retry-After``
-(the JSON nesting cap is ``swarmyard.jsondepth``, shared with the broker)."""
+(the JSON nesting cap is ``swarmyard.jsondepth``, shared with the broker).
+
+The bucket is in memory for a store with one writer (SQLite: one host, where a write per call would queue on
+its lock) and in the store for PostgreSQL, where several replicas serve the same workers."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from swarmyard.clock import Clock
 from swarmyard.errors import PayloadTooLargeError, RateLimitedError
+from swarmyard.store.protocol import Store
 
 
 async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
@@ -61,6 +65,25 @@ class RateLimiter:
                 for stale in sorted(self._buckets, key=lambda k: -self._buckets[k][0])[: self._max_keys // 2]:
                     del self._buckets[stale]
             self._buckets[key] = (tokens - 1.0, now)
+
+
+class SharedRateLimiter:
+    """The same token bucket per key, kept in the store (``Store.take_rate_token``), so every control-plane
+    replica over one PostgreSQL store takes from one bucket: a worker spreading its calls over N replicas
+    gets ``rate_per_s``, not N times it. Time is the store's clock."""
+
+    def __init__(self, store: Store, rate_per_s: float, burst: int) -> None:
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError("rate_per_s must be positive and burst at least 1")
+        self._store = store
+        self._rate = rate_per_s
+        self._burst = burst
+
+    def acquire(self, key: str) -> None:
+        """Take one token for ``key`` or raise ``RateLimitedError`` saying how long until one is free."""
+        wait_s = self._store.take_rate_token(key, self._rate, self._burst)
+        if wait_s > 0:
+            raise RateLimitedError(f"{key} is over {self._rate:g} calls/s", retry_after_s=round(wait_s, 3))
 
 
 def retry_after_header(seconds: float) -> str:

@@ -31,7 +31,7 @@ from swarmyard.errors import (
     UnoriginalFindingError,
 )
 from swarmyard.plane import models as m
-from swarmyard.plane.limits import RateLimiter
+from swarmyard.plane.limits import RateLimiter, SharedRateLimiter
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.store.protocol import Store
@@ -119,7 +119,10 @@ class WorkerTools:
         self._clock = clock
         self._metrics = metrics
         self._evaluator = evaluator
-        self._limiter = RateLimiter(settings.rate_per_s, settings.rate_burst, clock)
+        # one shared bucket per worker where replicas share the store (see swarmyard.plane.limits)
+        self._limiter: RateLimiter | SharedRateLimiter = (
+            RateLimiter(settings.rate_per_s, settings.rate_burst, clock) if store.single_writer
+            else SharedRateLimiter(store, settings.rate_per_s, settings.rate_burst))
         # (task_id, fencing token) -> worker id. A fencing token is issued once, to one worker, for one task,
         # so this mapping never changes and may be cached without ever going stale.
         self._owners: dict[tuple[str, int], str] = {}

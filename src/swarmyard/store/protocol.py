@@ -275,6 +275,23 @@ class Store(Protocol):
         """Revoke a worker's token."""
         ...
 
+    # -- several serve replicas (see ``swarmyard.store.replicas``) -----------------------------------------
+    def take_rate_token(self, key: str, rate_per_s: float, burst: int) -> float:
+        """Take one token from ``key``'s shared bucket: 0.0 when taken, else the seconds until one is free."""
+        ...
+
+    def register_plane(self, plane_id: str) -> None:
+        """This store serves replica ``plane_id``: record it alive and tag the holds it makes with it."""
+        ...
+
+    def plane_seen(self, plane_id: str) -> None:
+        """Replica ``plane_id`` is alive now."""
+        ...
+
+    def sweep_dead_planes(self, grace_s: float) -> list[str]:
+        """Mark ``unknown`` the holds still held by replicas unseen for ``grace_s`` seconds; their ids."""
+        ...
+
     # -- audit events ---------------------------------------------------------------------------------------
     def record_event(self, kind: str, data: dict[str, object]) -> None:
         """Append an audit event for a change made outside the store (a machine created, a score issued)."""

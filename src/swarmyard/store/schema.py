@@ -153,8 +153,20 @@ def _m006_direction_order(t: Types, postgres: bool) -> list[str]:
     return ["ALTER TABLE directions ADD COLUMN ordinal INTEGER NOT NULL DEFAULT 0"]
 
 
+def _m007_replicas(t: Types, postgres: bool) -> list[str]:
+    # Several serve replicas over one store: a worker's rate bucket shared by all of them, and which replica
+    # made each hold, so the holds of one that died are marked unknown (see swarmyard.store.replicas).
+    return [
+        f"CREATE TABLE rate_buckets (key TEXT PRIMARY KEY, tokens {t.real} NOT NULL, updated_at {t.real} NOT NULL)",
+        f"CREATE TABLE planes (id TEXT PRIMARY KEY, started_at {t.real} NOT NULL, seen_at {t.real} NOT NULL)",
+        "ALTER TABLE reservations ADD COLUMN plane_id TEXT",
+        "CREATE INDEX reservations_plane ON reservations (plane_id, state)",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
-                          _m005_directions_scores, _m006_direction_order]
+                          _m005_directions_scores, _m006_direction_order,
+                          _m007_replicas]

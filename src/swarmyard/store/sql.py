@@ -68,6 +68,7 @@ from swarmyard.store.protocol import (
     DEFAULT_POST_LIMIT_BYTES,
     DEFAULT_QUOTAS,
 )
+from swarmyard.store.replicas import ReplicaStore
 from swarmyard.store.schema import MIGRATIONS, POSTGRES_TYPES, SQLITE_TYPES
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def claim_pick(filters: str = "") -> str:
             f"WHERE goal_id = ? AND state = 'claimed' AND lease_expires_at <= ?{filters} {best})) {best}")
 
 
-class SqlStore(DirectionStore):
+class SqlStore(DirectionStore, ReplicaStore):
     """The Store protocol on SQLite or PostgreSQL."""
 
     def __init__(self, url: str, engine: Engine, *, clock: Clock | None = None, blob_dir: Path,
@@ -879,10 +880,10 @@ class SqlStore(DirectionStore):
             if goal.call_cap and goal.envelope.calls >= goal.call_cap:
                 raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
             raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
-        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
-                     method, now, now, 0, 0, 0, worker_id))
+                     method, now, now, 0, 0, 0, worker_id, self.plane_id))
         self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
                                                    "reservation": reservation_id, "model": model,
                                                    "amount": amount, "method": method, "token": token})
