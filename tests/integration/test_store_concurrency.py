@@ -1,10 +1,11 @@
-"""Eight processes claim from one SQLite file, and from PostgreSQL, at once: every task exactly once."""
+"""Processes claim from one SQLite file, and from PostgreSQL, at once: every task exactly once, every hold charged
+once."""
 
 from __future__ import annotations
 
 import pytest
 
-from swarmyard.bench.store import duplicates, measure
+from swarmyard.bench.store import duplicates, measure, measure_holds
 
 
 @pytest.mark.slow
@@ -16,3 +17,12 @@ def test_eight_processes_never_claim_a_task_twice(store_url: str, raw: bool) -> 
     tokens = [token for _, token in run.claims]
     assert len(set(tokens)) == len(tokens), "fencing tokens are store-wide and never reused"
     assert run.posts == 240
+
+
+@pytest.mark.slow
+def test_concurrent_holds_on_one_goal_charge_its_envelope_exactly(store_url: str) -> None:
+    """Six processes reserve and settle on one goal at once: the goal's envelope moves by every settle, once."""
+    wall, trips, settled = measure_holds(store_url, processes=6, calls=15)
+    assert trips == 90
+    assert settled == 90 * 7  # each hold of 10 settled at 7: no lost update, no double charge
+    assert wall > 0

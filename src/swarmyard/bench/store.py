@@ -1,5 +1,5 @@
-"""``swarmyard bench store``: claims/s and board posts/s with 1, 8 and 64 claimer processes, on SQLite and
-PostgreSQL, beside the same claim pattern written as raw SQL in the same run; duplicates counted.
+"""``swarmyard bench store``: claims/s and board posts/s with 1, 8 and 64 claimer processes, and the money path
+(holds reserved and settled per second on one goal), on SQLite and PostgreSQL, beside the same claim pattern written as raw SQL in the same run; duplicates counted.
 
 The raw baseline is the bare minimum a queue needs: bump a counter (or ``nextval``), one conditional
 ``UPDATE ... RETURNING``, commit; no audit event, no domain objects. The ratio shows what the store's extra
@@ -125,6 +125,54 @@ def measure(url: str, *, processes: int, tasks: int, raw: bool, posts_per_claim:
     return ClaimRun(claims=claims, posts=sum(n for _, n in results), wall_s=wall)
 
 
+def _holder(url: str, goal_id: str, calls: int, ready: Any, start: Any, out: Any) -> None:
+    """Claim one task, then make ``calls`` model-call money trips on it: reserve a hold, settle it."""
+    from swarmyard.store import open_store
+
+    store = open_store(url, pool_size=2)
+    claim = store.claim(goal_id, f"w{os.getpid()}", 600)
+    assert claim is not None
+    ready.put(os.getpid())
+    start.wait()
+    for _ in range(calls):
+        hold = store.reserve(claim.task.id, claim.token, model="bench", amount=10, method="POST /v1/bench")
+        store.settle(hold.id, 7, input_tokens=1, output_tokens=1)
+    store.close()
+    out.put(calls)
+
+
+def measure_holds(url: str, *, processes: int, calls: int) -> tuple[float, int, int]:
+    """``processes`` workers of one goal each make ``calls`` reserve+settle trips; (wall_s, trips, goal's settled).
+
+    Every trip charges the goal's envelope row in its transaction (the design's rule), so this is the rate one
+    goal's money path can take, whatever the number of replicas in front of the store.
+    """
+    from swarmyard.store import open_store
+
+    store = open_store(url)
+    goal = store.create_goal(GoalSpec("bench", 10**12, 0)).id
+    for i in range(processes):
+        store.create_task(goal, TaskSpec(f"t{i}", budget_micro_usd=10**10))
+    store.close()
+    ctx = mp.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_holder, args=(url, goal, calls, ready, start, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    began = time.perf_counter()
+    start.set()
+    trips = sum(out.get(timeout=600) for _ in procs)
+    wall = time.perf_counter() - began
+    for p in procs:
+        p.join(timeout=60)
+    store = open_store(url)
+    settled = store.get_goal(goal).envelope.settled
+    store.close()
+    return wall, trips, settled
+
+
 def duplicates(claims: list[tuple[str, int]]) -> int:
     """Claims of a task beyond its first (there must be none: every lease here outlives the run)."""
     return sum(n - 1 for n in Counter(task for task, _ in claims).values() if n > 1)
@@ -183,6 +231,13 @@ def run(quick: bool = False, **options: object) -> BenchResult:
             result.summary[f"{name}.claims_per_s"] = round(best["claims"], 1)
             result.summary[f"{name}.raw_claims_per_s"] = round(best["raw"], 1)
             result.summary[f"{name}.posts_per_s"] = round(post_rate, 1)
+            holders = levels[-1] if name == "postgres" else min(levels[-1], 8)
+            wall, trips, settled = measure_holds(url, processes=holders, calls=25 if quick else 100)
+            result.add(BenchRow(f"{name} holds/s (reserve + settle), {holders} proc, one goal", trips / wall,
+                                "holds/s"))
+            result.summary[f"{name}.holds_per_s"] = round(trips / wall, 1)
+            if settled != trips * 7:
+                result.notes.append(f"{name}: the goal settled {settled}, not {trips * 7} (7 per hold)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result.summary["duplicates"] = total_dupes
