@@ -15,7 +15,8 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [lead]       agent, model, max_steps, prompt, profile
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
-                 to the swarm file), simulate (simulated: tokens | attempts)
+                 to the swarm file), simulate (simulated: tokens | attempts), latency_s (simulated:
+                 seconds each answer takes)
     [providers.NAME.prices.MODEL]  input_usd_per_mtok, output_usd_per_mtok ("0.15": decimal strings),
                  max_output_tokens, context_tokens: set or override what the price table knows of MODEL
     [run]        store, runs_dir, sandbox
@@ -512,6 +513,8 @@ class ProviderConfig(_Frozen):
     #: simulated: ``tokens`` (words, for load benchmarks) or ``attempts`` (a seeded model that improves
     #: attempts from their scores, see ``swarmyard.broker.providers.attempts``)
     simulate: Literal["tokens", "attempts"] | None = None
+    #: simulated: seconds each answer takes, as a real model's would (load benchmarks, calls in flight in tests)
+    latency_s: Annotated[float, Field(ge=0, le=600)] | None = None
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("replies")
@@ -566,6 +569,8 @@ class ProviderConfig(_Frozen):
             raise ValueError("replies is for a scripted provider")
         if self.simulate is not None and self.kind is not ProviderKind.SIMULATED:
             raise ValueError("simulate is for a simulated provider")
+        if self.latency_s is not None and self.kind is not ProviderKind.SIMULATED:
+            raise ValueError("latency_s is for a simulated provider")
         if self.replies is not None:
             load_replies(Path(self.replies))
         for model in self.prices:

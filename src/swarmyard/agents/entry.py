@@ -39,9 +39,18 @@ def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport |
 
 
 def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClient:
-    transport = _transport(settings.plane_url, env.get("SWARMYARD_PLANE_SOCKET"))
+    base, socket = settings.plane_url, env.get("SWARMYARD_PLANE_SOCKET")
+    transport = _transport(base, socket) if socket or "," not in base else None
+    if transport is None and not socket and "," in base:
+        # several replicas: the one that answers, moving on only where nothing was sent (see plane.failover)
+        from swarmyard.plane.failover import AsyncFailoverTransport, parse_urls
+
+        urls = parse_urls(base)
+        base = urls[0]
+        transport = AsyncFailoverTransport(
+            urls, lambda url: _transport(str(url), None) or httpx.AsyncHTTPTransport())
     # model calls on a CPU model can take minutes; the exec timeout outside bounds the whole run
-    return httpx.AsyncClient(base_url=settings.plane_url, transport=transport, timeout=httpx.Timeout(600.0),
+    return httpx.AsyncClient(base_url=base, transport=transport, timeout=httpx.Timeout(600.0),
                              headers={"Authorization": f"Bearer {settings.token}"})
 
 

@@ -207,7 +207,8 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
                     raise ConfigError(str(exc), field=f"providers.{name}.replies") from None
                 providers[name] = _class(cfg.kind)(scripted_replies(script), name=name)
             case ProviderKind.SIMULATED:
-                providers[name] = _class(cfg.kind)(name=name, simulate=cfg.simulate or "tokens")
+                providers[name] = _class(cfg.kind)(name=name, simulate=cfg.simulate or "tokens",
+                                                   latency_s=cfg.latency_s or 0.0)
         routes += [_route(name, cfg, model) for model in cfg.models]
     return providers, routes
 
