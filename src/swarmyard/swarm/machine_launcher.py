@@ -23,7 +23,7 @@ from swarmyard.agents.builtin import Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
-from swarmyard.errors import ConfigError, SwarmyardError
+from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME as MACHINE_HOME
@@ -65,6 +65,15 @@ _MAX_SOCKET_PATH = 107
 
 #: where an agent CLI writes its own session transcript, under its home
 _TRANSCRIPTS = {AgentKind.CLAUDE: ".claude/projects", AgentKind.CODEX: ".codex/sessions"}
+
+
+class _MachineLost(Exception):
+    """The agent's machine went away while the agent ran in it (``error``: how the exec learnt it)."""
+
+    def __init__(self, worker_id: str, error: SandboxError) -> None:
+        super().__init__(error.message)
+        self.worker_id = worker_id
+        self.error = error
 
 
 def _why(result: ExecResult) -> str:
@@ -260,10 +269,18 @@ class MachineLauncher:
         self._roles[slot.name] = slot.role
         started = time.time()
         held = self._held.take(slot.name)
+        lost = False
         try:
             return self._run_in(slot, held.id, started)
+        except _MachineLost as exc:
+            # the machine died under its agent (its processes were killed): that agent run failed, not the
+            # swarm; its claim goes back like any failed run's, and the machine is deleted, never kept
+            lost = True
+            log.warning("%s: machine %s went away under its agent: %s", slot.name, held.id, exc.error.message)
+            return WorkerSpan(exc.worker_id, None, started, time.time(), "error", 0, slot.name, None,
+                              exc.error.message)
         finally:
-            self._held.give_back(held)
+            self._held.give_back(held, lost=lost)
 
     def _run_in(self, slot: WorkerSlot, machine_id: str, started: float) -> WorkerSpan:
         assert self._tokens is not None and self._goal is not None
@@ -340,7 +357,10 @@ class MachineLauncher:
             argv, env = list(launch.argv), dict(launch.env)
         if agent in _TRANSCRIPTS:  # a mark: only transcripts newer than it are this run's
             self._machines.files.upload(machine_id, f".swarmyard-run-{who.worker_id}", b"", mode=0o600)
-        result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
+        try:
+            result = self._machines.exec(machine_id, argv, timeout=self.config.workers.exec_timeout_s, env=env)
+        except SandboxError as exc:
+            raise _MachineLost(who.worker_id, exc) from exc
         self._keep_log(slot, who.worker_id, agent, result, time.time() - started)
         self._keep_transcript(slot, who.worker_id, agent, machine_id)
         if submit is not None and not result.timed_out:

@@ -118,12 +118,13 @@ class RunMachines:
             raise SandboxError("the run's machines are being deleted: no agent starts now", machine_id=held.id)
         return held
 
-    def give_back(self, held: HeldMachine) -> None:
-        """An agent run ended: ``per_task`` deletes its machine, ``per_slot`` keeps it for the slot's next run."""
+    def give_back(self, held: HeldMachine, *, lost: bool = False) -> None:
+        """An agent run ended: ``per_task`` deletes its machine, ``per_slot`` keeps it for the slot's next run
+        (unless it is ``lost``: it went away under its agent, and is deleted whatever the lifetime)."""
         with self._cond:
             if self._kept.get(held.slot) is not held:
                 return  # ``close`` took it
-            if self.lifetime is MachineLifetime.PER_SLOT:
+            if self.lifetime is MachineLifetime.PER_SLOT and not lost:
                 held.busy = False
                 held.idle_since = next(self._ticks)
                 self._cond.notify_all()
