@@ -461,6 +461,8 @@ class ScriptedReply(_Frozen):
     text: str = ""
     input_tokens: NonNegativeInt | None = None
     output_tokens: NonNegativeInt | None = None
+    #: with ``say``: whether the answer reports its usage (``false``: a full answer without it; the broker counts)
+    usage: bool = True
 
     @model_validator(mode="after")
     def _one_kind(self) -> Self:
@@ -468,6 +470,8 @@ class ScriptedReply(_Frozen):
                                        ("fail", self.fail is not None)) if on]
         if len(given) != 1:
             raise ValueError("a reply has exactly one of say, tool_calls or fail")
+        if not self.usage and self.say is None:
+            raise ValueError("usage = false goes with say: only a said answer can leave its usage out")
         return self
 
 

@@ -154,6 +154,8 @@ def test_a_lead_with_no_reply_left_ends_the_run_with_exit_1_and_a_report(short_t
     (None, None, "providers.script.replies: a scripted provider needs replies = FILE"),
     ("replies/answers.json", None, "replies file"),
     ("replies/answers.json", '{"scripted-lead": [{"say": "a", "fail": "after_send"}]}', "exactly one of"),
+    ("replies/answers.json", '{"scripted-lead": [{"tool_calls": [{"name": "x"}], "usage": false}]}',
+     "usage = false goes with say"),
     ("replies/answers.json", '{"scripted-lead": [{"tool_calls": [{"nme": "x"}]}]}', "tool_calls.0.name: Field required"),
     ("replies/answers.json", "{not json", "not valid JSON"),
 ])

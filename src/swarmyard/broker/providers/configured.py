@@ -135,7 +135,8 @@ def scripted_replies(replies: Mapping[str, tuple[ScriptedReply, ...]]) -> dict[s
 
     def one(reply: ScriptedReply) -> Reply:
         if reply.say is not None:
-            return Say(reply.say, output_tokens=reply.output_tokens, input_tokens=reply.input_tokens)
+            return Say(reply.say, output_tokens=reply.output_tokens, input_tokens=reply.input_tokens,
+                       report_usage=reply.usage)
         if reply.fail is not None:
             return Fail(FailKind(reply.fail), reply.text)
         return CallTools(tuple((call.name, dict(call.arguments)) for call in reply.tool_calls), reply.text)
