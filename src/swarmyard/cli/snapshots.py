@@ -40,18 +40,21 @@ def _print(snapshots: list[Snapshot], as_json: bool) -> None:
 
 @app.command()
 def create(name: str = typer.Argument(..., help="The snapshot's name; each create adds a version."),
-           source: str = typer.Option(..., "--from", help="A folder on this host to snapshot."),
+           source: str = typer.Option(..., "--from", help="A folder on this host, or the id or name of a live "
+                                                          "machine of yours (made by another process)."),
            root: Path | None = _Root, as_json: bool = _Json) -> None:
-    """Snapshot a folder as a new version of NAME (a machine: boxd.snapshots.create from the process it runs in)."""
+    """Snapshot a folder, or a live machine's disk (frozen while it is copied), as a new version of NAME."""
     from swarmyard.errors import UserError
 
     folder = Path(source)
-    if not folder.is_dir():
-        raise UserError(f"--from {source}: not a folder on this host. A machine is snapshotted from the process "
-                        "that runs it (Boxd().snapshots.create(machine, name)): it lives only as long as that "
-                        "process")
+    if folder.is_dir():
+        store = _store(root)
+        _print([store.create(name, folder=folder)], as_json)
+        return
+    if "/" in source:
+        raise UserError(f"--from {source}: not a folder on this host")
     store = _store(root)
-    _print([store.create(name, folder=folder)], as_json)
+    _print([store.create(name, machine_id=source)], as_json)
 
 
 @app.command("list")

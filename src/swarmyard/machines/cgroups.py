@@ -222,6 +222,15 @@ class MachineCgroups:
         """Whether this machine can be paused (it has a v2 group with the freezer)."""
         return self._v2_group() is not None
 
+    @property
+    def frozen(self) -> bool:
+        """Whether the machine is frozen (or being frozen) now."""
+        group = self._v2_group()
+        try:
+            return group is not None and (group / "cgroup.freeze").read_text().strip() == "1"
+        except OSError:
+            return False
+
     def freeze(self, frozen: bool, deadline_s: float = 10.0) -> None:
         """Freeze (or thaw) every process of the machine, returning once the kernel says it is done.
 

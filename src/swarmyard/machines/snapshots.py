@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError
+from swarmyard.machines import live
 from swarmyard.machines.protocol import Backend
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,50}\Z")
@@ -151,6 +152,9 @@ class Snapshots:
 
             if not isinstance(self._backend, SupervisedBackend):
                 raise InvalidInputError(f"the {self._backend.name} backend cannot snapshot a machine", field="from")
+            if machine_id not in {info.id for info in self._backend.list()}:
+                # another process's machine, by id or name (see swarmyard.machines.live): named by its id
+                machine_id = live.find(self._backend.root, machine_id)[1].id
             made = self._backend.baseline_from_machine(machine_id, baseline)
             source = f"machine {machine_id}"
             for rel in IDENTITY_FILES:  # a machine's own login (its token) is no part of what others start from

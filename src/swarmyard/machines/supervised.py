@@ -28,6 +28,7 @@ from typing import Any
 import swarmyard
 from swarmyard.errors import NotFoundError, SandboxError, SandboxUnavailableError, UserError
 from swarmyard.ids import new_id
+from swarmyard.machines import live
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
 from swarmyard.machines.disks import Disk, clone_tree, space_template, unmount
@@ -498,7 +499,22 @@ class SupervisedBackend:
                         shutil.rmtree(entry)
                     else:
                         entry.unlink()
+            if machine.proc is not None:
+                started = _start_time(machine.proc.pid)
+                through, disk = self._disk_seen(machine)
+                if started is not None:  # else it died just now: no live machine to record
+                    live.write_record(machine.root, live.LiveMachine(
+                        machine.info.id, machine.info.name, os.getuid(), machine.proc.pid, started, through,
+                        str(disk)))
             return machine.info
+
+    def _disk_seen(self, machine: Machine) -> tuple[str, Path]:
+        """How the machine's disk is seen from outside it (see :class:`~swarmyard.machines.live.LiveMachine`)."""
+        if machine.disk.tmpfs_bytes is not None:
+            return "inside", Path(self.sandbox_prefix())
+        if self.overlay and self.mounts_in_launcher:
+            return "sandbox", machine.disk.merged
+        return "host", machine.disk.merged
 
     def _boot_log(self, machine: Machine) -> str:
         if machine.log_fd is None:
@@ -582,7 +598,17 @@ class SupervisedBackend:
         return Baseline(name=name, path=target)
 
     def baseline_from_machine(self, machine_id: str, name: str) -> Baseline:
-        """Freeze a machine's current disk as a baseline (after it checked out a repo, installed deps...)."""
+        """Freeze a machine's current disk as a baseline (after it checked out a repo, installed deps...).
+
+        ``machine_id`` is one of this backend's machines, or the id or name of a live machine another process of
+        this user made under the same root (see :mod:`swarmyard.machines.live`): frozen while its disk is copied.
+        """
+        with self._lock:
+            own = machine_id in self._machines
+        if not own:
+            folder, other = live.find(self.root, machine_id)
+            with live.frozen(folder, other):
+                return self.prepare_baseline(name, live.disk_path(other, self.sandbox_prefix()))
         machine = self._get(machine_id)
         disk = machine.disk.merged
         if machine.disk.tmpfs_bytes is not None:
