@@ -14,8 +14,11 @@ goal of the run (the store's only goal unless ``goal_id`` is given):
   (and the reservation events say the same), what they still reserve is the sum of their ``unknown`` holds, their
   call counts are their holds, nothing is over its envelope and no hold was charged past its amount;
 - **no machine left behind**: no folder, cgroup or process of any machine the run made (its
-  ``machine.created`` events), nor a machine folder owned by one of ``owners`` (the run's runner processes:
-  this catches a machine killed half made, before its event);
+  ``machine.created`` events, and the folder names a :class:`MachineWatch` saw: a machine made in a parked
+  launcher is named after its slot), nor a machine folder owned by one of ``owners`` (the run's runner
+  processes: this catches a machine killed half made, before its event); with ``exclusive`` (the run had a
+  machines root of its own, through its ``TMPDIR``) nothing at all may be left there, no folder and no process
+  that mounts one;
 - **the audit log verifies**: ``swarmyard audit verify`` exits 0 on the run folder and store, tables matching.
 
 It returns a :class:`RunFacts` so a case can assert more (how many holds ended ``unknown``, which tokens).
@@ -23,12 +26,14 @@ It returns a :class:`RunFacts` so a case can assert more (how many holds ended `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -191,49 +196,96 @@ def check_holds_and_envelopes(db: _Db, events: list[tuple[int, str, dict[str, An
         assert int(t_reserved) + int(t_settled) <= int(t_budget), f"task {key} over its envelope {t_budget}"
 
 
-def machines_root() -> Path:
-    """Where the ``local`` backend keeps machines for this user (its default; a run's ``TMPDIR`` moves it)."""
-    return Path(tempfile.gettempdir()) / f"swarmyard-machines-{os.getuid()}"
+def machines_root(tmpdir: Path | None = None) -> Path:
+    """Where the ``local`` backend keeps machines for this user: under ``tmpdir`` (a run's ``TMPDIR``; give each
+    run its own, so that everything there is the run's), else under this process's temp folder."""
+    return (tmpdir or Path(tempfile.gettempdir())) / f"swarmyard-machines-{os.getuid()}"
 
 
-def _processes() -> Iterable[tuple[int, str, str]]:
-    """(pid, cmdline, cgroup) of every process this user can read."""
+def _live(pid: Path) -> bool:
+    """Whether a process runs (a zombie has exited: it is its parent's, or init's, to reap)."""
+    try:
+        return (pid / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def machine_processes(root: Path) -> dict[str, list[int]]:
+    """Live processes of the machines under ``root``, by machine folder name (a machine id, or the parked
+    launcher's slot it was made in): a machine's processes mount their folders from ``root/m/NAME``."""
+    marker = f"{root}/m/"
+    found: dict[str, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cgroup = (entry / "cgroup").read_text()
+            mounts = (entry / "mountinfo").read_text()
         except OSError:
-            continue  # gone meanwhile, or not ours
-        yield int(entry.name), cmdline, cgroup
+            continue  # gone meanwhile
+        at = mounts.find(marker)
+        if at >= 0 and _live(entry):
+            name = mounts[at + len(marker):].split("/", 1)[0].split(" ", 1)[0]
+            found.setdefault(name, []).append(int(entry.name))
+    return {name: sorted(pids) for name, pids in found.items()}
 
 
-def check_no_machines(machine_ids: Iterable[str], *, root: Path | None = None, owners: Iterable[int] = ()) -> None:
-    """No folder, cgroup or process of these machines; no machine folder owned by one of ``owners``."""
+class MachineWatch:
+    """The machine folders that appear under ``root/m`` while a run goes (a thread polls it), so that the
+    cgroups of machines made in parked launchers (named after their slot, not their id) are checked too."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.names: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            with contextlib.suppress(OSError):
+                self.names.update(p.name for p in (self.root / "m").iterdir())
+
+    def stop(self) -> set[str]:
+        self._stop.set()
+        self._thread.join()
+        return self.names
+
+
+def check_no_machines(machine_ids: Iterable[str], *, root: Path | None = None, owners: Iterable[int] = (),
+                      seen: Iterable[str] = (), exclusive: bool = False) -> None:
+    """No folder, cgroup or process of these machines (and of the folder names ``seen``); no machine folder
+    owned by one of ``owners``. ``exclusive``: ``root`` is the run's own, so nothing at all may be left there."""
     from swarmyard.machines.cgroups import discover, group_folders
 
     root = root or machines_root()
-    ids = list(machine_ids)
+    names = set(machine_ids) | set(seen)
     hierarchy = discover()
-    for machine_id in ids:
-        assert not (root / "m" / machine_id).exists(), f"machine {machine_id}'s folder was left in {root / 'm'}"
-        left = [str(p) for p in group_folders(hierarchy, machine_id) if p.exists()]
-        assert not left, f"machine {machine_id}'s cgroups were left: {left}"
+    for name in sorted(names):
+        assert not (root / "m" / name).exists(), f"machine {name}'s folder was left in {root / 'm'}"
+        left = [str(p) for p in group_folders(hierarchy, name) if p.exists()]
+        assert not left, f"machine {name}'s cgroups were left: {left}"
+    folders = sorted((root / "m").iterdir()) if (root / "m").is_dir() else []
+    if exclusive:
+        assert not folders, f"machine folders were left: {[p.name for p in folders]}"
     owned = {int(pid) for pid in owners}
-    if owned and (root / "m").is_dir():
-        for folder in (root / "m").iterdir():
+    for folder in folders:
+        try:
+            pid = int((folder / "owner").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        assert pid not in owned, f"{folder} of runner {pid} was left behind"
+    running = machine_processes(root)
+    if not exclusive:
+        running = {name: pids for name, pids in running.items() if name in names}
+    assert not running, f"machine processes are still running: {running}"
+    for entry in Path("/proc").iterdir():  # a process that left the machine's mounts but not its cgroups
+        if entry.name.isdigit() and _live(entry):
             try:
-                pid = int((folder / "owner").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
+                cgroup = entry.joinpath("cgroup").read_text()
+            except OSError:
                 continue
-            assert pid not in owned, f"{folder} of runner {pid} was left behind"
-    if not ids:
-        return
-    marks = [f"/swarmyard/{machine_id}" for machine_id in ids] + [str(root / "m" / m) for m in ids]
-    for pid, cmdline, cgroup in _processes():
-        hit = [mark for mark in marks if mark in cgroup or mark in cmdline]
-        assert not hit, f"process {pid} ({cmdline[:200]}) of machine {hit[0]} is still running"
+            hit = [name for name in names if f"/swarmyard/{name}\n" in cgroup]
+            assert not hit, f"process {entry.name} is still in machine {hit[0]}'s cgroup"
 
 
 def check_audit(run_dir: Path, store_url: str | None, env: dict[str, str] | None = None) -> None:
@@ -248,8 +300,12 @@ def check_audit(run_dir: Path, store_url: str | None, env: dict[str, str] | None
 
 def check_run(store_url: str, run_dir: Path, *, goal_id: str | None = None, finished: bool = True,
               allow_unknown: bool = True, allow_overage: bool = False, machines: Path | None = None,
-              owners: Iterable[int] = (), env: dict[str, str] | None = None) -> RunFacts:
-    """Every invariant of a run after a fault (see the module's docstring); the facts read, for more."""
+              exclusive: bool = False, owners: Iterable[int] = (), seen: Iterable[str] = (),
+              env: dict[str, str] | None = None) -> RunFacts:
+    """Every invariant of a run after a fault (see the module's docstring); the facts read, for more.
+
+    ``machines``: the machines root the run used (``machines_root(TMPDIR)``), ``exclusive`` if it was the run's
+    own; ``owners``: the pids of the run's runners; ``seen``: machine folder names a ``MachineWatch`` saw."""
     db = _Db(store_url)
     try:
         if goal_id is None:
@@ -267,6 +323,6 @@ def check_run(store_url: str, run_dir: Path, *, goal_id: str | None = None, fini
         facts.machines = [str(data["machine"]) for _, kind, data in events if kind == "machine.created"]
     finally:
         db.close()
-    check_no_machines(facts.machines, root=machines, owners=owners)
+    check_no_machines(facts.machines, root=machines, owners=owners, seen=seen, exclusive=exclusive)
     check_audit(run_dir, store_url, env)
     return facts
