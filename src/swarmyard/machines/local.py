@@ -54,6 +54,10 @@ PLANE_SOCKET = f"{RUN_DIR}/plane.sock"
 RELAY_PORT = 8484
 #: Where the compiled init appears inside every machine (read-only).
 NATIVE_INIT = f"{RUN_DIR}/init"
+#: The mounts a governed machine's init marks noexec, each with the mounts beneath it (``/`` alone: the sandbox's
+#: root tmpfs, not the read-only binds on it): every mount in the machine that is not read-only. No file there can
+#: be executed, nor mapped executable by ld.so (which the allowlist must hold, and which maps what it is given).
+NOEXEC = ("/", HOME, "/tmp", "/dev", "/sys", f"{RUN_DIR}/ctl")
 #: Which init boots each machine: ``native`` (the C one, compiled at first use), ``python``, or ``auto`` (the C one
 #: when this host can compile it, else the Python one).
 InitKind = Literal["auto", "native", "python"]
@@ -434,17 +438,24 @@ class LocalBackend(SupervisedBackend):
             argv += ["--ro-bind", str(hosts), "/etc/hosts"]
         pass_fds: tuple[int, ...] = ()
         close_after: tuple[int, ...] = ()
+        seccomp_fd: int | None = None
         if spec.isolation.seccomp and self.report.seccomp:
-            fd = doctor.seccomp_fd(governed=bool(exec_only))
-            argv += ["--seccomp", str(fd)]
-            pass_fds = close_after = (fd,)
+            seccomp_fd = doctor.seccomp_fd(governed=bool(exec_only))
+            pass_fds = close_after = (seccomp_fd,)
+            if not exec_only:
+                argv += ["--seccomp", str(seccomp_fd)]
+        if exec_only:
+            # the init marks the writable mounts noexec (which takes CAP_SYS_ADMIN, and mount_setattr, which the
+            # filter denies), drops every capability, and only then loads the filter itself: see noexec
+            argv += ["--cap-add", "CAP_SYS_ADMIN"]
         if self._userns is not None:
             pass_fds += (self._userns,)  # shared by every machine: kept open
         drop = [] if self._userns is None else ["--user", str(SANDBOX_UID)]
         argv += self._disk_setup(machine.disk)
         if self.native_init is not None:
+            # --host-only: the control socket serves the host, never a process of the machine (see the init)
             argv += [NATIVE_INIT, *drop, "--ctl", f"{RUN_DIR}/ctl/init.sock", "--ready-fd", str(ready_w),
-                     "--cwd", HOME]
+                     "--cwd", HOME, "--host-only"]
             if spec.control_socket is not None:
                 argv += ["--relay-target", PLANE_SOCKET, "--relay-port", str(RELAY_PORT)]
             if landlock:
@@ -453,12 +464,18 @@ class LocalBackend(SupervisedBackend):
                     argv += ["--exec-only", path]
             if landlock_required:
                 argv.append("--landlock-required")
+            if exec_only:
+                for path in NOEXEC:
+                    argv += ["--noexec", path]
+                if seccomp_fd is not None:
+                    argv += ["--seccomp-fd", str(seccomp_fd)]
         else:
             config: dict[str, object] = {
                 "ctl": f"{RUN_DIR}/ctl/init.sock",
                 "ready_fd": ready_w,
                 "cwd": HOME,
                 "landlock_required": landlock_required,
+                "host_only": True,
             }
             if self._userns is not None:
                 config["user"] = SANDBOX_UID
@@ -466,6 +483,10 @@ class LocalBackend(SupervisedBackend):
                 config.update(relay_target=PLANE_SOCKET, relay_port=RELAY_PORT)
             if landlock:
                 config["landlock"] = {"writable": [HOME, "/tmp"], "devices": ["/dev"], "exec_only": list(exec_only)}
+            if exec_only:
+                config["noexec"] = list(NOEXEC)
+                if seccomp_fd is not None:
+                    config["seccomp_fd"] = seccomp_fd
             argv += init_argv(self._python, config)
         rlimits: dict[int, int] = {}
         enforced = machine.cgroups.enforced if machine.cgroups is not None else set()

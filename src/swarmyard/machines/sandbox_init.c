@@ -26,7 +26,10 @@
 #include <mntent.h>
 #include <sched.h>
 #include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
 #include <linux/loop.h>
+#include <linux/seccomp.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -648,6 +651,9 @@ static void free_request(struct request *req) {
     free((void *)req->stdin_data);
 }
 
+/* Serve only peers outside this pid namespace (the host): set (--host-only) for an init with a pid namespace. */
+static int host_only = 0;
+
 static void *serve_one(void *arg) {
     int conn = (int)(intptr_t)arg;
     char kind;
@@ -655,6 +661,14 @@ static void *serve_one(void *arg) {
     uint32_t len;
     struct request req;
     memset(&req, 0, sizeof req);
+    /* Only the host may ask: a process of this machine would have its peer pid in the machine's pid namespace,
+     * and through the init it could run what its own exec lock (or the machine's allowlist, by ld.so) refused. */
+    struct ucred peer;
+    socklen_t peer_len = sizeof peer;
+    if (host_only && (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 || peer.pid != 0)) {
+        close(conn);
+        return NULL;
+    }
     if (recv_frame(conn, &kind, &payload, &len) == 0) {
         if (kind == 'q' && parse_request(payload, len, &req) == 0) {
             if (strcmp(req.op, "exec") == 0) run_exec(conn, &req);
@@ -1069,11 +1083,73 @@ static int drop_to(uid_t uid) {
     return 0;
 }
 
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef MOUNT_ATTR_NOEXEC
+#define MOUNT_ATTR_NOEXEC 0x00000008
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+
+/* Mark PATH's mount noexec (with every mount beneath it, except for "/", whose tree holds /usr): no file on it can
+ * be executed or mapped executable, even by ld.so. Needs CAP_SYS_ADMIN in the machine's user namespace, so it runs
+ * before the uid drop and before the seccomp filter (which denies mount_setattr). */
+static int mount_noexec(const char *path, char *why, size_t whylen) {
+    struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } attr = {MOUNT_ATTR_NOEXEC, 0, 0, 0};
+    unsigned flags = strcmp(path, "/") == 0 ? 0 : AT_RECURSIVE;
+    if (syscall(SYS_mount_setattr, AT_FDCWD, path, flags, &attr, sizeof attr) != 0) {
+        snprintf(why, whylen, "mount_setattr(noexec) %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Give up every capability (a sandbox bwrap started as a non-root uid holds the ones it was given as ambient). */
+static int drop_capabilities(char *why, size_t whylen) {
+    struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 || syscall(SYS_capset, &head, data) != 0) {
+        snprintf(why, whylen, "cannot drop capabilities: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Load the seccomp filter (struct sock_filter bytes, as bwrap's --seccomp reads them) from FD, then close it. */
+static int load_seccomp(int fd, char *why, size_t whylen) {
+    static struct sock_filter insns[4096];
+    size_t got = 0;
+    ssize_t n;
+    while ((n = read(fd, (char *)insns + got, sizeof insns - got)) > 0) got += (size_t)n;
+    close(fd);
+    if (n < 0 || got == 0 || got % sizeof insns[0] != 0) {
+        snprintf(why, whylen, "cannot read the seccomp filter");
+        return -1;
+    }
+    struct sock_fprog prog = {(unsigned short)(got / sizeof insns[0]), insns};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0) {
+        snprintf(why, whylen, "cannot load the seccomp filter: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Report a failure to start on the ready pipe (the host reads it as the boot's error) and give up. */
+static int boot_failed(int ready_fd, const char *why) {
+    char line[700];
+    int n = snprintf(line, sizeof line, "{\"error\": \"%s\"}\n", why);
+    write_all(ready_fd, line, (size_t)n);
+    return 3;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: init [--user UID] --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
             "            [--writable DIR]... [--device DIR]... [--exec-only FILE]... [--landlock]\n"
-            "            [--landlock-required]\n");
+            "            [--landlock-required] [--noexec DIR]... [--seccomp-fd N] [--host-only]\n");
     exit(2);
 }
 
@@ -1083,8 +1159,8 @@ int main(int argc, char **argv) {
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
     long drop_uid = -1;
-    char *writable[16], *devices[16], *exec_only[16];
-    int nwritable = 0, ndevices = 0, nexec = 0;
+    char *writable[16], *devices[16], *exec_only[16], *noexec[16];
+    int nwritable = 0, ndevices = 0, nexec = 0, nnoexec = 0, seccomp_fd = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 < argc && strcmp(a, "--ctl") == 0) ctl = argv[++i];
@@ -1095,13 +1171,23 @@ int main(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(a, "--writable") == 0 && nwritable < 16) writable[nwritable++] = argv[++i];
         else if (i + 1 < argc && strcmp(a, "--device") == 0 && ndevices < 16) devices[ndevices++] = argv[++i];
         else if (i + 1 < argc && strcmp(a, "--exec-only") == 0 && nexec < 16) exec_only[nexec++] = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--noexec") == 0 && nnoexec < 16) noexec[nnoexec++] = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--seccomp-fd") == 0) seccomp_fd = atoi(argv[++i]);
+        else if (strcmp(a, "--host-only") == 0) host_only = 1;
         else if (strcmp(a, "--landlock") == 0) want_landlock = 1;
         else if (strcmp(a, "--landlock-required") == 0) landlock_required = 1;
         else if (i + 1 < argc && strcmp(a, "--user") == 0) drop_uid = (long)atoi(argv[++i]);
         else usage();
     }
     if (!ctl || ready_fd < 0) usage();
+    /* A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN, then every
+     * capability dropped, then the seccomp filter (bwrap would have loaded it before any of this could run). */
+    char why[512] = "";
+    for (int k = 0; k < nnoexec; k++)
+        if (mount_noexec(noexec[k], why, sizeof why) != 0) return boot_failed(ready_fd, why);
     if (drop_uid >= 0 && drop_to((uid_t)drop_uid) != 0) return 1;
+    if (nnoexec && drop_capabilities(why, sizeof why) != 0) return boot_failed(ready_fd, why);
+    if (seccomp_fd >= 0 && load_seccomp(seccomp_fd, why, sizeof why) != 0) return boot_failed(ready_fd, why);
     signal(SIGPIPE, SIG_IGN);
     /* Bind by a relative name: a run folder deep under a temp dir can exceed the 108-byte socket path limit. */
     char *dir = strdup(ctl);
@@ -1145,14 +1231,9 @@ int main(int argc, char **argv) {
     /* Landlock before any thread starts: every thread and every command inherits the domain. */
     int abi = 0;
     if (want_landlock) {
-        char why[512] = "";
         abi = landlock_restrict(writable, nwritable, devices, ndevices, exec_only, nexec, why, sizeof why);
-        if (!abi && (landlock_required || nexec)) { /* an exec allowlist is never dropped for a weaker sandbox */
-            char line[700];
-            int n = snprintf(line, sizeof line, "{\"error\": \"%s\"}\n", why);
-            write_all(ready_fd, line, (size_t)n);
-            return 3;
-        }
+        /* an exec allowlist is never dropped for a weaker sandbox */
+        if (!abi && (landlock_required || nexec)) return boot_failed(ready_fd, why);
     }
     if (relay_listener >= 0) {
         pthread_t t;

@@ -14,15 +14,16 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any
+from typing import Any, NoReturn
 
-from swarmyard.machines import landlock, wire
+from swarmyard.machines import landlock, noexec, seccomp, wire
 from swarmyard.machines.relay import Relay
 
 _CHUNK = 65536
@@ -235,6 +236,11 @@ def _get(conn: socket.socket, req: dict[str, Any]) -> None:
 def _serve_one(conn: socket.socket) -> None:
     with conn:
         try:
+            # Only the host may ask: a process of this machine has its peer pid in the machine's pid namespace,
+            # and through the init it could run what its own exec lock (or the allowlist, by ld.so) refused.
+            pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if _HOST_ONLY and pid != 0:
+                return
             frame = wire.recv_frame(conn)
             if frame is None or frame[0] != b"q":
                 return
@@ -255,6 +261,8 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 _RUNNING: dict[int, bytes] = {}
+#: Serve only peers outside this pid namespace (the host): set for an init that has a pid namespace of its own.
+_HOST_ONLY = False
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -263,15 +271,36 @@ def _terminate(signum: int, frame: object) -> None:
     os._exit(0)
 
 
+def _boot_failed(ready_fd: int, exc: OSError) -> NoReturn:
+    """Report a failure to start on the ready pipe (the host reads it as the boot's error) and give up."""
+    os.write(ready_fd, json.dumps({"error": str(exc)}).encode() + b"\n")
+    raise SystemExit(3) from exc
+
+
 def main(argv: list[str] | None = None) -> None:
     """Bind, restrict, report ready on ``ready_fd``, then serve forever."""
+    global _HOST_ONLY
     config: dict[str, Any] = json.loads((argv or sys.argv)[1])
+    _HOST_ONLY = bool(config.get("host_only"))
+    try:
+        # A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN (see noexec).
+        noexec.mount_noexec(config.get("noexec", []))
+    except OSError as exc:
+        _boot_failed(config["ready_fd"], exc)
     if config.get("user") is not None:
         # Leave the root of the machine's user namespace (bwrap set the sandbox up as it) before anything else.
         uid = int(config["user"])
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+    try:
+        if config.get("noexec"):
+            noexec.drop_capabilities()
+        if config.get("seccomp_fd") is not None:  # the filter bwrap would have loaded before the remounts
+            with os.fdopen(int(config["seccomp_fd"]), "rb") as handle:
+                seccomp.load_filter(handle.read())
+    except OSError as exc:
+        _boot_failed(config["ready_fd"], exc)
     signal.signal(signal.SIGTERM, _terminate)
     # Bind by a relative name: a run folder deep under a temp dir can exceed the 108-byte socket path limit.
     os.chdir(os.path.dirname(config["ctl"]))
@@ -296,8 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             # an exec allowlist is never dropped for a weaker sandbox: without it the machine has a shell
             if config.get("landlock_required", True) or config["landlock"].get("exec_only"):
-                os.write(config["ready_fd"], json.dumps({"error": str(exc)}).encode() + b"\n")
-                raise SystemExit(3) from exc
+                _boot_failed(config["ready_fd"], exc)
     os.write(config["ready_fd"], json.dumps(ready).encode() + b"\n")
     os.close(config["ready_fd"])
     while True:

@@ -200,18 +200,24 @@ def lock_exec() -> None:
     execute only its interpreter (Landlock, set by the machine's init); this takes even that away, so what the
     agent runs is the process it is. ``OSError`` when the kernel refuses the filter.
     """
-    import ctypes
-
     if not supported_arch():
         raise OSError(errno.ENOSYS, f"no exec lock for {platform.machine()} (x86_64 only)")
-    program = build_exec_lock()
-    raw = b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in program)
+    load_filter(b"".join(struct.pack("=HBBI", code, jt, jf, k) for code, jt, jf, k in build_exec_lock()))
+
+
+def load_filter(raw: bytes) -> None:
+    """Put the filter ``raw`` (``struct sock_filter`` bytes, as :func:`build_filter` makes) on this process and
+    every child it makes, for good (after ``PR_SET_NO_NEW_PRIVS``). ``OSError`` when the kernel refuses it."""
+    import ctypes
+
+    if not raw or len(raw) % 8:
+        raise OSError(errno.EINVAL, "a seccomp filter is a whole number of 8-byte instructions")
     filters = ctypes.create_string_buffer(raw, len(raw))
 
     class _SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    fprog = _SockFprog(len(raw) // 8, ctypes.cast(filters, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()

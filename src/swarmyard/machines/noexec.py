@@ -1,0 +1,49 @@
+"""What the Python init does for a governed machine before its seccomp filter: writable mounts made ``noexec``
+(stdlib only, like the init).
+
+Landlock's execute right stops ``execve`` of a file outside the allowlist, but not ``ld.so FILE``: the loader is
+allowed (every dynamically linked program needs it) and maps the file itself. A ``noexec`` mount is what the
+kernel checks at ``mmap(PROT_EXEC)``, so an ELF written to a writable folder can be neither executed nor loaded.
+``mount_setattr`` needs ``CAP_SYS_ADMIN`` in the machine's user namespace: the init calls it before it gives up
+its capabilities, and before the filter that denies the call is loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections.abc import Sequence
+
+_SYS_MOUNT_SETATTR = 442
+_SYS_CAPSET = 126
+_MOUNT_ATTR_NOEXEC = 0x08
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def mount_noexec(paths: Sequence[str]) -> None:
+    """Mark each path's mount ``noexec``, with every mount beneath it (but not beneath ``/``: its tree holds
+    ``/usr``). ``OSError`` when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = ctypes.create_string_buffer(struct.pack("=QQQQ", _MOUNT_ATTR_NOEXEC, 0, 0, 0), 32)
+    for path in paths:
+        flags = 0 if path == "/" else _AT_RECURSIVE
+        if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, os.fsencode(path), flags, attr, ctypes.c_size_t(32)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mount_setattr(noexec) {path}: {os.strerror(err)}")
+
+
+def drop_capabilities() -> None:
+    """Give up every capability (a sandbox bwrap started as a non-root uid holds the ones it was given as
+    ambient ones). ``OSError`` when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    head = ctypes.create_string_buffer(struct.pack("=Ii", _CAPABILITY_VERSION_3, 0), 8)
+    data = ctypes.create_string_buffer(24)  # two struct __user_cap_data_struct, all zero
+    if (libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0
+            or libc.syscall(_SYS_CAPSET, head, data) != 0):
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot drop capabilities: {os.strerror(err)}")
