@@ -1,5 +1,6 @@
-"""Claude Code, Codex and opencode as governed workers, in real governed machines (exec of anything but the CLI,
-what it vendors, and swarmyard's own interpreter for its MCP server is refused by the sandbox): each is started
+"""Claude Code, Codex and opencode as governed workers, in real governed machines (exec of anything but the CLI's
+own program and runtime, and swarmyard's own interpreter for its MCP server, is refused by the sandbox, and its
+writable mounts are noexec): each is started
 with its own tools off, is asked by the scripted model first for its own shell tool, which it does not have, and
 then for swarmyard's submit_finding over MCP, which lands in the store."""
 

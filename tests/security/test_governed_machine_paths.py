@@ -18,7 +18,7 @@ from swarmyard.machines import Isolation, Machines
 from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME, InitKind, LocalBackend
 from swarmyard.machines.protocol import MachineInfo
-from swarmyard.swarm.machine_launcher import _REMOVE_TREE
+from swarmyard.swarm.machine_launcher import _LOCKED, _REMOVE_TREE
 
 pytestmark = [pytest.mark.bwrap,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
@@ -51,7 +51,9 @@ def test_a_module_planted_in_the_home_does_not_run_in_the_agent_or_the_helpers(m
     assert b"SHADOWED" not in agent.stderr
     assert b"agent error" in agent.stderr  # its own refusal (no plane URL), after its real imports
     machines.files.upload(governed.id, "task/a.txt", b"x")
-    helper = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", _REMOVE_TREE, "task"], cwd=HOME, timeout=60)
+    # as the launcher runs it in a governed machine: its exec locked first
+    helper = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", _LOCKED + _REMOVE_TREE, "task"], cwd=HOME,
+                           timeout=60)
     assert helper.ok and b"SHADOWED" not in helper.stderr
     left = machines.exec(governed.id, [*MACHINE_PYTHON, "-c", "import os; print(os.path.exists('task'))"],
                          cwd=HOME, timeout=60)

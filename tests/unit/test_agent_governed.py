@@ -87,6 +87,39 @@ def test_the_exec_allowlist_holds_the_interpreter_and_its_loader() -> None:
         assert str(Path(loader).resolve()) in allow
 
 
+def test_an_npm_launcher_script_may_execute_its_interpreter_and_its_own_native_binary_only(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from swarmyard.machines.execs import cli_allowlist
+
+    # Codex's layout: bin/tool.js (#!/usr/bin/env node) hands over to vendor/<target>/bin/tool; the package also
+    # vendors ripgrep, a bwrap and a helper host, and holds a file named like the CLI that is not a program
+    package = tmp_path / "lib" / "node_modules" / "tool"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text("{}")
+    script = package / "bin" / "tool.js"
+    script.write_text("#!/usr/bin/env node\n")
+    script.chmod(0o755)
+    vendor = package / "vendor" / "x86_64-unknown-linux-musl"
+    for name in ("bin/tool", "path/rg", "resources/bwrap", "bin/tool-helper-host"):
+        (vendor / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy("/bin/true", vendor / name)
+    (vendor / "docs").mkdir()
+    (vendor / "docs" / "tool").write_text("#!/bin/sh\n")
+    (vendor / "docs" / "tool").chmod(0o755)
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    os.symlink(script, on_path / "tool")
+    node = shutil.which("node", path="/usr/local/bin:/usr/bin:/bin")
+    allow = cli_allowlist("tool", f"{on_path}:/usr/local/bin:/usr/bin:/bin")
+    true_loader = interpreter_of(os.path.realpath("/bin/true"))
+    expected = {str(script), os.path.realpath("/usr/bin/env"), str(vendor / "bin" / "tool"),
+                *(os.path.realpath(p) for p in (node, true_loader) if p is not None)}
+    assert set(allow) == expected
+    assert str(package) not in allow  # no execute right beneath the whole package any more
+
+
 _SWARM = """
 [goal]
 objective = "o"

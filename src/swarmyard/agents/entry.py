@@ -18,8 +18,7 @@ from swarmyard.agents.model import BrokerChatModel
 from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
-from swarmyard.errors import SandboxError, SwarmyardError
-from swarmyard.machines.seccomp import lock_exec
+from swarmyard.errors import SwarmyardError
 
 
 def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport | None:
@@ -85,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         settings = AgentSettings.from_env(env)
-        if settings.profile == governed.GOVERNED:
-            try:
-                lock_exec()  # before the first reply is read: from here on this process can exec nothing
-            except OSError as exc:  # a governed agent does not run without it
-                raise SandboxError(f"cannot lock exec for a governed agent: {exc}") from exc
+        governed.lock(settings.profile, "agent")  # before the first reply is read: from here on, no exec
         if settings.role is Role.PLANNER:
             sys.stdout.write(json.dumps(asyncio.run(run_planner(settings, env))) + "\n")
             return 0

@@ -2,8 +2,9 @@
 that touches its machine (no shell, no files).
 
 The refusal here is the agent's; the guarantee is the sandbox's: a governed machine lets its processes execute
-only the agent's interpreter (Landlock, from the machine's init) and the agent takes even that away from itself as
-it starts (``seccomp.lock_exec``), so a shell the model asked for could not run even if this table offered one.
+only the agent's interpreter and its loader (Landlock, from the machine's init), its writable mounts are noexec,
+and the agent takes even that away from itself as it starts (:func:`lock`), so a shell the model asked for could
+not run even if this table offered one.
 """
 
 from __future__ import annotations
@@ -15,12 +16,30 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.agents.actions import TOOLS, ToolSpec
-from swarmyard.errors import ConfigError, ToolRefusedError
+from swarmyard.errors import ConfigError, SandboxError, ToolRefusedError
 
 FULL = "full"
 GOVERNED = "governed"
 #: The tools that act on the agent's own machine, which a governed agent does not have.
 MACHINE_TOOLS = frozenset({"shell", "read_file", "write_file"})
+
+
+def lock(profile: str, who: str) -> None:
+    """Under ``governed``, lock exec for this process for good (``seccomp.lock_exec``): the built-in agent before
+    it reads its model's first reply, ``swarmyard mcp`` before it reads its first message. The machine lets them
+    execute the interpreter and its loader, and the loader runs any program under /usr it is given; after this,
+    nothing. ``SandboxError`` when the kernel refuses the filter (``who`` names the process), ``ConfigError`` for a
+    profile that is neither ``full`` nor ``governed``."""
+    from swarmyard.machines.seccomp import lock_exec
+
+    if profile not in (FULL, GOVERNED):
+        raise ConfigError(f"must be {FULL!r} or {GOVERNED!r}, not {profile!r}", field="SWARMYARD_PROFILE")
+    if profile != GOVERNED:
+        return
+    try:
+        lock_exec()
+    except OSError as exc:  # a governed process does not run without it
+        raise SandboxError(f"cannot lock exec for a governed {who}: {exc}") from exc
 
 
 def refuse(tool: str, profile: str) -> None:

@@ -50,8 +50,11 @@ def exec_allowlist(programs: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def cli_allowlist(program: str, path: str) -> tuple[str, ...]:
-    """What an agent CLI found on ``path`` needs to execute: its package folder (an npm CLI runs binaries it
-    vendors), and the interpreter its ``#!`` line names (through ``/usr/bin/env``); ``()`` when not found."""
+    """What an agent CLI found on ``path`` needs to execute, and nothing else: the file it resolves to; when that
+    is a script, the interpreter its ``#!`` line names (through ``/usr/bin/env``) and the native binaries of the
+    same name its package vendors (an npm launcher script hands over to one: Codex's ``codex.js`` execs
+    ``vendor/<target>/bin/codex``); and each one's ELF interpreter. Not what else the package vendors (ripgrep, a
+    bwrap, helper hosts): those serve the CLI's own tools, which a governed worker has off. ``()`` when not found."""
     import shutil
 
     found = shutil.which(program, path=path)
@@ -59,9 +62,6 @@ def cli_allowlist(program: str, path: str) -> tuple[str, ...]:
         return ()
     real = os.path.realpath(found)
     out = [real]
-    folder = os.path.dirname(real)
-    while folder != "/" and not os.path.isfile(os.path.join(folder, "package.json")):
-        folder = os.path.dirname(folder)
     try:
         with open(real, "rb") as f:
             line = f.readline(256)
@@ -75,5 +75,30 @@ def cli_allowlist(program: str, path: str) -> tuple[str, ...]:
                 named = shutil.which(words[1], path=path)
                 if named:
                     out.append(named)
-    # the execute right beneath the package folder: the CLI and what it vendors, nothing else
-    return exec_allowlist(tuple(out)) + ((folder,) if folder != "/" else ())
+        out += _vendored(real, program)
+    return exec_allowlist(tuple(out))
+
+
+def _vendored(script: str, program: str) -> list[str]:
+    """The executable ELF files named ``program`` beneath the package folder of ``script`` (the nearest folder
+    above it that holds a ``package.json``), sorted."""
+    folder = os.path.dirname(script)
+    while folder != "/" and not os.path.isfile(os.path.join(folder, "package.json")):
+        folder = os.path.dirname(folder)
+    if folder == "/":
+        return []
+    found = []
+    for top, _, names in os.walk(folder):
+        for name in names:
+            candidate = os.path.join(top, name)
+            if name == program and os.access(candidate, os.X_OK) and _is_elf(candidate):
+                found.append(candidate)
+    return sorted(found)
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False

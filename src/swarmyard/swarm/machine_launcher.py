@@ -58,6 +58,8 @@ _FIND_TRANSCRIPTS = (
     "                and st.st_size < most and st.st_mtime > mark:\n"
     "            print(path)\n"
 )
+#: What a governed machine's helpers start with: they walk folders the agent wrote, and execute nothing.
+_LOCKED = "from swarmyard.machines.seccomp import lock_exec; lock_exec()\n"
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
@@ -396,13 +398,18 @@ class MachineLauncher:
         if slot.name in self._with_files:
             # the previous task's files must not pass for this one's
             # by the machine's interpreter, not rm: a governed machine executes nothing else
-            self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", _REMOVE_TREE, TASK_FOLDER], timeout=60, cwd=home)
+            self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", self._helper(slot, _REMOVE_TREE), TASK_FOLDER],
+                                timeout=60, cwd=home)
             self._with_files.discard(slot.name)
         if lens is None:
             return
         for item in task_files(lens.files):
             self._machines.files.upload(machine_id, f"{TASK_FOLDER}/{item.inside}", item.source.read_bytes())
         self._with_files.add(slot.name)
+
+    def _helper(self, slot: WorkerSlot, code: str) -> str:
+        """A helper program for the slot's machine: under ``governed`` it locks exec before anything else."""
+        return _LOCKED + code if governance.profile_of(self.config, slot.role) is Profile.GOVERNED else code
 
     def _keep_log(self, slot: WorkerSlot, worker_id: str, agent: AgentKind, result: ExecResult,
                   took_s: float) -> None:
@@ -432,7 +439,8 @@ class MachineLauncher:
             return
         home = self._homes[slot.name]
         # by the machine's interpreter, not find: a governed machine executes nothing else
-        found = self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", _FIND_TRANSCRIPTS, f"{home}/{where}",
+        found = self._machines.exec(machine_id, [*MACHINE_PYTHON, "-c", self._helper(slot, _FIND_TRANSCRIPTS),
+                                                 f"{home}/{where}",
                                                  f"{home}/.swarmyard-run-{worker_id}", str(MAX_FILE_BYTES)],
                                     timeout=30)
         paths = sorted(found.stdout.decode("utf-8", "replace").split())

@@ -30,6 +30,8 @@ class AdapterContext:
     def mcp_env(self) -> dict[str, str]:
         """The environment of the ``swarmyard mcp`` server the agent starts."""
         env = {"SWARMYARD_PLANE_URL": self.relay_url, "SWARMYARD_TOKEN": self.token}
+        if self.governed:  # it locks exec for itself before it reads its first message
+            env["SWARMYARD_PROFILE"] = "governed"
         if self.task_id is not None and self.fencing_token is not None:
             env |= {"SWARMYARD_TASK_ID": self.task_id, "SWARMYARD_FENCING_TOKEN": str(self.fencing_token)}
         return env
