@@ -54,7 +54,7 @@ def test_siblings_are_capped_scoped_and_deleted_with_their_coordinator(folder: P
             boxd.machines.wait_until_ready(machine.id)
         program = '''
 from swarmyard.boxd import Boxd
-from swarmyard.errors import ForbiddenError
+from swarmyard.errors import SwarmyardError
 boxd = Boxd()
 a = boxd.machines.create("sib-a")
 boxd.machines.wait_until_ready(a.id)
@@ -62,18 +62,24 @@ boxd.machines.files.upload(a.id, "kept.txt", "made by the coordinator")
 b = boxd.machines.fork("sib-a", "sib-b")
 print(boxd.machines.files.download("sib-b", "kept.txt").decode())
 print(boxd.machines.exec("sib-b", "echo $HOME").stdout.strip())
-for refused in (lambda: boxd.machines.create("sib-c"), lambda: boxd.machines.get("plain")):
+# past the cap; then a machine the client made but this one did not, answered as one that does not exist
+for refused in (lambda: boxd.machines.create("sib-c"), lambda: boxd.machines.get("plain"),
+                lambda: boxd.machines.get("no-such-machine"), lambda: boxd.machines.exec("plain", "true"),
+                lambda: boxd.machines.delete("plain")):
     try:
         refused()
-    except ForbiddenError as exc:
-        print("refused:", exc.code)
+    except SwarmyardError as exc:
+        print("refused:", exc.code, exc.message.replace("plain", "X").replace("no-such-machine", "X"))
 print(sorted(m.name for m in boxd.machines.list()))
 '''
         boxd.machines.files.upload(coordinator.id, "make.py", program)
         done = boxd.machines.exec(coordinator.id, "python3 make.py", timeout=300)
         assert done.success, done.stderr[-3000:]
-        assert done.stdout.splitlines() == ["made by the coordinator", "/home/boxd", "refused: forbidden",
-                                            "refused: forbidden", "['sib-a', 'sib-b']"]
+        lines = done.stdout.splitlines()
+        assert lines[:3] == ["made by the coordinator", "/home/boxd", lines[2]] and lines[-1] == "['sib-a', 'sib-b']"
+        assert lines[2].startswith("refused: forbidden ")
+        unknown = {line for line in lines[3:-1]}
+        assert len(lines[3:-1]) == 4 and len(unknown) == 1 and unknown.pop().startswith("refused: not_found ")
         assert sorted(m.name for m in boxd.machines.list()) == ["coordinator", "plain", "sib-a", "sib-b"]
         # a machine without the capability makes nothing: Boxd() says so, and its token opens no machines route
         boxd.machines.files.upload(plain.id, "make.py", program)

@@ -3,7 +3,8 @@
 A machine created with ``spawn=True`` is a coordinator: its worker token is also a capability to create, exec in,
 fork and delete machines of its own (its siblings, made by the same client, logged in under the same goal, so
 their model calls count against the goal's budget and they against the client's machine cap), at most
-``spawn_cap`` alive at once. It sees and touches only the machines it made; they are deleted with it. Inside it,
+``spawn_cap`` alive at once. It sees and touches only the machines it made (any other is ``not_found``, as a
+machine that does not exist is: no oracle of the client's other machines); they are deleted with it. Inside it,
 ``Boxd()`` finds ``SWARMYARD_BOXD_URL`` (the relay) and its token in its environment and needs no configuration.
 """
 
@@ -106,7 +107,8 @@ class Spawners:
                 continue  # gone another way (the client closing): not this machine's business
             if machine in (info.id, info.name):
                 return info.id
-        raise ForbiddenError(f"machine {machine!r} is not one this machine made")
+        # the same answer as for a machine that does not exist: a coordinator learns nothing of the others
+        raise NotFoundError("machine", machine)
 
     def reserve(self, owner: str) -> None:
         """Take one of ``owner``'s slots for a machine about to be made (``adopt`` or ``unreserve`` it after)."""
