@@ -354,3 +354,78 @@ def test_a_worker_killed_mid_task_loses_its_claim_and_another_completes_it(short
     assert facts.tasks[task_id] == "done"
     # the killed worker's machine, the next try's and the lead's were all made (and none is left)
     assert {first, second} <= watch.names and len(facts.machines) >= 3
+
+
+# -- the checks themselves: each broken invariant is caught ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run() -> Iterator[tuple[Path, Path]]:
+    """One run that ends well (two lenses on priced scripted calls): (its folder, its run folder)."""
+    folder = Path(tempfile.mkdtemp(prefix="sy-f-"))
+    try:
+        replies = {"scripted-worker": [_tool("board_post", body="a note"), _finding(0), _finding(1)],
+                   "scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)]}
+        runner = _start(folder, _swarm(folder, replies, lenses=2))
+        code, _, err = _finish(runner)
+        assert code == 0, err[-3000:]
+        run_dir = _run_dir(folder)
+        assert run_dir is not None
+        yield folder, run_dir
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _event(db: sqlite3.Connection, kind: str, **body: Any) -> None:
+    db.execute("INSERT INTO events (kind, body, created_at) VALUES (?, ?, 0)",
+               (kind, json.dumps({"kind": kind, **body}).encode()))
+
+
+def _break(db: sqlite3.Connection, how: str, machines: Path) -> None:
+    goal = db.execute("SELECT id FROM goals").fetchone()[0]
+    claims = [json.loads(b) for (b,) in db.execute("SELECT body FROM events WHERE kind = 'task.claimed' ORDER BY id")]
+    last = claims[-1]
+    match how:
+        case "token_twice":  # another task claimed under a token already handed out
+            other = next(c for c in claims if c["task"] != last["task"])
+            _event(db, "task.claimed", goal=goal, task=other["task"], token=last["token"], worker="w",
+                   at_ms=last["at_ms"] + 1, expires_ms=last["expires_ms"] + 1)
+        case "completed_twice":
+            _event(db, "task.completed", goal=goal, task=last["task"], token=last["token"], at_ms=last["at_ms"])
+        case "stale_write":  # a post under a claim that had ended
+            _event(db, "board.posted", goal=goal, task=last["task"], token=last["token"], at_ms=last["at_ms"])
+        case "hold_open":
+            db.execute("UPDATE reservations SET state = 'held' WHERE rowid = (SELECT min(rowid) FROM reservations)")
+        case "goal_envelope":
+            db.execute("UPDATE goals SET settled = settled + 1")
+        case "task_envelope":
+            db.execute("UPDATE tasks SET settled = settled + 1, budget = budget + 1 WHERE id = ?", (last["task"],))
+        case "machine_left":
+            machine = next(json.loads(b)["machine"] for (b,) in
+                           db.execute("SELECT body FROM events WHERE kind = 'machine.created'"))
+            (machines / "m" / machine).mkdir(parents=True)
+        case "table_rewritten":  # only the audit log's tables check sees this one
+            db.execute("UPDATE findings SET body = 'rewritten' WHERE rowid = 1")
+
+
+BROKEN = {
+    "token_twice": "handed out twice", "completed_twice": "completed more than once",
+    "stale_write": "after its claim had ended", "hold_open": "was left held", "goal_envelope": "goal settled",
+    "task_envelope": r"task \S+ settled", "machine_left": "folder was left", "table_rewritten": "is not what event",
+}
+
+
+@pytest.mark.parametrize("how", sorted(BROKEN))
+def test_the_checks_catch_each_broken_invariant(finished_run: tuple[Path, Path], tmp_path: Path, how: str) -> None:
+    folder, run_dir = finished_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.sock"))
+    machines = tmp_path / "machines"
+    (machines / "m").mkdir(parents=True)
+    # the copy passes as it is ...
+    check_run(store_url_of(copy), copy, machines=machines, exclusive=True, env=_env(folder))
+    with sqlite3.connect(copy / "store.db") as db:
+        _break(db, how, machines)
+    # ... and fails once broken, on the check that guards what was broken
+    with pytest.raises(AssertionError, match=BROKEN[how]):
+        check_run(store_url_of(copy), copy, machines=machines, exclusive=True, env=_env(folder))
