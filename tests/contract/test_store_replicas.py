@@ -129,3 +129,27 @@ def test_the_holds_of_a_replica_that_died_become_unknown(replicas: list[SqlStore
     dead.settle(lost.id, 80)
     goal = alive.get_goal(worker.goal_id)
     assert (goal.envelope.reserved, goal.envelope.settled) == (50, 140)
+
+
+def test_a_resend_of_a_lost_call_is_refused_by_every_replica(replicas: list[SqlStore], clock: FakeClock) -> None:
+    from swarmyard.auth.tokens import token_hash
+    from swarmyard.errors import DuplicateOfUnknownError
+
+    worker = claimed_worker(replicas[0], clock, secret=SECRET)
+    hashed = token_hash(worker.token)
+    lost = replicas[0].reserve_for_worker(worker.worker_id, hashed, model="m", amount=100, method="bytes",
+                                          body_digest="d1")
+    replicas[0].mark_unknown(lost.id)
+    before = replicas[0].get_goal(worker.goal_id).envelope
+    for other in replicas[1:]:
+        with pytest.raises(DuplicateOfUnknownError, match=lost.id):
+            other.reserve_for_worker(worker.worker_id, hashed, model="m", amount=100, method="bytes",
+                                     body_digest="d1")
+    assert replicas[2].get_goal(worker.goal_id).envelope == before  # nothing held, no call counted
+    fresh = replicas[1].reserve_for_worker(worker.worker_id, hashed, model="m", amount=100, method="bytes",
+                                           body_digest="d2")  # another body is another call
+    replicas[1].settle(fresh.id, 10)
+    replicas[2].reconcile(lost.id, 40)  # once reconciled, the body may be sent again
+    again = replicas[1].reserve_for_worker(worker.worker_id, hashed, model="m", amount=100, method="bytes",
+                                           body_digest="d1")
+    assert again.state is ReservationState.HELD

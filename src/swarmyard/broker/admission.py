@@ -95,7 +95,8 @@ class Admission:
         self._prices[route.name] = (now + _PRICE_TTL_S, price)
         return price
 
-    async def admit(self, token: str, chat: ChatRequest, route: ModelRoute, size: int) -> Admitted:
+    async def admit(self, token: str, chat: ChatRequest, route: ModelRoute, size: int,
+                    body_digest: str | None = None) -> Admitted:
         """Admit right here on the event loop when that cannot block it; otherwise on the store threads.
 
         It cannot block when the store answers without waiting (SQLite, whose write lock is free: taken, the
@@ -104,12 +105,12 @@ class Admission:
         thread hand-offs, a good part of what the broker adds to a call.
         """
         if route.tokenizer is Tokenizer.BYTES and size <= _INLINE_BODY_BYTES:
-            done, admitted = without_waiting(self.store, lambda: self._admit(token, chat, route))
+            done, admitted = without_waiting(self.store, lambda: self._admit(token, chat, route, body_digest))
             if done and admitted is not None:
                 return admitted
-        return await self._threads.run(lambda: self._admit(token, chat, route))
+        return await self._threads.run(lambda: self._admit(token, chat, route, body_digest))
 
-    def _admit(self, token: str, chat: ChatRequest, route: ModelRoute) -> Admitted:
+    def _admit(self, token: str, chat: ChatRequest, route: ModelRoute, body_digest: str | None) -> Admitted:
         signed = self.tokens.verify_signed(token)  # a forged or expired token costs no token counting
         if chat.max_tokens is not None and chat.max_tokens > route.max_output_tokens:
             # Agent CLIs send their own large defaults (Claude Code asks for 32,000); the model cannot write
@@ -129,7 +130,8 @@ class Admission:
             # claim and both envelopes are checked and charged in one transaction (one trip to the store).
             reservation = self.store.reserve_for_worker(
                 signed.worker_id, token_hash(token), model=route.name,
-                amount=ledger.worst_case(inputs, max_tokens, price), method=counter.method)
+                amount=ledger.worst_case(inputs, max_tokens, price), method=counter.method,
+                body_digest=body_digest)
             return Admitted(reservation, signed.worker_id, price, counter, inputs, max_tokens)
         identity = self.tokens.verify(token)
         claim = self.store.current_claim(identity.worker_id)
@@ -152,6 +154,6 @@ class Admission:
             )
         amount = ledger.worst_case(inputs, max_tokens, price)
         reservation = self.store.reserve(
-            task.id, claim.token, model=route.name, amount=amount, method=counter.method
-        )
+            task.id, claim.token, model=route.name, amount=amount, method=counter.method,
+            body_digest=body_digest)
         return Admitted(reservation, identity.worker_id, price, counter, inputs, max_tokens)

@@ -30,7 +30,7 @@ from swarmyard.broker.chat import ChatRequest, Finished, FinishReason, StreamEve
 from swarmyard.broker.eventstream import EventStream, coalesced
 from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiFormat
 from swarmyard.broker.formats import anthropic as messages_format
-from swarmyard.broker.holds import Hold, Holds
+from swarmyard.broker.holds import Hold, Holds, body_digest
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.keys import scrubbed
 from swarmyard.broker.providers.protocol import CallState, Provider
@@ -158,7 +158,7 @@ class Broker:
             await self.holds.refuse_resend(worker_id, raw)
             chat = fmt.parse(parse_object(raw))
             route = self.admission.route(chat.model)
-            admitted = await self.admission.admit(token, chat, route, len(raw))
+            admitted = await self.admission.admit(token, chat, route, len(raw), body_digest(raw))
         except SwarmyardError as exc:
             return _error(exc, fmt)
         hold = Hold(admitted, raw)

@@ -14,10 +14,12 @@ the hold stays ``held`` (visible in ``swarmyard budget``; ``swarmyard budget rec
 it); ``Holds.wait_settled`` waits for the last ones.
 
 A worker whose call went ``unknown`` may send the same body again (opencode and aider resend after a 502 even
-with ``x-should-retry: false``): ``Holds.refuse_resend`` refuses it (409 ``duplicate_of_unknown``) before
-anything is held or sent. The broker remembers a digest of each lost body, per worker, in its own process: a
-resend that reaches another ``swarmyard serve`` process is not recognised there (it is held and billed as a
-new call, as before). A remembered hold that was reconciled since no longer refuses anything.
+with ``x-should-retry: false``): it is refused (409 ``duplicate_of_unknown``) before anything is held or sent.
+Every hold records a digest of its request body (``body_digest``) and the reservation refuses, in its own
+transaction, a body of the same worker whose hold is ``unknown``: so a resend is refused by every ``serve``
+process and replica over the store, and after a replica died with the call in flight too (its hold is marked
+``unknown`` by a live replica). ``Holds.refuse_resend`` answers the common case first, from the digests of the
+calls this process lost, without a store trip. A hold that was reconciled since no longer refuses anything.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ class Hold:
 
 def _digest(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=16).digest()
+
+
+def body_digest(body: bytes) -> str:
+    """The digest a hold records of its request's body (hex)."""
+    return _digest(body).hex()
 
 
 class Holds:

@@ -60,7 +60,11 @@ _MaxConnections = typer.Option(None, "--max-connections", min=1,
                                help="Connections each listener (the socket, TCP) holds at once; more are closed "
                                     "as they arrive (default: a share of the open-files limit).")
 _Workers = typer.Option(1, "--workers", min=1,
-                        help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves.")
+                        help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves "
+                             "(over PostgreSQL they share one bucket per worker).")
+_AuditDir = typer.Option(None, "--audit-dir",
+                         help="Keep the store's audit log (signed checkpoints) in this folder, for `swarmyard audit "
+                              "verify DIR --store URL`. Of several replicas, give it to one, and stop it last.")
 
 
 def provider_table(providers_file: Path | None, flags: list[str]) -> dict[str, ProviderConfig]:
@@ -94,6 +98,7 @@ def command(
     header_timeout_s: float = _HeaderTimeout,
     body_timeout_s: float = _BodyTimeout,
     max_connections: int | None = _MaxConnections,
+    audit_dir: Path | None = _AuditDir,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, the dashboard at /ui, and the model broker)
     until Ctrl-C."""
@@ -110,6 +115,9 @@ def command(
     if any(p is not None for p in tls_parts) and not all(p is not None for p in tls_parts):
         raise UserError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
     tls = TlsFiles(tls_cert, tls_key, tls_ca) if tls_cert and tls_key and tls_ca else None
+    if audit_dir is not None and workers > 1:
+        raise UserError("--audit-dir keeps one log from one process: serve it with --workers 1 (another replica "
+                        "can serve with more)")
     listen = Listen(socket_path=None if no_socket else socket, tcp_host=host, tcp_port=port, tls=tls)
     check_listen(listen)  # before touching the store: a refused setup changes nothing
     limits = ConnectionLimits(header_timeout_s, body_timeout_s, max_connections)
@@ -160,6 +168,13 @@ def command(
         serve_processes(lambda: make_app(store_at(store, serving=True)), listen, workers, limits=limits)
         return
     try:
-        serve(make_app(opened), listen, limits=limits)
+        app = make_app(opened)
+        if audit_dir is not None:
+            from swarmyard.audit.keeper import AuditKeeper
+
+            keeper = AuditKeeper(opened, audit_dir)
+            keeper.start()
+            app.state.on_close.append(keeper.aclose)  # after the broker's: its last settlements are logged
+        serve(app, listen, limits=limits)
     finally:
         opened.close()

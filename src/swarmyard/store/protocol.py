@@ -222,12 +222,14 @@ class Store(Protocol):
         """A model's price, or ``NotFoundError``."""
         ...
 
-    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str) -> Reservation:
-        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction."""
+    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str,
+                body_digest: str | None = None) -> Reservation:
+        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction
+        (``DuplicateOfUnknownError`` when ``body_digest`` is that of this worker's call whose hold is unknown)."""
         ...
 
     def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
-                           method: str) -> Reservation:
+                           method: str, body_digest: str | None = None) -> Reservation:
         """``reserve`` on the worker's live claim, in the same transaction checking that the worker is not
         revoked and ``token_hash`` is its current token (``InvalidTokenError``; ``ConflictError`` when it
         holds no live claim)."""

@@ -164,9 +164,18 @@ def _m007_replicas(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m008_lost_bodies(t: Types, postgres: bool) -> list[str]:
+    # A digest of each model call's request body, so a resend of a call whose hold is unknown is refused by
+    # whichever replica it reaches (the index holds only the unknown ones: a handful).
+    return [
+        "ALTER TABLE reservations ADD COLUMN body_digest TEXT",
+        "CREATE INDEX reservations_lost ON reservations (worker_id, body_digest) WHERE state = 'unknown'",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
                           _m005_directions_scores, _m006_direction_order,
-                          _m007_replicas]
+                          _m007_replicas, _m008_lost_bodies]

@@ -47,6 +47,7 @@ from swarmyard.errors import (
     ConflictError,
     DeadlinePassedError,
     DepthExceededError,
+    DuplicateOfUnknownError,
     IllegalTransitionError,
     InvalidInputError,
     InvalidTokenError,
@@ -798,8 +799,12 @@ class SqlStore(DirectionStore, ReplicaStore):
             raise NotFoundError("reservation", reservation_id)
         return rows.reservation(row)
 
-    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str) -> Reservation:
+    def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str,
+                body_digest: str | None = None) -> Reservation:
         """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction.
+
+        ``body_digest`` names the call's request body: the same body again from the same worker while a hold
+        of it is ``unknown`` is a ``DuplicateOfUnknownError`` (nothing held), on every replica.
 
         Why two conditional updates instead of read, check, write: every model call passes here while it
         holds the write lock, so each envelope is charged by one ``UPDATE ... WHERE <every rule> RETURNING``
@@ -819,10 +824,10 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 self._refuse_reserve(cur, task_id, token, now, amount)
             goal_id, worker_id = row
-            return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now)
+            return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now, body_digest)
 
     def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
-                           method: str) -> Reservation:
+                           method: str, body_digest: str | None = None) -> Reservation:
         """``reserve`` on the worker's live claim, checking the worker's token in the same transaction.
 
         Why: a model call would otherwise read the worker (revocation), then its claim, then write: three
@@ -849,7 +854,8 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 self._refuse_worker_reserve(cur, worker_id, token_hash, now, amount)
             task_id, goal_id, token = row
-            return self._hold(cur, goal_id, task_id, worker_id, int(token), amount, model, method, now)
+            return self._hold(cur, goal_id, task_id, worker_id, int(token), amount, model, method, now,
+                              body_digest)
 
     def _refuse_worker_reserve(self, cur: Cursor, worker_id: str, token_hash: str, now: float,
                                amount: int) -> NoReturn:
@@ -867,8 +873,14 @@ class SqlStore(DirectionStore, ReplicaStore):
         self._refuse_reserve(cur, claim[0], int(claim[1]), now, amount)
 
     def _hold(self, cur: Cursor, goal_id: str, task_id: str, worker_id: str, token: int, amount: int, model: str,
-              method: str, now: float) -> Reservation:
+              method: str, now: float, body_digest: str | None = None) -> Reservation:
         """The rest of a reservation once the task's envelope took it: the goal's envelope, the hold, its event."""
+        if body_digest is not None:
+            body_digest = _text(body_digest, "body_digest", limit=128)
+            lost = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
+                                  "state = 'unknown' LIMIT 1", (worker_id, body_digest))
+            if lost is not None:  # raised inside the transaction: the task's charge is rolled back with it
+                raise DuplicateOfUnknownError(str(lost[0]))
         reservation_id = new_id("rsv")
         if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
                           "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
@@ -880,10 +892,10 @@ class SqlStore(DirectionStore, ReplicaStore):
             if goal.call_cap and goal.envelope.calls >= goal.call_cap:
                 raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
             raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
-        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
-                     method, now, now, 0, 0, 0, worker_id, self.plane_id))
+                     method, now, now, 0, 0, 0, worker_id, self.plane_id, body_digest))
         self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
                                                    "reservation": reservation_id, "model": model,
                                                    "amount": amount, "method": method, "token": token})
