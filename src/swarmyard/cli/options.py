@@ -14,7 +14,8 @@ StoreOption = typer.Option(DEFAULT_STORE, "--store", envvar="SWARMYARD_STORE",
                            help="Store URL: sqlite:///path or postgresql://...")
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
 ServerOption = typer.Option(None, "--server", envvar="SWARMYARD_SERVER",
-                            help="A running control plane (socket path or URL); uses its operator API.")
+                            help="A running control plane (socket path, URL, or replicas' URLs separated by "
+                            "commas); uses its operator API.")
 TokenFileOption = typer.Option(Path("operator-token"), "--operator-token-file", envvar="SWARMYARD_OPERATOR_TOKEN_FILE",
                                help="The operator token written by `swarmyard serve`.")
 

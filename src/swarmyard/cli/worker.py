@@ -14,7 +14,8 @@ from swarmyard.cli.target import operator_request
 app = typer.Typer(help="List and revoke workers (capability tokens).", no_args_is_help=True)
 
 _Server = typer.Option(None, "--server", envvar="SWARMYARD_SERVER",
-                       help="A running control plane (socket path or URL); uses its operator API.")
+                       help="A running control plane (socket path, URL, or replicas' URLs separated by "
+                            "commas); uses its operator API.")
 _TokenFile = typer.Option(Path("operator-token"), "--operator-token-file",
                           envvar="SWARMYARD_OPERATOR_TOKEN_FILE",
                           help="The operator token written by `swarmyard serve`.")
