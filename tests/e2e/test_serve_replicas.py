@@ -239,3 +239,51 @@ output_usd_per_mtok = "2"
     finally:
         store.close()
     assert unknown == orphans
+
+
+def test_the_rate_limit_and_a_revoke_hold_across_replicas(folder: Path, pg_url: str) -> None:
+    (folder / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["sim-worker"]\n')
+    rate = ("--rate", "0.1", "--burst", "5")
+    a = _start_replica(folder, pg_url, 0, *rate)
+    b = _start_replica(folder, pg_url, 1, *rate)
+    token = (folder / "operator-token").read_text().strip()
+    operator = httpx.Client(base_url=a.url, headers={"authorization": f"Bearer {token}"}, timeout=60)
+    try:
+        goal = operator.post("/v1/operator/goals", json={"objective": "count calls", "budget_micro_usd": 1_000_000,
+                                                         "call_cap": 10}).json()["goal"]["id"]
+        operator.post(f"/v1/operator/goals/{goal}/tasks", json={"title": "one"}).raise_for_status()
+        issued = operator.post(f"/v1/operator/goals/{goal}/workers", json={}).json()
+        worker = {"authorization": f"Bearer {issued['token']}"}
+        started = time.monotonic()
+        claim = httpx.post(f"{a.url}/v1/tools/claim_task", json={}, headers=worker, timeout=60)
+        assert claim.status_code == 200, claim.text
+        read = {"task_id": claim.json()["task"]["id"], "fencing_token": claim.json()["fencing_token"]}
+        statuses = []
+        for i in range(11):  # spread over both replicas: one bucket between them
+            answer = httpx.post(f"{(b, a)[i % 2].url}/v1/tools/board_read", json=read, headers=worker, timeout=60)
+            statuses.append(answer.status_code)
+            if answer.status_code == 429:
+                assert int(answer.headers["retry-after"]) >= 1
+                assert answer.json()["error"]["code"] == "rate_limited"
+        refilled = int((time.monotonic() - started) * 0.1)  # what the bucket may have earned meanwhile
+        served = 1 + statuses.count(200)
+        assert set(statuses) <= {200, 429}
+        assert 5 <= served <= 5 + refilled, statuses  # one replica alone would have served 5, both together 10
+        # a revoke through one replica (the CLI on its operator API) is refused by the other at the next call
+        revoked = subprocess.run([sys.executable, "-m", "swarmyard.cli", "worker", "revoke",
+                                  issued["worker"]["id"], "--server", a.url, "--operator-token-file",
+                                  str(folder / "operator-token")], env=_env(folder), cwd=folder,
+                                 capture_output=True, text=True, timeout=120)
+        assert revoked.returncode == 0, revoked.stderr
+        refused = httpx.post(f"{b.url}/v1/tools/board_read", json=read, headers=worker, timeout=60)
+        assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"]
+        model = httpx.post(f"{b.url}/v1/chat/completions", headers=worker, timeout=60,
+                           json={"model": "sim-worker", "max_tokens": 8,
+                                 "messages": [{"role": "user", "content": "hi"}]})
+        assert model.status_code == 401, model.text
+    finally:
+        operator.close()
+        for r in (a, b):
+            r.proc.send_signal(signal.SIGTERM)
+        codes = [r.proc.wait(timeout=120) for r in (a, b)]
+    assert codes == [0, 0]
