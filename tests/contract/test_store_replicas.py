@@ -7,6 +7,7 @@ processes are; they share only the database.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -153,3 +154,27 @@ def test_a_resend_of_a_lost_call_is_refused_by_every_replica(replicas: list[SqlS
     again = replicas[1].reserve_for_worker(worker.worker_id, hashed, model="m", amount=100, method="bytes",
                                            body_digest="d1")
     assert again.state is ReservationState.HELD
+
+
+def test_a_replica_sweeps_only_after_beating_for_a_whole_grace_period(replicas: list[SqlStore],
+                                                                       clock: FakeClock) -> None:
+    from swarmyard.plane.replicas import ReplicaWatch
+
+    dead = replicas[1]
+    dead.register_plane("pln_gone")
+    worker = claimed_worker(replicas[0], clock, secret=SECRET)
+    claim = replicas[0].current_claim(worker.worker_id)
+    assert claim is not None
+    lost = dead.reserve(claim.task.id, claim.token, model="m", amount=100, method="bytes")
+    clock.advance(100)  # long gone, but the watch below has only just started: it judges no one yet
+    watch = ReplicaWatch(replicas[0], grace_s=30.0, heartbeat_s=3600.0, clock=clock)  # beats: the test's
+    watch.start()
+    try:
+        assert watch.beat() == []
+        clock.advance(29)
+        assert watch.beat() == []
+        clock.advance(1)
+        assert watch.beat() == [lost.id]
+        assert replicas[2].get_reservation(lost.id).state is ReservationState.UNKNOWN
+    finally:
+        asyncio.run(watch.aclose())
