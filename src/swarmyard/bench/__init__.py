@@ -20,6 +20,7 @@ AREAS: dict[str, str] = {
     "audit": "swarmyard.bench.audit",
     "swarm": "swarmyard.bench.swarm",
     "wasi": "swarmyard.bench.wasi",
+    "faults": "swarmyard.bench.faults",
 }
 
 
