@@ -12,6 +12,7 @@ import atexit
 import builtins
 import math
 import os
+import signal
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -279,6 +280,27 @@ class MachinesResource:
                 self._kept.pop(machine_id, None)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # A second SIGTERM must not cut the cleanup the first one started: ignored from now on.
+    signal.signal(signum, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM an exit of the script (status 143, as a shell reports a process ended by it) rather than a
+    death on the spot, so ``with`` blocks and the exit hook delete its machines and stop its plane.
+
+    Only from the main thread (where Python runs signal handlers) and only while SIGTERM has its default action:
+    a program that handles SIGTERM itself keeps its own handler. SIGINT needs nothing: its KeyboardInterrupt
+    already unwinds to the exit hook. What a SIGKILL leaves is reaped by the next client on this host (machine
+    folders and cgroups by the backend, see ``SupervisedBackend.reap_orphans``, planes by ``_plane``).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
 def _check_timeout(timeout: object) -> None:
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool) or not math.isfinite(timeout)
             or timeout <= 0):
@@ -389,8 +411,10 @@ class Boxd:
         self.snapshots = SnapshotsResource(self)
         self._local = MachinesResource(self)
         self.machines = self._local
-        # a script that never calls close() still leaves no machine and no plane behind when it exits
+        # a script that never calls close() still leaves no machine and no plane behind when it exits, and
+        # SIGTERM ends it as an exit does (see _stop_on_sigterm)
         atexit.register(self.close)
+        _stop_on_sigterm()
 
     def _plane_now(self) -> Plane:
         with self._plane_lock:

@@ -29,12 +29,15 @@ from starlette.routing import BaseRoute
 
 from swarmyard.config import DEFAULT_MODEL, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError, SwarmyardError, UserError
+from swarmyard.machines.supervised import _owner
 from swarmyard.plane.client import PlaneAddress, decode
 
 log = logging.getLogger(__name__)
 
 #: The objective of the goal a client's machines work under (shown by ``swarmyard goal list``).
 OBJECTIVE = "machines made through the Boxd client"
+#: The name every embedded plane's folder starts with (in the temp folder).
+_PREFIX = "sy-boxd-"
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107
 
@@ -160,8 +163,10 @@ class _Embedded:
         from swarmyard.plane.settings import PlaneSettings
         from swarmyard.store import open_store
 
+        reap_planes()
         # short and private: the socket's path must fit sun_path, and nobody else may reach the store or secret
-        self.folder = Path(tempfile.mkdtemp(prefix="sy-boxd-"))
+        self.folder = Path(tempfile.mkdtemp(prefix=_PREFIX))
+        (self.folder / "owner").write_text(_owner())  # so a later client removes it if this process is killed
         self.socket = self.folder / "plane.sock"
         self.store = open_store(f"sqlite:///{self.folder / 'store.db'}")
         self.broker: Any = None
@@ -201,6 +206,29 @@ class _Embedded:
         finally:
             self.store.close()
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def reap_planes() -> list[Path]:
+    """Remove the folders of embedded planes whose process died without stopping them (a SIGKILL): their
+    store, secret and socket. A folder is this user's and names its owner (pid and start time), like a
+    machine's folder; one whose owner lives, or with no owner file yet, is left alone. Returns those removed."""
+    from swarmyard.machines.supervised import _alive, _read_owner
+
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue  # removed meanwhile
+        owner = _read_owner(folder / "owner")
+        if owner is None or _alive(*owner):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    if removed:
+        log.info("removed %d embedded planes left by processes that are gone", len(removed))
+    return removed
 
 
 def default_providers() -> dict[str, ProviderConfig]:
