@@ -34,6 +34,9 @@ from swarmyard.money import usd_to_micro
 
 #: The group a machine's worker is in unless ``create(group=...)`` names one.
 DEFAULT_GROUP = "boxd"
+#: Present only inside a machine of the ``local`` backend: its init's control socket (under
+#: ``swarmyard.machines.local.RUN_DIR``, not imported here: a coordinator machine's Boxd() loads no backend).
+_MACHINE_MARK = "/run/swarmyard/ctl/init.sock"
 
 
 @dataclass(slots=True)
@@ -377,13 +380,23 @@ class Boxd:
     ) -> None:
         configured = any(v is not None for v in (server, providers, provider_objects, model))
         inside = os.environ.get("SWARMYARD_BOXD_URL")
-        #: inside a coordinator machine with nothing configured: machines are made by the client that made it
-        self._remote = (RemoteMachines(inside, os.environ.get("SWARMYARD_TOKEN", ""))
-                        if inside and not configured else None)
+        in_machine = os.path.exists(_MACHINE_MARK)
+        if in_machine or inside:
+            # Inside a machine (a run's worker, or one a Boxd client made): machines are made only through the
+            # spawn capability of the client that made it, never by a plane and sandboxes started in here.
+            if not inside or not os.environ.get("SWARMYARD_TOKEN"):
+                raise UserError("this machine has no spawn capability, so it cannot make machines: only a machine "
+                                "that a Boxd client created with spawn=True can (a run's workers never can), and "
+                                "no control plane starts inside a machine")
+            if configured:
+                raise UserError("inside a machine with the spawn capability Boxd() takes no server, providers or "
+                                "model: its machines are made by the client that made this one, on its plane")
+        #: inside a coordinator machine: machines are made by the client that made it
+        self._remote = RemoteMachines(inside, os.environ["SWARMYARD_TOKEN"]) if inside else None
         if not configured and not inside and os.environ.get("SWARMYARD_TOKEN"):
-            # a machine's worker token with no way to make machines: a plane cannot start in here either
-            raise UserError("this machine may not make machines: the client that made it must create it with "
-                            "spawn=True")
+            # a worker's token (a process of a machine of the backend without a sandbox): no plane starts here
+            raise UserError("this machine has no spawn capability, so it cannot make machines: the client that "
+                            "made it must create it with spawn=True")
         self._server = server if server is not None else os.environ.get("SWARMYARD_SERVER") or None
         token_file = operator_token_file or os.environ.get("SWARMYARD_OPERATOR_TOKEN_FILE")
         self._token_file = Path(token_file) if token_file else None
