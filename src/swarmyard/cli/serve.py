@@ -8,6 +8,7 @@ read from this process's environment by the variable each entry names; they neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,7 +133,8 @@ def command(
     secret = load_or_create_secret(secret_file or serve_secret())
     opened = store_at(store, serving=True)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
-        write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
+        with contextlib.suppress(FileExistsError):  # a replica starting beside this one wrote it first
+            write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
 
     def make_app(opened: Store) -> Starlette:
         tokens = TokenAuthority(secret, opened)
