@@ -124,14 +124,14 @@ def test_a_create_under_way_when_its_coordinator_is_deleted_leaves_no_machine(tm
                 "coord", ["python3", "-c", make], timeout=300)))
             asked.start()
             names = b._sync._names  # the names a create has claimed, waiting for a slot or not
-            while "orphan" not in names:
+            while "coord.orphan" not in names:  # a coordinator's machines are named in its namespace
                 time.sleep(0.05)
             b.machines.delete("coord")
             asked.join()
             # the queued create runs, finds its coordinator gone and deletes its machine, which frees the name (a
             # bound only so that a build where the machine stays fails instead of waiting for ever)
             deadline = time.monotonic() + 120
-            while "orphan" in names and time.monotonic() < deadline:
+            while "coord.orphan" in names and time.monotonic() < deadline:
                 time.sleep(0.05)
             print(json.dumps({"left": sorted(m.name for m in b.machines.list())}))
     ''')
@@ -146,7 +146,7 @@ def test_a_child_deleted_from_outside_leaves_its_coordinator_working(tmp_path: P
         with Boxd(providers=PROVIDERS) as b:
             b.machines.create("coord", spawn=True); b.machines.wait_until_ready("coord")
             b.machines.exec("coord", ["python3", "-c", make], timeout=120)
-            b.machines.delete("kid0")
+            b.machines.delete("coord.kid0")
             done = b.machines.exec("coord", ["python3", "-c", use], timeout=120)
             print(json.dumps({"out": done.stdout.strip(), "err": done.stderr[-800:]}))
     ''')

@@ -47,7 +47,7 @@ def test_the_seed_runs_inside_a_coordinator_machine(folder: Path) -> None:
 def test_siblings_are_capped_scoped_and_deleted_with_their_coordinator(folder: Path) -> None:
     provider = ScriptedProvider({}, name="script")
     with Boxd(providers=folder / "providers.toml", provider_objects={"script": provider}, model=MODEL,
-              spawn_cap=2) as boxd:
+              spawn_cap=3) as boxd:
         coordinator = boxd.machines.create("coordinator", spawn=True)
         plain = boxd.machines.create("plain")
         for machine in (coordinator, plain):
@@ -62,25 +62,30 @@ boxd.machines.files.upload(a.id, "kept.txt", "made by the coordinator")
 b = boxd.machines.fork("sib-a", "sib-b")
 print(boxd.machines.files.download("sib-b", "kept.txt").decode())
 print(boxd.machines.exec("sib-b", "echo $HOME").stdout.strip())
-# past the cap; then a machine the client made but this one did not, answered as one that does not exist
-for refused in (lambda: boxd.machines.create("sib-c"), lambda: boxd.machines.get("plain"),
-                lambda: boxd.machines.get("no-such-machine"), lambda: boxd.machines.exec("plain", "true"),
-                lambda: boxd.machines.delete("plain")):
+# a name the client's other machine has is free here: this machine's names are its own
+print(boxd.machines.create("plain").name)
+# past the cap; then the client's machine it did not make (by id), answered as one that does not exist
+other = open("plain-id.txt").read()
+for refused in (lambda: boxd.machines.create("sib-c"), lambda: boxd.machines.get(other),
+                lambda: boxd.machines.get("no-such-machine"), lambda: boxd.machines.exec(other, "true"),
+                lambda: boxd.machines.delete(other)):
     try:
         refused()
     except SwarmyardError as exc:
-        print("refused:", exc.code, exc.message.replace("plain", "X").replace("no-such-machine", "X"))
+        print("refused:", exc.code, exc.message.replace(other, "X").replace("no-such-machine", "X"))
 print(sorted(m.name for m in boxd.machines.list()))
 '''
         boxd.machines.files.upload(coordinator.id, "make.py", program)
+        boxd.machines.files.upload(coordinator.id, "plain-id.txt", plain.id)
         done = boxd.machines.exec(coordinator.id, "python3 make.py", timeout=300)
         assert done.success, done.stderr[-3000:]
         lines = done.stdout.splitlines()
-        assert lines[:3] == ["made by the coordinator", "/home/boxd", lines[2]] and lines[-1] == "['sib-a', 'sib-b']"
-        assert lines[2].startswith("refused: forbidden ")
-        unknown = {line for line in lines[3:-1]}
-        assert len(lines[3:-1]) == 4 and len(unknown) == 1 and unknown.pop().startswith("refused: not_found ")
-        assert sorted(m.name for m in boxd.machines.list()) == ["coordinator", "plain", "sib-a", "sib-b"]
+        assert lines[:3] == ["made by the coordinator", "/home/boxd", "plain"], done.stdout
+        assert lines[3].startswith("refused: forbidden ") and lines[-1] == "['plain', 'sib-a', 'sib-b']"
+        unknown = set(lines[4:-1])
+        assert len(lines[4:-1]) == 4 and len(unknown) == 1 and unknown.pop().startswith("refused: not_found ")
+        assert sorted(m.name for m in boxd.machines.list()) == [
+            "coordinator", "coordinator.plain", "coordinator.sib-a", "coordinator.sib-b", "plain"]
         # a machine without the capability makes nothing: Boxd() says so, and its token opens no machines route
         boxd.machines.files.upload(plain.id, "make.py", program)
         refused = boxd.machines.exec(plain.id, "python3 make.py", timeout=120)

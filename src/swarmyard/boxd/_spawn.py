@@ -3,8 +3,10 @@
 A machine created with ``spawn=True`` is a coordinator: its worker token is also a capability to create, exec in,
 fork and delete machines of its own (its siblings, made by the same client, logged in under the same goal, so
 their model calls count against the goal's budget and they against the client's machine cap), at most
-``spawn_cap`` alive at once. It sees and touches only the machines it made (any other is ``not_found``, as a
-machine that does not exist is: no oracle of the client's other machines); they are deleted with it. Inside it,
+``spawn_cap`` alive at once. It names them in a namespace of its own (the client calls its ``scout`` machine
+``coordinator.scout``), and sees and touches only them: any other is ``not_found``, as a machine that does not
+exist is, and a name it picks is free whatever the others are called, so nothing it asks tells it what else the
+client runs. They are deleted with it. Inside it,
 ``Boxd()`` finds ``SWARMYARD_BOXD_URL`` (the relay) and its token in its environment and needs no configuration.
 """
 
@@ -14,6 +16,7 @@ import asyncio
 import base64
 import hmac
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -39,10 +42,20 @@ if TYPE_CHECKING:
 MAX_BODY_BYTES = 64 << 20
 
 
-def _machine_json(record: Any) -> dict[str, Any]:
+def _machine_json(record: Any, prefix: str) -> dict[str, Any]:
+    """A machine as its coordinator sees it: named in its own namespace (without ``prefix``)."""
     data = asdict(record)
     data["created_at"] = record.created_at.timestamp()
+    data["name"] = record.name.removeprefix(prefix)
+    if data.get("source") and data["source"]["kind"] == "fork":
+        data["source"]["name"] = data["source"]["name"].removeprefix(prefix)
     return data
+
+
+#: A name a coordinator gives (before its namespace's prefix), as the machines API checks whole names.
+_LOCAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+#: The longest machine name (see ``swarmyard.machines.api``).
+_MAX_NAME = 63
 
 
 class Spawners:
@@ -90,6 +103,21 @@ class Spawners:
                 return machine_id
         raise InvalidTokenError("this token may not make machines (create the machine with spawn=True)")
 
+    def prefix(self, owner: str) -> str:
+        """How the names of the machines ``owner`` makes begin at the client: its own name and a dot. Each
+        coordinator names its machines in a namespace of its own, so a name it picks is free whatever the client's
+        other machines are called, and a create tells it nothing of them."""
+        return f"{self._client._local._info(owner).name}."
+
+    def qualified(self, owner: str, name: str | None) -> str:
+        """The client's name for the machine ``owner`` calls ``name`` (a fresh one when ``None``)."""
+        prefix = self.prefix(owner)
+        name = self._client._local.suggest_name() if name is None else name
+        if not _LOCAL_NAME.match(name) or len(prefix) + len(name) > _MAX_NAME:
+            raise InvalidInputError(f"the name of a machine this one makes is 1-{_MAX_NAME - len(prefix)} letters, "
+                                    "digits, '.', '_' or '-', starting with a letter or digit", field="name")
+        return prefix + name
+
     def made(self, owner: str) -> list[str]:
         """The ids of the machines ``owner`` made that live."""
         with self._lock:
@@ -100,12 +128,13 @@ class Spawners:
         machines = self._client._local
         with self._lock:
             made = list(self.children.get(owner, []))
+        prefix = self.prefix(owner) if made else ""
         for machine_id in made:
             try:
                 info = machines._info(machine_id)
             except NotFoundError:
                 continue  # gone another way (the client closing): not this machine's business
-            if machine in (info.id, info.name):
+            if machine == info.id or info.name == prefix + machine:
                 return info.id
         # the same answer as for a machine that does not exist: a coordinator learns nothing of the others
         raise NotFoundError("machine", machine)
@@ -170,21 +199,24 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
         if not spawners.adopt(owner, record.id):
             machines.delete(record.id)
             raise NotFoundError("machine", owner)
-        return _machine_json(record)
+        return _machine_json(record, spawners.prefix(owner))
 
     def create(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        name, snapshot = _opt_str(body, "name"), _opt_str(body, "from_snapshot")
+        name = spawners.qualified(owner, _opt_str(body, "name"))
+        snapshot = _opt_str(body, "from_snapshot")
         return made(owner, lambda: machines.create(name, from_snapshot=snapshot))
 
     def listing(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        return [_machine_json(machines.get(m)) for m in spawners.made(owner)]
+        return [_machine_json(machines.get(m), spawners.prefix(owner)) for m in spawners.made(owner)]
 
     def get(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        return _machine_json(machines.get(spawners.child(owner, request.path_params["machine"])))
+        machine = spawners.child(owner, request.path_params["machine"])
+        return _machine_json(machines.get(machine), spawners.prefix(owner))
 
     def wait(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
-        return _machine_json(machines.wait_until_ready(machine, float(body.get("timeout", 180.0))))
+        record = machines.wait_until_ready(machine, float(body.get("timeout", 180.0)))
+        return _machine_json(record, spawners.prefix(owner))
 
     def execute(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
@@ -203,7 +235,8 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
                 "timed_out": result.timed_out, "duration_s": result.duration_s, "truncated": result.truncated}
 
     def fork(request: Request, owner: str, body: dict[str, Any]) -> Any:
-        source, name = spawners.child(owner, request.path_params["machine"]), _opt_str(body, "new_name")
+        source = spawners.child(owner, request.path_params["machine"])
+        name = spawners.qualified(owner, _opt_str(body, "new_name"))
         return made(owner, lambda: machines.fork(source, name))
 
     def delete(request: Request, owner: str, body: dict[str, Any]) -> Any:
