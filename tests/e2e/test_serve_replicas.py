@@ -71,6 +71,7 @@ class Slots:
     """What the worker slots did."""
 
     exits: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # a slot that failed stops, saying why here
     after_kill_done: int = 0  # agents started after the kill that submitted a finding
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -131,9 +132,18 @@ def _held_by_first_replica(url: str) -> set[str]:
 
 def _slot(n: int, address: str, operator: httpx.Client, goal_id: str, folder: Path, killed: threading.Event,
           done: threading.Event, slots: Slots) -> None:
+    try:
+        _agents(n, address, operator, goal_id, folder, killed, done, slots)
+    except BaseException as exc:
+        with slots.lock:
+            slots.errors.append(f"slot {n}: {exc!r}")
+
+
+def _agents(n: int, address: str, operator: httpx.Client, goal_id: str, folder: Path, killed: threading.Event,
+            done: threading.Event, slots: Slots) -> None:
     while not done.is_set():
         issued = operator.post(f"/v1/operator/goals/{goal_id}/workers", json={"ttl_s": 3600})
-        assert issued.status_code == 201 or issued.status_code == 200, issued.text
+        assert issued.status_code in (200, 201), issued.text
         after_kill = killed.is_set()
         env = {**_env(folder), "SWARMYARD_PLANE_URL": address, "SWARMYARD_TOKEN": issued.json()["token"],
                "SWARMYARD_MODEL": "sim-worker", "SWARMYARD_MAX_STEPS": "3", "SWARMYARD_HEARTBEAT_S": "2",
@@ -193,7 +203,7 @@ output_usd_per_mtok = "2"
         while (len({f.task_id for f in store.read_findings(goal_id, limit=10_000)}) < KILL_AFTER
                or not store.list_reservations(goal_id, state=ReservationState.HELD)):
             assert time.monotonic() < deadline, "no progress before the kill"
-            assert any(t.is_alive() for t in threads)
+            assert not slots.errors, slots.errors
             time.sleep(0.05)  # polling the store for progress
         replicas[0].proc.send_signal(signal.SIGKILL)
         assert replicas[0].proc.wait(timeout=60) == -signal.SIGKILL
@@ -201,6 +211,7 @@ output_usd_per_mtok = "2"
         orphans = _held_by_first_replica(pg_url)  # calls whose answer the dead replica will never give
         assert orphans, "the kill landed on no call in flight"
         while _settle(store, goal_id) < TASKS:
+            assert not slots.errors, slots.errors
             assert time.monotonic() < deadline, (
                 f"the work did not complete: {[(t.title, t.state.value) for t in store.list_tasks(goal_id)]}")
             time.sleep(0.2)  # polling the store for progress
@@ -224,6 +235,7 @@ output_usd_per_mtok = "2"
             if r.proc.poll() is None:
                 r.proc.kill()
     assert codes == [0] * (REPLICAS - 1), [r.log.read_text()[-2000:] for r in replicas[1:]]
+    assert not slots.errors, slots.errors
     assert set(slots.exits) <= {0, 1}, slots.exits
     assert slots.after_kill_done >= 1, "no agent completed a task through the surviving replicas"
     store.close()
