@@ -168,3 +168,22 @@ def test_the_agent_never_sends_a_lost_model_call_twice(dying: _Replica, live: _R
     assert not error.retryable  # the agent does not ask again: the call may have been admitted and sent
     assert dying.requests == [b"POST /v1/chat/completions HTTP/1.1"]
     assert live.requests == []
+
+
+def test_the_async_plane_client_of_the_mcp_relay_fails_over(closed_port: str, dying: _Replica,
+                                                             live: _Replica) -> None:
+    address = PlaneAddress.from_env({"SWARMYARD_PLANE_URL": f"{closed_port},{dying.url},{live.url}"})
+
+    async def calls() -> tuple[int, type[BaseException] | None]:
+        async with address.async_client("tok") as http:
+            read = await http.post("/v1/tools/read_findings", json={})  # closed, then lost: repeated on the live
+            try:
+                await http.post("/v1/tools/board_post", json={"body": "x"})
+            except httpx.TransportError as exc:
+                return read.status_code, type(exc)
+            return read.status_code, None
+
+    status, lost = asyncio.run(calls())
+    assert status == 200 and lost is None  # the live replica answers, and is asked first from then on
+    assert dying.requests == [b"POST /v1/tools/read_findings HTTP/1.1"]
+    assert live.requests == [b"POST /v1/tools/read_findings HTTP/1.1", b"POST /v1/tools/board_post HTTP/1.1"]
