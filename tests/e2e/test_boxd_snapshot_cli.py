@@ -92,3 +92,23 @@ def test_a_live_machine_of_another_process_is_snapshotted_from_the_cli(folder: P
         boxd.machines.wait_until_ready(copy.id)
         assert boxd.machines.exec(copy.id, "cat work/notes.txt").stdout.strip() == "the checkout"
         assert boxd.machines.disk_digest(copy.id) == source["digest"]
+
+
+def test_another_users_machine_is_refused_and_nothing_is_made(folder: Path) -> None:
+    # Another user's live machine as its record shows it to this user: this test's own process stands for its
+    # owner and its sandbox (both alive), the folder and the record are uid 4242's. The command refuses it.
+    started = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    theirs = folder / "root" / "m" / "m_theirs"
+    (theirs / "disk").mkdir(parents=True)
+    (theirs / "disk" / "secret.txt").write_text("not yours")
+    (theirs / "owner").write_text(f"{os.getpid()} {started}\n")
+    (theirs / "machine.json").write_text(json.dumps({
+        "id": "m_theirs", "name": "theirs", "uid": 4242, "pid": os.getpid(), "started": started, "through": "host",
+        "disk": str(theirs / "disk")}))
+    os.chown(theirs, 4242, 4242)
+    refused = _cli(folder, "create", "stolen", "--from", "theirs")
+    assert refused.returncode == 1, refused.stderr
+    assert "(forbidden)" in refused.stderr and "uid 4242" in refused.stderr and "Traceback" not in refused.stderr
+    listed = _cli(folder, "list")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert not (folder / "root" / "baselines" / "stolen.v1").exists()
