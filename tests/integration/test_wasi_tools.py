@@ -7,6 +7,7 @@ The modules are built from their C source (``python -m swarmyard.wasi.build``) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -35,6 +36,24 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield out
 
 
+def test_the_build_refuses_an_sqlite_that_is_not_the_pinned_one(built: Path, tmp_path: Path) -> None:
+    from swarmyard.wasi.build import SQLITE_FILES
+
+    # the amalgamation the module fixture fetched and checked, with one byte of its source changed
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in SQLITE_FILES:
+        shutil.copyfile(built / "sqlite" / name, changed / name)
+    with (changed / "sqlite3.c").open("ab") as f:
+        f.write(b"\n")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "swarmyard.wasi.build", "--out", str(out), "--sqlite", str(changed)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "is not the sqlite3.c of better-sqlite3@13.2.0" in done.stderr and "SHA-256" in done.stderr
+    assert not (out / "sqlquery.wasm").exists() and not (out / "sqlite").exists()
+
+
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     folder = tmp_path / "data"
@@ -45,6 +64,12 @@ def data(tmp_path: Path) -> Path:
                                                     "a key": None}))
     (folder / "sub" / "notes.txt").write_text("first line\nthe Ledger is off by one\nlast\n")
     (tmp_path / "secret.txt").write_text("outside the folder")
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(folder / "shop.db")) as db, db:
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL, note TEXT, raw BLOB)")
+        db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?)",
+                       [(1, 3.0, "first", None), (2, 4.5, 'a "b"', b"\x00\xff"), (3, None, None, None)])
     return folder
 
 
@@ -63,6 +88,7 @@ CALLS: dict[str, tuple[dict[str, Any], str]] = {
     "csvdiff": ({"left": "left.csv", "right": "right.csv"}, "left"),
     "jsonquery": ({"path": "orders.json", "query": ".orders[1].note"}, "path"),
     "textsearch": ({"pattern": "ledger", "ignore_case": True}, "path"),
+    "sqlquery": ({"csv": "left.csv", "query": "SELECT count(*), max(id) FROM data"}, "csv"),
 }
 
 
@@ -92,6 +118,38 @@ def test_textsearch_finds_lines_in_a_folder(built: Path, data: Path, runner: Was
     assert result["matches"] == [{"path": "sub/notes.txt", "line": 2, "text": "the Ledger is off by one"}]
     assert result["truncated"] is False
     assert runner.call(_spec(built, "textsearch", data), {"pattern": "ledger"})["matches"] == []
+
+
+def test_sqlquery_answers_a_query_over_a_database_and_over_a_csv(built: Path, data: Path,
+                                                                 runner: WasiRunner) -> None:
+    spec = _spec(built, "sqlquery", data)
+    assert runner.call(spec, {"database": "shop.db", "query": "SELECT * FROM orders ORDER BY id"}) == {
+        "columns": ["id", "total", "note", "raw"],
+        "rows": [[1, 3.0, "first", None], [2, 4.5, 'a "b"', {"hex": "00ff"}], [3, None, None, None]],
+        "row_count": 3, "truncated": False}
+    # a CSV's numbers are numbers, so they sum and compare as such; its text stays text
+    by_csv = runner.call(spec, {"csv": "right.csv", "table": "stock", "query":
+                                "SELECT name, qty, typeof(qty) FROM stock WHERE qty > 1 ORDER BY qty DESC"})
+    assert by_csv["columns"] == ["name", "qty", "typeof(qty)"]
+    assert by_csv["rows"] == [["fig, dried", 7, "integer"], ["apple", 4, "integer"]]
+    counted = runner.call(spec, {"database": "shop.db", "max_rows": 2, "query":
+                                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT i FROM n"})
+    assert (counted["rows"], counted["row_count"], counted["truncated"]) == ([[1], [2]], 2, True)
+
+
+def test_sqlquery_only_reads_and_runs_one_statement(built: Path, data: Path, runner: WasiRunner) -> None:
+    spec = _spec(built, "sqlquery", data)
+    before = (data / "shop.db").read_bytes()
+    for args, said in [({"database": "shop.db", "query": "DELETE FROM orders"}, "must only read"),
+                       ({"database": "shop.db", "query": "SELECT 1; DROP TABLE orders"}, "one statement"),
+                       ({"database": "shop.db", "query": "ATTACH 'shop.db' AS again"}, "attached"),
+                       ({"database": "left.csv", "query": "SELECT 1"}, "not a database"),
+                       ({"database": "shop.db", "csv": "left.csv", "query": "SELECT 1"}, "exactly one"),
+                       ({"csv": "left.csv", "query": "SELEC 1"}, "syntax error")]:
+        with pytest.raises(ToolError) as refused:
+            runner.call(spec, args)
+        assert refused.value.reason == "bad_input" and said in refused.value.message, args
+    assert (data / "shop.db").read_bytes() == before
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))

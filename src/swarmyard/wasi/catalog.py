@@ -18,7 +18,8 @@ from swarmyard.errors import UserError
 BUILT_DIR = Path(__file__).parent / "bin"
 #: What to run when a shipped module is missing.
 BUILD_HINT = ("build the shipped WASI tools with: python -m swarmyard.wasi.build (it needs clang, lld, wasi-libc "
-              "and libclang-rt-dev-wasm32: apt-get install clang lld wasi-libc libclang-rt-dev-wasm32)")
+              "and libclang-rt-dev-wasm32: apt-get install clang lld wasi-libc libclang-rt-dev-wasm32; and for "
+              "sqlquery, npm or --sqlite with SQLite's amalgamation)")
 
 
 class ParamType(StrEnum):
@@ -106,6 +107,11 @@ SHIPPED: dict[str, ShippedTool] = {
         "Find lines holding a literal text in a file or a folder (path, default '.'): path, line number and "
         "text of each, at most max_matches.",
         {"pattern": _S, "path": _P, "ignore_case": _B, "max_matches": _I}, ("pattern",)),
+    "sqlquery": ShippedTool(
+        "Run one read-only SQL query (SQLite) over a database file (database) or a CSV file loaded as a table "
+        "(csv; table, default 'data'; numbers stored as numbers, empty fields as NULL): columns, rows of typed "
+        "values, row_count and truncated (at max_rows, default 100).",
+        {"query": _S, "database": _P, "csv": _P, "table": _S, "max_rows": _I}, ("query",)),
 }
 #: Modules built beside the shipped tools for the benchmark and the tests: a trivial call and an endless loop.
 BENCH_MODULES = ("echo", "spin")
