@@ -2,7 +2,8 @@
 Boxd script (``python script.py``) runs a machine and writes a file in it; the command, in a process of its own,
 finds the machine by name or id through the machines' records, snapshots its disk (frozen while it is copied)
 and leaves it running; a machine created ``from_snapshot=NAME`` sees the file, with the source's disk digest.
-An unknown machine is refused (exit 1, ``not_found``) and no version is made.
+An unknown machine is refused (exit 1, ``not_found``) and no version is made, and a version a live machine of
+another process runs on is not deleted.
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ def test_a_live_machine_of_another_process_is_snapshotted_from_the_cli(folder: P
         boxd.machines.wait_until_ready(copy.id)
         assert boxd.machines.exec(copy.id, "cat work/notes.txt").stdout.strip() == "the checkout"
         assert boxd.machines.disk_digest(copy.id) == source["digest"]
+        # the version this process's machine runs on is not another process's to delete; the other one is
+        busy = _cli(folder, "delete", "golden:1")
+        assert busy.returncode == 1 and "(conflict)" in busy.stderr, busy.stderr
+        assert _cli(folder, "delete", "golden:2").returncode == 0
+        assert [s["version"] for s in json.loads(_cli(folder, "versions", "golden").stdout)] == [1]
 
 
 def test_another_users_machine_is_refused_and_nothing_is_made(folder: Path) -> None:

@@ -75,6 +75,6 @@ def versions(name: str = typer.Argument(..., help="The snapshot."), root: Path |
 @app.command()
 def delete(ref: str = typer.Argument(..., help="NAME (every version) or NAME:VERSION."), root: Path | None = _Root,
            as_json: bool = _Json) -> None:
-    """Delete a snapshot or one version (refused while a live machine of this process runs on it)."""
+    """Delete a snapshot or one version (refused while a live machine runs on it, whichever process made it)."""
     store = _store(root)
     _print(list(store.delete(ref)), as_json)

@@ -41,6 +41,8 @@ class LiveMachine:
     #: process of the machine's own mount namespace: a tmpfs it mounted itself)
     through: str
     disk: str
+    #: the baseline (a snapshot's version) its disk lies on, if any
+    baseline: str | None = None
 
 
 def write_record(folder: Path, machine: LiveMachine) -> None:
@@ -65,6 +67,11 @@ def _records(root: Path) -> Iterator[tuple[Path, LiveMachine]]:
         if owner is None or not _alive(*owner) or _start_time(machine.pid) != machine.started:
             continue  # its owner or its sandbox is gone: the orphan reaper's, not a live machine
         yield folder, machine
+
+
+def machines(root: Path) -> list[LiveMachine]:
+    """Every live machine under ``root``, of every process."""
+    return [machine for _, machine in _records(root)]
 
 
 def find(root: Path, ref: str) -> tuple[Path, LiveMachine]:

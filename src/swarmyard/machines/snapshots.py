@@ -181,13 +181,15 @@ class Snapshots:
         os.replace(staged, link)
 
     def delete(self, ref: str) -> builtins.list[Snapshot]:
-        """Delete one version (``NAME:VERSION``) or all of them (``NAME``); a version a live machine runs on is
-        refused, and nothing is deleted."""
+        """Delete one version (``NAME:VERSION``) or all of them (``NAME``); a version a live machine runs on (of any
+        process of this root) is refused, and nothing is deleted."""
         name, version = parse_ref(ref)
         doomed = [s for s in self._versions_of(name) if version is None or s.version == version]
         if not doomed:
             raise NotFoundError("snapshot", ref)
+        # this process's machines, and those of every other process on this root (a Boxd script, a run)
         in_use = {info.baseline for info in self._backend.list()}
+        in_use |= {machine.baseline for machine in live.machines(self._baselines.parent)}
         busy = [s for s in doomed if s.baseline in in_use]
         if busy:
             raise ConflictError(f"snapshot {busy[0].name}:{busy[0].version} is the disk of a live machine")

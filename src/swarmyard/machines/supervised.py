@@ -505,7 +505,7 @@ class SupervisedBackend:
                 if started is not None:  # else it died just now: no live machine to record
                     live.write_record(machine.root, live.LiveMachine(
                         machine.info.id, machine.info.name, os.getuid(), machine.proc.pid, started, through,
-                        str(disk)))
+                        str(disk), machine.info.baseline))
             return machine.info
 
     def _disk_seen(self, machine: Machine) -> tuple[str, Path]:
