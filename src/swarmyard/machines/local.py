@@ -8,7 +8,8 @@ the size of its quota, see :mod:`~swarmyard.machines.disks`), private /proc, /de
 and loopback only. Without root, a disk with a quota is a tmpfs of that size which bwrap mounts at ``/machine``
 in the machine's own namespaces (see ``DiskKind``). Its uid is 1000 with no capabilities, which on the host is
 an id no account has when swarmyard runs as root (see :mod:`~swarmyard.machines.identity`); its init applies
-Landlock so writes land only on its disk and /tmp. The host is probed once; a machine weaker than its
+Landlock so writes land only on its disk and /tmp. A governed machine's (``Isolation.exec_only``) also marks every
+writable mount noexec and loads the seccomp filter itself, after that (see ``NOEXEC``). The host is probed once; a machine weaker than its
 :class:`Isolation` asks for is refused.
 """
 

@@ -1,9 +1,10 @@
 """What a governed worker's machine and agent are given: an exec allowlist, the profile, the WASI tools.
 
 ``[workers] profile = "governed"`` (and ``[lead] profile``) makes a machine whose processes can execute only the
-agent itself (``Isolation.exec_only``: Landlock's execute right, set by the machine's init), a built-in agent
-that offers only the governed tools and the swarm file's WASI tools, and external CLIs started with their own
-tools off. WASI tools run inside the worker's machine (see ``swarmyard.wasi.runner`` for why).
+agent itself and its ELF loader (``Isolation.exec_only``: Landlock's execute right, set by the machine's init,
+with every writable mount noexec), a built-in agent that offers only the governed tools and the swarm file's WASI
+tools, and external CLIs started with their own tools off. swarmyard's own processes there lock exec for
+themselves (``governed.lock``); an external CLI's cannot (see the README for what it can still execute). WASI tools run inside the worker's machine (see ``swarmyard.wasi.runner`` for why).
 """
 
 from __future__ import annotations
