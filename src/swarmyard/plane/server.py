@@ -313,12 +313,17 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
 
 
 class BackgroundServer:
-    """The same servers on a background thread: ``with BackgroundServer(app, listen) as srv: ...``."""
+    """The same servers on a background thread: ``with BackgroundServer(app, listen) as srv: ...``.
+
+    ``also``: more addresses for the same app on the same loop (a run's plane serves its socket, a loopback
+    dashboard and a TLS listener for nodes of other hosts at once); ``tcp_ports`` holds each one's bound port.
+    """
 
     def __init__(self, app: ASGIApp, listen: Listen, *, log_level: str = "warning",
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, also: tuple[Listen, ...] = ()) -> None:
         self._app = app
         self.listen = listen
+        self.also = also
         self._log_level = log_level
         self._limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -328,6 +333,8 @@ class BackgroundServer:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="swarmyard-plane", daemon=True)
         self.tcp_port: int | None = None
+        #: the TCP port of each of ``also``'s addresses, once started (``None`` for one without TCP)
+        self.tcp_ports: list[int | None] = []
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -342,7 +349,9 @@ class BackgroundServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._servers = _servers(self._app, self.listen, self._log_level, limits=self._limits)
+        main = _servers(self._app, self.listen, self._log_level, limits=self._limits)
+        extra = [_servers(self._app, listen, self._log_level, limits=self._limits) for listen in self.also]
+        self._servers = main + [server for servers in extra for server in servers]
         tasks = [asyncio.create_task(server.serve()) for server in self._servers]
         while not all(server.started for server in self._servers):
             if any(t.done() for t in tasks):
@@ -350,7 +359,9 @@ class BackgroundServer:
                 raise UserError("the control plane stopped while starting")
             await asyncio.sleep(0.01)
         if self.listen.tcp_host is not None:
-            self.tcp_port = tcp_port(self._servers[-1])
+            self.tcp_port = tcp_port(main[-1])
+        self.tcp_ports = [tcp_port(servers[-1]) if listen.tcp_host is not None else None
+                          for listen, servers in zip(self.also, extra, strict=True)]
         self._started.set()
         await self._stop.wait()
         stopping(self._app)
