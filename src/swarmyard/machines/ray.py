@@ -10,22 +10,29 @@ The cluster: ``address`` (``swarmyard run --ray-address``), else ``RAY_ADDRESS``
 for this backend and stopped with it. Every node must have the same swarmyard installed (Ray ships calls, not
 code). Errors cross the actor boundary as ``to_dict()`` bodies and come back as their own classes.
 
-A machine reaches its control plane through the plane's Unix socket, bind-mounted as on the local backend, so it
-can run only on a node of the plane's own host; a node on another host is refused with a clear error, never
-started without a plane.
+A machine reaches its control plane through a Unix socket bind-mounted as on the local backend. A node that sees
+the plane's own socket (the path exists there with the device and inode this process sees: the same host, the
+same mount) binds it. A node that cannot (another host, or a mount namespace of its own) gets a bridge from its
+host actor when the caller gives one (:meth:`RayBackend.bridge_plane`, which ``swarmyard run`` does): a Unix
+socket in that node's own folder, each connection forwarded over mutual TLS to the plane's TCP listener (see
+:mod:`swarmyard.machines.bridge`). The machine sees only that socket, never the certificate or its key. A node
+that reaches the plane neither way is never given a machine; when no node can, ``create`` says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from swarmyard.errors import NotFoundError, SandboxError, SandboxUnavailableError, SwarmyardError, UserError
+from swarmyard.machines.bridge import PlaneBridge, PlaneTls
 from swarmyard.machines.protocol import Baseline, ExecEvent, ExecResult, MachineInfo, MachineSpec
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,15 @@ HOST_CONCURRENCY = 512
 
 T = TypeVar("T")
 Outcome = tuple[str, Any]
+
+
+def socket_identity(path: str) -> list[int] | None:
+    """The device and inode of the Unix socket at ``path`` as this process sees it (``None``: it sees none)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_dev, info.st_ino] if stat.S_ISSOCK(info.st_mode) else None
 
 
 def boot_id() -> str:
@@ -94,11 +110,35 @@ class NodeHost:
         from swarmyard.machines.local import LocalBackend
 
         self.backend = LocalBackend(Path(root) if root else None)
+        self._bridges: dict[str, PlaneBridge] = {}
+        self._bridges_lock = threading.Lock()
 
     def describe(self) -> Outcome:
         """What the head needs before it places a machine here."""
         return _outcome(lambda: {"boot_id": boot_id(), "prefix": self.backend.sandbox_prefix(),
                                  "env": self.backend.machine_env("m_probe"), "pid": os.getpid()})
+
+    def sees(self, path: str) -> Outcome:
+        """The device and inode of the socket at ``path`` as this node sees it (``None``: it cannot see it)."""
+        return _outcome(lambda: socket_identity(path))
+
+    def bridge(self, name: str, tls: PlaneTls) -> Outcome:
+        """Start the bridge ``name`` to the plane ``tls`` names (once); the path of its Unix socket on this node."""
+        def start() -> str:
+            with self._bridges_lock:
+                if name not in self._bridges:
+                    path = self.backend.root / "bridges" / name / "plane.sock"
+                    self._bridges[name] = PlaneBridge(path, tls).start()
+                return str(self._bridges[name].path)
+
+        return _outcome(start)
+
+    def bridged(self) -> Outcome:
+        """Connections each of this node's bridges forwarded to its plane, and those it could not."""
+        with self._bridges_lock:
+            bridges = dict(self._bridges)
+        return _outcome(lambda: {name: {"forwarded": b.forwarded, "failed": b.failed}
+                                 for name, b in bridges.items()})
 
     def create(self, spec: MachineSpec) -> Outcome:
         """See :meth:`Backend.create`."""
@@ -149,8 +189,17 @@ class NodeHost:
         return _outcome(lambda: self.backend.prepare_baseline(name, Path(source)))
 
     def close(self) -> Outcome:
-        """Delete this node's machines."""
-        return _outcome(self.backend.close)
+        """Delete this node's machines, then stop its bridges."""
+        def close() -> None:
+            try:
+                self.backend.close()
+            finally:
+                with self._bridges_lock:
+                    for bridge in self._bridges.values():
+                        bridge.close()
+                    self._bridges.clear()
+
+        return _outcome(close)
 
 
 @dataclasses.dataclass
@@ -181,8 +230,10 @@ class RayBackend:
                 raise SandboxUnavailableError(f"no Ray cluster at {target}: {exc}") from exc
         self._lock = threading.Condition()
         self._placed: dict[str, _Node] = {}
-        self._here = boot_id()  # this host's: a machine that binds the plane's socket runs on a node of it
+        self._here = boot_id()  # this host's: the log says which nodes share it
         self._describe: dict[str, Any] = {}
+        #: plane socket -> node id -> the control socket a machine there binds (``None``: the node has none)
+        self._routes: dict[str, dict[str, str | None]] = {}
         self._nodes = self._start_hosts()
 
     def _start_hosts(self) -> dict[str, _Node]:
@@ -215,17 +266,83 @@ class RayBackend:
                      "this" if node.boot_id == self._here else "another")
         return nodes
 
+    # -- the way to the plane -----------------------------------------------------------------------------------
+
+    def driver_address(self) -> str:
+        """The address Ray knows this process's node by: where nodes of other hosts reach what it serves."""
+        node_id = self._ray.get_runtime_context().get_node_id()
+        for node in self._ray.nodes():
+            if node["NodeID"] == node_id and node.get("NodeManagerAddress"):
+                return str(node["NodeManagerAddress"])
+        raise SandboxUnavailableError("this process's own Ray node is not among the cluster's live nodes")
+
+    def _routes_of(self, socket: Path) -> dict[str, str | None]:
+        """How each node's machines reach the plane at ``socket``: asked of every node the first time."""
+        key = str(socket)
+        with self._lock:
+            known = self._routes.get(key)
+        if known is not None:
+            return known
+        mine = socket_identity(key)
+        if mine is None:
+            raise SandboxUnavailableError(f"the control plane's socket {key} is not a socket here")
+        seen = {node.id: self._call(node.host.sees.remote(key)) for node in self._nodes.values()}
+        for node_id, there in seen.items():
+            log.info("ray node %s %s the plane's socket", node_id[:12], "sees" if there == mine else "cannot see")
+        with self._lock:
+            return self._routes.setdefault(key, {n: key if there == mine else None for n, there in seen.items()})
+
+    def nodes_apart(self, socket: Path) -> list[str]:
+        """The nodes that cannot see the plane's Unix socket ``socket`` and have no bridge to it yet."""
+        return [node for node, route in self._routes_of(socket).items() if route is None]
+
+    def bridge_plane(self, socket: Path, tls: PlaneTls) -> dict[str, str]:
+        """Give every node that cannot see ``socket`` a bridge to the same plane over ``tls`` (its TCP listener
+        with mutual TLS); how each node's machines reach the plane then: ``"socket"`` or ``"bridge"``."""
+        routes = self._routes_of(socket)
+        name = hashlib.sha256(f"{socket}\0{os.getpid()}".encode()).hexdigest()[:16]
+        for node_id in self.nodes_apart(socket):
+            path: str = self._call(self._nodes[node_id].host.bridge.remote(name, tls))
+            with self._lock:
+                routes[node_id] = path
+        return self.plane_routes(socket)
+
+    def plane_routes(self, socket: Path) -> dict[str, str]:
+        """How each node's machines reach the plane at ``socket``: ``"socket"``, ``"bridge"`` or ``"none"``."""
+        routes = self._routes_of(socket)
+        return {node: "none" if route is None else "socket" if route == str(socket) else "bridge"
+                for node, route in routes.items()}
+
+    def bridged(self) -> dict[str, dict[str, int]]:
+        """Per node with a bridge: the connections it forwarded to the plane over TLS and those it could not."""
+        counts: dict[str, dict[str, int]] = {}
+        for node in self._nodes.values():
+            for count in self._call(node.host.bridged.remote()).values():
+                mine = counts.setdefault(node.id, {"forwarded": 0, "failed": 0})
+                mine["forwarded"] += count["forwarded"]
+                mine["failed"] += count["failed"]
+        return counts
+
+    def _for_node(self, spec: MachineSpec, node: _Node) -> MachineSpec:
+        """``spec`` as ``node`` runs it: its control socket the one that node's machines reach the plane by."""
+        if spec.control_socket is None:
+            return spec
+        route = self._routes_of(spec.control_socket)[node.id]
+        assert route is not None, "placed on a node without a way to the plane"
+        return dataclasses.replace(spec, control_socket=Path(route))
+
     # -- placement ----------------------------------------------------------------------------------------------
 
     def _place(self, spec: MachineSpec, on: _Node | None = None) -> _Node:
         """Take a place for ``spec`` on ``on`` or on the node with the most room; wait while every node is full."""
-        usable = [n for n in self._nodes.values() if spec.control_socket is None or n.boot_id == self._here]
+        routes = None if spec.control_socket is None else self._routes_of(spec.control_socket)
+        usable = [n for n in self._nodes.values() if routes is None or routes[n.id] is not None]
         if not usable:
             raise SandboxUnavailableError(
-                "every Ray node is on another host than the control plane, and a machine reaches the plane "
-                "through its Unix socket: start the plane on a node of the cluster")
+                "no Ray node can reach the control plane: none sees its Unix socket (they are on other hosts) "
+                "and none was given a bridge to its TLS listener (RayBackend.bridge_plane)")
         if on is not None and on not in usable:
-            raise SandboxUnavailableError(f"node {on.id[:12]} cannot reach the control plane's socket")
+            raise SandboxUnavailableError(f"node {on.id[:12]} cannot reach the control plane")
 
         def room(node: _Node) -> float:
             return float("inf") if node.capacity is None else node.capacity - node.live
@@ -273,7 +390,7 @@ class RayBackend:
         """Place the machine on the node with the most room and start it booting there."""
         node = self._place(spec)
         try:
-            return self._tag(self._call(node.host.create.remote(spec)), node)
+            return self._tag(self._call(node.host.create.remote(self._for_node(spec, node))), node)
         except BaseException:
             self._unplace(spec.id)
             raise
@@ -282,7 +399,7 @@ class RayBackend:
         """Fork on the source's node: the copy-on-write disk lives there."""
         node = self._place(spec, on=self._node(source_id))
         try:
-            return self._tag(self._call(node.host.fork.remote(source_id, spec)), node)
+            return self._tag(self._call(node.host.fork.remote(source_id, self._for_node(spec, node))), node)
         except BaseException:
             self._unplace(spec.id)
             raise
