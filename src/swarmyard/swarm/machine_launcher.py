@@ -1,8 +1,9 @@
 """The real launcher: the control plane (tools + broker) on a Unix socket, a machine for every agent run.
 
 Each agent run gets a fresh capability token scoped to the goal and its slot's group; the machine sees the
-plane only through its in-sandbox relay. A machine lives as long as its agent's task (``workers.machine =
-"per_task"``) or its slot (``"per_slot"``), at most ``workers.max_machines`` at once (see
+plane only through its in-sandbox relay (on a Ray node of another host, through its node's bridge to the
+plane's TLS listener: see :mod:`swarmyard.swarm.plane_tls`). A machine lives as long as its agent's task
+(``workers.machine = "per_task"``) or its slot (``"per_slot"``), at most ``workers.max_machines`` at once (see
 :mod:`swarmyard.swarm.run_machines`); whatever is left is deleted in ``close``.
 """
 
@@ -27,7 +28,6 @@ from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME as MACHINE_HOME
-from swarmyard.machines.protocol import Backend
 from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
 from swarmyard.report.data import WorkerSpan
@@ -40,6 +40,7 @@ from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
     from swarmyard.machines.protocol import ExecResult
+    from swarmyard.machines.ray import RayBackend
     from swarmyard.plane.dashboard import UiListen
     from swarmyard.plane.tools import Evaluator as PlaneEvaluator
 
@@ -123,6 +124,7 @@ class MachineLauncher:
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
         self.keys_found: int | None = None
         self._plane: BackgroundServer | None = None
+        self._ray: RayBackend | None = None  # joined before the plane starts: its address is the plane's too
         self._broker: Broker | None = None
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
@@ -163,30 +165,38 @@ class MachineLauncher:
                               f"({len(os.fsencode(self.socket))} bytes, at most {_MAX_SOCKET_PATH})",
                               field="run.runs_dir")
         self.socket.unlink(missing_ok=True)
+        listener = None
+        if self.config.run.sandbox is SandboxKind.RAY:
+            from swarmyard.machines.ray import RayBackend
+            from swarmyard.swarm.plane_tls import plane_listener
+
+            self._ray = await asyncio.to_thread(RayBackend, address=self.config.run.ray_address)
+            # for the nodes that cannot see the socket: TCP with mutual TLS where Ray reaches this node
+            listener = plane_listener(self.run_dir.name, self._ray.driver_address())
         # as `swarmyard serve` serves it (deadlines for headers and bodies, a cap on connections); with --ui the
         # same app on loopback TCP as well, for a browser: the dashboard at /ui
         self._plane = BackgroundServer(app, Listen(self.socket, self.ui.host, self.ui.port) if self.ui is not None
-                                       else Listen(self.socket))
+                                       else Listen(self.socket),
+                                       also=(listener.listen(),) if listener is not None else ())
         await asyncio.to_thread(self._plane.start)
         if self.ui is not None:
             self._announce_ui(self.ui, self._plane.tcp_port)
+        if self._ray is not None and listener is not None:
+            port = self._plane.tcp_ports[0]
+            assert port is not None
+            self.store.record_event("plane.tls_listening", {"goal": goal.id, "host": listener.host, "port": port})
+            routes = await asyncio.to_thread(self._ray.bridge_plane, self.socket, listener.for_nodes(port))
+            self.store.record_event("machines.plane_routes", {"goal": goal.id, "nodes": routes})
         workers = self.config.workers
         # The launcher keeps within the cap itself (RunMachines); the API's own cap is the same number, and a
         # machine made outside the launcher that holds a place longer than an agent may run is an error there.
-        self._machines = await asyncio.to_thread(Machines, self._backend(), max_concurrent=workers.max_machines,
+        self._machines = await asyncio.to_thread(Machines, self._ray or self.config.run.sandbox.value,
+                                                 max_concurrent=workers.max_machines,
                                                  queue_timeout_s=workers.exec_timeout_s + 60)
         self._held = RunMachines(workers.max_machines, workers.machine, self._make, self._drop)
         # the workers, plus the lead or the planner, which may start while the last workers end
         self._pool = ThreadPoolExecutor(max_workers=workers.concurrency + 2, thread_name_prefix="swarmyard-agent")
         self._baseline = await asyncio.to_thread(self._agent_baseline)
-
-    def _backend(self) -> Backend | str:
-        """The machines backend the run asked for; a Ray cluster is joined here, not at import."""
-        if self.config.run.sandbox is SandboxKind.RAY:
-            from swarmyard.machines.ray import RayBackend
-
-            return RayBackend(address=self.config.run.ray_address)
-        return self.config.run.sandbox.value
 
     def _announce_ui(self, ui: UiListen, port: int | None) -> None:
         """Write an operator token for the dashboard (0600, beside the run's other secrets) and say where."""
@@ -508,6 +518,9 @@ class MachineLauncher:
         for held in left:
             self._drop(held)
         self.keys_found = len(self._key_places)
+        if self._ray is not None:  # what the nodes' bridges carried to the plane (before their hosts stop)
+            self.store.record_event("machines.bridged", {"goal": self._goal.id if self._goal else None,
+                                                         "nodes": self._ray.bridged()})
         self.store.record_event("machines.keys_scanned", {"goal": self._goal.id if self._goal else None,
                                                           "machines": self._scanned, "places": self._key_places})
 
@@ -517,6 +530,8 @@ class MachineLauncher:
             if self._machines is not None:
                 await asyncio.to_thread(self._close_machines)
                 await asyncio.to_thread(self._machines.close)
+            elif self._ray is not None:  # joined, and the run stopped before its machines API opened
+                await asyncio.to_thread(self._ray.close)
         finally:
             if self._broker is not None:
                 # the last answers' settlements are queued behind them: written before the report reads them
