@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import builtins
+import contextlib
 import math
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,24 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _terminated)
 
 
+@contextlib.contextmanager
+def _sigterm_waits() -> Iterator[None]:
+    """A SIGTERM that comes while a client cleans up (at exit, or on an earlier signal) waits until it is done,
+    then ends the script as it would have: it does not cut the cleanup short."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not _terminated:
+        yield
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, _terminated)
+        if came:
+            _terminated(came[0], None)
+
+
 def _check_timeout(timeout: object) -> None:
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool) or not math.isfinite(timeout)
             or timeout <= 0):
@@ -455,14 +474,15 @@ class Boxd:
         if self._remote is not None:
             self._remote.close()
             return
-        try:
-            self._local._close()
-            self._sync.close()
-        finally:
-            with self._plane_lock:
-                plane, self._plane = self._plane, None
-            if plane is not None:
-                plane.close()
+        with _sigterm_waits():
+            try:
+                self._local._close()
+                self._sync.close()
+            finally:
+                with self._plane_lock:
+                    plane, self._plane = self._plane, None
+                if plane is not None:
+                    plane.close()
 
     def __enter__(self) -> Boxd:
         return self
