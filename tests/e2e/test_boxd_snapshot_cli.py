@@ -14,12 +14,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from swarmyard.boxd import Boxd
+from swarmyard.machines import live
+from swarmyard.machines.supervised import default_root
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
@@ -118,3 +121,86 @@ def test_another_users_machine_is_refused_and_nothing_is_made(folder: Path) -> N
     listed = _cli(folder, "list")
     assert listed.returncode == 0 and json.loads(listed.stdout) == []
     assert not (folder / "root" / "baselines" / "stolen.v1").exists()
+
+
+def test_a_machine_of_a_running_swarm_is_snapshotted_from_the_cli(folder: Path) -> None:
+    # The run's worker writes a file, then waits (bounded) for a file the test leaves in its machine once the
+    # snapshot is made; the machines of a run live under the default root, where the command looks without --root.
+    name = f"of-a-run-{os.getpid()}"
+    wait = ("echo 'made in a run' > notes.txt; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; "
+            "i=$((i+1)); done; cat notes.txt")
+    replies = {
+        "scripted-worker": [{"tool_calls": [{"name": "shell", "arguments": {"command": wait}}]},
+                            {"tool_calls": [{"name": "submit_finding",
+                                             "arguments": {"title": "notes", "body": "{{last_message}}"}}]}],
+        "scripted-lead": [{"tool_calls": [{"name": "submit_finding",
+                                           "arguments": {"title": "synthesis", "body": "Done."}}]}],
+    }
+    (folder / "replies.json").write_text(json.dumps(replies))
+    (folder / "swarm.toml").write_text(f"""
+[goal]
+objective = "Write notes."
+budget_usd = "1"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "notes"
+prompt = "Write notes."
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+max_steps = 4
+model = "scripted-worker"
+[lead]
+model = "scripted-lead"
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies.json"
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    root = default_root()
+    log = (folder / "run.log").open("w")
+    run = subprocess.Popen([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml"], cwd=folder, env=env,
+                           stdout=log, stderr=log, text=True)
+    try:
+        found = None
+        waited = threading.Event()
+        for _ in range(6000):  # the run's worker machine is ready and its file written (bounded by progress)
+            found = next((m for m in live.machines(root)
+                          if (root / "m").is_dir() and _owned_by(root, m.id, run.pid)
+                          and (live.disk_path(m, "/machine") / "notes.txt").exists()), None)
+            if found is not None or run.poll() is not None:
+                break
+            waited.wait(0.05)
+        assert found is not None, (folder / "run.log").read_text()[-3000:]
+        made = subprocess.run([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", "create", name,
+                               "--from", found.id, "--json"], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)[0]["source"] == f"machine {found.id}"
+        assert (root / "baselines" / f"{name}.v1" / "notes.txt").read_text() == "made in a run\n"
+        (live.disk_path(found, "/machine") / "go").write_text("")  # the worker goes on
+        assert run.wait(600) == 0, (folder / "run.log").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        log.close()
+        subprocess.run([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", "delete", name], cwd=folder,
+                       env=env, capture_output=True, timeout=120)
+
+
+def _owned_by(root: Path, machine_id: str, pid: int) -> bool:
+    """Whether the machine's folder names process ``pid`` as its owner."""
+    for folder in (root / "m").iterdir():
+        try:
+            if json.loads((folder / "machine.json").read_text())["id"] == machine_id:
+                return (folder / "owner").read_text().split()[0] == str(pid)
+        except (OSError, ValueError, KeyError):
+            continue
+    return False
