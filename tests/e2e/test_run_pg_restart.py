@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from invariants import check_run
+from invariants import MachineWatch, check_run, machines_root
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.postgres, pytest.mark.bwrap]
 
@@ -91,8 +91,10 @@ def _findings(url: str) -> int:
 def test_a_run_survives_a_postgres_restart(own_pg: tuple[Path, str]) -> None:
     folder, url = own_pg
     swarm = _swarm(folder, url)
+    (folder / "tmp").mkdir()  # the run's own temp folder, so the machines root there is the run's alone
     env = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-           "HOME": str(folder), "LANG": "C.UTF-8"}
+           "HOME": str(folder), "LANG": "C.UTF-8", "TMPDIR": str(folder / "tmp")}
+    watch = MachineWatch(machines_root(folder / "tmp"))
     runner = subprocess.Popen([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json"], cwd=folder,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     restarted = threading.Event()
@@ -130,6 +132,7 @@ def test_a_run_survives_a_postgres_restart(own_pg: tuple[Path, str]) -> None:
     # each task done once, no token reused or stale write taken, every hold closed, the envelopes exact,
     # no machine left, the audit log and tables verified (tests/invariants.py)
     run_dir = next((folder / "runs").iterdir())
-    facts = check_run(url, run_dir, owners=[runner.pid], env=env)
+    facts = check_run(url, run_dir, machines=machines_root(folder / "tmp"), exclusive=True, owners=[runner.pid],
+                      seen=watch.stop(), env=env)
     assert facts.events["task.completed"] == TASKS + 1
 
