@@ -38,8 +38,9 @@ SQLITE_FILES = {
 #: The tools linked with SQLite.
 SQLITE_TOOLS = ("sqlquery",)
 #: SQLite's own compile options (its source compiled apart, without -Werror: its warnings are not ours to fix).
-#: It knows wasm32-wasi itself: no threads, no extensions, no WAL, no file locks.
-_SQLITE_FLAGS = ("--target=wasm32-wasi", "-O2", "-DSQLITE_DQS=0", "-DSQLITE_DEFAULT_MEMSTATUS=0",
+#: It knows wasm32-wasi itself: no threads, no extensions, no WAL, no file locks. -Os: a third smaller module,
+#: which wasmtime compiles about a quarter faster (each agent run that lists it compiles it as it starts).
+_SQLITE_FLAGS = ("--target=wasm32-wasi", "-Os", "-DSQLITE_DQS=0", "-DSQLITE_DEFAULT_MEMSTATUS=0",
                  "-DSQLITE_OMIT_DEPRECATED", "-DSQLITE_OMIT_SHARED_CACHE")
 
 
