@@ -7,6 +7,7 @@ then for swarmyard's submit_finding over MCP, which lands in the store."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from external_agent_rig import MODEL, assert_installed, swarm_file
 
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.config import Profile, load_config
+from swarmyard.errors import SandboxError
 from swarmyard.store import open_store
 from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.machine_launcher import MachineLauncher
@@ -76,3 +78,54 @@ def test_a_governed_cli_has_no_shell_and_submits_over_mcp(short_tmp: Path, agent
         assert FINDING in str(provider.requests[2].messages[-1].content)  # the MCP call's result
     finally:
         store.close()
+
+
+#: programs each CLI's package (at the versions scripts/test installs) carries besides the one it runs
+VENDORED = {"claude": set(), "codex": {"rg", "bwrap", "codex-code-mode-host", "codex-voice-host"},
+            "opencode": {"opencode"}}
+
+
+def _programs_beneath(folder: Path) -> list[Path]:
+    """The executable ELF programs (not shared libraries) in an npm package folder."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink() and ".so" not in path.name and os.access(path, os.X_OK):
+            with path.open("rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("agent", sorted(SHELL))
+def test_a_governed_cli_machine_executes_its_program_and_nothing_else_its_package_vendors(
+        short_tmp: Path, agent: str) -> None:
+    from swarmyard.agents.builtin import Role
+    from swarmyard.machines import Machines
+    from swarmyard.machines.local import LocalBackend
+    from swarmyard.swarm import governance
+
+    assert_installed(agent)
+    path = swarm_file(short_tmp, agent)
+    path.write_text(path.read_text().replace("[workers]\n", '[workers]\nprofile = "governed"\n'))
+    isolation = governance.isolation(load_config(path), Role.WORKER)
+    assert isolation is not None
+    found = shutil.which(agent, path=governance.CLI_PATH)
+    assert found is not None
+    package = Path(os.path.realpath(found)).parent
+    while not (package / "package.json").is_file():
+        package = package.parent
+    # Landlock's rule is on the file, not its name: a hard link of the CLI's program (the package's copy under
+    # node_modules) is that program
+    allowed = {(st.st_dev, st.st_ino) for st in (os.stat(p) for p in isolation.exec_only)}
+    vendored = [p for p in _programs_beneath(package) if (p.stat().st_dev, p.stat().st_ino) not in allowed]
+    # Codex's ripgrep, bwrap and helper hosts; opencode's build for older CPUs; Claude Code's only copy is a link
+    assert {p.name for p in vendored} >= VENDORED[agent]
+    with Machines(LocalBackend(short_tmp / "m")) as machines:
+        info = machines.wait_until_ready(machines.create("cli", isolation=isolation).id)
+        # the CLI starts as the launcher starts it: by its name on the machine's PATH
+        ran = machines.exec(info.id, [agent, "--version"], timeout=120,
+                            env={"PATH": governance.CLI_PATH, "HOME": "/machine"})
+        assert ran.exit_code == 0 and ran.stdout.strip(), (ran.stdout, ran.stderr)
+        for program in vendored:
+            with pytest.raises(SandboxError, match="Permission denied"):
+                machines.exec(info.id, [str(program), "--version"], timeout=60)
