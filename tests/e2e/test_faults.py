@@ -429,3 +429,57 @@ def test_the_checks_catch_each_broken_invariant(finished_run: tuple[Path, Path],
     # ... and fails once broken, on the check that guards what was broken
     with pytest.raises(AssertionError, match=BROKEN[how]):
         check_run(store_url_of(copy), copy, machines=machines, exclusive=True, env=_env(folder))
+
+
+# -- 4b. upstream drops on a streamed call ---------------------------------------------------------------------
+
+
+def test_a_streamed_call_dropped_mid_stream_is_unknown_and_one_without_usage_is_settled_from_its_text(
+        short_tmp: Path) -> None:
+    """The built-in agent asks without streaming, so the streamed calls are made here, by a real HTTP client on
+    the run's plane socket under the worker's own token, while its agent holds the claim (blocked in a command)."""
+    said = "The market is large and growing."
+    replies = {"scripted-worker": [_tool("shell", command="mkfifo /tmp/go && cat /tmp/go"),
+                                   {"fail": "mid_stream", "text": "The market is la"},
+                                   {"say": said, "usage": False}, _finding(0)],
+               "scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)]}
+    swarm = _swarm(short_tmp, replies, max_failures=1)
+    root = machines_root(short_tmp / "tmp")
+    watch = MachineWatch(root)
+    runner = _start(short_tmp, swarm)
+    try:
+        _, procs = _until(runner, lambda: _blocked(root), "the agent blocked in its command")
+        token = next(env["SWARMYARD_TOKEN"] for _, env in procs if "SWARMYARD_TOKEN" in env)
+        run_dir = _run_dir(short_tmp)
+        assert run_dir is not None
+        streams = []
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(run_dir / "plane.sock")), base_url="http://plane",
+                          headers={"authorization": f"Bearer {token}"}, timeout=120) as plane:
+            # the call that is lost, the same call asked again (the broker must not send it), a new call
+            for ask in ("Size the market.", "Size the market.", "Size the market, again."):
+                with plane.stream("POST", "/v1/chat/completions", json={
+                        "model": "scripted-worker", "stream": True, "max_tokens": 64,
+                        "messages": [{"role": "user", "content": ask}]}) as answer:
+                    streams.append((answer.status_code, answer.read().decode()))
+        _unblock(procs, "/tmp/go")
+        code, out, err = _finish(runner)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert code == 0, err[-3000:]
+    assert out.strip() == SYNTHESIS
+    (lost_status, lost), (again_status, again), (whole_status, whole) = streams
+    # the dropped stream sent what it had, then no end; asked again, it is refused unsent; the new one ended
+    assert lost_status == 200 and "The" in lost and "[DONE]" not in lost, lost
+    assert again_status == 409 and json.loads(again)["error"]["code"] == "duplicate_of_unknown", again
+    assert whole_status == 200 and whole.rstrip().endswith("data: [DONE]"), whole
+    facts = _check(run_dir, short_tmp, watch, runner)
+    with sqlite3.connect(run_dir / "store.db") as db:
+        worker = db.execute("SELECT state, actual, output_tokens FROM reservations WHERE model = 'scripted-worker' "
+                            "ORDER BY created_at").fetchall()
+    # one hold per request the provider was given: the agent's shell call, the lost stream, the new one, its
+    # finding (a resend of the lost stream would have held again and taken the next reply, shifting the rest)
+    assert [state for state, _, _ in worker] == ["settled", "unknown", "settled", "settled"], worker
+    _, counted_cost, counted_tokens = worker[2]
+    assert counted_cost > 0 and counted_tokens >= len(said.split()), worker  # counted from the streamed text
+    assert facts.holds["unknown"] == 1
