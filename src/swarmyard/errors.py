@@ -25,7 +25,8 @@
     │   │   └── LeaseExpiredError       the token is current but the lease ran out (or the claim ended)
     │   ├── IllegalTransitionError (409) a state change the transition table forbids
     │   ├── ConflictError (409)         a uniqueness or ordering conflict
-    │   │   └── DuplicateOfUnknownError  the same body again after its call went ``unknown`` (``reservation_id``)
+    │   │   ├── DuplicateOfUnknownError  the same body again after its call went ``unknown`` (``reservation_id``)
+    │   │   └── NoFindingError          a task asked to complete that has no finding (``task_id``)
     │   └── MigrationError              the schema is newer than this code, or a migration failed
     ├── BudgetError
     │   ├── BudgetExceededError (402)   an envelope cannot afford the worst case (``envelope``, ``needed``, ``available``)
@@ -428,6 +429,20 @@ class DuplicateOfUnknownError(ConflictError):
         )
         self.reservation_id = reservation_id
         self.details["reservation_id"] = reservation_id
+
+
+class NoFindingError(ConflictError):
+    """A task was asked to complete but no finding of its has landed: its work is not done, so it stays as it
+    is. Retrying helps only once its worker has submitted a finding."""
+
+    code = "no_finding"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id}: no finding has landed; it can be completed once its worker submits one",
+            task_id=task_id,
+        )
+        self.task_id = task_id
 
 
 class MigrationError(StoreError):

@@ -1,4 +1,4 @@
-"""``swarmyard task list|create``."""
+"""``swarmyard task list|create|complete``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from swarmyard.cli import render
-from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption
-from swarmyard.cli.target import target_at
+from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption, store_at
+from swarmyard.cli.target import operator_request, target_at
 from swarmyard.domain import TaskSpec, TaskState
 from swarmyard.money import format_usd, usd_to_micro
 
@@ -53,3 +53,32 @@ def create(
     """Create a top-level task, its envelope carved from the goal's."""
     task = target_at(store, server, token_file).create_task(goal_id, TaskSpec(title, prompt, group, usd_to_micro(budget_usd), call_cap))
     render.stdout.print(task.id)
+
+
+@app.command()
+def complete(
+    task_id: str = typer.Argument(..., help="The task to complete; it must have a finding."),
+    store: str = StoreOption,
+    server: str | None = ServerOption,
+    token_file: Path = TokenFileOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Complete a task that has a finding, as a run's coordinator does (a `serve` has none): under its claim,
+    or taken back and closed when its lease ran out. A done task stays done and is answered already_done."""
+    if server:
+        answer = operator_request(server, token_file, "POST", f"/v1/operator/tasks/{task_id}/complete", body={})
+        outcome, state = str(answer["outcome"]), str(answer["task"]["state"])
+    else:
+        from swarmyard.swarm.completion import OPERATOR, complete_task
+
+        opened = store_at(store)
+        try:
+            done, task = complete_task(opened, task_id, OPERATOR)
+        finally:
+            opened.close()
+        outcome, state = done.value, task.state.value
+        answer = {"outcome": outcome, "task": render.to_jsonable(task)}
+    if as_json:
+        render.print_json(answer)
+        return
+    render.stdout.print(f"{task_id} {outcome} ({state})", highlight=False)

@@ -22,6 +22,7 @@ from swarmyard.domain import (
     Task,
     Worker,
 )
+from swarmyard.swarm.completion import Completion
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Token = Annotated[int, Field(ge=0, le=2**62)]
@@ -276,6 +277,17 @@ class CancelTaskRequest(_Body):
     """Why a task is ended for good."""
 
     reason: Annotated[str, Field(max_length=10_000)] = ""
+
+
+class CompleteTaskRequest(_Body):
+    """Complete a task that has a finding (an empty object: the finding is what it is completed with)."""
+
+
+class CompletionResult(_Out):
+    """What completing a task did (``already_done`` when it was done before: nothing changed), and the task."""
+
+    outcome: Completion
+    task: Task
 
 
 class ReconcileRequest(_Body):

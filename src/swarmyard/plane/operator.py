@@ -1,4 +1,5 @@
-"""The operator API: create goals and tasks, issue and revoke workers, read everything, reconcile holds.
+"""The operator API: create goals and tasks, complete and cancel tasks, issue and revoke workers, read
+everything, reconcile holds.
 
 Each endpoint is one row of ``ENDPOINTS`` (method, path, query and body models, response model, handler);
 the app routes and the OpenAPI schema are both built from that table. Handlers are blocking and run on a
@@ -16,12 +17,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec, TaskState
-from swarmyard.errors import PayloadTooLargeError
+from swarmyard.errors import InvalidInputError, PayloadTooLargeError
 from swarmyard.plane import models as m
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.store.protocol import Store
+from swarmyard.swarm.completion import OPERATOR, complete_task
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+#: what an id in a path may be (the body's ``Id``): anything else is refused before the store sees it
+_PATH_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 
 
 def _decimal(value: object) -> int:
@@ -146,6 +150,14 @@ class OperatorApi:
         b: m.CancelTaskRequest = call.body
         return m.TaskResult.model_construct(task=self.store.cancel_task(call.path["task_id"], b.reason))
 
+    def complete_task(self, call: Call) -> m.CompletionResult:
+        """Complete a task that has a finding, as a run's coordinator does; a done task stays as it is."""
+        task_id = call.path["task_id"]
+        if _PATH_ID.fullmatch(task_id) is None:
+            raise InvalidInputError("task_id must be 1 to 200 of A-Z a-z 0-9 _ . : -", field="task_id")
+        outcome, task = complete_task(self.store, task_id, OPERATOR)
+        return m.CompletionResult.model_construct(outcome=outcome, task=task)
+
     def list_workers(self, call: Call) -> m.WorkersResult:
         """A goal's workers."""
         goal = self.store.get_goal(call.path["goal_id"])
@@ -222,6 +234,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/operator/tasks/{task_id}/cancel", "cancel_task",
              "End a task; its unspent envelope goes back to its goal", m.TaskResult, OperatorApi.cancel_task,
              body=m.CancelTaskRequest),
+    Endpoint("POST", "/v1/operator/tasks/{task_id}/complete", "complete_task",
+             "Complete a task that has a finding (a done one is answered already_done)", m.CompletionResult,
+             OperatorApi.complete_task, body=m.CompleteTaskRequest),
     Endpoint("GET", f"{_G}/workers", "list_workers", "List a goal's workers", m.WorkersResult,
              OperatorApi.list_workers),
     Endpoint("POST", f"{_G}/workers", "issue_worker", "Register a worker and issue its token", m.IssuedWorker,

@@ -32,6 +32,7 @@ from swarmyard.domain import Finding, Goal, PostKind, Task, TaskState
 from swarmyard.errors import AuditError, FencingError, NotFoundError, UserError
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
 from swarmyard.store.protocol import Store
+from swarmyard.swarm.completion import close_found, findings_of
 from swarmyard.swarm.launcher import WorkerLauncher, WorkerSlot
 from swarmyard.swarm.planning import PLANNER_GROUP, create_planning_task, lenses_from_plan
 from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, make_policy
@@ -201,7 +202,7 @@ class Coordinator:
 
     # -- claims the coordinator settles ---------------------------------------------------------------------
     def _findings_for(self, goal_id: str, task_id: str) -> list[Finding]:
-        return [f for f in self.store.read_findings(goal_id, limit=10_000) if f.task_id == task_id]
+        return findings_of(self.store, goal_id, task_id)
 
     def settle_task(self, task: Task) -> None:
         """Complete a claimed task that already has a finding; a lapsed lease is taken back first."""
@@ -209,16 +210,7 @@ class Coordinator:
             self._complete(task)
 
     def _complete(self, task: Task) -> None:
-        token = task.fencing_token
-        try:
-            if token is None:
-                raise FencingError("no claim", task_id=task.id, presented=0, current=None)
-            self.store.complete(task.id, token, "finding submitted")
-        except FencingError:
-            # the lease ran out after the finding landed: take the task back and close it, never redo it
-            claim = self.store.claim(task.goal_id, COORDINATOR, 60.0, task_id=task.id)
-            if claim is not None:
-                self.store.complete(task.id, claim.token, "finding submitted")
+        close_found(self.store, task, COORDINATOR)  # held by another worker now: its claim goes on
 
     def settle_goal(self, goal_id: str) -> None:
         """Settle every claimed task with a finding (after a crash, or a worker killed after submitting)."""
