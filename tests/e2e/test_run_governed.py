@@ -1,7 +1,7 @@
 """``swarmyard run`` with ``profile = "governed"`` on the scripted provider, through the console script, in real
 bubblewrap machines: a worker (and the lead) that asks for ``shell`` is refused with a typed ``tool_refused`` the
-model is shown, and a worker's WASI tool (csvdiff) reads its task's input files in its machine and answers; the
-run reaches its synthesis. A governed aider, or WASI tools on an external CLI, are refused before anything exists.
+model is shown, and a worker's WASI tools (csvdiff, and sqlquery: SQLite in WebAssembly) read its task's input
+files in its machine and answer; the run reaches its synthesis. A governed aider, or WASI tools on an external CLI, are refused before anything exists.
 In a machine kept for its slot, a module a writer tool left in the home does not run in the next agent, the
 swarm file's module is sent again over its read-only copy, and a tool whose folder is missing is a typed error.
 """
@@ -130,6 +130,35 @@ def test_a_governed_run_refuses_shell_and_runs_its_wasi_tool(short_tmp: Path) ->
     assert (answer["added"], answer["removed"], answer["same"]) == (["4"], ["2"], 1)
     assert answer["changed"] == [{"key": "3", "column": "amount", "left": "30", "right": "33"}]
     assert refusal in done.stdout  # the lead's synthesis is what it was told when it asked for a shell
+
+
+def test_a_governed_worker_queries_its_task_files_with_sqlquery(short_tmp: Path) -> None:
+    # SQLite in WebAssembly, in a governed machine (noexec mounts, no memfd, exec locked): the CSV the task brought
+    # is loaded as a table and queried, and the typed answer reaches the worker's finding
+    assert (built_dir() / "sqlquery.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
+    swarm = _swarm(short_tmp, tools='[[workers.tools]]\nname = "sql"\nwasm = "sqlquery"\nfolder = "task"')
+    last = "{{last_message}}"
+    (short_tmp / "conf" / "replies.json").write_text(json.dumps({
+        "scripted-worker": [_tool("sql", csv="left.csv", query="SELECT sum(amount) AS total, count(*) AS n FROM data"),
+                            _tool("submit_finding", title="left total", body=last),
+                            _tool("sql", csv="right.csv", table="bank",
+                                  query="SELECT id, amount FROM bank WHERE amount > 15 ORDER BY id"),
+                            _tool("submit_finding", title="right rows", body=last)],
+        "scripted-lead": [_tool("shell", command="id"),
+                          _tool("submit_finding", title="synthesis",
+                                body="The lead asked for a shell before writing this synthesis of the two queries, "
+                                     "and the swarm answered it: " + last)],
+    }))
+    done = _run(short_tmp, swarm)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (short_tmp / "runs").iterdir()
+    with sqlite3.connect(run_dir / "store.db") as db:
+        bodies = [str(b) for (b,) in db.execute("SELECT body FROM findings ORDER BY created_at").fetchall()]
+    answers = [json.loads(b.split("\n", 1)[1]) for b in bodies if b.startswith("Result of sql")]
+    assert answers == [
+        {"columns": ["total", "n"], "rows": [[60, 3]], "row_count": 1, "truncated": False},
+        {"columns": ["id", "amount"], "rows": [[3, 33], [4, 40]], "row_count": 2, "truncated": False},
+    ]
 
 
 @pytest.mark.parametrize(("workers", "lead", "field", "words"), [
