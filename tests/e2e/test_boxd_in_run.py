@@ -110,7 +110,8 @@ except SwarmyardError as exc:
         first, second = done.stdout.splitlines()
         assert first == "made a machine"
         assert second.startswith("refused UserError") and "takes no server, providers or model" in second
-        made = boxd.machines.get("made-inside")  # the client's own machine, logged in under its goal
+        # the client's own machine (named in the coordinator's namespace), logged in under the client's goal
+        made = boxd.machines.get("coordinator.made-inside")
         plane = boxd._plane
         assert plane is not None
         kept = boxd._local._kept[made.id]
