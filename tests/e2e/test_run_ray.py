@@ -400,7 +400,10 @@ sandbox = "ray"
                 scans[slot] = json.loads(step["result"].split("\n", 1)[1])
     planted = {hashlib.sha256((stranger / name).read_bytes()).hexdigest()[:16] for name in ("client.key",
                                                                                             "client.pem")}
-    assert set(on_apart) <= set(scans) and len(scans) >= workers, (sorted(scans), sorted(node_of))
+    # every worker scanned its machine (the lead, on the simulated model, runs no command), workers on both nodes
+    scanned = {slot for slot in node_of if slot != "lead"}
+    assert set(scans) == scanned and len(scans) == workers, (sorted(scans), sorted(node_of))
+    assert {node_of[slot] for slot in scanned} == set(routes["nodes"]), created
     for slot, found in scans.items():
         assert found["seen"] > 100 and found["pem"] >= 2, (slot, found)  # it walked the machine's whole tree
         assert planted <= set(found["found"]), (slot, found)  # it finds files like the run's where they are

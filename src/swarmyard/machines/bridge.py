@@ -118,15 +118,23 @@ class PlaneBridge:
             up_writer.close()
             writer.close()
 
+    async def _shutdown(self) -> None:
+        """Stop accepting, and end every connection's copying (each closes both of its ends as it ends)."""
+        if self._server is not None:
+            self._server.close()
+        here = asyncio.current_task()
+        open_ones = [task for task in asyncio.all_tasks() if task is not here]
+        for task in open_ones:
+            task.cancel()
+        await asyncio.gather(*open_ones, return_exceptions=True)
+
     def close(self) -> None:
         """Stop listening, drop open connections and remove the socket."""
         if self._thread.is_alive():
-            def stop() -> None:
-                if self._server is not None:
-                    self._server.close()
-                self._loop.stop()
-
-            self._loop.call_soon_threadsafe(stop)
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+            with contextlib.suppress(Exception):
+                done.result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         self.path.unlink(missing_ok=True)
 
