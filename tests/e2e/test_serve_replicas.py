@@ -5,7 +5,10 @@ The replicas are separate processes on their own loopback ports, sharing only th
 the operator token. Four worker slots run the built-in agent (``python -m swarmyard.agent``) one task at a time
 on the simulated provider, priced, every slot with the first replica first in its list: all traffic goes there
 until it dies, so the kill lands on calls in flight. The test plays the coordinator's part that a ``serve`` does
-not (``Coordinator.settle_task``): a claimed task with a finding is completed under its claim's token.
+not, through the door an operator has: every claimed task with a finding is completed through the operator API
+(``POST /v1/operator/tasks/{id}/complete`` on a surviving replica; the first one after the kill with
+``swarmyard task complete --server`` over the whole list, its dead first replica included), and completing a
+done task again with the CLI answers ``already_done`` and changes nothing.
 
 Asserted, by the shared invariant checker (``tests/invariants.py``): every task done exactly once, fencing
 tokens unique and no write accepted under a stale token or a lapsed lease, every hold settled, released or
@@ -36,7 +39,6 @@ import pytest
 from tests.invariants import check_run
 
 from swarmyard.domain import ReservationState, TaskState
-from swarmyard.errors import FencingError
 from swarmyard.store import SqlStore, open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -45,7 +47,6 @@ TASKS = 30
 SLOTS = 4
 REPLICAS = 3
 KILL_AFTER = 6  # tasks with a finding before the first replica is killed
-COORDINATOR = "coordinator"
 
 
 def _free_port() -> int:
@@ -105,18 +106,32 @@ def folder() -> Iterator[Path]:
     yield path
 
 
-def _settle(store: SqlStore, goal_id: str) -> int:
-    """Complete every claimed task with a finding (what the coordinator does); the number of done tasks."""
+def _complete_cli(folder: Path, address: str, task_id: str) -> str:
+    """``swarmyard task complete`` in a subprocess (exit 0 asserted); the outcome it printed."""
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "task", "complete", task_id, "--server", address,
+                           "--operator-token-file", str(folder / "operator-token")], env=_env(folder), cwd=folder,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.split()
+    assert said[0] == task_id and said[2] == "(done)", done.stdout
+    return said[1]
+
+
+def _settle(store: SqlStore, goal_id: str, operator: httpx.Client, outcomes: list[str],
+            cli: tuple[Path, str] | None = None) -> int:
+    """Complete every claimed task with a finding (what the coordinator does) through the operator API, the
+    first with the CLI when ``cli`` (its folder and ``--server``) is given; the number of done tasks."""
     with_finding = {f.task_id for f in store.read_findings(goal_id, limit=10_000)}
     for task in store.list_tasks(goal_id, state=TaskState.CLAIMED):
-        if task.id not in with_finding or task.fencing_token is None:
+        if task.id not in with_finding:
             continue
-        try:
-            store.complete(task.id, task.fencing_token, "finding submitted")
-        except FencingError:  # the lease ran out after the finding landed: take it back and close it
-            claim = store.claim(goal_id, COORDINATOR, 60.0, task_id=task.id)
-            if claim is not None:
-                store.complete(task.id, claim.token, "finding submitted")
+        if cli is not None and not outcomes:
+            outcomes.append(_complete_cli(*cli, task.id))
+            continue
+        answer = operator.post(f"/v1/operator/tasks/{task.id}/complete", json={})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["task"]["state"] == "done", answer.text
+        outcomes.append(answer.json()["outcome"])
     return len(store.list_tasks(goal_id, state=TaskState.DONE))
 
 
@@ -210,7 +225,8 @@ output_usd_per_mtok = "2"
         killed.set()
         orphans = _held_by_first_replica(pg_url)  # calls whose answer the dead replica will never give
         assert orphans, "the kill landed on no call in flight"
-        while _settle(store, goal_id) < TASKS:
+        outcomes: list[str] = []  # what each completion answered
+        while _settle(store, goal_id, operator, outcomes, cli=(folder, address)) < TASKS:
             assert not slots.errors, slots.errors
             assert time.monotonic() < deadline, (
                 f"the work did not complete: {[(t.title, t.state.value) for t in store.list_tasks(goal_id)]}")
@@ -219,6 +235,12 @@ output_usd_per_mtok = "2"
         for t in threads:
             t.join(timeout=600)
             assert not t.is_alive()
+        # nothing but the door completed a task, and each once
+        assert set(outcomes) <= {"completed", "taken_back"} and len(outcomes) == TASKS, outcomes
+        # completing a done task again, through the CLI on the address whose first replica is dead: a no-op
+        last = store.list_tasks(goal_id)[-1]
+        assert _complete_cli(folder, address, last.id) == "already_done"
+        assert store.get_task(last.id) == last
         # the killed replica's holds still held are marked unknown by a live one, once its grace has passed
         while store.list_reservations(goal_id, state=ReservationState.HELD):
             assert time.monotonic() < deadline, "a dead replica's holds were never swept"
