@@ -5,7 +5,8 @@ needs and the allowlist therefore holds, maps whatever file it is given without 
 ``noexec`` (a program written there can neither run nor be mapped executable, by ld.so or anyone), swarmyard's
 own processes lock exec for themselves before they read anything a model wrote (after which ``ld.so /bin/sh``
 fails too), and the init's control socket serves the host only (through it, a locked process could have had the
-init run the loader for it). A full machine keeps an executable workspace. Each with both inits.
+init run the loader for it), nor can its memory be written. A full machine keeps an executable workspace. Each
+with both inits.
 """
 
 from __future__ import annotations
@@ -173,3 +174,17 @@ def test_the_init_serves_the_host_only(machines: Machines, profile: str) -> None
     nothing = _run(machines, info, "import os; print(os.path.exists('/machine/ran'))")
     assert nothing == ["False"]
     assert machines.exec(info.id, [*MACHINE_PYTHON, "-c", "print('host')"], timeout=60).stdout == b"host\n"
+
+
+_INTO_THE_INIT = (
+    "import os\n"
+    "try:\n"
+    "    open(f'/proc/{os.getppid()}/mem', 'r+b'); print('OPENED')\n"  # the init started this command
+    "except PermissionError:\n"
+    "    print('refused')\n"
+)
+
+
+def test_no_process_of_the_machine_can_write_into_its_init(machines: Machines, governed: MachineInfo) -> None:
+    # the init can exec (the host's commands): its memory is no way around the machine's own processes' locks
+    assert _run(machines, governed, _INTO_THE_INIT) == ["refused"]

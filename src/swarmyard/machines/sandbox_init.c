@@ -1180,6 +1180,9 @@ int main(int argc, char **argv) {
         else usage();
     }
     if (!ctl || ready_fd < 0) usage();
+    /* Not dumpable: no process of the machine (same uid) may open /proc/<init>/mem and make the init, which can
+     * exec, run code of its choosing. Leaving root does this too; bwrap's own user namespace starts us as the uid. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     /* A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN, then every
      * capability dropped, then the seccomp filter (bwrap would have loaded it before any of this could run). */
     char why[512] = "";

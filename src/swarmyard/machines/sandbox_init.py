@@ -263,6 +263,7 @@ def _serve_one(conn: socket.socket) -> None:
 _RUNNING: dict[int, bytes] = {}
 #: Serve only peers outside this pid namespace (the host): set for an init that has a pid namespace of its own.
 _HOST_ONLY = False
+_PR_SET_DUMPABLE = 4
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -281,6 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     """Bind, restrict, report ready on ``ready_fd``, then serve forever."""
     global _HOST_ONLY
     config: dict[str, Any] = json.loads((argv or sys.argv)[1])
+    # Not dumpable: no process of the machine (same uid) may open /proc/<init>/mem and make the init, which can
+    # exec, run code of its choosing. Leaving root does this too; bwrap's own user namespace starts us as the uid.
+    import ctypes
+
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     _HOST_ONLY = bool(config.get("host_only"))
     try:
         # A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN (see noexec).
