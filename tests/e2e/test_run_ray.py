@@ -182,6 +182,42 @@ def test_the_machines_api_reaches_machines_on_every_node(short_tmp: Path) -> Non
     assert out["after"] == [0, 0]  # closing the API deleted every machine on both nodes
 
 
+APART_PROBE = textwrap.dedent("""\
+    import json, socket, sys
+    from pathlib import Path
+    from swarmyard.machines import Machines
+    from swarmyard.machines.ray import RayBackend
+
+    plane = Path(sys.argv[1]) / "plane.sock"  # in the folder the second node cannot see
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(plane))
+    listening.listen()
+    backend = RayBackend()
+    out = {"routes": sorted(backend.plane_routes(plane).values())}
+    with Machines(backend) as machines:
+        ids = [machines.create(f"w{i}", control_socket=plane).id for i in range(%(slots)d)]
+        for machine_id in ids:
+            machines.wait_until_ready(machine_id)
+        out["per_node"] = sorted(backend.nodes().values())
+    print(json.dumps(out))
+""")
+
+
+def test_without_a_bridge_a_node_that_cannot_see_the_plane_socket_gets_no_machine(short_tmp: Path) -> None:
+    """Both nodes share a kernel, but the second cannot see the socket (a mount namespace of its own): asked of the
+    nodes themselves, it is found apart, and with no bridge given every machine goes to the head."""
+    hidden = short_tmp / "hidden"
+    hidden.mkdir()
+    probe = short_tmp / "probe.py"
+    probe.write_text(APART_PROBE % {"slots": SLOTS})
+    done = in_cluster(short_tmp, sys.executable, str(probe), str(hidden),
+                      env={**_env(short_tmp), "HIDE_FROM_SECOND": str(hidden)})
+    assert done.returncode == 0, done.stderr[-6000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["routes"] == ["none", "socket"]
+    assert out["per_node"] == [0, SLOTS]  # the nodes alternate when both can take a machine
+
+
 #: The console script's entry with Ray made unimportable, as on a host without the ray extra.
 WITHOUT_RAY = textwrap.dedent("""\
     import importlib.abc, sys

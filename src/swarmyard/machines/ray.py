@@ -11,8 +11,8 @@ for this backend and stopped with it. Every node must have the same swarmyard in
 code). Errors cross the actor boundary as ``to_dict()`` bodies and come back as their own classes.
 
 A machine reaches its control plane through a Unix socket bind-mounted as on the local backend. A node that sees
-the plane's own socket (the path exists there with the device and inode this process sees: the same host, the
-same mount) binds it. A node that cannot (another host, or a mount namespace of its own) gets a bridge from its
+the plane's own socket (the path exists there with the kernel, device and inode this process sees: the same host,
+the same mount) binds it. A node that cannot (another host, or a mount namespace of its own) gets a bridge from its
 host actor when the caller gives one (:meth:`RayBackend.bridge_plane`, which ``swarmyard run`` does): a Unix
 socket in that node's own folder, each connection forwarded over mutual TLS to the plane's TCP listener (see
 :mod:`swarmyard.machines.bridge`). The machine sees only that socket, never the certificate or its key. A node
@@ -49,13 +49,15 @@ T = TypeVar("T")
 Outcome = tuple[str, Any]
 
 
-def socket_identity(path: str) -> list[int] | None:
-    """The device and inode of the Unix socket at ``path`` as this process sees it (``None``: it sees none)."""
+def socket_identity(path: str) -> list[str | int] | None:
+    """The Unix socket at ``path`` as this process sees it: its kernel (the boot id), device and inode; ``None``
+    when it sees none. Two processes with the same identity can connect to the same socket (a folder shared
+    over the network may show another host's socket file, which no one here can connect to: its kernel differs)."""
     try:
         info = os.stat(path)
     except OSError:
         return None
-    return [info.st_dev, info.st_ino] if stat.S_ISSOCK(info.st_mode) else None
+    return [boot_id(), info.st_dev, info.st_ino] if stat.S_ISSOCK(info.st_mode) else None
 
 
 def boot_id() -> str:
@@ -119,7 +121,7 @@ class NodeHost:
                                  "env": self.backend.machine_env("m_probe"), "pid": os.getpid()})
 
     def sees(self, path: str) -> Outcome:
-        """The device and inode of the socket at ``path`` as this node sees it (``None``: it cannot see it)."""
+        """The identity of the socket at ``path`` as this node sees it (``None``: it cannot see it)."""
         return _outcome(lambda: socket_identity(path))
 
     def bridge(self, name: str, tls: PlaneTls) -> Outcome:
