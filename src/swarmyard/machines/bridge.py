@@ -137,6 +137,8 @@ class PlaneBridge:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()  # the bridge's own folder, when nothing else was put there
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
