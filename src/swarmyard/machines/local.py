@@ -210,6 +210,13 @@ class LocalBackend(SupervisedBackend):
             # a governed machine without its exec allowlist would have a shell: never accepted as weaker
             raise SandboxUnavailableError("this host has no Landlock, which a machine's exec allowlist (exec_only: a "
                                           "governed worker's) needs; see swarmyard machines doctor")
+        if iso.exec_only and self._userns is None:
+            # bwrap's own user namespace runs the sandbox as uid 1000 in a second, nested namespace, which does not
+            # own the machine's mounts: nothing inside could mark them noexec, and without that ld.so runs a program
+            # written to the disk. Never accepted as weaker either.
+            raise SandboxUnavailableError("a governed machine (exec_only) needs its writable mounts noexec, which "
+                                          "takes the shared user namespace: run as root with util-linux's unshare "
+                                          f"and uid {HOST_UID} free on the host; see swarmyard machines doctor")
         limits = {"memory": spec.limits.memory_bytes, "pids": spec.limits.pids, "cpu": spec.limits.cpus}
         wanted = {k for k, v in limits.items() if v is not None}
         lacking = wanted - self._hierarchy.controllers()
