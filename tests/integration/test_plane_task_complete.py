@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -78,6 +79,20 @@ def test_complete_then_again_is_already_done(plane: Plane) -> None:
     op = doc["paths"]["/v1/operator/tasks/{task_id}/complete"]["post"]
     assert op["operationId"] == "operator_complete_task"
     assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/CompletionResult")
+
+
+def test_completions_at_once_close_the_task_once(plane: Plane) -> None:
+    goal_id, (task_id,) = _goal(plane)
+    _found(plane, goal_id, task_id)
+    plane.clock.advance(61)  # each completion finds the lease lapsed and races the others to take it back
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _complete(plane, task_id, json={}), range(8)))
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+    outcomes = [a.json()["outcome"] for a in answers]
+    # one closed it (taken back, or completed under a peer's take-back claim); the others found it done
+    assert outcomes.count("already_done") == 7 and set(outcomes) - {"already_done"} <= {"taken_back", "completed"}
+    kinds = [kind for kind, _ in _events(plane, task_id)]
+    assert kinds.count("task.completed") == 1 and kinds.count("task.claimed") == 2
 
 
 def test_a_lapsed_lease_is_taken_back_and_closed(plane: Plane) -> None:

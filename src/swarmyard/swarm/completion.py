@@ -22,8 +22,8 @@ OPERATOR = "operator"
 RESULT = "finding submitted"
 #: The lease of a take-back claim: it is closed in the next statement, so any short lease does.
 TAKE_BACK_LEASE_S = 60.0
-#: Tries of an operator's completion when workers keep claiming the task between its read and its write.
-_TRIES = 3
+#: Tries of an operator's completion while others claim or close the task between its read and its write.
+_TRIES = 5
 _PAGE = 10_000
 
 
@@ -69,9 +69,10 @@ def close_found(store: Store, task: Task, by: str) -> Completion:
 def complete_task(store: Store, task_id: str, by: str) -> tuple[Completion, Task]:
     """Complete a task that has a finding, once: a done task is ``ALREADY_DONE`` and nothing changes.
 
-    Raises ``NotFoundError`` for an unknown task, ``IllegalTransitionError`` for one that failed or was
-    cancelled, ``NoFindingError`` for one without a finding, and a retryable ``ConflictError`` when workers
-    claimed it again each time between its read and its completion.
+    Safe to call at once from several places (replicas, retries): one of them closes the task, the others
+    answer ``ALREADY_DONE``. Raises ``NotFoundError`` for an unknown task, ``IllegalTransitionError`` for one
+    that failed or was cancelled, ``NoFindingError`` for one without a finding, and a retryable
+    ``ConflictError`` when others claimed it again each time between its read and its completion.
     """
     for _ in range(_TRIES):
         task = store.get_task(task_id)
@@ -81,7 +82,11 @@ def complete_task(store: Store, task_id: str, by: str) -> tuple[Completion, Task
             raise IllegalTransitionError("task", task_id, task.state.value, TaskState.DONE.value)
         if not findings_of(store, task.goal_id, task_id):
             raise NoFindingError(task_id)
-        outcome = close_found(store, task, by)
+        try:
+            outcome = close_found(store, task, by)
+        except FencingError:
+            # another completion (another replica's, say) closed it under our take-back claim first: look again
+            continue
         if outcome is not Completion.HELD:
             return outcome, store.get_task(task_id)
     raise ConflictError(f"task {task_id} was claimed again by a worker each time it was to be completed; "
