@@ -57,7 +57,7 @@ def _finding(n: int | str) -> dict[str, Any]:
 
 
 def _swarm(folder: Path, replies: dict[str, Any], *, lenses: int = 1, concurrency: int = 1,
-           max_failures: int = 3, lease_s: float = 120) -> Path:
+           max_failures: int = 3, lease_s: float = 120, workers: int | None = None) -> Path:
     """A swarm file on the scripted provider with ``lenses`` tasks, its replies file beside it."""
     conf = folder / "conf"
     conf.mkdir(exist_ok=True)
@@ -72,8 +72,8 @@ call_cap = 200
 deadline_s = 600
 {tasks}
 [workers]
-count = {lenses}
-concurrency = {concurrency}
+count = {workers or lenses}
+concurrency = {max(concurrency, workers or 0)}
 exec_timeout_s = 120
 max_steps = 4
 max_failures = {max_failures}
@@ -299,8 +299,12 @@ def _unblock(procs: list[tuple[int, dict[str, str]]], fifo: str) -> None:
     raise AssertionError(f"no process of the machine has {fifo} open")
 
 
-@pytest.mark.parametrize("victim", ["agent", "machine"])
+@pytest.mark.parametrize("victim", ["agent", "machine", "hung"])
 def test_a_worker_killed_mid_task_loses_its_claim_and_another_completes_it(short_tmp: Path, victim: str) -> None:
+    """``agent``: the agent is killed (its run ends, the coordinator gives its claim back at once); ``machine``:
+    every process of its machine is; ``hung``: the agent is stopped (SIGSTOP), so its run does not end and its
+    heartbeats stop: its lease runs out, a second worker's slot claims the task, and the stopped agent is
+    killed only after that."""
     # The first agent posts, then blocks in a command until it is killed; the next one posts and blocks too (so
     # the run is still serving when the dead worker's write arrives), and completes the task once let go.
     replies = {"scripted-worker": [_tool("board_post", body="before the kill"),
@@ -308,7 +312,8 @@ def test_a_worker_killed_mid_task_loses_its_claim_and_another_completes_it(short
                                    _tool("board_post", body="after the kill"),
                                    _tool("shell", command="mkfifo /tmp/go && cat /tmp/go"), _finding(0)],
                "scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)]}
-    swarm = _swarm(short_tmp, replies)
+    # a hung worker's task goes to a second slot once the lease (3 s, renewed each second while alive) runs out
+    swarm = _swarm(short_tmp, replies, **({"workers": 2, "lease_s": 3} if victim == "hung" else {}))
     root = machines_root(short_tmp / "tmp")
     watch = MachineWatch(root)
     runner = _start(short_tmp, swarm)
@@ -319,9 +324,9 @@ def test_a_worker_killed_mid_task_loses_its_claim_and_another_completes_it(short
         task_id, old_token = str(posted[0]), int(posted[1])
         first, procs = _until(runner, lambda: _blocked(root), "the first agent blocked in its command")
         agent_pid, agent_env = next((pid, env) for pid, env in procs if "SWARMYARD_TOKEN" in env)
-        for pid in [agent_pid] if victim == "agent" else [pid for pid, _ in procs]:
+        for pid in [pid for pid, _ in procs] if victim == "machine" else [agent_pid]:
             with contextlib.suppress(ProcessLookupError):  # the machine's init went first, and took the rest
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP if victim == "hung" else signal.SIGKILL)
         # the dead agent's claim ends (given back, or its lease runs out) and another worker claims the task
         _until(runner, lambda: next((e for e in _events(short_tmp, "task.claimed")
                                      if e["task"] == task_id and e["token"] != old_token), None),
@@ -336,6 +341,11 @@ def test_a_worker_killed_mid_task_loses_its_claim_and_another_completes_it(short
             stale = plane.post("/v1/tools/board_post", headers={
                 "authorization": f"Bearer {agent_env['SWARMYARD_TOKEN']}"},
                 json={"task_id": task_id, "fencing_token": old_token, "body": "stale write"})
+        if victim == "hung":
+            # its claim ran out, it was not given back (the agent's run had not ended)
+            assert not any(e["task"] == task_id and e["token"] == old_token
+                           for e in _events(short_tmp, "task.released")), "the hung claim was given back"
+            os.kill(agent_pid, signal.SIGKILL)  # stopped, it would hold its slot until its exec timeout
         _unblock(held, "/tmp/go")
         code, out, err = _finish(runner)
     finally:
