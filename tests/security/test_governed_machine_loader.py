@@ -11,7 +11,9 @@ with both inits.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,3 +190,52 @@ _INTO_THE_INIT = (
 def test_no_process_of_the_machine_can_write_into_its_init(machines: Machines, governed: MachineInfo) -> None:
     # the init can exec (the host's commands): its memory is no way around the machine's own processes' locks
     assert _run(machines, governed, _INTO_THE_INIT) == ["refused"]
+
+
+_AS_ANOTHER_USER = '''
+import json, shutil, sys, tempfile
+from pathlib import Path
+from swarmyard.machines import Isolation, Machines
+from swarmyard.machines.local import LocalBackend
+folder = Path(tempfile.mkdtemp(prefix="sy-unpriv-"))
+print(folder)
+code = (
+    "import os, shutil, subprocess\\n"
+    "rw = [l.split()[4] for l in open('/proc/self/mountinfo') if 'rw' in l.split()[5].split(',')\\n"
+    "      and 'noexec' not in l.split()[5].split(',')]\\n"
+    "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\\n"
+    "shutil.copy('/bin/true', 'mytrue'); os.chmod('mytrue', 0o755)\\n"
+    "loaded = subprocess.run([os.environ['LOADER'], './mytrue'], capture_output=True)\\n"
+    "print(os.getuid(), rw, sorted(set(caps)), b'failed to map segment' in loaded.stderr)\\n"
+)
+for init in ("native", "python"):
+    with Machines(LocalBackend(folder / init, init=init)) as machines:
+        iso = Isolation(exec_only=(sys.executable,), allow_weaker=True)  # a user's own cgroups may lack controllers
+        info = machines.wait_until_ready(machines.create("g", isolation=iso).id)
+        done = machines.exec(info.id, [sys.executable, "-c", code], timeout=60, env={"LOADER": sys.argv[1]})
+        print(init, done.stdout.decode().strip(), done.stderr.decode()[-300:])
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not Path("/usr/bin/python3").is_file(),
+                    reason="runs a machine as another, unprivileged user (needs root and util-linux's setpriv)")
+def test_a_governed_machine_of_an_unprivileged_user_has_the_same_noexec_mounts(tmp_path: Path) -> None:
+    # Not root: bwrap makes the user namespace itself, and the init nests the machine's uid in one of its own
+    # (bwrap's nested one would not own the mounts it must mark noexec). The system's interpreter: the one this
+    # test runs may live in a folder other users cannot read.
+    from swarmyard.machines.supervised import SOURCE_ROOT
+
+    loader = interpreter_of(os.path.realpath("/usr/bin/python3")) or LOADER
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONPATH": SOURCE_ROOT, "LANG": "C.UTF-8"}
+    done = subprocess.run(["setpriv", "--reuid", "4321", "--regid", "4321", "--clear-groups", "/usr/bin/python3",
+                           "-c", _AS_ANOTHER_USER, loader], env=env, cwd="/tmp", capture_output=True, text=True,
+                          timeout=300)
+    lines = done.stdout.splitlines()
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        # as uid 1000, no rw mount without noexec, no capability left, and a copied program not loadable
+        assert [line.strip() for line in lines[1:]] == [f"{init} 1000 [] ['0000000000000000'] True"
+                                                        for init in ("native", "python")], done.stdout
+    finally:
+        if lines:
+            shutil.rmtree(lines[0], ignore_errors=True)

@@ -210,13 +210,6 @@ class LocalBackend(SupervisedBackend):
             # a governed machine without its exec allowlist would have a shell: never accepted as weaker
             raise SandboxUnavailableError("this host has no Landlock, which a machine's exec allowlist (exec_only: a "
                                           "governed worker's) needs; see swarmyard machines doctor")
-        if iso.exec_only and self._userns is None:
-            # bwrap's own user namespace runs the sandbox as uid 1000 in a second, nested namespace, which does not
-            # own the machine's mounts: nothing inside could mark them noexec, and without that ld.so runs a program
-            # written to the disk. Never accepted as weaker either.
-            raise SandboxUnavailableError("a governed machine (exec_only) needs its writable mounts noexec, which "
-                                          "takes the shared user namespace: run as root with util-linux's unshare "
-                                          f"and uid {HOST_UID} free on the host; see swarmyard machines doctor")
         limits = {"memory": spec.limits.memory_bytes, "pids": spec.limits.pids, "cpu": spec.limits.cpus}
         wanted = {k for k, v in limits.items() if v is not None}
         lacking = wanted - self._hierarchy.controllers()
@@ -452,10 +445,15 @@ class LocalBackend(SupervisedBackend):
             pass_fds = close_after = (seccomp_fd,)
             if not exec_only:
                 argv += ["--seccomp", str(seccomp_fd)]
+        # bwrap's own user namespace (not root) would run the sandbox's uid in a nested namespace that does not
+        # own the machine's mounts: a governed machine's sandbox starts as its uid 0, and its init nests the uid
+        nest = bool(exec_only) and self._userns is None
         if exec_only:
             # the init marks the writable mounts noexec (which takes CAP_SYS_ADMIN, and mount_setattr, which the
             # filter denies), drops every capability, and only then loads the filter itself: see noexec
-            argv += ["--cap-add", "CAP_SYS_ADMIN"]
+            # (nesting: mapping the namespace's uid 0 into a child takes CAP_SETFCAP where it is done)
+            argv += ["--cap-add", "CAP_SYS_ADMIN",
+                     *(("--cap-add", "CAP_SETFCAP", "--uid", "0", "--gid", "0") if nest else ())]
         if self._userns is not None:
             pass_fds += (self._userns,)  # shared by every machine: kept open
         drop = [] if self._userns is None else ["--user", str(SANDBOX_UID)]
@@ -477,6 +475,8 @@ class LocalBackend(SupervisedBackend):
                     argv += ["--noexec", path]
                 if seccomp_fd is not None:
                     argv += ["--seccomp-fd", str(seccomp_fd)]
+            if nest:
+                argv += ["--nest-user", str(SANDBOX_UID)]
         else:
             config: dict[str, object] = {
                 "ctl": f"{RUN_DIR}/ctl/init.sock",
@@ -495,6 +495,8 @@ class LocalBackend(SupervisedBackend):
                 config["noexec"] = list(NOEXEC)
                 if seccomp_fd is not None:
                     config["seccomp_fd"] = seccomp_fd
+            if nest:
+                config["nest_user"] = SANDBOX_UID
             argv += init_argv(self._python, config)
         rlimits: dict[int, int] = {}
         enforced = machine.cgroups.enforced if machine.cgroups is not None else set()

@@ -23,6 +23,9 @@ _AT_RECURSIVE = 0x8000
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_NEWUSER = 0x10000000
+_PR_CAPBSET_READ = 23
+_PR_CAPBSET_DROP = 24
 
 
 def mount_noexec(paths: Sequence[str]) -> None:
@@ -37,10 +40,30 @@ def mount_noexec(paths: Sequence[str]) -> None:
             raise OSError(err, f"mount_setattr(noexec) {path}: {os.strerror(err)}")
 
 
+def nest_user(uid: int) -> None:
+    """Become ``uid`` (and its gid) in a user namespace of our own nested in the machine's, as bwrap does when it is
+    not root and the sandbox's uid is not 0: bwrap's own nested namespace would not own the machine's mounts, so it
+    is made here, after they were marked noexec. ``OSError`` when the kernel refuses."""
+    outer_uid, outer_gid = os.getuid(), os.getgid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWUSER) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWUSER): {os.strerror(err)}")
+    for name, text in (("uid_map", f"{uid} {outer_uid} 1\n"), ("setgroups", "deny"),
+                       ("gid_map", f"{uid} {outer_gid} 1\n")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
+
+
 def drop_capabilities() -> None:
     """Give up every capability (a sandbox bwrap started as a non-root uid holds the ones it was given as
-    ambient ones). ``OSError`` when the kernel refuses."""
+    ambient ones; a nested user namespace starts with all of them), and the bounding set where ``CAP_SETPCAP``
+    allows. ``OSError`` when the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
+    cap = 0
+    while cap < 64 and libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # refused without CAP_SETPCAP: the uid drop took it already
+        cap += 1
     head = ctypes.create_string_buffer(struct.pack("=Ii", _CAPABILITY_VERSION_3, 0), 8)
     data = ctypes.create_string_buffer(24)  # two struct __user_cap_data_struct, all zero
     if (libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0

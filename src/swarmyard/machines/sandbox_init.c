@@ -1106,9 +1106,11 @@ static int mount_noexec(const char *path, char *why, size_t whylen) {
     return 0;
 }
 
-/* Give up every capability (a sandbox bwrap started as a non-root uid holds the ones it was given as ambient). */
+/* Give up every capability (a sandbox bwrap started as a non-root uid holds the ones it was given as ambient; a
+ * nested user namespace starts with all of them), and the bounding set where CAP_SETPCAP allows. */
 static int drop_capabilities(char *why, size_t whylen) {
     struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    for (int cap = 0; cap < 64 && prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0; cap++) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof data);
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 || syscall(SYS_capset, &head, data) != 0) {
@@ -1137,6 +1139,38 @@ static int load_seccomp(int fd, char *why, size_t whylen) {
     return 0;
 }
 
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int ok = write_all(fd, text, strlen(text));
+    close(fd);
+    return ok;
+}
+
+/* Become UID (and its gid) in a user namespace of our own nested in the machine's, as bwrap does when it is not
+ * root and the sandbox's uid is not 0: bwrap's own nested namespace would not own the machine's mounts, so it is
+ * made here, after they were marked noexec. */
+static int nest_user(uid_t uid, char *why, size_t whylen) {
+    uid_t outer = getuid();
+    gid_t outer_gid = getgid();
+    char map[64];
+    if (unshare(CLONE_NEWUSER) != 0) {
+        snprintf(why, whylen, "unshare(CLONE_NEWUSER): %s", strerror(errno));
+        return -1;
+    }
+    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)outer);
+    if (write_file("/proc/self/uid_map", map) != 0 || write_file("/proc/self/setgroups", "deny") != 0) {
+        snprintf(why, whylen, "cannot map the machine's uid: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)outer_gid);
+    if (write_file("/proc/self/gid_map", map) != 0) {
+        snprintf(why, whylen, "cannot map the machine's gid: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* Report a failure to start on the ready pipe (the host reads it as the boot's error) and give up. */
 static int boot_failed(int ready_fd, const char *why) {
     char line[700];
@@ -1149,7 +1183,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: init [--user UID] --ctl PATH --ready-fd N [--cwd DIR] [--relay-target PATH --relay-port N]\n"
             "            [--writable DIR]... [--device DIR]... [--exec-only FILE]... [--landlock]\n"
-            "            [--landlock-required] [--noexec DIR]... [--seccomp-fd N] [--host-only]\n");
+            "            [--landlock-required] [--noexec DIR]... [--seccomp-fd N] [--host-only] [--nest-user UID]\n");
     exit(2);
 }
 
@@ -1158,7 +1192,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--park") == 0) return park(argc, argv);
     const char *ctl = NULL, *cwd = "/";
     int ready_fd = -1, relay_port = -1, want_landlock = 0, landlock_required = 0;
-    long drop_uid = -1;
+    long drop_uid = -1, nest_uid = -1;
     char *writable[16], *devices[16], *exec_only[16], *noexec[16];
     int nwritable = 0, ndevices = 0, nexec = 0, nnoexec = 0, seccomp_fd = -1;
     for (int i = 1; i < argc; i++) {
@@ -1177,18 +1211,21 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--landlock") == 0) want_landlock = 1;
         else if (strcmp(a, "--landlock-required") == 0) landlock_required = 1;
         else if (i + 1 < argc && strcmp(a, "--user") == 0) drop_uid = (long)atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(a, "--nest-user") == 0) nest_uid = (long)atoi(argv[++i]);
         else usage();
     }
     if (!ctl || ready_fd < 0) usage();
-    /* Not dumpable: no process of the machine (same uid) may open /proc/<init>/mem and make the init, which can
-     * exec, run code of its choosing. Leaving root does this too; bwrap's own user namespace starts us as the uid. */
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     /* A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN, then every
      * capability dropped, then the seccomp filter (bwrap would have loaded it before any of this could run). */
     char why[512] = "";
     for (int k = 0; k < nnoexec; k++)
         if (mount_noexec(noexec[k], why, sizeof why) != 0) return boot_failed(ready_fd, why);
     if (drop_uid >= 0 && drop_to((uid_t)drop_uid) != 0) return 1;
+    if (nest_uid >= 0 && nest_user((uid_t)nest_uid, why, sizeof why) != 0) return boot_failed(ready_fd, why);
+    /* Not dumpable (once the uid maps are written: a non-dumpable process cannot write its own): no process of the
+     * machine (same uid) may open /proc/<init>/mem and make the init, which can exec, run code of its choosing.
+     * Leaving root does this too; bwrap's own user namespace would have started us as the machine's uid. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (nnoexec && drop_capabilities(why, sizeof why) != 0) return boot_failed(ready_fd, why);
     if (seccomp_fd >= 0 && load_seccomp(seccomp_fd, why, sizeof why) != 0) return boot_failed(ready_fd, why);
     signal(SIGPIPE, SIG_IGN);

@@ -282,11 +282,6 @@ def main(argv: list[str] | None = None) -> None:
     """Bind, restrict, report ready on ``ready_fd``, then serve forever."""
     global _HOST_ONLY
     config: dict[str, Any] = json.loads((argv or sys.argv)[1])
-    # Not dumpable: no process of the machine (same uid) may open /proc/<init>/mem and make the init, which can
-    # exec, run code of its choosing. Leaving root does this too; bwrap's own user namespace starts us as the uid.
-    import ctypes
-
-    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     _HOST_ONLY = bool(config.get("host_only"))
     try:
         # A governed machine: its writable mounts noexec while the init still holds CAP_SYS_ADMIN (see noexec).
@@ -300,6 +295,14 @@ def main(argv: list[str] | None = None) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     try:
+        if config.get("nest_user") is not None:
+            noexec.nest_user(int(config["nest_user"]))
+        # Not dumpable (once the uid maps are written: a non-dumpable process cannot write its own): no process of
+        # the machine (same uid) may open /proc/<init>/mem and make the init, which can exec, run code of its
+        # choosing. Leaving root does this too; bwrap's own user namespace would have started us as the uid.
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         if config.get("noexec"):
             noexec.drop_capabilities()
         if config.get("seccomp_fd") is not None:  # the filter bwrap would have loaded before the remounts
