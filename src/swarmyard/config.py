@@ -102,6 +102,13 @@ class HistoryMode(StrEnum):
     SINGLE_DRAFT_REFINEMENT = "single_draft_refinement"  # only the best draft so far, to refine
 
 
+class Synthesis(StrEnum):
+    """How the built-in lead writes the synthesis (``swarmyard.agents.builtin``)."""
+
+    FREE = "free"  # one submission, drafted in the lead's conversation with the findings in its brief
+    DIGEST = "digest"  # in parts a small model can write: one sentence per finding, then the answer, composed
+
+
 class MachineLifetime(StrEnum):
     """How long a worker's machine lives: for one agent run (its task), or for its slot's every run."""
 
@@ -406,6 +413,16 @@ class LeadConfig(_Frozen):
     prompt: str = "Read every finding and write one synthesis that answers the objective. Cite the findings."
     #: ``governed`` as for the workers; a governed lead has the workers' WASI tools
     profile: Profile = Profile.FULL
+    #: ``digest``: a point per finding (up to ``max_steps - 1`` of them), then the answer, each one model call
+    synthesis: Synthesis = Synthesis.FREE
+
+    @model_validator(mode="after")
+    def _digest_steps(self) -> LeadConfig:
+        if self.synthesis is Synthesis.DIGEST and self.max_steps < 2:
+            raise ValueError("synthesis = 'digest' needs max_steps >= 2 (a point of a finding, then the answer)")
+        if self.synthesis is Synthesis.DIGEST and self.agent is not AgentKind.BUILTIN:
+            raise ValueError("synthesis = 'digest' is the built-in lead's; an agent CLI writes its own synthesis")
+        return self
 
 
 #: The longest wait between two launches of a slot whose agent keeps failing.

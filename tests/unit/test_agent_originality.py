@@ -118,7 +118,8 @@ def test_a_lead_copying_a_finding_is_refused_and_writes_its_own(tmp_path: Path,
            f"so six months of work can reach paying users [{found}].")
     body, model = _run(tmp_path, plane, token, [_finish(SCOUT, "synthesis"), _finish(own, "synthesis")], Role.LEAD)
     assert body == own
-    assert "copies the findings" in _reasked(model) and found in _reasked(model)
+    # the finding read from the lead's prompt ends where its instructions start: pasted whole, it is held whole
+    assert "holds the finding" in _reasked(model) and found in _reasked(model)
 
 
 def test_a_lead_rewording_a_finding_a_little_is_refused(tmp_path: Path,

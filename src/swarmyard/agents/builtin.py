@@ -91,6 +91,9 @@ class AgentSettings:
     #: "" (as the conversation went), ``scored_history`` or ``single_draft_refinement``; and the top K kept
     history: str = ""
     history_top_k: int = 3
+    #: a lead's way to the synthesis: ``free`` (one drafted submission) or ``digest`` (a point per finding, then
+    #: the answer, composed: what a small model can write without copying what it read)
+    synthesis: str = "free"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -130,6 +133,7 @@ class AgentSettings:
             profile=_profile(env.get("SWARMYARD_PROFILE", governed.FULL)),
             history=_history(env.get("SWARMYARD_HISTORY", "")),
             history_top_k=max(1, int(number("SWARMYARD_HISTORY_TOP_K", 3))),
+            synthesis=_synthesis(env.get("SWARMYARD_SYNTHESIS", FREE)),
         )
 
 
@@ -138,6 +142,12 @@ def _history(value: str) -> str:
         return ""
     if value not in history.MODES:
         raise ConfigError(f"is not one of none, {', '.join(sorted(history.MODES))}", field="SWARMYARD_HISTORY")
+    return value
+
+
+def _synthesis(value: str) -> str:
+    if value not in (FREE, DIGEST):
+        raise ConfigError(f"is not {FREE} or {DIGEST}", field="SWARMYARD_SYNTHESIS")
     return value
 
 
@@ -159,6 +169,25 @@ class AgentOutcome:
 
 
 _SYSTEM = {Role.WORKER: instructions.WORKER, Role.LEAD: instructions.LEAD}
+#: The lead's two ways to its synthesis (``AgentSettings.synthesis``).
+FREE, DIGEST = "free", "digest"
+#: Characters of one finding a digest lead reads in one call, and of one part it writes.
+_DIGEST_BODY_CHARS = 1500
+_DIGEST_PART_CHARS = 800
+#: ``only`` for a call that offers no tool: the model answers in plain text.
+_TEXT_ONLY: frozenset[str] = frozenset()
+
+
+def _said(reply: ModelReply) -> str:
+    """A digest part's text: the reply's, or the body of a submission a model answered with all the same."""
+    text = reply.text.strip()
+    if reply.tool_calls or text.startswith("{"):
+        try:
+            action = parse_tool_call(*reply.tool_calls[0], TOOLS) if reply.tool_calls else parse_reply(text, TOOLS)
+            text = str(action.args.get("body") or "").strip()
+        except InvalidInputError:
+            pass
+    return _cut(" ".join(text.split()), _DIGEST_PART_CHARS) if text else ""
 _LAST_STEP = instructions.LAST_STEP
 _REASK = instructions.REASK
 
@@ -270,6 +299,9 @@ class BuiltinAgent:
         ending = Ending.STEP_CAP
         steps = 0
         cut_short = ""  # the model error that ended the run, if one did
+        shown = originality.findings_shown(task.prompt) if self._settings.role is Role.LEAD else []
+        if self._settings.synthesis == DIGEST and shown and self._settings.max_steps >= 2:
+            return await self._digest(task, shown)
         try:
             for steps in range(1, self._settings.max_steps + 1):
                 self._draft = StepDraft(steps)
@@ -335,6 +367,90 @@ class BuiltinAgent:
         await self._step_done(task, Action(FINISH, partial), {"finding_id": finding_id},
                               f"ended: {ending.value}" + (f"; {cut_short}" if cut_short else ""))
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
+
+    async def _digest(self, task: ClaimedTask, shown: list[tuple[str, str, str]]) -> AgentOutcome:
+        """The synthesis in parts: one sentence of the lead's own per finding (up to ``max_steps - 1`` findings),
+        then its answer to the objective from those sentences alone, composed into one finding that cites each.
+
+        Why: a small model asked for the whole synthesis at once copies the findings it was shown (the demo's
+        0.5B lead did, step after step, until the cap); asked what one finding means, or for an answer from
+        points it wrote itself, it writes its own words. Each part is one step, checked like a submission; a part
+        the model cannot give is left out, and a model or budget stop keeps the parts already written.
+        """
+        objective = task.prompt.split("\n", 1)[0].removeprefix("Objective:").strip() or task.title
+        system = {"role": "system", "content": instructions.DIGEST}
+        points: list[tuple[str, str, str]] = []  # (finding id, its title, the lead's sentence)
+        answer: str | None = None
+        steps = 0
+        stopped = ""
+        try:
+            for ref, heading, body in shown[: self._settings.max_steps - 1]:
+                steps += 1
+                title = heading.rsplit(" (by ", 1)[0]
+                ask = instructions.DIGEST_POINT.format(objective=objective, title=title,
+                                                       body=_cut(body, _DIGEST_BODY_CHARS))
+                point = await self._digest_part(task, steps, [system, {"role": "user", "content": ask}],
+                                                f"point of [{ref}]")
+                if point is not None:
+                    points.append((ref, title, point))
+            if points:
+                steps += 1
+                listed = "\n".join(f"{i}. {title}: {point}" for i, (_, title, point) in enumerate(points, 1))
+                ask = instructions.DIGEST_ANSWER.format(objective=objective, points=listed)
+                answer = await self._digest_part(task, steps, [system, {"role": "user", "content": ask}], "answer")
+        except BudgetError as exc:
+            stopped = f"cut short: the budget ran out at step {steps} ({exc.message})"
+        except ProviderError as exc:
+            if not points:
+                raise
+            stopped = f"cut short by a model error at step {steps} ({exc.code}): {exc.message}"[:1000]
+        except FencingError:
+            return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
+        reasons = "\n".join(f"- {point} [{ref}]" for ref, _, point in points)
+        parts = [answer or "No overall answer was reached; what each finding means:",
+                 f"From the findings:\n{reasons}" if answer and reasons else reasons,
+                 f"({stopped})" if stopped else ""]
+        body = "\n\n".join(p for p in parts if p)
+        if not points:
+            body = f"No result was reached for {task.title!r}: no finding could be read into a point of its own."
+        args: dict[str, Any] = {"title": "synthesis", "body": body, "cite": [ref for ref, _, _ in points]}
+        try:
+            finding_id = await self._submit(args)
+        except UnoriginalFindingError:
+            # the plane reads the findings whole: keep the answer, drop the points it found copied
+            args["body"] = answer or f"No result was reached for {task.title!r}: every point copied its finding."
+            finding_id = await self._submit(args)
+        ending = Ending.SUBMITTED if answer and not stopped else (Ending.BUDGET if "budget" in stopped
+                                                                  else Ending.MODEL_ERROR if stopped
+                                                                  else Ending.STEP_CAP)
+        self._draft = StepDraft(steps + 1)
+        await self._step_done(task, Action(FINISH, args), {"finding_id": finding_id},
+                              f"digest of {len(points)} of {len(shown)} findings"
+                              + ("" if answer else "; no answer") + (f"; {stopped}" if stopped else ""))
+        return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
+
+    async def _digest_part(self, task: ClaimedTask, step: int, messages: list[dict[str, Any]], what: str) -> str | None:
+        """One part of a digest, asked as plain text (a small model made to answer in a tool's JSON echoes what it
+        read), checked as a submission is and asked again with the reason, at most ``max_reasks`` times."""
+        self._draft = StepDraft(step)
+        extra: list[dict[str, Any]] = []
+        said = ""
+        for _ in range(self._settings.max_reasks + 1):
+            asked_ms = now_ms()
+            reply = await self._reply(messages + extra, _TEXT_ONLY)
+            self._draft.reply(reply, now_ms() - asked_ms)
+            said = _said(reply)
+            # not the prompt: an answer names the objective its prompt holds; the findings it read are the check
+            why = originality.problem(said, read=self._read) if said else "the answer is empty"
+            if why is None:
+                await self._step_done(task, None, {"part": what, "text": said})
+                return said
+            self.malformed += 1
+            self._draft.replies[-1]["malformed"] = why[:1000]
+            extra = [{"role": "assistant", "content": said or "(empty)"},
+                     {"role": "user", "content": instructions.DIGEST_REASK.format(error=why)}]
+        await self._step_done(task, None, None, f"no usable {what}")
+        return None
 
     async def _step_done(self, task: ClaimedTask, action: Action | None, result: Any,
                          note: str | None = None) -> None:

@@ -23,5 +23,23 @@ REASK = (
     '{{"action": {{"tool": "submit_finding", "args": {{"title": "...", "body": "..."}}}}}}.'
 )
 
+#: The line of a lead's task that ends the findings and starts its instructions (``swarm.setup.lead_prompt``).
+LEAD_INSTRUCTIONS_HEAD = "Instructions for the lead:"
+#: A digest lead (``[lead] synthesis = "digest"``) reads one finding a call, then answers from its own points.
+#: (No bare "yes", "no" or "go" in these: a one-word answer would then count as saying them back.)
+DIGEST = (
+    "You are the lead of a swarm, reading the findings one at a time. Answer in plain text, briefly, in your own "
+    "words, never a copy of what you read."
+)
+DIGEST_POINT = (
+    "Objective: {objective}\n\nA finding on {title!r}:\n{body}\n\nIn one sentence of your own words: what does "
+    "this finding mean for the objective, and how much does it tell us?"
+)
+DIGEST_ANSWER = (
+    "What the findings mean:\n{points}\n\nThe question: {objective}\nAnswer it in one or two sentences of your own "
+    "words. Start with your decision (\"We should ...\" or \"We should not ...\"), then give the main reason."
+)
+DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
+
 #: Every instruction, as one text a finding may not restate.
-ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK))
+ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))

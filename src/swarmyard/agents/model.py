@@ -44,7 +44,8 @@ class ChatModel(Protocol):
     """Anything that answers a conversation with one reply."""
 
     async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        """One completion for ``messages``; ``only`` narrows the tools offered for this one call."""
+        """One completion for ``messages``; ``only`` narrows the tools offered for this one call (an empty set:
+        none, and the answer is plain text)."""
         ...
 
 
@@ -75,6 +76,8 @@ class BrokerChatModel:
             "max_tokens": self._max_tokens,
             "temperature": 0.2,
         }
+        if not tools:
+            return body  # ``only`` named no tool: a plain-text answer
         if self._mode is OutputMode.TOOLS:
             body["tools"] = openai_tools(tools)
             body["tool_choice"] = "required"

@@ -112,10 +112,19 @@ _HEADER = re.compile(r"^\[(fnd_[0-9a-z]+)\][^\n]*$", re.MULTILINE)
 
 
 def findings_in(prompt: str) -> dict[str, str]:
-    """The findings a lead's prompt shows (``[fnd_...] title`` then the body, up to the next such line), by id."""
-    heads = list(_HEADER.finditer(prompt))
-    return {m[1]: prompt[m.end():heads[i + 1].start() if i + 1 < len(heads) else len(prompt)].strip()
-            for i, m in enumerate(heads)}
+    """The findings a lead's prompt shows (``[fnd_...] title`` then the body, up to the next such line, or the
+    line that starts the lead's instructions), by id."""
+    return {ref: body for ref, _, body in findings_shown(prompt)}
+
+
+def findings_shown(prompt: str) -> list[tuple[str, str, str]]:
+    """(id, title line, body) of each finding a lead's prompt shows, in order."""
+    end = prompt.find(f"\n{instructions.LEAD_INSTRUCTIONS_HEAD}\n")
+    shown = prompt if end < 0 else prompt[:end]
+    heads = list(_HEADER.finditer(shown))
+    return [(m[1], m[0][len(m[1]) + 2:].strip(),
+             shown[m.end():heads[i + 1].start() if i + 1 < len(heads) else len(shown)].strip())
+            for i, m in enumerate(heads)]
 
 
 def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:

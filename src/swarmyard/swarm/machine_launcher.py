@@ -334,6 +334,7 @@ class MachineLauncher:
             env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)
             if lead:
                 env["SWARMYARD_MAX_TOKENS"] = "1024"  # a synthesis is longer than a step (the route may hold less)
+                env["SWARMYARD_SYNTHESIS"] = self.config.lead.synthesis.value
             if slot.role is Role.PLANNER:
                 env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
                 # room for N lenses with their instructions in one answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swarmyard.agents import instructions
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
 from swarmyard.config import PolicyKind, SwarmConfig
@@ -88,7 +89,7 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding]) -> str:
     return "\n\n".join([
         f"Objective: {goal.objective}",
         "Findings:\n" + block if block else "No finding was submitted.",
-        prompt,
+        f"{instructions.LEAD_INSTRUCTIONS_HEAD}\n{prompt}",
         "Write the synthesis in your own words: your answer to the objective first, then the reasons, each "
         "with the id of the finding it rests on in brackets.",
     ])

@@ -1,0 +1,102 @@
+"""``[lead] synthesis = "digest"`` through ``swarmyard run``, in real machines, on the scripted provider: the lead
+asks what each finding means (one plain-text call each), then for its answer from those points, and the run
+prints the composed synthesis, citing each finding."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.domain import LEAD_GROUP
+from swarmyard.store import open_store
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+MARKET = "Clinicians dictate notes daily and pay for offline dictation; about 5M of them in Europe."
+RISKS = "The platforms may ship offline dictation for free within a year; a developer beta is the warning sign."
+POINTS = ["Paying buyers exist, which favours building, though the count is rough.",
+          "A free platform feature could erase the market, so speed matters more than polish."]
+ANSWER = "We should build it for clinicians first: demand pays now, and a fast launch beats the platforms."
+SWARM = """
+[goal]
+objective = "Should a small team build an offline dictation app?"
+budget_usd = "0.50"
+call_cap = 40
+deadline_s = 600
+max_depth = 1
+[[tasks.lenses]]
+title = "market"
+prompt = "Size the market."
+[[tasks.lenses]]
+title = "risks"
+prompt = "List the risks."
+[policy]
+kind = "team"
+[workers]
+agent = "builtin"
+count = 2
+concurrency = 1
+max_steps = 2
+model = "w"
+[lead]
+agent = "builtin"
+model = "l"
+max_steps = 4
+synthesis = "digest"
+[providers.s]
+kind = "scripted"
+models = ["w", "l"]
+replies = "replies.json"
+"""
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """An ordinary folder with a short path (the plane's Unix socket lives in the run folder)."""
+    path = Path(tempfile.mkdtemp(prefix="sy-dg-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -> None:
+    def finding(title: str, body: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "submit_finding", "arguments": {"title": title, "body": body}}]}
+
+    # concurrency 1: the market lens is claimed first, so its finding is the first the lead reads
+    replies = {"w": [finding("market", MARKET), finding("risks", RISKS)],
+               "l": [{"say": POINTS[0]}, {"say": POINTS[1]}, {"say": ANSWER}]}
+    (folder / "replies.json").write_text(json.dumps(replies))
+    (folder / "swarm.toml").write_text(SWARM)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    out = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml", "--quiet"], cwd=folder,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = (folder / "runs").iterdir()
+    goal = json.loads((run_dir / "run.json").read_text())["goal_id"]
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        scouts = {f.title: f.id for f in store.read_findings(goal) if f.group != LEAD_GROUP}
+        [synthesis] = store.read_findings(goal, group=LEAD_GROUP)
+    finally:
+        store.close()
+    expected = (f"{ANSWER}\n\nFrom the findings:\n- {POINTS[0]} [{scouts['market']}]\n"
+                f"- {POINTS[1]} [{scouts['risks']}]")
+    assert synthesis.body == expected
+    assert out.stdout.strip() == expected  # what the user reads: the synthesis, whole
+    assert {c.ref for c in synthesis.citations if c.kind == "finding"} == set(scouts.values())
+    steps = [json.loads(line) for line in next((run_dir / "agents").glob("lead-*.jsonl")).read_text().splitlines()]
+    asked = [step for step in steps if step.get("replies")]
+    assert len(asked) == 3 and all(len(step["replies"]) == 1 for step in asked)  # a call a part, none re-asked
+    assert [json.loads(step["result"])["text"] for step in asked] == [*POINTS, ANSWER]
