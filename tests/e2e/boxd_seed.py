@@ -1,8 +1,12 @@
 """The swarm script swarmyard starts from, written for boxd's SDK: three scouts and a lead, each in a machine of
 its own, each running Claude Code headless; the lead reads the scouts' reports from its home folder.
 
-``SEED`` is kept as the boxd script has it; ``ported`` makes the only two changes a user makes to run it on
-swarmyard: the import line, and the client's construction (no boxd API key).
+``SEED`` is that script as its shape is described (three scouts and a lead, each ``machines.create``,
+``wait_until_ready``, ``exec`` of ``claude -p "..." --dangerously-skip-permissions`` with ``timeout=600``,
+``files.upload`` of the reports to ``/home/boxd/reports.md``, ``delete``), written against boxd 0.2.19's SDK names;
+the seed's own text was not available to this project, so this is a reconstruction, not a copy. ``ported`` makes
+the only two changes a user makes to run it on swarmyard: the import line, and the client's construction (no boxd
+API key).
 """
 
 from __future__ import annotations
