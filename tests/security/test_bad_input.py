@@ -42,6 +42,8 @@ def snapshot(store: Path) -> dict[str, list[Any]]:
                                       for t in tables}
     rows["files"] = sorted(str(p.relative_to(store.parent)) for p in store.parent.rglob("*")
                            if p.is_file() and not p.name.startswith(store.name))
+    # a serving process renews its own row every few seconds (its seen_at): its liveness, not a request's change
+    rows["planes"] = sorted((plane[0], plane[1]) for plane in rows.get("planes", []))
     return rows
 
 
