@@ -35,6 +35,15 @@ class Target(Protocol):
     def reconcile(self, reservation_id: str, actual: int | None) -> Reservation: ...
 
 
+def path_id(name: str, value: str) -> str:
+    """``value``, checked to be an id before it goes into an operator API path (``InvalidInputError`` else): a
+    '/', '?' or '#' in it would aim the request at another endpoint, so that ``swarmyard task complete
+    'ID/cancel?'`` cancelled the task."""
+    from swarmyard.plane.operator import check_path_id
+
+    return check_path_id(name, value)
+
+
 def operator_request(server: str, token_file: Path, method: str, path: str, *,
                      params: dict[str, Any] | None = None, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One operator API call; a refusal comes back as the swarmyard error the server named."""
@@ -78,7 +87,7 @@ class RemoteTarget:
 
     def get_goal(self, goal_id: str) -> Goal:
         """One goal."""
-        return _as(Goal, self._call("GET", f"/v1/operator/goals/{goal_id}")["goal"])
+        return _as(Goal, self._call("GET", f"/v1/operator/goals/{path_id('goal_id', goal_id)}")["goal"])
 
     def create_goal(self, spec: GoalSpec) -> Goal:
         """Create a goal."""
@@ -89,13 +98,15 @@ class RemoteTarget:
     def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
         """A goal's tasks."""
         params = {k: v for k, v in (("state", state.value if state else None), ("group", group)) if v is not None}
-        return _as(list[Task], self._call("GET", f"/v1/operator/goals/{goal_id}/tasks", params=params)["tasks"])
+        return _as(list[Task], self._call("GET", f"/v1/operator/goals/{path_id('goal_id', goal_id)}/tasks",
+                                           params=params)["tasks"])
 
     def create_task(self, goal_id: str, spec: TaskSpec) -> Task:
         """Create a top-level task."""
         body = {"title": spec.title, "prompt": spec.prompt, "group": spec.group,
                 "budget_micro_usd": spec.budget_micro_usd, "call_cap": spec.call_cap, "priority": spec.priority}
-        return _as(Task, self._call("POST", f"/v1/operator/goals/{goal_id}/tasks", body=body)["task"])
+        return _as(Task, self._call("POST", f"/v1/operator/goals/{path_id('goal_id', goal_id)}/tasks",
+                                      body=body)["task"])
 
     def read_board(self, goal_id: str, *, after: int = 0, limit: int = 100, group: str | None = None,
                    kinds: Sequence[PostKind] | None = None, author: str | None = None) -> list[Post]:
@@ -103,17 +114,18 @@ class RemoteTarget:
         params: dict[str, Any] = {"after": after, "limit": limit}
         if group is not None:
             params["group"] = group
-        posts = _as(list[Post], self._call("GET", f"/v1/operator/goals/{goal_id}/board", params=params)["posts"])
+        posts = _as(list[Post], self._call("GET", f"/v1/operator/goals/{path_id('goal_id', goal_id)}/board",
+                                              params=params)["posts"])
         return [p for p in posts if (not kinds or p.kind in kinds) and (author is None or p.author == author)]
 
     def list_reservations(self, goal_id: str) -> list[Reservation]:
         """A goal's reservations."""
-        return _as(list[Reservation],
-                   self._call("GET", f"/v1/operator/goals/{goal_id}/reservations")["reservations"])
+        path = f"/v1/operator/goals/{path_id('goal_id', goal_id)}/reservations"
+        return _as(list[Reservation], self._call("GET", path)["reservations"])
 
     def reconcile(self, reservation_id: str, actual: int | None) -> Reservation:
         """Settle or release an unknown reservation."""
-        path = f"/v1/operator/reservations/{reservation_id}/reconcile"
+        path = f"/v1/operator/reservations/{path_id('reservation_id', reservation_id)}/reconcile"
         return _as(Reservation, self._call("POST", path, body={"actual_micro_usd": actual})["reservation"])
 
 

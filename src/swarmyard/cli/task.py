@@ -8,7 +8,7 @@ import typer
 
 from swarmyard.cli import render
 from swarmyard.cli.options import JsonOption, ServerOption, StoreOption, TokenFileOption, store_at
-from swarmyard.cli.target import operator_request, target_at
+from swarmyard.cli.target import operator_request, path_id, target_at
 from swarmyard.domain import TaskSpec, TaskState
 from swarmyard.money import format_usd, usd_to_micro
 
@@ -66,7 +66,8 @@ def complete(
     """Complete a task that has a finding, as a run's coordinator does (a `serve` has none): under its claim,
     or taken back and closed when its lease ran out. A done task stays done and is answered already_done."""
     if server:
-        answer = operator_request(server, token_file, "POST", f"/v1/operator/tasks/{task_id}/complete", body={})
+        path = f"/v1/operator/tasks/{path_id('task_id', task_id)}/complete"
+        answer = operator_request(server, token_file, "POST", path, body={})
         outcome, state = str(answer["outcome"]), str(answer["task"]["state"])
     else:
         from swarmyard.swarm.completion import OPERATOR, complete_task

@@ -9,7 +9,7 @@ import typer
 
 from swarmyard.cli import render
 from swarmyard.cli.options import JsonOption, StoreOption, store_at
-from swarmyard.cli.target import operator_request
+from swarmyard.cli.target import operator_request, path_id
 
 app = typer.Typer(help="List and revoke workers (capability tokens).", no_args_is_help=True)
 
@@ -40,7 +40,7 @@ def list_(goal_id: str = typer.Argument(..., help="The goal whose workers to lis
           operator_token_file: Path = _TokenFile, as_json: bool = JsonOption) -> None:
     """List a goal's workers."""
     if server:
-        path = f"/v1/operator/goals/{goal_id}/workers"
+        path = f"/v1/operator/goals/{path_id('goal_id', goal_id)}/workers"
         workers = _operator(server, operator_token_file, "GET", path)["workers"]
     else:
         from swarmyard.plane.models import WorkerView
@@ -57,7 +57,7 @@ def revoke(worker_id: str = typer.Argument(..., help="The worker whose token to 
            operator_token_file: Path = _TokenFile, as_json: bool = JsonOption) -> None:
     """Revoke a worker's token: its next tool or model call is refused."""
     if server:
-        path = f"/v1/operator/workers/{worker_id}/revoke"
+        path = f"/v1/operator/workers/{path_id('worker_id', worker_id)}/revoke"
         workers = _operator(server, operator_token_file, "POST", path)["workers"]
     else:
         from swarmyard.plane.models import WorkerView

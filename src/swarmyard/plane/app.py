@@ -34,7 +34,7 @@ from swarmyard.plane.dashboard import Dashboard, MachinesView
 from swarmyard.plane.limits import read_limited, retry_after_header
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
-from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi
+from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi, check_path_id
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
 from swarmyard.plane.trajectory import MAX_STEP_BYTES, StepAccepted, StepRecord, TrajectoryFiles
@@ -209,6 +209,8 @@ def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Await
     async def endpoint(request: Request) -> Response:
         try:
             plane.tokens.verify_operator(bearer_token(request))
+            for name, value in request.path_params.items():
+                check_path_id(name, value)
             query = None
             if ep.query is not None:
                 try:

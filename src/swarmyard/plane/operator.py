@@ -24,8 +24,20 @@ from swarmyard.store.protocol import Store
 from swarmyard.swarm.completion import OPERATOR, complete_task
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
-#: what an id in a path may be (the body's ``Id``): anything else is refused before the store sees it
-_PATH_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+#: what an id in a path may be (the body's ``Id``, not only dots): anything else is refused before the store
+#: sees it
+_PATH_ID = re.compile(r"(?!\.+\Z)[A-Za-z0-9_.:-]{1,200}")
+
+
+def check_path_id(name: str, value: str) -> str:
+    """``value`` if it may be the id ``name`` in an operator path, else ``InvalidInputError`` (400).
+
+    The server checks every path parameter with it before any store call (a NUL in one was a 500 on PostgreSQL,
+    which cannot compare text holding one), and the CLI every id it puts in a path: a '/', '?', '#' or a dot
+    segment in an id would aim the request at another endpoint."""
+    if _PATH_ID.fullmatch(value) is None:
+        raise InvalidInputError(f"{name} must be 1 to 200 of A-Z a-z 0-9 _ . : -", field=name)
+    return value
 
 
 def _decimal(value: object) -> int:
@@ -152,9 +164,7 @@ class OperatorApi:
 
     def complete_task(self, call: Call) -> m.CompletionResult:
         """Complete a task that has a finding, as a run's coordinator does; a done task stays as it is."""
-        task_id = call.path["task_id"]
-        if _PATH_ID.fullmatch(task_id) is None:
-            raise InvalidInputError("task_id must be 1 to 200 of A-Z a-z 0-9 _ . : -", field="task_id")
+        task_id = check_path_id("task_id", call.path["task_id"])
         outcome, task = complete_task(self.store, task_id, OPERATOR)
         return m.CompletionResult.model_construct(outcome=outcome, task=task)
 
