@@ -318,7 +318,14 @@ class SupervisedBackend:
         """Start booting a machine on a fresh disk, or on a baseline's."""
         lowers: tuple[Path, ...] = ()
         if spec.baseline is not None:
-            lowers = (self._baseline_path(spec.baseline),)
+            path = self._baseline_path(spec.baseline)
+            if path.is_symlink():
+                # a snapshot's name (``workers.baseline = "NAME"``): the machine runs on the version it points at
+                # now, and is recorded so, or that version could be deleted under it (see Snapshots.delete)
+                version = os.readlink(path)
+                spec = replace(spec, baseline=version)
+                path = self._baseline_path(version)
+            lowers = (path,)
         return self._boot(spec, lowers=lowers, layers=(), forked_from=None)
 
     def fork(self, source_id: str, spec: MachineSpec) -> MachineInfo:
