@@ -178,6 +178,10 @@ class LocalBackend(SupervisedBackend):
         self._pool: launchers.LauncherPool | None = None
         #: the private networks this backend's machines join
         self.networks = networks.Networks()
+        if networks.available() is None:
+            # what a killed backend left (its hub namespace and bridges) goes now, as its machine folders and
+            # cgroups do (reap_orphans), even when this one never makes a network
+            networks.reap_hubs()
         #: How many launchers this backend keeps parked (0 when it keeps none).
         self.parked = parked if self.native_init is not None else 0
         if self.native_init is not None and parked > 0:
