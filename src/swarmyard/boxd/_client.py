@@ -150,6 +150,7 @@ class MachinesResource:
         if spawn and not plane.embedded:
             raise UserError("a machine that makes machines needs this client's own plane: not with SWARMYARD_SERVER")
         name = name if name is not None else self.suggest_name()
+        self._client._spawners.check_name(name, spawn=spawn)
         login = plane.login(name, group or DEFAULT_GROUP)
         try:
             info = self._sync.create(name, baseline, login.group, env=env, limits=limits,
@@ -216,6 +217,7 @@ class MachinesResource:
         source = self._info(self._ready(machine))
         plane = self._client._plane_now()
         name = new_name if new_name is not None else self.suggest_name()
+        self._client._spawners.check_name(name, spawn=False)
         login = plane.login(name, source.group or DEFAULT_GROUP)
         try:
             info = self._sync.fork(source.id, name, control_socket=plane.socket)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from swarmyard.errors import (
     NotFoundError,
     SwarmyardError,
 )
+from swarmyard.jsondepth import check_nesting
 from swarmyard.plane.limits import read_limited
 
 if TYPE_CHECKING:
@@ -69,6 +71,8 @@ class Spawners:
         # creates under way, by coordinator: a slot is taken before the machine exists, so concurrent creates
         # cannot all pass the cap
         self._pending: dict[str, int] = {}
+        # the names a coordinator's request is making right now, with the thread making each (see check_name)
+        self._making: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def allow(self, machine_id: str, token: str) -> None:
@@ -117,6 +121,41 @@ class Spawners:
             raise InvalidInputError(f"the name of a machine this one makes is 1-{_MAX_NAME - len(prefix)} letters, "
                                     "digits, '.', '_' or '-', starting with a letter or digit", field="name")
         return prefix + name
+
+    def check_name(self, name: str, *, spawn: bool) -> None:
+        """Refuse a name the client gives that lies in a live coordinator's namespace (``lead.scout`` is
+        ``lead``'s ``scout``), and a coordinator whose namespace already holds a machine of the client: either way
+        a coordinator would find a name of its own taken and so learn of a machine it may not see. The names a
+        coordinator's own request makes (in this thread) pass."""
+        machines = self._client._local
+        with self._lock:
+            if self._making.get(name) == threading.get_ident():
+                return
+            owners = list(self.children)
+        for owner in owners:
+            try:
+                prefix = self.prefix(owner)
+            except NotFoundError:
+                continue  # being deleted
+            if name.startswith(prefix):
+                raise InvalidInputError(f"machine names that begin with {prefix!r} are those the coordinator "
+                                        f"{prefix[:-1]!r} makes", field="name")
+        if spawn:
+            taken = [m.name for m in machines.list() if m.name.startswith(f"{name}.")]
+            if taken:
+                raise InvalidInputError(f"a coordinator named {name!r} names its machines {name}.<name>, and "
+                                        f"{taken[0]!r} exists already", field="name")
+
+    @contextlib.contextmanager
+    def making(self, name: str) -> Iterator[None]:
+        """While a coordinator's request makes the machine the client calls ``name`` (see ``check_name``)."""
+        with self._lock:
+            self._making[name] = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._making.pop(name, None)
 
     def made(self, owner: str) -> list[str]:
         """The ids of the machines ``owner`` made that live."""
@@ -174,6 +213,7 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
             try:
                 owner = spawners.owner(request)
                 raw = await read_limited(request.stream(), request.headers.get("content-length"), MAX_BODY_BYTES)
+                check_nesting(raw)  # before the parser, which a deep body overflows (a 500)
                 body = json.loads(raw) if raw else {}
                 if not isinstance(body, dict):
                     raise InvalidInputError("the body must be a JSON object", field="body")
@@ -189,10 +229,11 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
 
     machines = client._local
 
-    def made(owner: str, make: Callable[[], Any]) -> Any:
+    def made(owner: str, name: str, make: Callable[[], Any]) -> Any:
         spawners.reserve(owner)
         try:
-            record = make()
+            with spawners.making(name):
+                record = make()
         except BaseException:
             spawners.unreserve(owner)
             raise
@@ -204,7 +245,7 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
     def create(request: Request, owner: str, body: dict[str, Any]) -> Any:
         name = spawners.qualified(owner, _opt_str(body, "name"))
         snapshot = _opt_str(body, "from_snapshot")
-        return made(owner, lambda: machines.create(name, from_snapshot=snapshot))
+        return made(owner, name, lambda: machines.create(name, from_snapshot=snapshot))
 
     def listing(request: Request, owner: str, body: dict[str, Any]) -> Any:
         return [_machine_json(machines.get(m), spawners.prefix(owner)) for m in spawners.made(owner)]
@@ -237,7 +278,7 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
     def fork(request: Request, owner: str, body: dict[str, Any]) -> Any:
         source = spawners.child(owner, request.path_params["machine"])
         name = spawners.qualified(owner, _opt_str(body, "new_name"))
-        return made(owner, lambda: machines.fork(source, name))
+        return made(owner, name, lambda: machines.fork(source, name))
 
     def delete(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
