@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmyard.bench.store import duplicates, measure, measure_holds
+from swarmyard.bench.store import duplicates, measure, measure_holds, measure_takes
 
 
 @pytest.mark.slow
@@ -26,3 +26,10 @@ def test_concurrent_holds_on_one_goal_charge_its_envelope_exactly(store_url: str
     assert trips == 90
     assert settled == 90 * 7  # each hold of 10 settled at 7: no lost update, no double charge
     assert wall > 0
+
+
+@pytest.mark.slow
+def test_concurrent_takes_from_one_shared_rate_bucket_are_all_counted(store_url: str) -> None:
+    """Four processes take from one key's bucket at once: with room for all, every take is granted once."""
+    wall, taken = measure_takes(store_url, processes=4, takes=20, shared=True)
+    assert taken == 80 and wall > 0

@@ -175,6 +175,38 @@ def measure_holds(url: str, *, processes: int, calls: int, one_goal: bool = True
     return wall, trips, settled
 
 
+def _taker(url: str, key: str, takes: int, ready: Any, start: Any, out: Any) -> None:
+    """Take ``takes`` tokens from ``key``'s shared rate bucket (one a tool call makes on PostgreSQL)."""
+    from swarmyard.store import open_store
+
+    store = open_store(url, pool_size=2)
+    ready.put(os.getpid())
+    start.wait()
+    taken = sum(1 for _ in range(takes) if store.take_rate_token(key, 1e9, 10**9) == 0.0)
+    store.close()
+    out.put(taken)
+
+
+def measure_takes(url: str, *, processes: int, takes: int, shared: bool) -> tuple[float, int]:
+    """``processes`` processes take from the shared rate buckets (one key, or a key each); (wall_s, taken)."""
+    ctx = mp.get_context("spawn")
+    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    tag = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+    procs = [ctx.Process(target=_taker, args=(url, tag if shared else f"{tag}-{i}", takes, ready, start, out))
+             for i in range(processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    began = time.perf_counter()
+    start.set()
+    taken = sum(out.get(timeout=600) for _ in procs)
+    wall = time.perf_counter() - began
+    for p in procs:
+        p.join(timeout=60)
+    return wall, taken
+
+
 def duplicates(claims: list[tuple[str, int]]) -> int:
     """Claims of a task beyond its first (there must be none: every lease here outlives the run)."""
     return sum(n - 1 for n in Counter(task for task, _ in claims).values() if n > 1)
@@ -245,6 +277,14 @@ def run(quick: bool = False, **options: object) -> BenchResult:
                                 "holds/s", rates[False], "a goal per process"))
             result.summary[f"{name}.holds_per_s"] = round(rates[True], 1)
             result.summary[f"{name}.holds_per_s_goal_each"] = round(rates[False], 1)
+            if name == "postgres":  # SQLite's buckets live in the serving process (one host)
+                takes = {shared: measure_takes(url, processes=8, takes=100 if quick else 500, shared=shared)
+                         for shared in (True, False)}
+                per_s = {shared: taken / wall for shared, (wall, taken) in takes.items()}
+                result.add(BenchRow("postgres rate-bucket takes/s (one per tool call across replicas), 8 proc, "
+                                    "one key", per_s[True], "takes/s", per_s[False], "a key per process"))
+                result.summary["postgres.rate_takes_per_s"] = round(per_s[True], 1)
+                result.summary["postgres.rate_takes_per_s_key_each"] = round(per_s[False], 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result.summary["duplicates"] = total_dupes
