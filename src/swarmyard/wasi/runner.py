@@ -35,6 +35,8 @@ _EXIT_NO_MEMORY = 3
 #: A funcref table element takes a pointer: tables together are held to the memory cap as well.
 _TABLE_ELEMENT_BYTES = 8
 _MAX_TABLES = 2
+#: WASI preview 1's ``notsup``: what a module that asks to sleep (``poll_oneoff``) is answered.
+_ERRNO_NOTSUP = 58
 
 
 def _wasmtime() -> Any:
@@ -109,6 +111,13 @@ class WasiRunner:
         self._engine = wt.Engine(config)
         self._linker = wt.Linker(self._engine)
         self._linker.define_wasi()
+        # poll_oneoff is WASI's sleep: a guest blocked in it runs no wasm, so neither fuel nor the epoch deadline
+        # would end it (a module asking for an hour would get an hour). A tool is a computation: it may not wait.
+        self._linker.allow_shadowing = True
+        i32 = wt.ValType.i32()
+        self._linker.define_func("wasi_snapshot_preview1", "poll_oneoff", wt.FuncType([i32] * 4, [i32]),
+                                 lambda *_: _ERRNO_NOTSUP)
+        self._linker.allow_shadowing = False
         self._modules: dict[str, wasmtime.Module] = {}
         self._by_path: dict[tuple[str, int, int], str] = {}
         self._lock = threading.Lock()
@@ -187,6 +196,12 @@ class WasiRunner:
                 code = exc.code
             except wt.Trap as exc:
                 raise self._trap(spec, exc, self._memory_full(store, instance, spec)) from exc
+            except wt.WasmtimeError as exc:
+                # a host function's refusal that is not a trap (a pointer out of bounds or misaligned in a WASI
+                # call): the module's fault, answered as one, never an exception that ends the agent
+                first = str(exc).strip().splitlines()[-1].strip()[:300]
+                raise ToolError(f"{spec.name} failed in a WASI call: {first}", tool=spec.name,
+                                reason="trap") from exc
         if out.over:
             raise WasiTrapError(spec.name, "output", spec.caps.output_bytes)
         if code == _EXIT_NO_MEMORY or (code != 0 and self._memory_full(store, instance, spec)):
