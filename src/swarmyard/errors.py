@@ -415,6 +415,24 @@ class ConflictError(StoreError):
     status = 409
 
 
+class DuplicateInFlightError(ConflictError):
+    """A worker sent again the very body of a call another replica still holds (its answer not given yet, or
+    lost with that replica, which killed leaves its holds ``held`` until they are swept ``unknown``): sent now,
+    the call could be paid twice, so it is neither held nor sent. Ask again later: once the first hold ends
+    settled or released the body may go again, once it is ``unknown`` it is a ``DuplicateOfUnknownError``."""
+
+    code = "duplicate_in_flight"
+
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(
+            f"this request repeats one another control plane replica still holds (reservation "
+            f"{reservation_id}), whose outcome is not known yet; it was not sent",
+            retryable=True,
+        )
+        self.reservation_id = reservation_id
+        self.details["reservation_id"] = reservation_id
+
+
 class DuplicateOfUnknownError(ConflictError):
     """A worker sent again the very body of a call whose hold is ``unknown``: the first may have been billed,
     so the broker neither holds nor sends this one. Never retry it; reconcile the reservation named."""

@@ -173,9 +173,15 @@ def _m008_lost_bodies(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m009_bodies_in_flight(t: Types, postgres: bool) -> list[str]:
+    # The same for the bodies still held: a replica killed mid-call leaves its hold held for the sweep's grace,
+    # and a resend reaching another replica then is refused too (the index holds the calls in flight).
+    return ["CREATE INDEX reservations_in_flight ON reservations (worker_id, body_digest) WHERE state = 'held'"]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
                           _m005_directions_scores, _m006_direction_order,
-                          _m007_replicas, _m008_lost_bodies]
+                          _m007_replicas, _m008_lost_bodies, _m009_bodies_in_flight]

@@ -47,6 +47,7 @@ from swarmyard.errors import (
     ConflictError,
     DeadlinePassedError,
     DepthExceededError,
+    DuplicateInFlightError,
     DuplicateOfUnknownError,
     IllegalTransitionError,
     InvalidInputError,
@@ -804,7 +805,8 @@ class SqlStore(DirectionStore, ReplicaStore):
         """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction.
 
         ``body_digest`` names the call's request body: the same body again from the same worker while a hold
-        of it is ``unknown`` is a ``DuplicateOfUnknownError`` (nothing held), on every replica.
+        of it is ``unknown`` is a ``DuplicateOfUnknownError`` (nothing held), on every replica; while another
+        replica holds it (``held``), a ``DuplicateInFlightError``.
 
         Why two conditional updates instead of read, check, write: every model call passes here while it
         holds the write lock, so each envelope is charged by one ``UPDATE ... WHERE <every rule> RETURNING``
@@ -881,6 +883,14 @@ class SqlStore(DirectionStore, ReplicaStore):
                                   "state = 'unknown' LIMIT 1", (worker_id, body_digest))
             if lost is not None:  # raised inside the transaction: the task's charge is rolled back with it
                 raise DuplicateOfUnknownError(str(lost[0]))
+            if self.plane_id is not None:
+                # held by another replica: maybe one killed with the call in flight, whose hold stays held
+                # until a sweep marks it unknown (its client, an SDK, resends the body at once elsewhere)
+                busy = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
+                                      "state = 'held' AND plane_id <> ? LIMIT 1",
+                                 (worker_id, body_digest, self.plane_id))
+                if busy is not None:
+                    raise DuplicateInFlightError(str(busy[0]))
         reservation_id = new_id("rsv")
         if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
                           "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
