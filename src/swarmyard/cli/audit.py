@@ -105,23 +105,27 @@ def verify(
     finding or artifact row that differs from what its events say; --in-progress lets a live run's newest
     events through, counted, and skips the rows.
     """
+    from swarmyard.audit.log import LOG_VKEY
     from swarmyard.audit.verify import verify_run
     from swarmyard.errors import LogMismatchError
     from swarmyard.store import open_store
 
     pinned_log, pinned_witness = _verifier(log_key), _verifier(witness_key)
     folder = _run_folder(run)
-    if not (folder / "audit").is_dir():
-        raise UserError(f"{run}: no audit/ folder; give a run folder")
+    audit_dir, blobs = folder / "audit", folder / "blobs"
+    if not audit_dir.is_dir() and store_url is not None and (folder / LOG_VKEY).is_file():
+        audit_dir, blobs = folder, None  # the folder a serve was given as --audit-dir, its store elsewhere
+    if not audit_dir.is_dir():
+        raise UserError(f"{run}: no audit/ folder; give a run folder (or a serve's --audit-dir with --store)")
     if store_url is None:
         if not (folder / "store.db").exists():
             raise UserError(f"{run}: no store.db; give --store URL")
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
-    origin = _origin(folder / "audit", pinned_log)
+    origin = _origin(audit_dir, pinned_log)
     witnessed, witness_verifier = _witnessed(witness, witness_checkpoint, origin, pinned_witness)
-    store = open_store(store_url, blob_dir=folder / "blobs")
+    store = open_store(store_url, blob_dir=blobs)
     try:
-        report = verify_run(store, folder / "audit", log_key=pinned_log, witness_key=witness_verifier,
+        report = verify_run(store, audit_dir, log_key=pinned_log, witness_key=witness_verifier,
                             witnessed=witnessed, min_size=min_size, tables=store, in_progress=in_progress)
     except LogMismatchError as exc:
         if as_json:
