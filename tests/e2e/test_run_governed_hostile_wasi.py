@@ -57,6 +57,15 @@ def _tool(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
+def _run(folder: Path, swarm: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (folder / "runs").iterdir()
+    return run_dir, done
+
+
 def test_a_hostile_modules_wasi_calls_are_answered_and_the_agent_carries_on(short_tmp: Path) -> None:
     import wasmtime
 
@@ -111,11 +120,7 @@ replies = "replies.json"
 runs_dir = "{short_tmp / 'runs'}"
 sandbox = "local"
 """)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
-    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=short_tmp, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = (short_tmp / "runs").iterdir()
+    run_dir, done = _run(short_tmp, swarm)
     with sqlite3.connect(run_dir / "store.db") as db:
         bodies = [str(b) for (b,) in db.execute("SELECT body FROM findings ORDER BY created_at").fetchall()]
         [state] = [s for (s,) in db.execute("SELECT state FROM tasks WHERE title = 'call'").fetchall()]
@@ -126,3 +131,54 @@ sandbox = "local"
     [log] = [p for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-") and p.suffix == ".jsonl"]
     results = [json.loads(line).get("result") for line in log.read_text().splitlines()]
     assert '{"slept": false}' in results, results
+
+
+def test_a_governed_worker_is_never_told_of_a_machine_tool(short_tmp: Path) -> None:
+    # a tool it does not have is answered with the tools it is offered (no shell, read_file or write_file among
+    # them), and a call for shell without arguments is refused by name, not told what shell needs
+    conf = short_tmp / "conf"
+    conf.mkdir()
+    (conf / "replies.json").write_text(json.dumps({
+        "scripted-worker": [_tool("python", code="import os"), _tool("shell"),
+                            _tool("submit_finding", title="refused", body="The worker was refused: {{last_message}}")],
+        "scripted-lead": [_tool("submit_finding", title="synthesis",
+                                body="The lead read the worker's refusals and writes this synthesis itself.")],
+    }))
+    swarm = conf / "swarm.toml"
+    swarm.write_text(f"""
+[goal]
+objective = "Ask for tools."
+budget_usd = "1"
+call_cap = 30
+deadline_s = 300
+[[tasks.lenses]]
+title = "ask"
+prompt = "Ask."
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+max_steps = 4
+max_failures = 1
+model = "scripted-worker"
+profile = "governed"
+[lead]
+model = "scripted-lead"
+profile = "governed"
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies.json"
+[run]
+runs_dir = "{short_tmp / 'runs'}"
+sandbox = "local"
+""")
+    run_dir, _ = _run(short_tmp, swarm)
+    [log] = [p for p in (run_dir / "agents").iterdir() if p.name.startswith("worker-") and p.suffix == ".jsonl"]
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    said = [r["malformed"] for s in steps for r in s["replies"] if "malformed" in r]
+    assert len(said) == 1 and said[0].startswith("unknown tool 'python'; choose one of "), said
+    offered = said[0].split("choose one of ", 1)[1].split(", ")
+    assert "board_post" in offered and not {"shell", "read_file", "write_file"} & set(offered), offered
+    assert steps[0]["action"]["tool"] == "shell"
+    assert steps[0]["result"] == "error (tool_refused): 'shell' is not a tool of the 'governed' profile"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,10 +132,13 @@ def says_something(body: str) -> bool:
     return re.search(r"[^\W\d_]", re.sub(r"\[[^\]]*\]", "", body)) is not None
 
 
-def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS) -> Action:
-    """Validate a tool name and its arguments against the table."""
+def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS, *,
+                 choices: Collection[str] | None = None) -> Action:
+    """Validate a tool name and its arguments against the table; an unknown name is answered with ``choices``
+    (the tools the model is offered; by default the whole table)."""
     if not isinstance(tool, str) or tool not in tools:
-        raise InvalidInputError(f"unknown tool {tool!r}; choose one of {', '.join(tools)}", field="tool")
+        offered = ", ".join(tools if choices is None else choices)
+        raise InvalidInputError(f"unknown tool {tool!r}; choose one of {offered}", field="tool")
     if not isinstance(args, dict):
         raise InvalidInputError("args must be a JSON object", field="args")
     spec = tools[tool]
@@ -147,7 +151,7 @@ def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS)
     return Action(tool, {k: v for k, v in args.items() if k in known})
 
 
-def parse_reply(text: str, tools: dict[str, ToolSpec] = TOOLS) -> Action:
+def parse_reply(text: str, tools: dict[str, ToolSpec] = TOOLS, *, choices: Collection[str] | None = None) -> Action:
     """Read an action from a reply's text: ``{"action": {"tool", "args"}}`` or a bare ``{"tool", "args"}``."""
     value = _first_json_object(text)
     if not isinstance(value, dict):
@@ -163,16 +167,17 @@ def parse_reply(text: str, tools: dict[str, ToolSpec] = TOOLS) -> Action:
             args = json.loads(args)
         except json.JSONDecodeError as exc:
             raise InvalidInputError("args is not a JSON object", field="args") from exc
-    return check_action(inner.get("tool"), args, tools)
+    return check_action(inner.get("tool"), args, tools, choices=choices)
 
 
-def parse_tool_call(name: str, arguments: str, tools: dict[str, ToolSpec] = TOOLS) -> Action:
+def parse_tool_call(name: str, arguments: str, tools: dict[str, ToolSpec] = TOOLS, *,
+                    choices: Collection[str] | None = None) -> Action:
     """Read an action from a native ``tool_calls`` entry."""
     try:
         args = json.loads(arguments or "{}")
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"arguments of {name} are not JSON: {exc.msg}", field="args") from exc
-    return check_action(name, args, tools)
+    return check_action(name, args, tools, choices=choices)
 
 
 def _string_field(text: str, name: str) -> str | None:

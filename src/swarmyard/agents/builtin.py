@@ -251,7 +251,7 @@ class BuiltinAgent:
         self._wasi = wasi
         #: what the model is shown, and every name a reply may use (one outside the profile is refused by name)
         self._offered = governed.offered(TOOLS, settings.profile, wasi)
-        self._known = governed.known(wasi)
+        self._known = governed.known(wasi, settings.profile)
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
@@ -583,8 +583,8 @@ class BuiltinAgent:
         salvaged (asked again, a small model only writes as long again)."""
         try:
             if reply.tool_calls:
-                return parse_tool_call(*reply.tool_calls[0], self._known)
-            return parse_reply(reply.text, self._known)
+                return parse_tool_call(*reply.tool_calls[0], self._known, choices=self._offered)
+            return parse_reply(reply.text, self._known, choices=self._offered)
         except InvalidInputError:
             self.malformed += 1
             named = bool(reply.tool_calls) and reply.tool_calls[0][0] == FINISH

@@ -94,6 +94,12 @@ def offered(base: Mapping[str, ToolSpec], profile: str, wasi: WasiTools | None) 
     return tools | (wasi.tool_specs() if wasi is not None else {})
 
 
-def known(wasi: WasiTools | None) -> dict[str, ToolSpec]:
-    """Every tool a reply may name: a name outside the profile parses, and is then refused by name."""
-    return dict(TOOLS) | (wasi.tool_specs() if wasi is not None else {})
+def known(wasi: WasiTools | None, profile: str = FULL) -> dict[str, ToolSpec]:
+    """Every tool a reply may name: a name outside the profile parses, and is then refused by name. Under
+    ``governed`` the machine's tools parse whatever their arguments (none is required), so a call for ``shell``
+    is answered ``tool_refused``, never told what ``shell`` needs."""
+    tools = dict(TOOLS)
+    if profile == GOVERNED:
+        for name in MACHINE_TOOLS:
+            tools[name] = ToolSpec(name, tools[name].description, {"type": "object", "properties": {}})
+    return tools | (wasi.tool_specs() if wasi is not None else {})
