@@ -112,9 +112,10 @@ def verify(
 
     pinned_log, pinned_witness = _verifier(log_key), _verifier(witness_key)
     folder = _run_folder(run)
-    audit_dir, blobs = folder / "audit", folder / "blobs"
+    audit_dir = folder / "audit"
+    blob_dir: Path | None = folder / "blobs"
     if not audit_dir.is_dir() and store_url is not None and (folder / LOG_VKEY).is_file():
-        audit_dir, blobs = folder, None  # the folder a serve was given as --audit-dir, its store elsewhere
+        audit_dir, blob_dir = folder, None  # the folder a serve was given as --audit-dir, its store elsewhere
     if not audit_dir.is_dir():
         raise UserError(f"{run}: no audit/ folder; give a run folder (or a serve's --audit-dir with --store)")
     if store_url is None:
@@ -123,7 +124,7 @@ def verify(
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
     origin = _origin(audit_dir, pinned_log)
     witnessed, witness_verifier = _witnessed(witness, witness_checkpoint, origin, pinned_witness)
-    store = open_store(store_url, blob_dir=blobs)
+    store = open_store(store_url, blob_dir=blob_dir)
     try:
         report = verify_run(store, audit_dir, log_key=pinned_log, witness_key=witness_verifier,
                             witnessed=witnessed, min_size=min_size, tables=store, in_progress=in_progress)
