@@ -38,10 +38,16 @@ class CodexAdapter:
                 'approval_policy = "never"',
                 ('sandbox_mode = "read-only"  # governed: and [features] below takes its shell away' if ctx.governed
                  else 'sandbox_mode = "danger-full-access"  # the swarmyard machine is the sandbox'),
+                # governed: no hosted web search (the broker drops hosted tools too); newer Codex reads this key
+                *(['web_search = "disabled"'] if ctx.governed else []),
                 "",
-                *(["[features]  # governed: no shell, no exec, no patching, no images: swarmyard's MCP tools only",
+                # the older and the newer names of each feature: Codex renames them (view_image_tool became
+                # view_image), and one it no longer knows is ignored
+                *(["[features]  # governed: no shell, no exec, no patching, no images, no sub-agents or goals: "
+                   "swarmyard's MCP tools only",
                    "shell_tool = false", "unified_exec = false", "apply_patch_freeform = false",
-                   "view_image_tool = false", "web_search_request = false", ""] if ctx.governed else []),
+                   "view_image_tool = false", "view_image = false", "web_search_request = false",
+                   "multi_agent = false", "goals = false", ""] if ctx.governed else []),
                 "[model_providers.swarmyard]",
                 'name = "swarmyard"',
                 f"base_url = {_toml_str(ctx.relay_url + '/v1')}",
