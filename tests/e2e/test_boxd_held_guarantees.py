@@ -188,3 +188,49 @@ def test_a_coordinator_finds_every_name_of_its_own_free(folder: Path) -> None:
         "deep: 400 nesting_too_deep",
         "['boss', 'boss.hidden', 'boss.secret', 'lead.secret']",
     ], err[-3000:]
+
+
+_PAUSED_DURING_A_COPY = '''
+import subprocess, sys, time
+from swarmyard.boxd import Boxd
+with Boxd(providers=sys.argv[1], root=sys.argv[2]) as boxd:
+    machine = boxd.machines.create("busy")
+    boxd.machines.wait_until_ready(machine.id)
+    # many small files: the CLI's copy of the disk lasts long enough to pause the machine in the middle of it
+    boxd.machines.files.upload(machine.id, "fill.py", "import os\\nos.makedirs('d')\\n"
+                               "for i in range(60000): open(f'd/{i}', 'w').write(str(i))\\n")
+    spin = "nohup python3 -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+    assert boxd.machines.exec(machine.id, "python3 fill.py", timeout=600).success
+    pid = boxd.machines.exec(machine.id, spin, timeout=60).stdout.strip()
+    cli = subprocess.Popen([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", "create", "copy",
+                            "--from", "busy", "--root", sys.argv[2]], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    group = boxd._sync.backend._get(machine.id).cgroups
+    while not group.frozen and cli.poll() is None:  # until the CLI has frozen it for its copy
+        time.sleep(0.01)
+    print("frozen by the copy:", group.frozen, flush=True)
+    boxd.machines.pause(machine.id)
+    _, err = cli.communicate(timeout=600)
+    print("copied:", cli.returncode, err.strip()[-300:], flush=True)
+    before = boxd.machines.cpu_time_us(machine.id)
+    time.sleep(1)  # a spinning process that ran would have used CPU by now
+    print("cpu while paused:", boxd.machines.cpu_time_us(machine.id) - before, boxd.machines.get(machine.id).status)
+    boxd.machines.resume(machine.id)
+    while boxd.machines.cpu_time_us(machine.id) == before:
+        time.sleep(0.01)
+    same = boxd.machines.exec(machine.id, f"kill -0 {pid} && echo same", timeout=60).stdout.strip()
+    print("resumed:", same)
+'''
+
+
+def test_a_machine_paused_while_the_cli_copies_its_disk_stays_paused(folder: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _PAUSED_DURING_A_COPY, str(folder / "providers.toml"),
+                           str(folder / "root")], cwd=folder, env=_env(folder), capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "frozen by the copy: True",
+        "copied: 0 ",  # the snapshot was made, and left the machine as its owner had it: paused
+        "cpu while paused: 0 suspended",
+        "resumed: same",
+    ], done.stderr[-3000:]

@@ -23,6 +23,9 @@ from swarmyard.machines.cgroups import MachineCgroups, discover
 
 #: The record a ready machine's folder holds.
 RECORD = "machine.json"
+#: Present in a machine's folder while its owner has it paused (see :mod:`swarmyard.machines.pausing`): a copy
+#: of its disk that froze it leaves it frozen.
+PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,5 +128,6 @@ def frozen(folder: Path, machine: LiveMachine) -> Iterator[None]:
     try:
         yield
     finally:
-        if not was_frozen:
+        # paused by its owner meanwhile: it stays so (the owner resumes it, not this)
+        if not was_frozen and not (folder / PAUSED).exists():
             group.freeze(False)

@@ -8,8 +8,10 @@ track and refuse (the Boxd client answers such a call with a ``ConflictError``).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from swarmyard.errors import SandboxError, SandboxUnavailableError
+from swarmyard.machines import live
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.protocol import Backend, MachineState
 
@@ -28,17 +30,32 @@ def _cgroups(backend: Backend, machine_id: str) -> MachineCgroups:
     return machine.cgroups
 
 
+def _marker(backend: Backend, machine_id: str) -> Path:
+    """The mark of a paused machine in its folder, which another process copying its disk heeds (see live)."""
+    from swarmyard.machines.supervised import SupervisedBackend
+
+    assert isinstance(backend, SupervisedBackend)  # checked by _cgroups
+    return backend._get(machine_id).root / live.PAUSED
+
+
 def pause(backend: Backend, machine_id: str) -> int:
-    """Freeze every process of the machine; returns how long that took, in microseconds."""
+    """Freeze every process of the machine; returns how long that took, in microseconds.
+
+    Marked first: a ``snapshot create --from`` of another process that froze the machine before would otherwise
+    thaw it when its copy ends, and the paused machine would run."""
     started = time.perf_counter_ns()
-    _cgroups(backend, machine_id).freeze(True)
+    group = _cgroups(backend, machine_id)
+    _marker(backend, machine_id).touch()
+    group.freeze(True)
     return (time.perf_counter_ns() - started) // 1000
 
 
 def resume(backend: Backend, machine_id: str) -> int:
     """Thaw the machine's processes; returns how long that took, in microseconds."""
     started = time.perf_counter_ns()
-    _cgroups(backend, machine_id).freeze(False)
+    group = _cgroups(backend, machine_id)
+    _marker(backend, machine_id).unlink(missing_ok=True)
+    group.freeze(False)
     return (time.perf_counter_ns() - started) // 1000
 
 
