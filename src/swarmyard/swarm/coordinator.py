@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from swarmyard.agents.builtin import Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
-from swarmyard.domain import Finding, Goal, PostKind, Task, TaskState
-from swarmyard.errors import AuditError, FencingError, NotFoundError, UserError
+from swarmyard.domain import Finding, Goal, PostKind, ReservationState, Task, TaskState
+from swarmyard.errors import AuditError, FencingError, IllegalTransitionError, NotFoundError, UserError
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.completion import close_found, findings_of
@@ -211,6 +211,17 @@ class Coordinator:
 
     def _complete(self, task: Task) -> None:
         close_found(self.store, task, COORDINATOR)  # held by another worker now: its claim goes on
+
+    def _lose_holds(self, goal_id: str) -> None:
+        """Mark ``unknown`` every hold of the goal still ``held`` as a resume starts: the broker that made it ran
+        in the run's process, which died with its calls in flight, so no one is left to settle or release it
+        (a late settlement of an unknown hold still goes through)."""
+        for hold in self.store.list_reservations(goal_id, state=ReservationState.HELD):
+            try:
+                self.store.mark_unknown(hold.id)
+            except IllegalTransitionError:
+                continue  # ended meanwhile
+            log.warning("reservation %s was held when the run stopped: marked unknown (reconcile it)", hold.id)
 
     def settle_goal(self, goal_id: str) -> None:
         """Settle every claimed task with a finding (after a crash, or a worker killed after submitting)."""
@@ -475,6 +486,7 @@ class Coordinator:
             except NotFoundError:
                 raise UserError(f"run {self.run_id}: its goal {state.goal_id} is not in the store") from None
             self.settle_goal(goal.id)
+            self._lose_holds(goal.id)
             wanted = str(self.config.evaluator.bundle_path) if self.config.evaluator else None
             if goal.evaluator != wanted:
                 # a goal's scores and its one holdout belong to one bundle: a resume cannot swap it

@@ -1,0 +1,98 @@
+"""``swarmyard run`` killed with SIGKILL while model calls are in flight, then ``swarmyard run --resume RUN``:
+the holds the killed run's broker had made stay ``held`` in the store, since no process is left to settle or
+release them. They were left so for good (the resumed run completed and counted them among its leftover holds
+with no state saying why); the resume now marks each ``unknown`` (reconcilable) before any new work starts.
+
+The workers run on the simulated provider, priced, each answer a second and a half long, so a kill lands on calls
+in flight: the test polls the run's store until a hold is ``held`` and kills the runner then.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_faults import _env, _finish, _rows, _run_dir, _start, _until
+
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+LENSES = 6
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-rh-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _swarm(folder: Path) -> Path:
+    tasks = "".join(f'[[tasks.lenses]]\ntitle = "lens {i}"\nprompt = "Say one fact about {i}."\n'
+                    for i in range(LENSES))
+    path = folder / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "Count things"
+budget_usd = "5"
+call_cap = 500
+deadline_s = 900
+{tasks}
+[workers]
+count = {LENSES}
+concurrency = 3
+max_steps = 3
+model = "sim-1"
+[lead]
+model = "sim-1"
+[providers.sim]
+kind = "simulated"
+models = ["sim-1"]
+latency_s = 1.5
+[providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+def test_the_holds_a_killed_run_left_held_are_unknown_after_resume(short_tmp: Path) -> None:
+    swarm = _swarm(short_tmp)
+    runner = _start(short_tmp, swarm)
+    try:
+        held = _until(runner, lambda: _rows(short_tmp, "SELECT id FROM reservations WHERE state = 'held'") or None,
+                      "a model call was in flight")
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == -signal.SIGKILL
+    run_dir = _run_dir(short_tmp)
+    assert run_dir is not None
+    left = {row[0] for row in _rows(short_tmp, "SELECT id FROM reservations WHERE state = 'held'")}
+    assert {row[0] for row in held} <= left  # what was in flight at the kill is still held: no one ended it
+    resumed = _start(short_tmp, swarm, "--resume", run_dir.name)
+    code, _, err = _finish(resumed)
+    assert code == 0, err[-3000:]
+    states = dict(_rows(short_tmp, "SELECT id, state FROM reservations"))
+    assert "held" not in states.values(), [i for i, s in states.items() if s == "held"]
+    assert {states[i] for i in left} == {"unknown"}  # the killed run's, each reconcilable now
+    assert sorted(s for (s,) in _rows(short_tmp, "SELECT state FROM tasks")) == ["done"] * (LENSES + 1)
+    verify = subprocess.run([sys.executable, "-m", "swarmyard.cli", "audit", "verify", str(run_dir)],
+                            cwd=short_tmp, env=_env(short_tmp), capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "tables match" in verify.stdout
