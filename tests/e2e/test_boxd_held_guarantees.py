@@ -6,7 +6,8 @@ the doors a user has (a script run as ``python script.py``, the ``swarmyard`` CL
 * the hub namespace of private networks that a killed script left goes at the next client's start, even when that
   client makes no network;
 * a coordinator learns nothing of the client's other machines from the names it picks: no machine of the client
-  lies in its namespace, and a body nested too deep is a 400, not a 500.
+  lies in its namespace; a body nested too deep, or a timeout past the clock's range, is a 400, not a 500;
+* a machine its client paused while the CLI copied its disk for a snapshot stays paused.
 """
 
 from __future__ import annotations
@@ -173,6 +174,10 @@ deep = httpx.post(os.environ["SWARMYARD_BOXD_URL"] + "/v1/machines", content=b"[
                   headers={"authorization": "Bearer " + os.environ["SWARMYARD_TOKEN"],
                            "content-type": "application/json"})
 print("deep:", deep.status_code, deep.json()["error"]["code"])
+for verb, body in (("wait", {"timeout": 1e308}), ("exec", {"command": "true", "timeout": 1e308})):
+    huge = httpx.post(os.environ["SWARMYARD_BOXD_URL"] + f"/v1/machines/hidden/{verb}", json=body,
+                      headers={"authorization": "Bearer " + os.environ["SWARMYARD_TOKEN"]})
+    print(f"{verb} 1e308 s:", huge.status_code, huge.json()["error"]["field"])
 '''
 
 
@@ -186,6 +191,8 @@ def test_a_coordinator_finds_every_name_of_its_own_free(folder: Path) -> None:
         "refused: invalid_input name",  # a fork named there too
         "made: hidden secret",  # so both names are free to boss: it learns of no machine it may not see
         "deep: 400 nesting_too_deep",
+        "wait 1e308 s: 400 timeout",  # an OverflowError, a 500, before
+        "exec 1e308 s: 400 timeout",
         "['boss', 'boss.hidden', 'boss.secret', 'lead.secret']",
     ], err[-3000:]
 

@@ -325,10 +325,16 @@ def _sigterm_waits() -> Iterator[None]:
             _terminated(came[0], None)
 
 
+#: The longest timeout a wait or an exec takes: 30 days (the client's operator token lasts that long); past
+#: about 1e10 s the clock's arithmetic overflows.
+_MAX_TIMEOUT_S = 30 * 86400.0
+
+
 def _check_timeout(timeout: object) -> None:
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool) or not math.isfinite(timeout)
-            or timeout <= 0):
-        raise InvalidInputError("timeout must be a positive, finite number of seconds", field="timeout")
+            or not 0 < timeout <= _MAX_TIMEOUT_S):
+        raise InvalidInputError(f"timeout must be a positive number of seconds, at most {_MAX_TIMEOUT_S:.0f}",
+                                field="timeout")
 
 
 def _check_command(command: object) -> None:
