@@ -214,3 +214,34 @@ def test_machines_give_their_envelope_back_and_failed_creates_spend_nothing(tmp_
     assert got["fourth"] == "BudgetExceededError", got  # the goal is carved in full by three live machines
     envelope = got["envelope"]
     assert isinstance(envelope, dict) and envelope["reserved"] == 0 and envelope["limit"] == 3_000_000
+
+
+# a coordinator's create when the client's machine cap is full: refused after the client's wait, not hung
+_FULL = """import json, os, urllib.error, urllib.request
+url, token = os.environ["SWARMYARD_BOXD_URL"], os.environ["SWARMYARD_TOKEN"]
+request = urllib.request.Request(url + "/v1/machines", data=json.dumps({"name": "kid"}).encode(), method="POST",
+                                 headers={"authorization": "Bearer " + token})
+try:
+    urllib.request.urlopen(request, timeout=120)
+    print("created")
+except urllib.error.HTTPError as exc:
+    error = json.loads(exc.read())["error"]
+    print(exc.code, error["code"], error["retryable"])
+"""
+
+
+def test_a_create_past_the_machine_cap_is_refused_after_the_wait(tmp_path: Path) -> None:
+    got = _run(tmp_path, '''
+        with Boxd(providers=PROVIDERS, max_machines=2, machine_wait_s=1) as b:
+            b.machines.create("coord", spawn=True); b.machines.wait_until_ready("coord")
+            b.machines.create("filler")
+            mine = outcome(lambda: b.machines.create("third"))
+            done = b.machines.exec("coord", ["python3", "-c", INSIDE], timeout=120)
+            print(json.dumps({"client": mine, "coordinator": done.stdout.strip(),
+                              "names": sorted(m.name for m in b.machines.list()),
+                              "bad": outcome(lambda: Boxd(providers=PROVIDERS, machine_wait_s=0))}))
+    ''', _FULL)
+    assert got["client"] == "SandboxError", got  # the client's own create: refused once the wait is over
+    assert got["coordinator"] == "500 sandbox_error True", got  # the coordinator's: a retryable refusal, not a hang
+    assert got["names"] == ["coord", "filler"], got
+    assert got["bad"] == "InvalidInputError", got

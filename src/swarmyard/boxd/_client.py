@@ -387,6 +387,10 @@ class Boxd:
     its broker serves. Otherwise the client starts a control plane and broker of its own on the first
     ``create``: the default local model, or the ``[providers]`` table of the ``providers`` file (with
     ``provider_objects`` replacing entries of the same name), and stops it on ``close``.
+
+    ``max_machines`` caps the machines alive at once (a coordinator's count against it too); a ``create`` past it
+    waits up to ``machine_wait_s`` seconds for one to be deleted, then raises a retryable ``SandboxError``
+    (``None``: it waits as long as it takes).
     """
 
     def __init__(
@@ -404,6 +408,7 @@ class Boxd:
         root: str | Path | None = None,
         lease_s: float = 300.0,
         spawn_cap: int = 8,
+        machine_wait_s: float | None = 120.0,
     ) -> None:
         configured = any(v is not None for v in (server, providers, provider_objects, model))
         inside = os.environ.get("SWARMYARD_BOXD_URL")
@@ -439,6 +444,10 @@ class Boxd:
         self._lease_s = float(lease_s)
         if not isinstance(spawn_cap, int) or spawn_cap < 0:
             raise InvalidInputError("spawn_cap must be a whole number, 0 or more", field="spawn_cap")
+        if machine_wait_s is not None and (isinstance(machine_wait_s, bool) or not isinstance(
+                machine_wait_s, int | float) or not 0 < machine_wait_s <= _MAX_TIMEOUT_S):
+            raise InvalidInputError(f"machine_wait_s must be a number of seconds in (0, {_MAX_TIMEOUT_S:.0f}] or None",
+                                    field="machine_wait_s")
         self._plane: Plane | None = None
         self._closed = False
         self._plane_lock = threading.Lock()
@@ -446,7 +455,8 @@ class Boxd:
         if self._remote is not None:
             self.machines = self._remote
             return
-        self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines)
+        self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines,
+                              queue_timeout_s=None if machine_wait_s is None else float(machine_wait_s))
         self._spawners = Spawners(self, spawn_cap)
         self.snapshots = SnapshotsResource(self)
         self._local = MachinesResource(self)
