@@ -245,3 +245,23 @@ def test_a_create_past_the_machine_cap_is_refused_after_the_wait(tmp_path: Path)
     assert got["coordinator"] == "500 sandbox_error True", got  # the coordinator's: a retryable refusal, not a hang
     assert got["names"] == ["coord", "filler"], got
     assert got["bad"] == "InvalidInputError", got
+
+
+_NESTED = """from swarmyard.boxd import Boxd
+from swarmyard.errors import UserError
+try:
+    Boxd().machines.create("kid", spawn=True)
+    print("made")
+except UserError as exc:
+    print("refused", "spawn" in str(exc))
+"""
+
+
+def test_a_coordinators_machine_cannot_be_made_a_coordinator(tmp_path: Path) -> None:
+    got = _run(tmp_path, '''
+        with Boxd(providers=PROVIDERS) as b:
+            b.machines.create("coord", spawn=True); b.machines.wait_until_ready("coord")
+            done = b.machines.exec("coord", ["python3", "-c", INSIDE], timeout=120)
+            print(json.dumps({"said": done.stdout.strip(), "names": sorted(m.name for m in b.machines.list())}))
+    ''', _NESTED)
+    assert got == {"said": "refused True", "names": ["coord"]}, got

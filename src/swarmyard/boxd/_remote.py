@@ -65,7 +65,9 @@ class RemoteMachines:
 
     def create(self, name: str | None = None, *, from_snapshot: str | None = None, **unsupported: Any) -> Machine:
         """A sibling machine (see :meth:`swarmyard.boxd._client.MachinesResource.create`)."""
-        given = {k for k, v in unsupported.items() if v not in (None, True)}
+        # isolated=True is the default a script may spell out; spawn=True is not: a coordinator's machines cannot
+        # make machines of their own, and saying so beats dropping it
+        given = {k for k, v in unsupported.items() if v not in (None, True) or (k == "spawn" and v is True)}
         if given:
             raise UserError(f"a coordinator machine creates machines by name and snapshot only, not {sorted(given)}")
         return _machine(self._call("POST", "/v1/machines", {"name": name, "from_snapshot": from_snapshot}))
