@@ -98,19 +98,12 @@ def _raw_claimer(url: str, goal_id: str) -> Any:
     return claim_pg
 
 
-def measure(url: str, *, processes: int, tasks: int, raw: bool, posts_per_claim: int = 0) -> ClaimRun:
-    """Create a goal with ``tasks`` tasks and let ``processes`` claimers drain it; time the drain."""
-    from swarmyard.store import open_store
-
-    store = open_store(url)
-    goal = store.create_goal(GoalSpec("bench", 0, 0)).id
-    for i in range(tasks):
-        store.create_task(goal, TaskSpec(f"t{i}"))
-    store.close()
+def _race(target: Any, args: list[tuple[Any, ...]]) -> tuple[float, list[Any]]:
+    """Run ``target(*a, ready, start, out)`` in a spawned process per ``a``; once every one is ready, start them
+    together and time until each has put its result; (wall_s, results)."""
     ctx = mp.get_context("spawn")
     ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_claimer, args=(url, goal, raw, posts_per_claim, ready, start, out))
-             for _ in range(processes)]
+    procs = [ctx.Process(target=target, args=(*a, ready, start, out)) for a in args]
     for p in procs:
         p.start()
     for _ in procs:
@@ -121,6 +114,19 @@ def measure(url: str, *, processes: int, tasks: int, raw: bool, posts_per_claim:
     wall = time.perf_counter() - began
     for p in procs:
         p.join(timeout=60)
+    return wall, results
+
+
+def measure(url: str, *, processes: int, tasks: int, raw: bool, posts_per_claim: int = 0) -> ClaimRun:
+    """Create a goal with ``tasks`` tasks and let ``processes`` claimers drain it; time the drain."""
+    from swarmyard.store import open_store
+
+    store = open_store(url)
+    goal = store.create_goal(GoalSpec("bench", 0, 0)).id
+    for i in range(tasks):
+        store.create_task(goal, TaskSpec(f"t{i}"))
+    store.close()
+    wall, results = _race(_claimer, [(url, goal, raw, posts_per_claim)] * processes)
     claims = [pair for got, _ in results for pair in got]
     return ClaimRun(claims=claims, posts=sum(n for _, n in results), wall_s=wall)
 
@@ -155,20 +161,8 @@ def measure_holds(url: str, *, processes: int, calls: int, one_goal: bool = True
     for i in range(processes):
         store.create_task(goals[i % len(goals)], TaskSpec(f"t{i}", budget_micro_usd=10**10))
     store.close()
-    ctx = mp.get_context("spawn")
-    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_holder, args=(url, goals[i % len(goals)], calls, ready, start, out))
-             for i in range(processes)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    began = time.perf_counter()
-    start.set()
-    trips = sum(out.get(timeout=600) for _ in procs)
-    wall = time.perf_counter() - began
-    for p in procs:
-        p.join(timeout=60)
+    wall, done = _race(_holder, [(url, goals[i % len(goals)], calls) for i in range(processes)])
+    trips = sum(done)
     store = open_store(url)
     settled = sum(store.get_goal(goal).envelope.settled for goal in goals)
     store.close()
@@ -189,22 +183,9 @@ def _taker(url: str, key: str, takes: int, ready: Any, start: Any, out: Any) -> 
 
 def measure_takes(url: str, *, processes: int, takes: int, shared: bool) -> tuple[float, int]:
     """``processes`` processes take from the shared rate buckets (one key, or a key each); (wall_s, taken)."""
-    ctx = mp.get_context("spawn")
-    ready, out, start = ctx.Queue(), ctx.Queue(), ctx.Event()
     tag = f"bench-{os.getpid()}-{time.monotonic_ns()}"
-    procs = [ctx.Process(target=_taker, args=(url, tag if shared else f"{tag}-{i}", takes, ready, start, out))
-             for i in range(processes)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    began = time.perf_counter()
-    start.set()
-    taken = sum(out.get(timeout=600) for _ in procs)
-    wall = time.perf_counter() - began
-    for p in procs:
-        p.join(timeout=60)
-    return wall, taken
+    wall, taken = _race(_taker, [(url, tag if shared else f"{tag}-{i}", takes) for i in range(processes)])
+    return wall, sum(taken)
 
 
 def duplicates(claims: list[tuple[str, int]]) -> int:
