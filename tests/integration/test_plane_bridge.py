@@ -7,8 +7,11 @@ without the run's certificate; the client key's files are gone once the bridge h
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +127,38 @@ def test_the_tls_listener_refuses_a_client_without_the_runs_certificate(folder: 
     assert _knock(port, ca, (other.client_cert, other.client_key)) == b""
     # the run's server certificate is no client certificate: its key usage is for serving only
     assert _knock(port, ca, (listener.certs.server_cert, listener.certs.server_key)) == b""
+
+
+_KILLED_HOST = """
+import os, signal, sys
+from swarmyard.machines.bridge import PlaneTls
+from swarmyard.machines.ray import NodeHost
+ca, cert, key = (open(p, "rb").read() for p in sys.argv[3:6])
+host = NodeHost(sys.argv[1])
+print(host.bridge("dead", PlaneTls("127.0.0.1", int(sys.argv[2]), ca, cert, key))[1], flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as Ray ends the actors of a driver that died
+"""
+
+
+def test_a_node_host_removes_the_bridges_a_killed_host_left_and_keeps_the_live_ones(
+        folder: Path, plane: tuple[PlaneListener, int]) -> None:
+    from swarmyard.machines.ray import NodeHost
+
+    listener, port = plane
+    root = folder / "node"
+    certs = listener.certs
+    killed = subprocess.run([sys.executable, "-c", _KILLED_HOST, str(root), str(port), str(certs.ca_cert),
+                             str(certs.client_cert), str(certs.client_key)], capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    dead = Path(killed.stdout.decode().strip())
+    assert dead == root / "bridges" / "dead" / "plane.sock" and dead.exists()  # left by the kill
+    live = PlaneBridge(root / "bridges" / "live" / "plane.sock", listener.for_nodes(port)).start()
+    try:
+        host = NodeHost(str(root))  # the next host on this node: another run's, or this one resumed
+        try:
+            assert not dead.parent.exists()
+            assert _post(live.path, b"still").content == b"plane:still"
+        finally:
+            host.close()
+    finally:
+        live.close()

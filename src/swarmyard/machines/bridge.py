@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import ssl
 import tempfile
 import threading
@@ -139,6 +140,29 @@ class PlaneBridge:
         self.path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()  # the bridge's own folder, when nothing else was put there
+
+
+def reap_stale(folder: Path) -> list[str]:
+    """Remove the bridges in ``folder`` whose host died without closing them (a SIGKILL, as Ray gives the actors
+    of a driver that died): a socket no process listens on any more, and its folder. Returns their names."""
+    reaped: list[str] = []
+    try:
+        found = sorted(folder.iterdir())
+    except FileNotFoundError:
+        return reaped
+    for bridge in found:
+        path = bridge / "plane.sock"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            shutil.rmtree(bridge, ignore_errors=True)  # nothing listens: its host is gone
+            reaped.append(bridge.name)
+        except OSError:
+            pass  # no socket yet (a bridge starting now) or not ours to judge
+        finally:
+            probe.close()
+    return reaped
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from swarmyard.errors import NotFoundError, SandboxError, SandboxUnavailableError, SwarmyardError, UserError
-from swarmyard.machines.bridge import PlaneBridge, PlaneTls
+from swarmyard.machines.bridge import PlaneBridge, PlaneTls, reap_stale
 from swarmyard.machines.protocol import Baseline, ExecEvent, ExecResult, MachineInfo, MachineSpec
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,9 @@ class NodeHost:
         from swarmyard.machines.local import LocalBackend
 
         self.backend = LocalBackend(Path(root) if root else None)
+        # what a host killed with its driver left (the backend reaps its machines the same way)
+        for name in reap_stale(self.backend.root / "bridges"):
+            log.info("removed the stale plane bridge %s", name)
         self._bridges: dict[str, PlaneBridge] = {}
         self._bridges_lock = threading.Lock()
 
