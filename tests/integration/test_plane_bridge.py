@@ -6,6 +6,7 @@ without the run's certificate; the client key's files are gone once the bridge h
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -152,11 +153,16 @@ def test_a_node_host_removes_the_bridges_a_killed_host_left_and_keeps_the_live_o
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     dead = Path(killed.stdout.decode().strip())
     assert dead == root / "bridges" / "dead" / "plane.sock" and dead.exists()  # left by the kill
+    empty = root / "bridges" / "empty"  # what a bridge closed before it removed its own folder left
+    empty.mkdir()
+    os.utime(empty, (0, 0))
+    starting = root / "bridges" / "starting"  # a bridge of another run, not listening yet
+    starting.mkdir()
     live = PlaneBridge(root / "bridges" / "live" / "plane.sock", listener.for_nodes(port)).start()
     try:
         host = NodeHost(str(root))  # the next host on this node: another run's, or this one resumed
         try:
-            assert not dead.parent.exists()
+            assert sorted(p.name for p in (root / "bridges").iterdir()) == ["live", "starting"]
             assert _post(live.path, b"still").content == b"plane:still"
         finally:
             host.close()

@@ -19,6 +19,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 _CHUNK = 64 * 1024
 #: How long a bridge waits for the plane's TLS handshake before it drops the machine's connection.
 CONNECT_TIMEOUT_S = 30.0
+#: How old a bridge's folder without a socket must be before it counts as left over (one starting has none).
+STALE_EMPTY_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +161,14 @@ def reap_stale(folder: Path) -> list[str]:
         except ConnectionRefusedError:
             shutil.rmtree(bridge, ignore_errors=True)  # nothing listens: its host is gone
             reaped.append(bridge.name)
+        except FileNotFoundError:
+            # no socket: a bridge starting now, or the empty folder of one closed before it removed its folder
+            with contextlib.suppress(OSError):
+                if time.time() - bridge.stat().st_mtime > STALE_EMPTY_S:
+                    bridge.rmdir()  # only if empty
+                    reaped.append(bridge.name)
         except OSError:
-            pass  # no socket yet (a bridge starting now) or not ours to judge
+            pass  # not ours to judge
         finally:
             probe.close()
     return reaped
