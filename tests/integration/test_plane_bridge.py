@@ -168,3 +168,24 @@ def test_a_node_host_removes_the_bridges_a_killed_host_left_and_keeps_the_live_o
             host.close()
     finally:
         live.close()
+
+
+def test_a_client_that_half_closes_gets_its_answer_through_the_bridge_as_on_the_planes_socket(
+        folder: Path, plane: tuple[PlaneListener, int]) -> None:
+    listener, port = plane
+    bridge = PlaneBridge(folder / "node" / "plane.sock", listener.for_nodes(port)).start()
+    try:
+        answers = []
+        for path in (folder / "plane.sock", bridge.path):
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(30)
+                conn.connect(str(path))
+                conn.sendall(b"POST /hello HTTP/1.1\r\nHost: plane\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+                conn.shutdown(socket.SHUT_WR)  # done sending, as some HTTP clients say it
+                answer = b""
+                while chunk := conn.recv(4096):
+                    answer += chunk
+            answers.append((answer.split(b"\r\n")[0], answer.endswith(b"plane:hi")))
+        assert answers == [(b"HTTP/1.1 200 OK", True)] * 2
+    finally:
+        bridge.close()

@@ -182,8 +182,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
-        else:
-            writer.close()
+        # TLS has no half-close: the plane's side stays open for its answer, and closes when the other way ends
     except (OSError, ssl.SSLError):
         writer.close()
     finally:
