@@ -41,8 +41,10 @@ def test_codex_governed_is_read_only_with_its_shell_and_exec_tools_off() -> None
     [config] = [text for path, text in launch.files.items() if path.endswith("config.toml")]
     parsed = tomllib.loads(config)
     assert parsed["sandbox_mode"] == "read-only"
+    # every tool Codex has of its own is off, by its older and its newer feature names
     assert parsed["features"] == {"shell_tool": False, "unified_exec": False, "apply_patch_freeform": False,
-                                  "view_image_tool": False, "web_search_request": False}
+                                  "view_image_tool": False, "web_search_request": False, "view_image": False,
+                                  "multi_agent": False, "goals": False}
     assert list(parsed["mcp_servers"]) == ["swarmyard"]
     # its read-only sandbox asks approval for every MCP call: swarmyard's own tools, and only they, are approved
     approvals = parsed["mcp_servers"]["swarmyard"]["tools"]

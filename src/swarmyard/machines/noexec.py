@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import struct
 from collections.abc import Sequence
 
@@ -28,16 +29,38 @@ _PR_CAPBSET_READ = 23
 _PR_CAPBSET_DROP = 24
 
 
+def read_only_beneath(path: str) -> list[str]:
+    """The read-only mounts strictly beneath ``path`` that are not ``noexec``: the machine's view of the interpreter
+    and its packages sits there when they are installed beneath a writable folder (a virtual environment under
+    /tmp, say). Nothing can write them, so they keep their exec."""
+    kept = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mounts:
+        for line in mounts:
+            fields = line.split(" ")
+            if len(fields) < 6:
+                continue
+            point = re.sub(r"\\([0-3][0-7]{2})", lambda m: chr(int(m[1], 8)), fields[4])
+            options = fields[5].split(",")
+            if point.startswith(path.rstrip("/") + "/") and "ro" in options and "noexec" not in options:
+                kept.append(point)
+    return kept
+
+
 def mount_noexec(paths: Sequence[str]) -> None:
-    """Mark each path's mount ``noexec``, with every mount beneath it (but not beneath ``/``: its tree holds
-    ``/usr``). ``OSError`` when the kernel refuses."""
+    """Mark each path's mount ``noexec``, with every writable mount beneath it (but not beneath ``/``: its tree
+    holds ``/usr``). ``OSError`` when the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
     attr = ctypes.create_string_buffer(struct.pack("=QQQQ", _MOUNT_ATTR_NOEXEC, 0, 0, 0), 32)
+    back = ctypes.create_string_buffer(struct.pack("=QQQQ", 0, _MOUNT_ATTR_NOEXEC, 0, 0), 32)
     for path in paths:
-        flags = 0 if path == "/" else _AT_RECURSIVE
-        if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, os.fsencode(path), flags, attr, ctypes.c_size_t(32)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mount_setattr(noexec) {path}: {os.strerror(err)}")
+        recursive = path != "/"
+        kept = read_only_beneath(path) if recursive else []
+        calls = [(path, _AT_RECURSIVE if recursive else 0, attr, "noexec")] + [(k, 0, back, "exec") for k in kept]
+        for target, flags, what, name in calls:
+            if libc.syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, os.fsencode(target), flags, what,
+                            ctypes.c_size_t(32)) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mount_setattr({name}) {target}: {os.strerror(err)}")
 
 
 def nest_user(uid: int) -> None:

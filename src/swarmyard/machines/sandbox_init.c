@@ -1093,15 +1093,67 @@ static int drop_to(uid_t uid) {
 #define AT_RECURSIVE 0x8000
 #endif
 
-/* Mark PATH's mount noexec (with every mount beneath it, except for "/", whose tree holds /usr): no file on it can
- * be executed or mapped executable, even by ld.so. Needs CAP_SYS_ADMIN in the machine's user namespace, so it runs
- * before the uid drop and before the seccomp filter (which denies mount_setattr). */
+/* Undo mountinfo's octal escapes (a space is \040) in place. */
+static void unescape_mount_point(char *s) {
+    char *w = s;
+    for (char *r = s; *r;) {
+        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' && r[3] >= '0' && r[3] <= '7') {
+            *w++ = (char)(((r[1] - '0') << 6) | ((r[2] - '0') << 3) | (r[3] - '0'));
+            r += 4;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = 0;
+}
+
+#define KEEP_EXEC_MAX 256
+/* The read-only mounts strictly beneath PATH that are not noexec: the machine's view of the interpreter and its
+ * packages sits there when they are installed beneath a writable folder (a virtual environment under /tmp, say).
+ * Nothing can write them, so they keep their exec; what PATH's recursive marking gives them is taken back. */
+static int read_only_beneath(const char *path, char keep[][4096], int max) {
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (f == NULL) return 0;
+    char line[8192];
+    size_t len = strlen(path);
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f) != NULL) {
+        char *save = NULL, *field[6];
+        int got = 0;
+        for (char *t = strtok_r(line, " ", &save); t != NULL && got < 6; t = strtok_r(NULL, " ", &save)) field[got++] = t;
+        if (got < 6) continue;
+        unescape_mount_point(field[4]);
+        if (strncmp(field[4], path, len) != 0 || field[4][len] != '/') continue;
+        int ro = 0, noexec = 0;
+        char *osave = NULL;
+        for (char *o = strtok_r(field[5], ",", &osave); o != NULL; o = strtok_r(NULL, ",", &osave)) {
+            if (strcmp(o, "ro") == 0) ro = 1;
+            if (strcmp(o, "noexec") == 0) noexec = 1;
+        }
+        if (ro && !noexec) snprintf(keep[n++], 4096, "%s", field[4]);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Mark PATH's mount noexec (with every writable mount beneath it, except for "/", whose tree holds /usr): no file
+ * on it can be executed or mapped executable, even by ld.so. Needs CAP_SYS_ADMIN in the machine's user namespace,
+ * so it runs before the uid drop and before the seccomp filter (which denies mount_setattr). */
 static int mount_noexec(const char *path, char *why, size_t whylen) {
+    static char keep[KEEP_EXEC_MAX][4096];
     struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } attr = {MOUNT_ATTR_NOEXEC, 0, 0, 0};
-    unsigned flags = strcmp(path, "/") == 0 ? 0 : AT_RECURSIVE;
-    if (syscall(SYS_mount_setattr, AT_FDCWD, path, flags, &attr, sizeof attr) != 0) {
+    int recursive = strcmp(path, "/") != 0;
+    int kept = recursive ? read_only_beneath(path, keep, KEEP_EXEC_MAX) : 0;
+    if (syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &attr, sizeof attr) != 0) {
         snprintf(why, whylen, "mount_setattr(noexec) %s: %s", path, strerror(errno));
         return -1;
+    }
+    struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } back = {0, MOUNT_ATTR_NOEXEC, 0, 0};
+    for (int i = 0; i < kept; i++) {
+        if (syscall(SYS_mount_setattr, AT_FDCWD, keep[i], 0, &back, sizeof back) != 0) {
+            snprintf(why, whylen, "mount_setattr(exec) %s: %s", keep[i], strerror(errno));
+            return -1;
+        }
     }
     return 0;
 }
