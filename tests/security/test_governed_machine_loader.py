@@ -11,10 +11,12 @@ with both inits.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,3 +241,42 @@ def test_a_governed_machine_of_an_unprivileged_user_has_the_same_noexec_mounts(t
     finally:
         if lines:
             shutil.rmtree(lines[0], ignore_errors=True)
+
+
+_VIEW_UNDER_TMP = '''
+import importlib.util, sys, sysconfig
+from pathlib import Path
+from swarmyard.machines import Isolation, Machines
+from swarmyard.machines.environment import MACHINE_PYTHON
+from swarmyard.machines.local import HOME, LocalBackend
+module = sys.argv[3]
+load = ("import importlib.util; spec = importlib.util.spec_from_file_location('_json', %r); "
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec)); print('loaded')" % module)
+with Machines(LocalBackend(Path(sys.argv[1]), init=sys.argv[2])) as machines:
+    info = machines.wait_until_ready(machines.create("g", isolation=Isolation(exec_only=(sys.executable,))).id)
+    done = machines.exec(info.id, [*MACHINE_PYTHON, "-c", load], cwd=HOME, timeout=60)
+    print(done.stdout.decode().strip() or done.stderr.decode()[-400:])
+'''
+
+
+@pytest.mark.parametrize("init", ["native", "python"])
+def test_an_interpreter_installed_under_tmp_keeps_its_compiled_modules(tmp_path: Path, init: str) -> None:
+    """A governed machine marks /tmp noexec with what is mounted beneath it: but not the read-only view of an
+    interpreter whose packages live there (a virtual environment under /tmp), whose compiled modules must load."""
+    import sysconfig
+
+    venv = Path(tempfile.mkdtemp(prefix="sy-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        # swarmyard and its packages for the host side: this interpreter's site folder, with its own .pth files
+        (site / "parent.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+        compiled = Path(importlib.util.find_spec("_json").origin or "")  # a compiled module of the stdlib
+        module = site / compiled.name
+        shutil.copy(compiled, module)
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", _VIEW_UNDER_TMP, str(tmp_path / "run"), init,
+                               str(module)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "loaded", done.stdout[-2000:]
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
