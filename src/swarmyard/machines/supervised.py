@@ -210,6 +210,11 @@ class SupervisedBackend:
         """
         reaped: list[str] = []
         for folder in sorted((self.root / "m").iterdir()):
+            if folder.name.startswith("."):  # a folder being made (see make_folder): its name says whose
+                parts = folder.name.split(".")
+                if len(parts) == 4 and parts[2].isdigit() and not _alive(int(parts[2]), parts[3]):
+                    shutil.rmtree(folder, ignore_errors=True)
+                continue
             owner = _read_owner(folder / "owner")
             if owner is not None and _alive(*owner):
                 continue
@@ -259,8 +264,12 @@ class SupervisedBackend:
         disk's quota (a backend that cannot enforce one makes a plain disk).
         """
         root = self.root / "m" / name
-        root.mkdir(mode=0o700)
-        (root / "owner").write_text(_owner())
+        # Made under a name that says whose it is, its owner file written, then renamed: a process killed between
+        # the mkdir and the owner file leaves a folder the reaper can still tell is dead.
+        making = root.with_name(f".{name}.{os.getpid()}.{_start_time(os.getpid())}")
+        making.mkdir(mode=0o700)
+        (making / "owner").write_text(_owner())
+        making.rename(root)
         (root / "ctl").mkdir()
         owner = self.sandbox_owner()
         space = self.space_bytes(disk_bytes)
