@@ -306,6 +306,10 @@ class Direction:
     taken_at: float | None
     #: the best search score recorded on this direction, by anyone
     best_score: int | None
+    #: whether any claim of the run has ever taken it, and how many scored attempts were made on it (by anyone):
+    #: ``explore`` hands out untried directions first, then the least tried
+    taken: bool = False
+    attempts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,13 @@ from swarmyard.swarm.policies import (
     direction_to_adopt,
     explore_move,
     explore_order,
-    free_direction,
     make_policy,
 )
 
 
-def _d(name: str, holder: str | None = None) -> Direction:
-    return Direction("goal", "explore", name, True, holder, None if holder is None else "task", None, None)
+def _d(name: str, holder: str | None = None, *, taken: bool = False, attempts: int = 0) -> Direction:
+    return Direction("goal", "explore", name, True, holder, None if holder is None else "task", None, None,
+                     taken=taken or holder is not None, attempts=attempts)
 
 
 def test_independent_gives_each_worker_its_own_group() -> None:
@@ -61,10 +61,18 @@ def test_stays_when_everything_is_held() -> None:
     assert (move.direction, move.reason) == ("a", "stay")  # b is better, but a live peer holds it
 
 
-def test_free_direction_prefers_untried() -> None:
-    assert free_direction(["a", "b", "c"], ["b"], tried=["a"]) == "c"
-    assert free_direction(["a", "b"], ["b"], tried=["a"]) == "a"
-    assert free_direction(["a"], ["a"]) is None
+def test_untried_means_untried_by_anyone_in_the_run_then_least_tried() -> None:
+    # b was abandoned by a peer (taken, 3 attempts); d was never taken by anyone: d comes first, though this
+    # worker tried neither
+    directions = [_d("a", "me", attempts=1), _d("b", taken=True, attempts=3), _d("c", "peer"), _d("d")]
+    move = explore_move("a", [5, 5], directions, "me", [], {"b": 5}, 1, 10)
+    assert (move.direction, move.reason, move.fallbacks) == ("d", "switch", ("b",))
+    # all taken: the least tried by anyone, before the order the swarm file gives
+    tried = [_d("x", taken=True, attempts=4), _d("y", taken=True, attempts=2), _d("z", taken=True, attempts=2)]
+    assert explore_order(tried, "me", []) == ["y", "z", "x"]
+    # on a tie, what this worker has not tried itself comes first
+    assert explore_order(tried, "me", ["y"]) == ["z", "y", "x"]
+    assert explore_order([_d("a", "peer")], "me", []) == []
 
 
 def test_adopt_only_when_clearly_better() -> None:
@@ -76,7 +84,7 @@ def test_adopt_only_when_clearly_better() -> None:
     assert explore_move("mine", [40], free, "me", [], {"theirs": 80}, 3, 10).reason == "adopt"
     assert explore_move("mine", [40], free, "me", [], {"close": 45}, 3, 10).reason == "stay"
     # untried free directions are asked for first; a peer's live hold is never asked for
-    assert explore_order([_d("a", "peer"), _d("b"), _d("c")], "me", tried=["b"]) == ["c", "b"]
+    assert explore_order([_d("a", "peer"), _d("b", taken=True, attempts=1), _d("c")], "me", tried=["b"]) == ["c", "b"]
 
 
 def _finding(fid: str, group: str, score: int | None, at: float) -> Finding:

@@ -323,9 +323,11 @@ class WorkerTools:
         move = explore_move(held.name, attempts, directions, who.worker_id, tried, peer_best, settings.patience,
                             settings.adopt_margin)
         target, reason = move.direction, move.reason
-        if target != held.name and self._store.claim_direction(task_id, fencing_token, [target],
-                                                               author=who.worker_id) is None:
-            target, reason = held.name, "stay"
+        if target != held.name:
+            # a switch falls back on the next free direction in order when a peer took the first meanwhile
+            taken = self._store.claim_direction(task_id, fencing_token, [target, *move.fallbacks],
+                                                author=who.worker_id)
+            target, reason = (taken.name, reason) if taken is not None else (held.name, "stay")
         return m.DirectionMove.model_construct(direction=target, previous=held.name, reason=reason, best=move.best,
                                                stale=move.stale, patience=move.patience)
 

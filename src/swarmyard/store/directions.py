@@ -28,9 +28,10 @@ _KEY_COLUMNS: dict[str, str] = {"worker": "worker_id", "direction": "direction",
 _NAME_LIMIT = 200
 _SPLIT = "search"
 
+_ON_DIRECTION = ("FROM scores s WHERE s.goal_id = d.goal_id AND s.group_name = d.group_name AND s.direction = d.name "
+                 f"AND s.split = '{_SPLIT}'")
 _DIRECTION_COLS = ("d.goal_id, d.group_name, d.name, d.offered, d.holder, d.task_id, d.taken_at, d.held_until, "
-                   "(SELECT MAX(s.score) FROM scores s WHERE s.goal_id = d.goal_id AND s.group_name = d.group_name "
-                   f"AND s.direction = d.name AND s.split = '{_SPLIT}')")
+                   f"(SELECT MAX(s.score) {_ON_DIRECTION}), (SELECT COUNT(*) {_ON_DIRECTION})")
 _SCORE_COLS = "goal_id, task_id, worker_id, group_name, direction, sha256, split, score, created_at"
 
 
@@ -50,11 +51,12 @@ def _score(value: object) -> int:
 
 
 def _direction(row: Sequence[Any], now: float) -> Direction:
-    goal_id, group, name, offered, holder, task_id, taken_at, held_until, best = row
+    goal_id, group, name, offered, holder, task_id, taken_at, held_until, best, attempts = row
     live = held_until is not None and held_until > now
+    # taken_at outlives the hold (a release drops only held_until): set once any claim has taken the direction
     return Direction(str(goal_id), str(group), str(name), bool(offered), str(holder) if live else None,
                      str(task_id) if live else None, float(taken_at) if live else None,
-                     None if best is None else int(best))
+                     None if best is None else int(best), taken=taken_at is not None, attempts=int(attempts))
 
 
 def _score_row(row: Sequence[Any]) -> ScoreRecord:

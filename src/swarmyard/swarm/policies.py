@@ -3,8 +3,9 @@
 - ``independent`` (best@n): each worker its own group; nobody reads anybody.
 - ``team`` (team@n): one group, shared board and findings.
 - ``explore``: one group of slots; each holds at most one direction, claimed in the store (never two holders);
-  after ``patience`` scored attempts in a row without improvement a worker moves to a free direction, and it
-  adopts a free direction only when peers scored it clearly better (``explore_move``; the plane applies it).
+  after ``patience`` scored attempts in a row without improvement a worker moves to a free direction (one nobody
+  in the run has tried first, then the least tried: ``explore_order``), and it adopts a free direction only when
+  peers scored it clearly better (``explore_move``; the plane applies it).
 - ``groups``: several groups, each with its own formulation, explore apart for up to ``rounds`` rounds; after
   each round the best findings of every group by score are broadcast to all groups.
 """
@@ -166,17 +167,6 @@ class DirectionTracker:
         self.direction, self.best, self.stale = direction, None, 0
 
 
-def free_direction(
-    offered: Sequence[str], held_by_active_peers: Sequence[str], tried: Sequence[str] = ()
-) -> str | None:
-    """The first offered direction no active peer holds, preferring ones this slot has not tried."""
-    held = set(held_by_active_peers)
-    free = [d for d in offered if d not in held]
-    fresh = [d for d in free if d not in set(tried)]
-    choices = fresh or free
-    return choices[0] if choices else None
-
-
 def direction_to_adopt(own_best: int | None, peer_best: Mapping[str, int], margin: int) -> str | None:
     """A peer direction whose best score beats ours by at least ``margin`` (the best such), else ``None``."""
     if not peer_best:
@@ -197,6 +187,8 @@ class Move:
     best: int | None
     stale: int
     patience: int
+    #: on a switch, the free directions to take instead, in order, should a peer take ``direction`` first
+    fallbacks: tuple[str, ...] = ()
 
 
 def explore_move(current: str, attempts: Sequence[int | None], directions: Sequence[Direction], me: str,
@@ -204,30 +196,34 @@ def explore_move(current: str, attempts: Sequence[int | None], directions: Seque
     """The next direction of worker ``me`` holding ``current``, from its ``attempts`` on it (oldest first), the
     group's ``directions`` and the best score peers reached on each (``peer_best``): a free direction whose peers'
     best beats the worker's own by ``margin`` is adopted; after ``patience`` attempts in a row without a better
-    score the worker switches to a free direction, one it has not ``tried`` first; otherwise it stays. A direction
-    another live claim holds is never chosen, and a worker never adopts its own abandoned score."""
+    score the worker switches to the free direction ``explore_order`` puts first (one nobody in the run has tried,
+    else the least tried); otherwise it stays. A direction another live claim holds is never chosen, and a worker
+    never adopts its own abandoned score."""
     tracker = DirectionTracker(current, patience=patience)
     for score in attempts:
         tracker.record(score)
     best, stale = tracker.best, tracker.stale
-    held = [d.name for d in directions if d.holder is not None and d.holder != me]
     free_best = {d.name: peer_best[d.name] for d in directions
                  if d.holder is None and d.name in peer_best and d.name != current}
     adopt = direction_to_adopt(best, free_best, margin)
     if adopt is not None:
         return Move(adopt, current, "adopt", best, stale, patience)
     if tracker.should_switch:
-        target = free_direction([d.name for d in directions], [*held, current], [*tried, current])
-        if target is not None:
-            return Move(target, current, "switch", best, stale, patience)
+        order = [d for d in explore_order(directions, me, [*tried, current]) if d != current]
+        if order:
+            return Move(order[0], current, "switch", best, stale, patience, tuple(order[1:]))
     return Move(current, current, "stay", best, stale, patience)
 
 
 def explore_order(directions: Sequence[Direction], me: str, tried: Sequence[str]) -> list[str]:
-    """The free directions a worker asks for, in the order it prefers them: untried ones first."""
-    free = [d.name for d in directions if d.holder is None or d.holder == me]
-    done = set(tried)
-    return [d for d in free if d not in done] + [d for d in free if d in done]
+    """The free directions a worker asks for, best first: those no claim of the run has taken yet, then the least
+    tried (fewest scored attempts by anyone), then those this worker has not ``tried`` itself, then the group's
+    order. Untried is counted across the whole run, not per worker: a worker that would prefer what it alone has
+    not tried moves onto directions peers abandoned while others were never tried at all."""
+    mine = set(tried)
+    free = [(i, d) for i, d in enumerate(directions) if d.holder is None or d.holder == me]
+    ranked = sorted(free, key=lambda item: (item[1].taken, item[1].attempts, item[1].name in mine, item[0]))
+    return [d.name for _, d in ranked]
 
 
 # -- groups: consolidation ----------------------------------------------------------------------
