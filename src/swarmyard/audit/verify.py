@@ -24,7 +24,9 @@ self-consistent: whoever can rewrite the store can also write a fresh log key an
 Pinning the log's key (printed in the run's report) or the witness's key (held by the witness, not the run)
 turns that into a detected forgery: a folder whose key differs from the pinned one fails as ``key``.
 Pinned keys still pass a log cut back to one of its own earlier checkpoints (delete the later events and
-checkpoint files): only what the witness remembers, or a size the caller knows, catches that.
+checkpoint files), or rewritten and re-signed with the log's own key: only what the witness remembers (its
+latest cosigned checkpoint, ``witnessed``), or a size the caller knows, catches that. ``swarmyard audit verify``
+reads both from the host's witness home (``swarmyard.audit.witness_home``) with no flag.
 """
 
 from __future__ import annotations
@@ -222,9 +224,11 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
         first = unsequenced[0]
         raise LogMismatchError("unsequenced", first.id, f"event row {first.id} ({first.kind!r}) has no leaf index: "
                                                         f"not covered by any checkpoint ({why})")
+    # what the witness cosigned first: a log re-signed with its own key after a rewrite is then named as the fork
+    # it is, rather than as a checkpoint that merely lacks a cosignature
+    fresh = [_check_witnessed(note, log, witness, tree) for note in witnessed]
     if witness is not None and not checkpoints[-1][1]:
         raise LogMismatchError("cosignature", len(checkpoints), "the last checkpoint is not cosigned")
-    fresh = [_check_witnessed(note, log, witness, tree) for note in witnessed]
     if tree.size < min_size:
         raise LogMismatchError("event", tree.size, f"missing: the log should hold at least {min_size} events and "
                                                    f"holds {tree.size} (rolled back)")

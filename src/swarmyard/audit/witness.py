@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from starlette.routing import Route
 from swarmyard.audit.checkpoint import open_checkpoint, read_checkpoint
 from swarmyard.audit.merkle import verify_consistency
 from swarmyard.audit.note import COSIGNATURE_V1, NoteSignature, Signer, Verifier, parse_note
+from swarmyard.audit.witness_home import WitnessHome
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import (
     AuditError,
@@ -86,10 +87,12 @@ class LogState:
 
 
 class WitnessState:
-    """Per-origin ``LogState`` in one JSON file, rewritten atomically (temp file, fsync, rename)."""
+    """Per-origin ``LogState`` in one JSON file, rewritten atomically (temp file, fsync, rename); ``publish``
+    (a witness home's) is told each log's new checkpoint once the file holds it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, publish: Callable[[str, str], None] | None = None) -> None:
         self.path = path
+        self._publish = publish
         self._logs: dict[str, LogState] = {}
         if path.exists():
             try:
@@ -120,6 +123,8 @@ class WitnessState:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self.path)
+        if self._publish is not None and state.checkpoint is not None:
+            self._publish(origin, state.checkpoint)
 
 
 class Witness:
@@ -142,6 +147,14 @@ class Witness:
         """A witness whose key (created 0600 if absent) and state live in the given files."""
         signer = Signer(name, load_or_create_ed25519(key_path), COSIGNATURE_V1)
         return cls(signer, WitnessState(state_path), **kwargs)
+
+    @classmethod
+    def from_home(cls, name: str, home: WitnessHome, **kwargs: Any) -> Witness:
+        """A witness of a home (``swarmyard.audit.witness_home``, prepared): its key and state in the private
+        folder, its key and every checkpoint it cosigns published in the public one."""
+        signer = Signer(name, load_or_create_ed25519(home.key_path), COSIGNATURE_V1)
+        home.publish_key(signer.verifier)
+        return cls(signer, WitnessState(home.state_path, publish=home.publish), **kwargs)
 
     def verifier(self) -> Verifier:
         """The witness's cosignature verifier key."""

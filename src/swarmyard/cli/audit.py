@@ -1,5 +1,6 @@
 """``swarmyard audit verify RUN``: recompute a run's audit tree, check every checkpoint and cosignature, and
-(given the witness, its checkpoint or a size) that the log was not cut back below what it once held."""
+that the log was not cut back below, or rewritten after, what the witness cosigned: the host's witness home by
+default (what ``swarmyard run`` starts), else the witness, its checkpoint or a size given."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from swarmyard.errors import AuditError, UserError
 
 if TYPE_CHECKING:
     from swarmyard.audit.verify import VerifyReport
+    from swarmyard.audit.witness_home import WitnessHome
 
 app = typer.Typer(help="The tamper-evident audit log of a run.", no_args_is_help=True)
 
@@ -67,6 +69,27 @@ def _witnessed(witness: str | None, checkpoint_file: Path | None, origin: str,
     return notes, witness_key
 
 
+def _from_home(given: Path | None, folder: Path, origin: str) -> tuple[WitnessHome | None, str | None]:
+    """The witness home that cosigned this log, and the last checkpoint of it it published.
+
+    Looked up under the log's origin and under the origin ``swarmyard run`` gives the run of this folder's name:
+    a folder whose log key was replaced by one of another name is still matched with what the witness saw.
+    """
+    from swarmyard.audit.witness_home import WitnessHome, homes_to_read
+
+    origins = list(dict.fromkeys([origin, f"swarmyard.local/{folder.resolve().name}"]))
+    for root in [given] if given is not None else homes_to_read():
+        home = WitnessHome(root)
+        for name in origins:
+            try:
+                note = home.published(name)
+            except OSError as exc:
+                raise AuditError(f"cannot read the witness home {root}: {exc.strerror}") from exc
+            if note is not None:
+                return home, note
+    return None, None
+
+
 def _describe(pinned: bool, fresh_size: int | None) -> str:
     trust = "keys pinned" if pinned else "self-consistency only: no key pinned"
     fresh = "rollback not checked" if fresh_size is None else f"not rolled back below {fresh_size}"
@@ -89,6 +112,14 @@ def verify(
                                      "(`swarmyard witness checkpoint`): a log rolled back below it fails.")] = None,
     min_size: Annotated[int, typer.Option(
         "--min-size", min=0, help="The log must hold at least this many events.")] = 0,
+    witness_home: Annotated[Path | None, typer.Option(
+        "--witness-home", help="The witness home to compare the log with (default: the host's, where `swarmyard "
+                               "run` keeps its witness: $SWARMYARD_WITNESS_DIR, /var/lib/swarmyard/witness, "
+                               "then this user's state folder). Read unless --witness or --witness-checkpoint "
+                               "is given.")] = None,
+    no_witness_home: Annotated[bool, typer.Option(
+        "--no-witness-home", help="Do not read any witness home: check the folder (and what else is given) only.")
+    ] = False,
     in_progress: Annotated[bool, typer.Option(
         "--in-progress", help="The run is still going: events its last checkpoint does not cover yet are counted, "
                               "not failed, and the tables are not checked (unless the log says the run closed).")
@@ -97,9 +128,11 @@ def verify(
 ) -> None:
     """Print the tree size and root (exit 0), or the first bad event, checkpoint or key (exit 1).
 
-    Without pinned keys the folder is only checked against itself: pin the log's key (or the witness's)
-    to detect a folder rewritten with a fresh key. Pinned keys do not catch a log cut back to one of its
-    own earlier checkpoints: give --witness, --witness-checkpoint or --min-size for that.
+    A run's witness (the one `swarmyard run` starts by default) publishes its key and the last checkpoint it
+    cosigned in its home, which the run cannot write: with no flag the log is checked against both, so a log
+    cut back to an earlier checkpoint, re-signed with its own key, or given a fresh key fails. A run made with
+    --no-witness has only its folder: pin the log's key to detect a fresh key, and give --min-size to
+    detect a rollback; a log re-signed with its own key cannot be told apart.
 
     A finished run fails on any event no checkpoint covers (unsequenced rows included) and on any goal, task,
     finding or artifact row that differs from what its events say; --in-progress lets a live run's newest
@@ -124,6 +157,15 @@ def verify(
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
     origin = _origin(audit_dir, pinned_log)
     witnessed, witness_verifier = _witnessed(witness, witness_checkpoint, origin, pinned_witness)
+    home: WitnessHome | None = None
+    if witness is None and witness_checkpoint is None and not no_witness_home:
+        home, note = _from_home(witness_home, folder, origin)
+        if home is not None and note is not None:
+            published = home.published_key()
+            if published is None:
+                raise AuditError(f"the witness home {home.root} has checkpoints but no witness.vkey")
+            witnessed.append(note)
+            witness_verifier = witness_verifier or published
     store = open_store(store_url, blob_dir=blob_dir)
     try:
         report = verify_run(store, audit_dir, log_key=pinned_log, witness_key=witness_verifier,
@@ -143,7 +185,8 @@ def verify(
                            "root_hex": report.root_hash.hex(), "checkpoints": report.checkpoints,
                            "cosigned": report.cosigned, "pinned": pinned, "fresh_size": report.fresh_size,
                            "uncovered": report.uncovered, "closed": report.closed,
-                           "tables_checked": report.tables_checked})
+                           "tables_checked": report.tables_checked,
+                           "witness_home": str(home.root) if home is not None else None})
     else:
         render.stdout.print(f"OK {report.origin} size {report.size} root {root} "
                             f"({report.checkpoints} checkpoints, {report.cosigned} cosigned; "
@@ -152,6 +195,20 @@ def verify(
     if not pinned:
         render.stderr.print("note: checked self-consistency only: the folder agrees with itself, but a store and "
                             "folder rewritten with a fresh key would too; pin --log-key or --witness-key",
+                            highlight=False, markup=False)
+    if home is not None:
+        owner = home.owner()
+        if home.root.stat().st_uid == audit_dir.stat().st_uid:
+            render.stderr.print(f"note: the witness home {home.root} belongs to {owner}, as the run does (the run "
+                                "was not started as root): whoever holds that user's files can rewrite both",
+                                highlight=False, markup=False)
+        elif not as_json:
+            render.stderr.print(f"witness home {home.root} ({owner}): not rolled back or rewritten since it "
+                                f"cosigned size {report.fresh_size}", highlight=False, markup=False)
+    elif witness is None and witness_checkpoint is None and not no_witness_home:
+        render.stderr.print(f"note: no witness cosigned {origin} (a run made with --no-witness, or with a witness "
+                            "of its own: give --witness): a log cut back to an earlier checkpoint, or rewritten "
+                            "and re-signed with the run's log key, passes this check undetected",
                             highlight=False, markup=False)
     if report.fresh_size is None:
         render.stderr.print("note: rollback not checked: a log cut back to an earlier checkpoint passes; give "

@@ -1,5 +1,5 @@
 """``swarmyard run SWARM.toml [--resume RUN] [--quiet] [--sandbox local|ray|process] [--ray-address ADDR]
-[--witness URL]``: run one swarm."""
+[--witness URL | --no-witness]``: run one swarm."""
 
 from __future__ import annotations
 
@@ -130,7 +130,11 @@ def command(
         "--ray-address", help="The Ray cluster for --sandbox ray (HOST:PORT; default: RAY_ADDRESS, else a "
         "local cluster).")] = None,
     witness: Annotated[str | None, typer.Option(
-        "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path.")] = None,
+        "--witness", help="A witness (swarmyard witness serve) to cosign the audit log: URL or socket path "
+        "(default: the run starts the host's own, as its own user when run as root).")] = None,
+    no_witness: Annotated[bool, typer.Option(
+        "--no-witness", help="Start no witness: the log is signed by its own key only, and `audit verify` cannot "
+        "then tell a rollback or a log re-signed with that key.")] = False,
     ui: Annotated[bool, typer.Option(
         "--ui", help="Serve the live dashboard (/ui) while the run goes; its URL and token file go to stderr.")] = False,
     host: Annotated[str, typer.Option(
@@ -170,7 +174,7 @@ def command(
     if live is not None:
         live.start()
     try:
-        result = Swarm(config, sandbox=sandbox, witness=witness, ray_address=ray_address).run(
+        result = Swarm(config, sandbox=sandbox, witness=witness, ray_address=ray_address, no_witness=no_witness).run(
             resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None,
             ui=dashboard)
     finally:

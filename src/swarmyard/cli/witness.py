@@ -15,23 +15,54 @@ app = typer.Typer(help="The witness that cosigns audit checkpoints.", no_args_is
 
 @app.command("serve")
 def serve(
-    key: Annotated[Path, typer.Option("--key", help="Ed25519 key file (made 0600 if absent).")],
-    state: Annotated[Path, typer.Option("--state", help="File of the last cosigned checkpoints.")],
+    home: Annotated[Path | None, typer.Option(
+        "--home", help="The witness's home: its key and state private, its key and cosigned checkpoints published "
+                       "for `audit verify` (default: the host's; started as root, handed to --user).")] = None,
+    key: Annotated[Path | None, typer.Option("--key", help="Ed25519 key file (made 0600 if absent), without "
+                                                           "--home.")] = None,
+    state: Annotated[Path | None, typer.Option("--state", help="File of the last cosigned checkpoints, without "
+                                                               "--home.")] = None,
     socket: Annotated[Path | None, typer.Option("--socket", help="Listen on this Unix socket.")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Listen on this port of 127.0.0.1.")] = None,
     name: Annotated[str, typer.Option("--name", help="The witness's key name.")] = "swarmyard-witness",
     log: Annotated[list[str] | None, typer.Option("--log", help="A log verifier key to trust.")] = None,
     pin_first: Annotated[bool, typer.Option("--pin-first/--known-only",
                                             help="Pin the key an unknown log offers on first use.")] = True,
+    user: Annotated[str, typer.Option("--user", help="With --home, started as root: the system user to run as "
+                                                     "(made if missing).")] = "swarmyard-witness",
+    socket_mode: Annotated[str, typer.Option("--socket-mode", help="With --home: the socket's mode (octal); 0660 "
+                                             "lets the starting user and the witness's group in.")] = "0660",
+    exit_with_stdin: Annotated[bool, typer.Option(
+        "--exit-with-stdin", help="Stop when stdin ends: the process that started this one is gone.")] = False,
 ) -> None:
-    """Serve the witness until interrupted."""
+    """Serve the witness until interrupted.
+
+    With --home (or neither --key nor --state) it serves a home on --socket, as its own user when started as
+    root, and prints one JSON line once ready; `swarmyard run` starts one this way for every run.
+    """
     from swarmyard.audit.note import Verifier
     from swarmyard.audit.witness import Witness, make_server
-    from swarmyard.errors import InvalidInputError
+    from swarmyard.errors import InvalidInputError, UserError
 
     if (socket is None) == (port is None):  # before the key file is made: a refused setup changes nothing
         raise InvalidInputError("give one of --socket PATH or --port N", field="socket")
     logs = [Verifier.parse(v) for v in log or []]
+    if key is None and state is None:
+        from swarmyard.audit.witness_home import default_home
+        from swarmyard.audit.witness_service import WitnessServeOptions, serve_home
+
+        if socket is None:
+            raise UserError("a witness home is served on a --socket")
+        try:
+            mode = int(socket_mode, 8)
+        except ValueError:
+            raise UserError(f"--socket-mode {socket_mode!r} is not an octal mode") from None
+        serve_home(WitnessServeOptions(home=home or default_home(), socket_path=socket, name=name, user=user,
+                                       socket_mode=mode, logs=logs, trust_on_first_use=pin_first,
+                                       exit_with_stdin=exit_with_stdin))
+        return
+    if home is not None or key is None or state is None:
+        raise UserError("give --home, or both --key and --state")
     witness = Witness.from_files(name, key, state, logs=logs,
                                  trust_on_first_use=pin_first)
     server = make_server(witness, socket=socket, port=port)

@@ -17,6 +17,7 @@ from swarmyard.swarm.coordinator import Coordinator, ProgressRow, RunResult, Run
 
 if TYPE_CHECKING:
     from swarmyard.audit.witness import HttpWitnessClient
+    from swarmyard.audit.witness_process import WitnessProcess
     from swarmyard.plane.dashboard import UiListen
 
 
@@ -25,9 +26,12 @@ class Swarm:
 
     def __init__(self, config: SwarmConfig, *, sandbox: SandboxKind | None = None,
                  providers: Mapping[str, Any] | None = None, witness: str | None = None,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, no_witness: bool = False) -> None:
         #: provider objects that replace the file's entries of the same name (a scripted provider in a test)
         self.providers = providers
+        #: without a witness of the file's or ``witness``, the run starts its own (``swarmyard.audit.witness_process``)
+        #: unless this is set: its log is then signed by its own key only, which cannot show a rollback
+        self.no_witness = no_witness
         overrides: dict[str, Any] = {}
         if sandbox is not None:
             overrides["sandbox"] = sandbox
@@ -38,12 +42,17 @@ class Swarm:
         self.config = (
             config.model_copy(update={"run": config.run.model_copy(update=overrides)}) if overrides else config
         )
+        if no_witness and self.config.run.witness is not None:
+            raise UserError(f"no witness was asked for, and one is named ({self.config.run.witness}): give one or "
+                            "the other")
 
     @classmethod
     def from_file(cls, path: Path | str, *, sandbox: SandboxKind | None = None,
-                  providers: Mapping[str, Any] | None = None, witness: str | None = None) -> Swarm:
+                  providers: Mapping[str, Any] | None = None, witness: str | None = None,
+                  no_witness: bool = False) -> Swarm:
         """Parse a swarm file (``ConfigError`` naming the field; nothing is started)."""
-        return cls(load_config(Path(path)), sandbox=sandbox, providers=providers, witness=witness)
+        return cls(load_config(Path(path)), sandbox=sandbox, providers=providers, witness=witness,
+                   no_witness=no_witness)
 
     def run(
         self,
@@ -57,16 +66,38 @@ class Swarm:
 
         ``ui`` also serves the control plane on loopback TCP, for the dashboard at ``/ui``."""
         from swarmyard.broker.providers.configured import check_table
-        from swarmyard.swarm.machine_launcher import MachineLauncher
         from swarmyard.swarm.preflight import check_host
-        from swarmyard.swarm.scoring import RunEvaluator
 
         check_host(self.config)  # before anything is created: the sandbox, the baseline
         check_table(self.config.providers, self.providers, env=os.environ)
-        witness = _witness(self.config.run.witness)
         runs = Path(self.config.run.runs_dir)
         run_id = resume or new_id("run")
         run_dir = runs / run_id
+        embedded: WitnessProcess | None = None
+        if self.config.run.witness is None and not self.no_witness:
+            from swarmyard.audit.witness_process import WitnessProcess
+
+            embedded = WitnessProcess.start(run_id=run_id)  # before anything exists: a run without it stops here
+        try:
+            witness = embedded.client() if embedded is not None else _witness(self.config.run.witness)
+        except BaseException:
+            if embedded is not None:
+                embedded.close()
+            raise
+        try:
+            return self._run(run_id, run_dir, runs, witness, resume, on_span, on_progress, ui)
+        finally:
+            if witness is not None:
+                witness.close()
+            if embedded is not None:
+                embedded.close()
+
+    def _run(self, run_id: str, run_dir: Path, runs: Path, witness: HttpWitnessClient | None,
+             resume: str | None, on_span: Callable[[WorkerSpan], None] | None,
+             on_progress: Callable[[list[ProgressRow]], None] | None, ui: UiListen | None) -> RunResult:
+        from swarmyard.swarm.machine_launcher import MachineLauncher
+        from swarmyard.swarm.scoring import RunEvaluator
+
         if resume:
             url = RunState.load(run_dir / "run.json").store_url
         else:
@@ -91,8 +122,6 @@ class Swarm:
             return asyncio.run(coordinator.run(resume=resume is not None))
         finally:
             store.close()
-            if witness is not None:
-                witness.close()
 
 
 def _witness(where: str | None) -> HttpWitnessClient | None:

@@ -1,0 +1,203 @@
+"""A default ``swarmyard run`` is cosigned by a witness of its own, and ``swarmyard audit verify RUN`` with no
+flag catches what only a witness can: a log cut back to an earlier cosigned checkpoint, and a log rewritten and
+re-signed with the run's own log key (which whoever holds the plane's files has). A ``--no-witness`` run verifies
+and says what it cannot detect.
+
+Real ``swarmyard run`` processes (the console script, bubblewrap machines, the scripted provider), each with its
+embedded witness, started as this host's user (root here: the witness then runs as ``swarmyard-witness``). The
+witness home is a folder of the test's (``SWARMYARD_WITNESS_DIR``), so tests do not share one. The forgeries are
+what an attacker holding the run folder, the store and the log key would write; verdicts come only from the
+command's exit code and output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from swarmyard.audit.checkpoint import Checkpoint, read_checkpoint
+from swarmyard.audit.log import checkpoint_path, list_checkpoints
+from swarmyard.audit.note import Signer, Verifier, sign_note
+from swarmyard.audit.tree import MerkleTree
+
+SWARMYARD = Path(sys.executable).with_name("swarmyard")
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+
+
+def sy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script in a clean environment whose witness home and state folder are the test's."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+           "SWARMYARD_STATE_DIR": str(home / "state"), "SWARMYARD_WITNESS_DIR": str(home / "witness")}
+    return subprocess.run([str(SWARMYARD), *args], cwd=home, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A short throwaway folder; 0711 so that the witness's own user can reach its home inside it."""
+    path = Path(tempfile.mkdtemp(prefix="sy-w-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _swarm(home: Path) -> Path:
+    conf = home / "conf"
+    (conf / "replies").mkdir(parents=True)
+    def finding(title: str, body: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "submit_finding", "arguments": {"title": title, "body": body}}]}
+
+    (conf / "replies" / "answers.json").write_text(json.dumps({
+        "scripted-worker": [finding("market", "Large and growing.")], "scripted-lead": [finding("synthesis", "Go.")]}))
+    path = conf / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "Should a small team build a speech app?"
+budget_usd = "1"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "market"
+prompt = "Size the market."
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+max_steps = 4
+model = "scripted-worker"
+retry_backoff_s = 0.2
+[lead]
+model = "scripted-lead"
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies/answers.json"
+[run]
+runs_dir = "{home / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+def _run(home: Path, *flags: str) -> Path:
+    done = sy(home, "run", str(_swarm(home)), "--quiet", *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = (home / "runs").iterdir()
+    return run
+
+
+def _sql(run: Path, statement: str, *params: object) -> None:
+    with sqlite3.connect(run / "store.db") as db:
+        db.execute(statement, params)
+
+
+def _size(run: Path, number: int) -> int:
+    return read_checkpoint(checkpoint_path(run / "audit", number).read_text()).checkpoint.size
+
+
+def _bad(done: subprocess.CompletedProcess[str], prefix: str) -> None:
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.startswith(f"BAD {prefix}"), done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_a_default_run_rolled_back_to_an_earlier_cosigned_checkpoint_fails_verify_with_no_flags(home: Path) -> None:
+    run = _run(home)
+    resumed = sy(home, "run", str(home / "conf" / "swarm.toml"), "--resume", run.name, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    notes = list_checkpoints(run / "audit")
+    assert len(notes) == 2 and all("\u2014 swarmyard-witness " in n.read_text() for n in notes)  # both cosigned
+    ok = sy(home, "audit", "verify", str(run))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    cosigned = _size(run, 2)
+    assert f"keys pinned; not rolled back below {cosigned}" in ok.stdout
+
+    # cut back to checkpoint 1, every trace of the later events gone: a log as it stood then, cosigned then
+    first = _size(run, 1)
+    _sql(run, "DELETE FROM events WHERE leaf_index >= ?", first)
+    checkpoint_path(run / "audit", 2).unlink()
+    leaves = run / "audit" / "leaves"
+    leaves.write_bytes(leaves.read_bytes()[:first * 32])
+    pinned = sy(home, "audit", "verify", str(run), "--no-witness-home",
+                "--log-key", (run / "audit" / "log.vkey").read_text().strip())
+    assert pinned.returncode == 0, pinned.stdout  # the log alone, even with its key pinned, cannot tell
+    _bad(sy(home, "audit", "verify", str(run)),
+         f"event {first}: missing: the witness cosigned {cosigned} events and the log holds {first} (rolled back)")
+
+
+def _resign(home: Path, run: Path, *, fresh_key: bool = False) -> None:
+    """Rebuild the leaves from the store's events and sign every checkpoint again, as the holder of the log key
+    (or of a fresh one) would: the witness's cosignatures cannot be made, so they go, and its key with them (the
+    folder then looks like a --no-witness run's)."""
+    (run / "audit" / "witness.vkey").unlink(missing_ok=True)
+    origin = Verifier.parse((run / "audit" / "log.vkey").read_text().strip()).name
+    if fresh_key:
+        origin += "-rewritten"
+        key = Ed25519PrivateKey.generate()
+    else:
+        key = Ed25519PrivateKey.from_private_bytes((home / "state" / "runs" / run.name / "log.key").read_bytes())
+    signer = Signer(origin, key)
+    (run / "audit" / "log.vkey").write_text(signer.verifier.vkey + "\n")
+    with sqlite3.connect(run / "store.db") as db:
+        bodies = [bytes(b) for (b,) in db.execute("SELECT body FROM events WHERE leaf_index IS NOT NULL "
+                                                  "ORDER BY leaf_index")]
+    tree = MerkleTree()
+    for body in bodies:
+        tree.append(body)
+    (run / "audit" / "leaves").write_bytes(b"".join(tree.leaf_hash(i) for i in range(tree.size)))
+    for path in list_checkpoints(run / "audit"):
+        size = read_checkpoint(path.read_text()).checkpoint.size
+        path.write_text(sign_note(Checkpoint(origin, size, tree.root(size)).body, [signer]).render())
+
+
+def _rewrite_the_objective(run: Path) -> None:
+    """The goal's objective changed in its row and in its goal.created event alike: the store agrees with
+    itself, so only the signatures over the events can tell."""
+    with sqlite3.connect(run / "store.db") as db:
+        (body,) = db.execute("SELECT body FROM events WHERE leaf_index = 0").fetchone()
+        forged = bytes(body).replace(b"Should a small team", b"Must a large team!!")
+        assert forged != bytes(body)
+        db.execute("UPDATE events SET body = ? WHERE leaf_index = 0", (forged,))
+        db.execute("UPDATE goals SET objective = replace(objective, 'Should a small team', 'Must a large team!!')")
+
+
+def test_a_default_run_rewritten_and_re_signed_with_its_log_key_fails_verify_with_no_flags(home: Path) -> None:
+    run = _run(home)
+    assert sy(home, "audit", "verify", str(run)).returncode == 0
+    _rewrite_the_objective(run)
+    _resign(home, run)
+    alone = sy(home, "audit", "verify", str(run), "--no-witness-home",
+               "--log-key", (run / "audit" / "log.vkey").read_text().strip())
+    assert alone.returncode == 0, alone.stdout  # re-signed with the real key, the folder agrees with itself
+    last = len(list_checkpoints(run / "audit"))
+    _bad(sy(home, "audit", "verify", str(run)),
+         f"witnessed {_size(run, last)}: the witness cosigned another root at this size (a fork)")
+
+    # a fresh log key instead (the folder's log.vkey replaced): the witness still knows this run
+    _resign(home, run, fresh_key=True)
+    _bad(sy(home, "audit", "verify", str(run)), "witnessed 0: not a checkpoint signed by this log's key")
+
+
+def test_a_no_witness_run_verifies_and_says_what_it_cannot_detect(home: Path) -> None:
+    run = _run(home, "--no-witness")
+    assert not (run / "audit" / "witness.vkey").exists()
+    done = sy(home, "audit", "verify", str(run))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rollback not checked" in done.stdout
+    assert (f"no witness cosigned swarmyard.local/{run.name}" in done.stderr
+            and "re-signed with the run's log key, passes this check undetected" in done.stderr), done.stderr
+    assert json.loads(sy(home, "audit", "verify", str(run), "--json").stdout)["witness_home"] is None
+    # and a contradiction is refused before anything starts
+    both = sy(home, "run", str(home / "conf" / "swarm.toml"), "--no-witness", "--witness", str(home / "w.sock"))
+    assert both.returncode == 1 and "give one or the other" in both.stderr, both.stderr
