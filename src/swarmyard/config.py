@@ -536,6 +536,9 @@ class ProviderConfig(_Frozen):
     simulate: Literal["tokens", "attempts"] | None = None
     #: simulated: seconds each answer takes, as a real model's would (load benchmarks, calls in flight in tests)
     latency_s: Annotated[float, Field(ge=0, le=600)] | None = None
+    #: simulated: answer this many workers one at a time in a fixed order, so that a run of workers sharing a
+    #: board is the same whatever the scheduling (``swarmyard.broker.providers.turns``); a campaign sets it
+    turns: Annotated[int, Field(ge=1, le=1024, strict=True)] | None = None
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("replies")
@@ -592,6 +595,8 @@ class ProviderConfig(_Frozen):
             raise ValueError("simulate is for a simulated provider")
         if self.latency_s is not None and self.kind is not ProviderKind.SIMULATED:
             raise ValueError("latency_s is for a simulated provider")
+        if self.turns is not None and self.kind is not ProviderKind.SIMULATED:
+            raise ValueError("turns is for a simulated provider")
         if self.replies is not None:
             load_replies(Path(self.replies))
         for model in self.prices:

@@ -33,11 +33,12 @@ from swarmyard.broker.formats import anthropic as messages_format
 from swarmyard.broker.holds import Hold, Holds, body_digest
 from swarmyard.broker.jsonbody import parse_object
 from swarmyard.broker.keys import scrubbed
-from swarmyard.broker.providers.protocol import CallState, Provider
+from swarmyard.broker.providers.protocol import CallState, Provider, TakesTurns
 from swarmyard.broker.settings import BrokerSettings, ModelRoute
 from swarmyard.broker.tokencount import input_bound
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import (
+    BudgetError,
     InvalidInputError,
     InvalidTokenError,
     PayloadTooLargeError,
@@ -152,6 +153,7 @@ class Broker:
 
     async def generate(self, request: Request, fmt: ApiFormat) -> Response:
         """One generation endpoint (chat completions, responses or messages)."""
+        route: ModelRoute | None = None
         try:
             token, worker_id = self._signed(request)
             raw = await _read_body(request, self.settings.max_body_bytes)
@@ -160,6 +162,9 @@ class Broker:
             route = self.admission.route(chat.model)
             admitted = await self.admission.admit(token, chat, route, len(raw), body_digest(raw))
         except SwarmyardError as exc:
+            refused = self.providers.get(route.provider) if route is not None else None
+            if isinstance(exc, BudgetError) and isinstance(refused, TakesTurns):
+                refused.refused(worker_id)  # a worker out of calls or money calls no more: its turn passes
             return _error(exc, fmt)
         hold = Hold(admitted, raw)
         provider = self.providers[route.provider]
@@ -172,8 +177,8 @@ class Broker:
             admitted.reservation.amount,
         )
         if chat.stream:
-            return await self._stream(provider, upstream, hold, fmt, chat.model)
-        state = CallState()
+            return await self._stream(provider, upstream, hold, fmt, chat.model, worker_id)
+        state = CallState(caller=worker_id)
         try:
             answer = await provider.complete(upstream, state)
             usage = admitted.usage(answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls))
@@ -191,9 +196,9 @@ class Broker:
             return _error(_unrendered(exc), fmt)
 
     async def _stream(
-        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, model: str
+        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, model: str, caller: str
     ) -> Response:
-        state = CallState()
+        state = CallState(caller=caller)
         events = provider.stream(upstream, state)
         try:
             # wait for the first event so that a failure before any data still gets a proper status

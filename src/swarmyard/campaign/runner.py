@@ -47,8 +47,10 @@ def _scores(url: str, goal_id: str) -> tuple[int | None, list[str]]:
         holdout = store.list_scores(goal_id, split="holdout")
         search = store.list_scores(goal_id)
         score = holdout[-1].score if holdout else max((s.score for s in search), default=None)
-        texts = [store.read_artifact(goal_id, a.sha256)[:_SUBMISSION_BYTES].decode("utf-8", "replace")
-                 for a in store.list_artifacts(goal_id)[:MAX_SUBMISSIONS]]
+        # the submissions compared are the same whichever worker's landed first: the first in sorted order
+        shas = sorted(a.sha256 for a in store.list_artifacts(goal_id))[:MAX_SUBMISSIONS]
+        texts = sorted(store.read_artifact(goal_id, sha)[:_SUBMISSION_BYTES].decode("utf-8", "replace")
+                       for sha in shas)
         if not texts:
             # no artifacts: the workers' findings are what they submitted
             texts = [f.body[:_SUBMISSION_BYTES] for f in store.read_findings(goal_id, limit=MAX_SUBMISSIONS)

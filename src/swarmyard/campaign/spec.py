@@ -30,7 +30,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarmyard.config import GoalConfig, HistoryMode, PolicyKind, SwarmConfig, parse_config
+from swarmyard.config import GoalConfig, HistoryMode, PolicyKind, ProviderKind, SwarmConfig, parse_config
 from swarmyard.errors import ConfigError
 
 #: The placeholder a swarm file may hold for the trial's seed.
@@ -194,11 +194,22 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
     workers = dict(data.get("workers") or {})
     workers.update(count=cell.n, concurrency=min(cell.n, base.workers.concurrency), history=cell.history.value,
                    history_top_k=cell.top_k)
+    if cell.policy is not PolicyKind.INDEPENDENT and cell.n > 1 and _seeded(base):
+        # workers that read each other's attempts: a seeded model answers them in turn, all at once, so the
+        # trial is the same whatever the scheduling (independent workers need no turns: nothing they read moves)
+        workers["concurrency"] = cell.n
+        data["providers"] = {name: ({**table, "turns": cell.n} if table.get("kind") == "simulated" else table)
+                             for name, table in dict(data.get("providers") or {}).items()}
     data["workers"] = workers
     # every trial keeps its own store in its run folder, as a run of its own does
     run = {k: v for k, v in dict(data.get("run") or {}).items() if k != "store"}
     data["run"] = {**run, "runs_dir": str(runs_dir)}
     return data
+
+
+def _seeded(config: SwarmConfig) -> bool:
+    """Every model of the swarm file is the simulated provider's: its trials can be reproduced exactly."""
+    return bool(config.providers) and all(p.kind is ProviderKind.SIMULATED for p in config.providers.values())
 
 
 def _swarm_text(path: Path) -> str:

@@ -5,8 +5,8 @@ code (the ``hidden-code`` bundle's task: ``instance I code DIGITS``, as many dig
 ``N-digit`` says): with no scored attempt in its context, random digits; with one (a single draft), that
 draft with one or two digits changed; with several (a scored history), a per-digit mix of them weighted by score,
 then one digit changed. Offered only ``submit_finding`` (the last step, or the lead), it submits the best scored
-attempt its context shows, in words of its own. Every choice is drawn from a ``random.Random`` seeded by the request's text and the
-provider's seed, so the same conversation gets the same answer, and a run is repeatable.
+attempt its context shows, in words of its own. Every choice is drawn from a ``random.Random`` seeded by the provider's seed and the call's key
+(which caller, by its first request's text, and its how-manyth call this is), never by the order calls arrive in.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ _LENGTH = re.compile(r"\b(\d{1,3})-digit\b")
 DEFAULT_LENGTH = 16
 
 
-def _rng(request: ChatRequest, seed: int) -> random.Random:
+def _rng(request: ChatRequest, seed: int, key: str | None) -> random.Random:
     digest = hashlib.sha256(f"{seed}\0{request.model}\0".encode())
+    if key is not None:
+        digest.update(key.encode())
+        return random.Random(digest.digest())
     for message in request.messages:
         digest.update(message.role.value.encode() + b"\0" + message.content.encode() + b"\0")
     return random.Random(digest.digest())
@@ -52,10 +55,12 @@ def propose(scored: Sequence[tuple[int, str]], length: int, rng: random.Random) 
     return _mutate(mixed, rng, 1)
 
 
-def attempt_answer(request: ChatRequest, seed: int = 0) -> str:
-    """The action the simulated model answers ``request`` with, as the agent's JSON text."""
+def attempt_answer(request: ChatRequest, seed: int = 0, key: str | None = None) -> str:
+    """The action the simulated model answers ``request`` with, as the agent's JSON text. Its random choices are
+    drawn from ``seed`` and ``key`` (the caller and how many calls it made: see the simulated provider), or,
+    without a key, from the request's text."""
     text = "\n".join(message.content for message in request.messages)
-    rng = _rng(request, seed)
+    rng = _rng(request, seed, key)
     scored = [(int(score), code) for score, code in _SCORED.findall(text)]
     instance = (_INSTANCE.findall(text) or ["0"])[0]
     offered = {tool.name for tool in request.tools}

@@ -209,7 +209,7 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
                 providers[name] = _class(cfg.kind)(scripted_replies(script), name=name)
             case ProviderKind.SIMULATED:
                 providers[name] = _class(cfg.kind)(name=name, simulate=cfg.simulate or "tokens",
-                                                   latency_s=cfg.latency_s or 0.0)
+                                                   latency_s=cfg.latency_s or 0.0, turns=cfg.turns or 0)
         routes += [_route(name, cfg, model) for model in cfg.models]
     return providers, routes
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from swarmyard.broker.chat import ChatRequest, ChatResponse, StreamEvent
 from swarmyard.broker.tokencount import TokenCounter
@@ -18,9 +18,11 @@ from swarmyard.broker.tokencount import TokenCounter
 
 @dataclass(slots=True)
 class CallState:
-    """Mutable facts about one upstream call that the broker needs after it fails."""
+    """Mutable facts about one upstream call that the broker needs after it fails; ``caller`` is the worker
+    making it (a provider that answers each worker in turn tells them apart by it)."""
 
     sent: bool = False
+    caller: str = ""
 
 
 class Provider(Protocol):
@@ -42,4 +44,14 @@ class Provider(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and models."""
+        ...
+
+
+@runtime_checkable
+class TakesTurns(Protocol):
+    """A provider that answers its callers in turn (``swarmyard.broker.providers.turns``) and must hear of a
+    caller whose call the broker refused before it reached the provider: that caller calls no more."""
+
+    def refused(self, caller: str) -> None:
+        """``caller``'s call was refused (a cap or the budget ran out)."""
         ...

@@ -4,6 +4,7 @@ with ``simulate = "attempts"``, as a seeded model that improves attempts from th
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from swarmyard.broker.chat import (
 )
 from swarmyard.broker.providers.attempts import attempt_answer
 from swarmyard.broker.providers.protocol import CallState
+from swarmyard.broker.providers.turns import Turns, stable_text
 from swarmyard.broker.tokencount import TokenCounter
 from swarmyard.errors import ProviderError, UpstreamLostError
 from swarmyard.ids import new_id
@@ -32,7 +34,10 @@ class SimulatedProvider:
 
     ``failure_rate`` of calls fail: half before the request is sent, half by a drop after it (seeded, so a
     benchmark run is repeatable). ``simulate = "attempts"`` answers the built-in agent's actions instead of
-    ``tok`` words: attempts that improve from the scores in the conversation.
+    ``tok`` words: attempts that improve from the scores in the conversation, each drawn from a generator keyed
+    by the caller (its first request's text, ids left out) and its call count. ``turns`` > 0 answers that many
+    callers one at a time in a fixed order (``swarmyard.broker.providers.turns``), so a team's run is the same
+    whatever the scheduling.
     """
 
     name: str = "simulated"
@@ -44,10 +49,21 @@ class SimulatedProvider:
     report_usage: bool = True
     seed: int = 0
     simulate: str = "tokens"
+    turns: int = 0
     _random: random.Random = field(init=False, repr=False)
+    #: caller -> (its key, calls answered)
+    _callers: dict[str, tuple[str, int]] = field(init=False, repr=False)
+    _turns: Turns | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
+        self._callers = {}
+        self._turns = Turns(self.turns) if self.turns > 0 else None
+
+    def refused(self, caller: str) -> None:
+        """The broker refused ``caller``'s call: it calls no more, so it leaves the turns."""
+        if self._turns is not None:
+            self._turns.leave(caller)
 
     def counter(self, model: str) -> TokenCounter | None:
         """No tokenizer of its own."""
@@ -70,16 +86,30 @@ class SimulatedProvider:
     def _count(self, request: ChatRequest) -> int:
         return min(self.output_tokens, request.max_tokens or self.output_tokens)
 
-    def _text(self, request: ChatRequest) -> str:
-        """The answer's text: an action under ``attempts``, else ``tok`` words."""
-        if self.simulate == "attempts":
-            return attempt_answer(request, self.seed)
-        return " ".join(["tok"] * self._count(request))
+    def _key(self, request: ChatRequest, caller: str) -> str | None:
+        """The call's key: its caller's and how many calls that caller made before (``None``: no caller)."""
+        if not caller:
+            return None
+        first = "\n".join(m.content for m in request.messages)
+        key, calls = self._callers.get(caller) or (hashlib.sha256(stable_text(first).encode()).hexdigest(), 0)
+        self._callers[caller] = (key, calls + 1)
+        return f"{key}#{calls}"
+
+    async def _text(self, request: ChatRequest, state: CallState) -> str:
+        """The answer's text: an action under ``attempts``, else ``tok`` words; in turn where turns are taken."""
+        if self._turns is not None and state.caller:
+            await self._turns.wait(state.caller, "\n".join(m.content for m in request.messages))
+        if self.simulate != "attempts":
+            return " ".join(["tok"] * self._count(request))
+        text = attempt_answer(request, self.seed, self._key(request, state.caller))
+        if self._turns is not None and '"submit_finding"' in text:
+            self._turns.leave(state.caller)  # its last answer: it submits and ends
+        return text
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """A whole simulated answer."""
+        text = await self._text(request, state)
         self._maybe_fail(state)
-        text = self._text(request)
         produced = len(text.split())
         delay = self.latency_s + (produced / self.tokens_per_s if self.tokens_per_s else 0.0)
         if delay:
@@ -95,10 +125,10 @@ class SimulatedProvider:
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """A simulated answer, one word per event."""
+        text = await self._text(request, state)
         self._maybe_fail(state)
         if self.latency_s:
             await anyio.sleep(self.latency_s)
-        text = self._text(request)
         words = text.split(" ") if text else []
         produced = len(words)
         for index, word in enumerate(words):
