@@ -40,36 +40,60 @@ def _png(fig: Any) -> bytes:
     return buffer.getvalue()
 
 
+#: Past this many worker rows the timeline gives each row less height and labels only some of them: a figure
+#: 0.55 inch a row for hundreds of workers is a tall PNG whose drawing and encoding grow with the run.
+_LABELLED_ROWS = 60
+
+
 def timeline_png(data: ReportData, steps: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> bytes:
     """One row per worker: a pale bar per agent run (its edge coloured by how it ended), a bar per step the
-    agent reported inside it (a step that only re-asked is grey), and a tick per model call."""
+    agent reported inside it (a step that only re-asked is grey), and a tick per model call.
+
+    Drawn as three collections whatever the run's size (not an artist per worker, step or call): the report is
+    written after the run's last event, and its time must not grow with the number of workers and calls."""
     plt = _pyplot()
     workers = sorted({s.row for s in data.spans})
+    y_of = {worker: y for y, worker in enumerate(workers)}
     start = min((s.started_at for s in data.spans), default=0.0)
     row_of = {s.worker_id: s.row for s in data.spans}
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.55 * max(1, len(workers))))
-    for row, worker in enumerate(workers):
-        spans = [s for s in data.spans if s.row == worker]
-        bars = [(s.started_at - start, max(s.ended_at - s.started_at, 0.01)) for s in spans]
-        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors="#e8eef9",
-                       edgecolors=[_COLOURS.get(s.ending, "#1565c0") for s in spans], linewidth=1.5)
-        for span in spans:
-            mine = (steps or {}).get(span.worker_id, ())
-            step_bars = [(int(st.get("started_ms", 0)) / 1000 - start,
-                          max(int(st.get("ended_ms", 0)) - int(st.get("started_ms", 0)), 10) / 1000) for st in mine]
-            colours = ["#1565c0" if isinstance(st.get("action"), dict) else "#9e9e9e" for st in mine]
-            if step_bars:
-                ax.broken_barh(step_bars, (row - 0.25, 0.5), facecolors=colours, edgecolors="white", linewidth=0.5)
-    for r in data.reservations:
-        row_name = row_of.get(r.worker_id or "")
-        if row_name is not None:
-            y = workers.index(row_name)
-            ax.plot([r.created_at - start] * 2, [y + 0.28, y + 0.4], color="#ef6c00", linewidth=1)
-    ax.set_yticks(range(len(workers)), labels=workers)
+    per_row = 0.55 if len(workers) <= _LABELLED_ROWS else 0.18
+    fig, ax = plt.subplots(figsize=(9, 0.6 + per_row * max(1, len(workers))))
+    run_boxes: list[tuple[float, float, float]] = []  # (x, width, y)
+    run_edges: list[str] = []
+    step_boxes: list[tuple[float, float, float]] = []
+    step_colours: list[str] = []
+    for span in data.spans:
+        y = y_of[span.row]
+        run_boxes.append((span.started_at - start, max(span.ended_at - span.started_at, 0.01), y))
+        run_edges.append(_COLOURS.get(span.ending, "#1565c0"))
+        for st in (steps or {}).get(span.worker_id, ()):
+            began, ended = int(st.get("started_ms", 0)), int(st.get("ended_ms", 0))
+            step_boxes.append((began / 1000 - start, max(ended - began, 10) / 1000, y))
+            step_colours.append("#1565c0" if isinstance(st.get("action"), dict) else "#9e9e9e")
+    _boxes(ax, run_boxes, 0.4, facecolor="#e8eef9", edgecolors=run_edges, linewidth=1.5)
+    _boxes(ax, step_boxes, 0.25, facecolor=step_colours, edgecolors="white", linewidth=0.5)
+    ticks = [(r.created_at - start, y_of[row_of[r.worker_id]]) for r in data.reservations
+             if r.worker_id in row_of]
+    if ticks:
+        ax.vlines([x for x, _ in ticks], [y + 0.28 for _, y in ticks], [y + 0.4 for _, y in ticks],
+                  color="#ef6c00", linewidth=1)
+    every = max(1, -(-len(workers) // _LABELLED_ROWS))
+    ax.set_yticks(range(0, len(workers), every), labels=workers[::every])
     ax.set_xlabel("seconds since the first worker started (bars: agent runs and their steps; ticks: model calls)")
     ax.set_title("Worker timeline")
+    ax.autoscale_view()
     ax.invert_yaxis()
     return _png(fig)
+
+
+def _boxes(ax: Any, boxes: Sequence[tuple[float, float, float]], half: float, **style: Any) -> None:
+    """Rectangles ``(x, width, row)``, ``half`` a row high either side of its centre, as one collection."""
+    if not boxes:
+        return
+    from matplotlib.collections import PolyCollection
+
+    ax.add_collection(PolyCollection(
+        [[(x, y - half), (x, y + half), (x + w, y + half), (x + w, y - half)] for x, w, y in boxes], **style))
 
 
 def spend_png(data: ReportData) -> bytes:
@@ -94,7 +118,10 @@ def spend_png(data: ReportData) -> bytes:
     if not any(values):
         spend.text(0.5, 0.5, "$0: no priced call", ha="center", va="center", transform=spend.transAxes,
                    color="#555555")
+    # a third of the figure's width holds about a dozen rotated names; hundreds are unreadable and slow to draw
+    every = max(1, -(-len(names) // 12))
     for ax in (calls, tokens, spend):
+        ax.set_xticks(range(0, len(names), every), labels=names[::every])
         ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
     return _png(fig)
