@@ -211,6 +211,9 @@ class TasksConfig(_Frozen):
     lenses: tuple[Lens, ...] = ()
     plan: PositiveInt | None = None
     from_family: Annotated[str, Field(min_length=1)] | None = None
+    #: every worker finding cites its task's files (``path:line`` and words copied from that line), and the plane
+    #: refuses one whose quote is not on the cited line (``swarmyard.plane.sources``)
+    cite_files: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -233,6 +236,8 @@ class TasksConfig(_Frozen):
         if any(lens.files for lens in self.lenses) and len(set(titles)) != len(titles):
             # a task finds its files by its lens's title
             raise ValueError("lenses with files need titles of their own (two lenses share one)")
+        if self.cite_files and not any(lens.files for lens in self.lenses):
+            raise ValueError("cite_files needs lenses with files to cite")
         return self
 
 

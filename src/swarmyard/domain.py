@@ -57,6 +57,7 @@ class CitationKind(StrEnum):
     POST = "post"
     ARTIFACT = "artifact"
     FINDING = "finding"
+    SOURCE = "source"  # a line of the run's source files (``path:line``) and the words quoted from it
 
 
 class ReservationState(StrEnum):
@@ -163,10 +164,19 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Citation:
-    """A reference from a finding to a post (by sequence number), an artifact (sha256) or a finding (id)."""
+    """A reference from a finding to a post (by sequence number), an artifact (sha256), a finding (id) or a line
+    of the run's sources (``path:line``, with ``quote``: the words taken from that line, checked by the plane)."""
 
     kind: CitationKind
     ref: str
+    quote: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        """The citation as stored and logged: ``kind`` and ``ref``, and ``quote`` when it has one."""
+        out = {"kind": self.kind.value, "ref": self.ref}
+        if self.quote:
+            out["quote"] = self.quote
+        return out
 
 
 @dataclass(frozen=True, slots=True)

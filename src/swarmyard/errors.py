@@ -9,7 +9,8 @@
     ├── InvalidInputError (400)         a request or call argument is malformed
     │   ├── ContextLengthError (400)    the conversation leaves the model no room to answer (``model``, ...)
     │   ├── NestingTooDeepError (400)   a JSON body nested deeper than the fixed limit (``limit``)
-    │   └── UnoriginalFindingError (400) a lead's finding that copies, loops or says back (``task_id``, ``reason``)
+    │   ├── UnoriginalFindingError (400) a lead's finding that copies, loops or says back (``task_id``, ``reason``)
+    │   └── UnverifiedCitationError (400) a finding quotes a source line that does not hold the quote (``ref``, ...)
     ├── NotFoundError (404)             an id that does not exist (``kind``, ``id``)
     ├── PayloadTooLargeError (413)      a post, artifact or body over its limit (``what``, ``size``, ``limit``)
     │   └── QuotaExceededError (413)    a goal's or task's artifacts or board past their total (``used``, ...)
@@ -224,6 +225,20 @@ class UnoriginalFindingError(InvalidInputError):
         super().__init__(f"task {task_id}: {reason}", field="body")
         self.details.update(task_id=task_id, reason=reason)
         self.task_id = task_id
+        self.reason = reason
+
+
+class UnverifiedCitationError(InvalidInputError):
+    """A finding's source citation that the run's sources do not bear out: no such file or line, or the quoted
+    words are not on that line. ``reason`` says which, in words an agent can act on when it is asked again."""
+
+    code = "unverified_citation"
+
+    def __init__(self, task_id: str, ref: str, reason: str) -> None:
+        super().__init__(f"task {task_id}: citation {ref}: {reason}", field="citations")
+        self.details.update(task_id=task_id, ref=ref, reason=reason)
+        self.task_id = task_id
+        self.ref = ref
         self.reason = reason
 
 

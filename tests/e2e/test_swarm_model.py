@@ -59,8 +59,11 @@ def smollm2_variant(folder: Path) -> Path:
     lines: list[str] = []
     for table, body in data.items():
         if table == "tasks":
+            lines.append("[tasks]")
+            lines += [f"{k} = {_toml(v)}" for k, v in body.items() if k != "lenses"]
             for lens in body["lenses"]:
                 lines.append("[[tasks.lenses]]")
+                lens = {**lens, "files": [str(EXAMPLE.parent / f) for f in lens.get("files", [])]}
                 lines += [f"{k} = {_toml(v)}" for k, v in lens.items()]
         elif table == "providers":
             for name, provider in body.items():
@@ -68,7 +71,10 @@ def smollm2_variant(folder: Path) -> Path:
                 lines += [f"{k} = {_toml(v)}" for k, v in provider.items()]
         else:
             lines.append(f"[{table}]")
-            lines += [f"{k} = {_toml(v)}" for k, v in body.items()]
+            lines += [f"{k} = {_toml(v)}" for k, v in body.items() if k != "tools"]
+            for tool in body.get("tools", []):
+                lines.append(f"[[{table}.tools]]")
+                lines += [f"{k} = {_toml(v)}" for k, v in tool.items()]
     path = folder / "three-scouts.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -135,7 +141,7 @@ def test_three_scouts_on_smollm2_ends_with_a_synthesis(short_tmp: Path) -> None:
     finally:
         store.close()
     scouts = [t for t in tasks if t.group != "lead"]
-    assert sorted(t.title for t in scouts) == ["market size", "risks", "strongest open models"]
+    assert sorted(t.title for t in scouts) == ["the budget", "the provider key", "the sandbox"]
     assert all(t.state is TaskState.DONE for t in tasks), [(t.title, t.state) for t in tasks]
     per_task = Counter(f.task_id for f in findings)
     assert set(per_task) == {t.id for t in tasks} and max(per_task.values()) == 1

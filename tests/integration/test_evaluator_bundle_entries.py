@@ -40,6 +40,7 @@ def test_a_bundle_with_a_special_file_stops_before_a_run_folder(folder: Path, ma
     assert callable(make)
     make(folder / "bund" / "search" / "odd")
     base = (ROOT / "examples" / "three-scouts.toml").read_text().split("# The same file")[0]
+    shutil.copytree(ROOT / "examples" / "three-scouts", folder / "three-scouts")  # the sources its lenses name
     (folder / "s.toml").write_text(base + '\n[evaluator]\nbundle = "bund"\n')
     done = subprocess.run(["swarmyard", "run", "s.toml"], cwd=folder, capture_output=True, text=True,
                           timeout=120, check=False)

@@ -18,7 +18,9 @@ BUDGET = '[goal]\nobjective = "x"\nbudget_usd = {}\n[tasks]\nplan = 2\n'
 def test_three_scouts_example_parses() -> None:
     config = load_config(EXAMPLES / "three-scouts.toml")
     assert config.goal.budget_micro_usd == 500_000
-    assert [lens.title for lens in config.tasks.lenses] == ["market size", "strongest open models", "risks"]
+    assert [lens.title for lens in config.tasks.lenses] == ["the provider key", "the budget", "the sandbox"]
+    # the scouts' sources ship with the example, and their findings must cite them
+    assert config.tasks.cite_files and all(Path(f).is_dir() for lens in config.tasks.lenses for f in lens.files)
     assert config.task_count == 3
     assert config.policy.kind is PolicyKind.TEAM
     assert config.workers.agent is AgentKind.BUILTIN

@@ -63,7 +63,8 @@ TOOLS: dict[str, ToolSpec] = {
         ),
         ToolSpec(
             "submit_finding",
-            "Submit your result and finish. Cite board posts or findings by id.",
+            "Submit your result and finish. Cite board posts or findings by id, and lines of your task's files as "
+            "'path:line: words copied from that line'.",
             _obj({"title": _STR, "body": _STR, "cite": {"type": "array", "items": _STR}}, ("title", "body")),
         ),
     )

@@ -36,6 +36,7 @@ from swarmyard.errors import (
     ProviderError,
     SwarmyardError,
     UnoriginalFindingError,
+    UnverifiedCitationError,
 )
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,25 @@ def _compact(messages: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]
     return out
 
 
+#: A citation of a source line, ``path:line: words copied from that line`` (``path:line "words"`` too).
+_SOURCE_LINE = re.compile(r"\[?(?P<path>[^\s:\[\]]+):(?P<line>\d{1,9})\]?(?::?\s*(?P<quote>.*))?\Z", re.DOTALL)
+
+
 def _clip(value: Any) -> str:
     return _cut(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str),
                 MAX_RESULT_CHARS)
+
+
+def _shown(result: Any) -> Any:
+    """A search's matches as ``path:line: text`` lines, the form a finding cites them in (a small model copies
+    a line it was shown; it does not put one together from JSON fields); any other result as it is."""
+    matches = result.get("matches") if isinstance(result, dict) else None
+    if not isinstance(matches, list) or not all(isinstance(m, dict) and {"path", "line", "text"} <= m.keys()
+                                                for m in matches):
+        return result
+    lines = [f"{str(m['path']).removeprefix('./')}:{m['line']}: {str(m['text']).strip()}" for m in matches]
+    more = " (more matches were cut: search for something narrower)" if result.get("truncated") else ""
+    return "\n".join(lines) + more if lines else "no line matches"
 
 
 def _cut(text: str, limit: int) -> str:
@@ -325,6 +342,15 @@ class BuiltinAgent:
                                       "content": json.dumps({"action": {"tool": action.tool, "args": action.args}})},
                                      {"role": "user", "content": _REASK.format(error=exc.reason)}]
                         continue
+                    except UnverifiedCitationError as exc:
+                        # a quote the task's files do not hold: asked again with where the words really are
+                        self.malformed += 1
+                        await self._step_done(task, action, exc.to_dict())
+                        messages += [{"role": "assistant",
+                                      "content": json.dumps({"action": {"tool": action.tool, "args": action.args}})},
+                                     {"role": "user", "content": instructions.CITE_REASK.format(
+                                         ref=exc.ref, error=exc.reason)}]
+                        continue
                     await self._step_done(task, action, {"finding_id": finding_id})
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
@@ -340,7 +366,7 @@ class BuiltinAgent:
                         "content": json.dumps({"action": {"tool": action.tool, "args": action.args}}),
                     }
                 )
-                messages.append({"role": "user", "content": f"Result of {action.tool}:\n{_clip(result)}"})
+                messages.append({"role": "user", "content": f"Result of {action.tool}:\n{_clip(_shown(result))}"})
         except BudgetError as exc:
             log.info("budget stop: %s", exc.message)
             ending = Ending.BUDGET
@@ -363,6 +389,11 @@ class BuiltinAgent:
             finding_id = await self._submit(partial)
         except UnoriginalFindingError:
             partial["body"] = self._partial_body(task.title, ending, steps, cut_short, salvage=False)
+            finding_id = await self._submit(partial)
+        except UnverifiedCitationError:
+            # what the model said cites no line of its task's files: the run says it reached nothing
+            partial["body"] = (f"No result was reached for {task.title!r} within the limit of "
+                               f"{self._settings.max_steps} steps.")
             finding_id = await self._submit(partial)
         await self._step_done(task, Action(FINISH, partial), {"finding_id": finding_id},
                               f"ended: {ending.value}" + (f"; {cut_short}" if cut_short else ""))
@@ -676,6 +707,10 @@ class BuiltinAgent:
         refs = [str(c) for c in cite] if isinstance(cite, list) else []
         out = []
         for ref in refs:
+            if (line := _SOURCE_LINE.match(ref.strip())) is not None:
+                # a source line as a search returned it, path:line: text; the plane checks the text is there
+                out.append({"kind": "source", "ref": f"{line['path']}:{line['line']}", "quote": line["quote"] or ""})
+                continue
             ref = ref.strip().strip("[]").removeprefix("post ").strip()
             if ref in self._findings_seen:
                 out.append({"kind": "finding", "ref": ref})

@@ -22,6 +22,10 @@ REASK = (
     "That reply could not be used ({error}). Reply with exactly one JSON object like "
     '{{"action": {{"tool": "submit_finding", "args": {{"title": "...", "body": "..."}}}}}}.'
 )
+CITE_REASK = (
+    "That finding was refused: citation {ref}: {error}. Cite only lines a search returned, each as "
+    '"path:line: words copied from that line", and submit_finding again.'
+)
 
 #: The line of a lead's task that ends the findings and starts its instructions (``swarm.setup.lead_prompt``).
 LEAD_INSTRUCTIONS_HEAD = "Instructions for the lead:"
@@ -42,4 +46,4 @@ DIGEST_ANSWER = (
 DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
 
 #: Every instruction, as one text a finding may not restate.
-ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))
+ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, CITE_REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))

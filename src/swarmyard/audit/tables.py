@@ -177,7 +177,7 @@ def check_tables(tables: Tables, ledger: Ledger) -> None:
                 "goal": goal.id, "state": task.state.value, "title": task.title, "group": task.group,
                 "result_sha256": _sha256(task.result)})
         for finding in _findings(tables, goal.id):
-            citations = [{"kind": c.kind.value, "ref": c.ref} for c in finding.citations]
+            citations = [c.to_dict() for c in finding.citations]
             _differs("finding", finding.id, ledger.findings.get(finding.id), {
                 "goal": goal.id, "task": finding.task_id, "author": finding.author,
                 "body_sha256": _sha256(finding.body), "citations": citations,

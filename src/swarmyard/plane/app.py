@@ -36,6 +36,7 @@ from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.openapi import build_openapi
 from swarmyard.plane.operator import ENDPOINTS, Call, Endpoint, OperatorApi, check_path_id
 from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.sources import Sources
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
 from swarmyard.plane.trajectory import MAX_STEP_BYTES, StepAccepted, StepRecord, TrajectoryFiles
 from swarmyard.store.protocol import Store
@@ -94,11 +95,11 @@ class _Plane:
     """Everything the route handlers share."""
 
     def __init__(self, store: Store, tokens: TokenAuthority, settings: PlaneSettings, clock: Clock,
-                 evaluator: Evaluator | None) -> None:
+                 evaluator: Evaluator | None, sources: Sources | None = None) -> None:
         self.settings = settings
         self.tokens = tokens
         self.metrics = PlaneMetrics(store)
-        self.tools = WorkerTools(store, tokens, settings, clock, self.metrics, evaluator)
+        self.tools = WorkerTools(store, tokens, settings, clock, self.metrics, evaluator, sources)
         self.operator = OperatorApi(store, tokens, settings, on_revoke=self.tools.forget_worker)
         threads = settings.store_concurrency or (2 if store.single_writer else 8)
         self.store_threads = StoreThreads(threads)
@@ -308,13 +309,14 @@ def _trajectory_endpoint(plane: _Plane, files: TrajectoryFiles | None) -> Callab
 def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | None = None,
                extra_routes: Sequence[BaseRoute] = (), evaluator: Evaluator | None = None,
                clock: Clock | None = None, trajectories: TrajectoryFiles | None = None,
-               machines: MachinesView | None = None) -> Starlette:
+               machines: MachinesView | None = None, sources: Sources | None = None) -> Starlette:
     """The control plane app over ``store``; ``extra_routes`` (the model broker's) are mounted beside it.
 
     ``trajectories`` keeps the agent steps workers report (without it they are acknowledged, not kept);
-    ``machines`` lists the run's machines for the dashboard at ``/ui``.
+    ``machines`` lists the run's machines for the dashboard at ``/ui``; ``sources`` holds the files each task's
+    worker was given, against which the quotes of its findings' source citations are checked.
     """
-    plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator)
+    plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator, sources)
     dashboard = plane.dashboard = Dashboard(store, tokens, plane.offload, trajectories=trajectories,
                                             machines=machines)
     plane.metrics.watch_dashboard(lambda: dashboard.wakes)

@@ -151,7 +151,7 @@ def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
         "board_total": len(posts),
         "findings": [{"id": f.id, "task": f.task_id, "group": f.group, "author": f.author, "title": f.title,
                       "body": _cut(f.body), "status": f.status.value, "score": f.score, "at": f.created_at,
-                      "citations": [{"kind": c.kind.value, "ref": c.ref} for c in f.citations]}
+                      "citations": [c.to_dict() for c in f.citations]}
                      for f in findings[-_FINDINGS:]],
         "findings_total": len(findings),
         "scores": [{"finding": f.id, "author": f.author, "score": f.score, "at": f.created_at}

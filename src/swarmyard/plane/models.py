@@ -70,13 +70,17 @@ class BoardPostRequest(_Fenced):
 
 #: Citations one finding may carry.
 MAX_CITATIONS = 10_000
+#: Characters a source citation may quote (a source line as textsearch returns it is at most 400 bytes).
+MAX_QUOTE_CHARS = 1000
 
 
 class CitationModel(_Body):
-    """A reference to a post (its sequence number), an artifact (sha256) or a finding (id)."""
+    """A reference to a post (its sequence number), an artifact (sha256), a finding (id) or a line of the run's
+    sources (``path:line``, with ``quote``: words copied from that line, which the plane checks are there)."""
 
     kind: CitationKind
     ref: Annotated[str, Field(min_length=1, max_length=200)]
+    quote: Annotated[str, Field(max_length=MAX_QUOTE_CHARS)] = ""
 
 
 class SubmitFindingRequest(_Fenced):

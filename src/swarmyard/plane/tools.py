@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from swarmyard.agents import originality
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
-from swarmyard.domain import LEAD_GROUP, Citation, Claim, PostKind, TaskSpec
+from swarmyard.domain import LEAD_GROUP, Citation, CitationKind, Claim, PostKind, TaskSpec
 from swarmyard.errors import (
     ForbiddenError,
     InvalidInputError,
@@ -34,6 +34,8 @@ from swarmyard.plane import models as m
 from swarmyard.plane.limits import RateLimiter, SharedRateLimiter
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
+from swarmyard.plane.sources import Sources
+from swarmyard.plane.sources import check as check_sources
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.policies import explore_move, explore_order
 
@@ -112,8 +114,10 @@ class WorkerTools:
     """The tool implementations over a store, a token authority and the plane's limits."""
 
     def __init__(self, store: Store, tokens: TokenAuthority, settings: PlaneSettings, clock: Clock,
-                 metrics: PlaneMetrics, evaluator: Evaluator | None = None) -> None:
+                 metrics: PlaneMetrics, evaluator: Evaluator | None = None, sources: Sources | None = None) -> None:
         self._store = store
+        #: the files each task's worker was given, against which its source citations are checked
+        self._sources = sources
         self._tokens = tokens
         self._settings = settings
         self._clock = clock
@@ -237,7 +241,11 @@ class WorkerTools:
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         if who.group == LEAD_GROUP:
             self._check_synthesis(req.task_id, who.goal_id, req.body)
-        citations = tuple(Citation(c.kind, c.ref) for c in req.citations)
+        citations = tuple(Citation(c.kind, c.ref, c.quote) for c in req.citations)
+        if self._sources is not None or any(c.kind is CitationKind.SOURCE for c in citations):
+            # checked before it is stored: a quote the task's files do not hold is refused with the reason
+            check_sources(self._sources, self._store.get_task(req.task_id), citations,
+                          placeholder=bool(_NO_RESULT.fullmatch(req.body.strip())))
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
                                              title=req.title, body=req.body, citations=citations)
         return m.FindingResult.model_construct(finding=finding)

@@ -73,13 +73,13 @@ def artifact(r: Row) -> Artifact:
 
 
 def citations_json(citations: tuple[Citation, ...] | list[Citation]) -> str:
-    """Citations as stored: a JSON list of ``{"kind", "ref"}``."""
-    return json.dumps([{"kind": c.kind.value, "ref": c.ref} for c in citations], separators=(",", ":"))
+    """Citations as stored: a JSON list of ``{"kind", "ref"}`` (and ``"quote"`` for a source line)."""
+    return json.dumps([c.to_dict() for c in citations], separators=(",", ":"))
 
 
 def finding(r: Row) -> Finding:
     """A ``findings`` row as a Finding."""
-    cites = tuple(Citation(CitationKind(c["kind"]), c["ref"]) for c in json.loads(r[7]))
+    cites = tuple(Citation(CitationKind(c["kind"]), c["ref"], c.get("quote", "")) for c in json.loads(r[7]))
     return Finding(id=r[0], goal_id=r[1], task_id=r[2], group=r[3], author=r[4], title=r[5], body=r[6],
                    citations=cites, status=FindingStatus(r[8]), score=r[9], created_at=r[10])
 

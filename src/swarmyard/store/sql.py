@@ -679,6 +679,11 @@ class SqlStore(DirectionStore, ReplicaStore):
             row = self._one(cur, "SELECT 1 FROM posts WHERE goal_id = ? AND seq = ?", (goal_id, seq))
         elif citation.kind is CitationKind.ARTIFACT:
             row = self._one(cur, "SELECT 1 FROM artifacts WHERE goal_id = ? AND sha256 = ?", (goal_id, citation.ref))
+        elif citation.kind is CitationKind.SOURCE:
+            # a file of the run, not a row: the plane checks the quote against the run's sources before it stores
+            if not citation.quote:
+                raise InvalidInputError(f"source citation {citation.ref!r} quotes nothing", field="citations")
+            return
         else:
             row = self._one(cur, "SELECT 1 FROM findings WHERE goal_id = ? AND id = ?", (goal_id, citation.ref))
         if row is None:
@@ -693,9 +698,9 @@ class SqlStore(DirectionStore, ReplicaStore):
         body = _text(body, "body", limit=self.finding_limit)
         cites: list[Citation] = []
         for c in citations:
-            if not isinstance(c, Citation) or not isinstance(c.ref, str):
-                raise InvalidInputError("citations must be Citation(kind, ref)", field="citations")
-            cites.append(Citation(_enum(CitationKind, c.kind, "citations.kind"), c.ref))
+            if not isinstance(c, Citation) or not isinstance(c.ref, str) or not isinstance(c.quote, str):
+                raise InvalidInputError("citations must be Citation(kind, ref, quote)", field="citations")
+            cites.append(Citation(_enum(CitationKind, c.kind, "citations.kind"), c.ref, c.quote))
         if len(cites) > 1000:
             raise PayloadTooLargeError("citations", len(cites), 1000)
         now = self._now()
@@ -712,7 +717,7 @@ class SqlStore(DirectionStore, ReplicaStore):
             self._event(cur, "finding.submitted", now, {
                 "goal": task.goal_id, "task": task_id, "finding": finding_id, "author": author, "token": token,
                 "body_sha256": hashlib.sha256(body.encode()).hexdigest(), "score": score,
-                "citations": [{"kind": c.kind.value, "ref": c.ref} for c in cites]})
+                "citations": [c.to_dict() for c in cites]})
             return Finding(finding_id, task.goal_id, task_id, task.group, author, title, body, tuple(cites),
                            FindingStatus.SUBMITTED, score, now)
 

@@ -36,6 +36,7 @@ from swarmyard.swarm import governance
 from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.run_machines import HeldMachine, RunMachines
 from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
+from swarmyard.swarm.sources import LensSources, lens_of
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
@@ -158,6 +159,8 @@ class MachineLauncher:
             trajectories=self.trajectories,
             machines=self.machines_view,
             evaluator=self.evaluator,
+            # the quotes of worker findings are checked against the files each task's worker was given
+            sources=LensSources(self.config.tasks.lenses) if self.config.tasks.cite_files else None,
         )
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
@@ -402,9 +405,7 @@ class MachineLauncher:
         """Empty the machine's ``task/`` folder and fill it with the input files of the task's lens (if any)."""
         from swarmyard.families.tasks import TASK_FOLDER, task_files
 
-        title = self.store.get_task(task_id).title
-        lens = next((lens for lens in self.config.tasks.lenses
-                     if lens.files and (title == lens.title or title.startswith(f"{lens.title} (round "))), None)
+        lens = lens_of(self.config.tasks.lenses, self.store.get_task(task_id).title)
         home = self._homes[slot.name]
         if slot.name in self._with_files:
             # the previous task's files must not pass for this one's

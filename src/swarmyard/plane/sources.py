@@ -1,0 +1,102 @@
+"""A run's sources: the files a task's worker reads, against which the plane checks every quoted citation.
+
+A worker that cites a source names a file and a line (``path:line``) and copies words from that line (the
+quote). The plane refuses a finding whose quote is not on the cited line of the file as the run gave it to the
+worker, with a reason the agent is shown when it is asked again (the line as it really reads, or where the
+words really are): a citation can be wrong, but it cannot be made up and still stored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from swarmyard.domain import Citation, CitationKind, Task
+from swarmyard.errors import UnverifiedCitationError
+
+#: The fewest characters a quote holds (fewer, or the whole line when it is shorter): "the" is on most lines.
+MIN_QUOTE_CHARS = 12
+#: Prefixes a worker's path may carry that the sources do not: its machine's task folder, a WASI tool's folder.
+_PREFIXES = ("./", "task/", "/data/")
+_REF = re.compile(r"(?P<path>[^\s:]+):(?P<line>\d{1,9})")
+#: Marks a model drops when it copies a Markdown line (emphasis and code spans): not part of what is quoted.
+_MARKS = str.maketrans("", "", "*`")
+
+
+def normalized(text: str) -> str:
+    """Text as quotes are compared: Markdown emphasis and code marks dropped, whitespace runs made one space,
+    surrounding quotation marks and spaces removed."""
+    return " ".join(text.translate(_MARKS).split()).strip("\"'“”‘’ ")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFiles:
+    """One task's sources: each file's path (as its worker sees it under ``task/``) and its lines."""
+
+    lines: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def from_texts(cls, texts: Mapping[str, str]) -> SourceFiles:
+        """The sources of ``path -> text``."""
+        return cls({path: tuple(text.splitlines()) for path, text in texts.items()})
+
+    def problem(self, ref: str, quote: str) -> str | None:
+        """Why ``quote`` at ``ref`` (``path:line``) is not borne out by these files, or ``None`` when it is."""
+        found = _REF.fullmatch(ref.strip())
+        if found is None:
+            return f"{ref!r} is not path:line (a file of the sources and a line number, like notes.md:12)"
+        path, number = _path(found["path"]), int(found["line"])
+        if path not in self.lines:
+            names = ", ".join(sorted(self.lines)[:10])
+            return f"no source file is named {path!r} (the sources: {names})"
+        lines = self.lines[path]
+        if not 1 <= number <= len(lines):
+            return f"{path} has {len(lines)} lines, no line {number}"
+        said, line = normalized(quote), normalized(lines[number - 1])
+        if len(said) < min(MIN_QUOTE_CHARS, len(line)):
+            return f"the quote {quote!r} is too short to check: copy at least {MIN_QUOTE_CHARS} characters of the line"
+        if said in line:
+            return None
+        elsewhere = [str(i) for i, text in enumerate(lines, 1) if said in normalized(text)]
+        if elsewhere:
+            return f"the quoted words are on line {', '.join(elsewhere[:5])} of {path}, not line {number}"
+        return f"line {number} of {path} does not hold the quoted words; it reads: {lines[number - 1].strip()[:400]!r}"
+
+
+class Sources(Protocol):
+    """Where the plane finds a task's sources (the run's lens files, ``swarmyard.swarm.sources``)."""
+
+    def of(self, task: Task) -> SourceFiles | None:
+        """The sources the task's worker was given, or ``None`` when its findings need not cite files."""
+        ...
+
+
+def check(sources: Sources | None, task: Task, citations: tuple[Citation, ...], *, placeholder: bool) -> None:
+    """Raise ``UnverifiedCitationError`` for the first source citation the task's sources do not bear out, or when
+    a task that has sources cites none of them (unless the finding is the agent's no-result ``placeholder``)."""
+    files = sources.of(task) if sources is not None else None
+    quoted = [c for c in citations if c.kind is CitationKind.SOURCE]
+    if files is None:
+        if quoted:
+            raise UnverifiedCitationError(task.id, quoted[0].ref, "this task has no source files to cite")
+        return
+    if not quoted and not placeholder:
+        raise UnverifiedCitationError(task.id, "(none)", "a finding of this task cites at least one source line: "
+                                                         "path:line and words copied from that line")
+    for citation in quoted:
+        why = files.problem(citation.ref, citation.quote)
+        if why is not None:
+            raise UnverifiedCitationError(task.id, citation.ref, why)
+
+
+def _path(given: str) -> str:
+    path = given.strip()
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if path.startswith(prefix):
+                path, changed = path[len(prefix):], True
+    return path

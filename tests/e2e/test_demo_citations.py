@@ -1,0 +1,191 @@
+"""The README's demo (``examples/three-scouts.toml``) is grounded: its scouts search files shipped with it and every
+quote a finding cites is checked by the plane against the cited file and line before the finding is stored.
+
+Through the door a user uses: ``swarmyard run FILE --json`` in a subprocess, in real governed bubblewrap machines
+with the real textsearch WASI tool. Once on the scripted provider (the shipped double for a paid model), whose
+first scout makes a quote up: the plane refuses the finding with the reason, the scout is asked again with it and
+its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): the run reaches a synthesis
+and every quote of every stored finding is found, by this test, on the cited line of the cited file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmyard.domain import CitationKind, Finding, TaskState
+from swarmyard.plane.sources import normalized
+from swarmyard.store import open_store
+from swarmyard.wasi.catalog import built_dir
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "three-scouts.toml"
+SOURCES = EXAMPLES / "three-scouts" / "sources"
+QWEN = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-d-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, f"the example no longer holds {old!r}"
+    return text.replace(old, new)
+
+
+def _scripted_variant(folder: Path, replies: dict[str, Any]) -> Path:
+    """The example as the user gets it, but on the scripted provider, one scout at a time (so the replies go to
+    the scouts in order), its sources found where the example keeps them."""
+    text = EXAMPLE.read_text().split("# The same file on hosted models")[0]
+    text = text.replace('files = ["three-scouts/sources"]', f'files = ["{SOURCES}"]')
+    text = _replace(text, "concurrency = 3", "concurrency = 1")
+    text = _replace(text, f'max_steps = 4\nmodel = "{QWEN}"', 'max_steps = 4\nmodel = "scripted-scout"')
+    text = _replace(text, f'[lead]\nagent = "builtin"\nmodel = "{QWEN}"',
+                    '[lead]\nagent = "builtin"\nmodel = "scripted-lead"')
+    text = _replace(text, f'[providers.local]\nkind = "local"\nmodels = ["{QWEN}"]',
+                    '[providers.script]\nkind = "scripted"\nmodels = ["scripted-scout", "scripted-lead"]\n'
+                    'replies = "replies.json"')
+    (folder / "replies.json").write_text(json.dumps(replies))
+    path = folder / "three-scouts.toml"
+    path.write_text(text)
+    return path
+
+
+def _run(folder: Path, swarm: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    # a clean environment, as a user's shell gives: no provider key, never the test runner's own
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json", *extra], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _line_of(words: str) -> tuple[str, int, str]:
+    """The source file, line number and line holding ``words`` (exactly one in the example's sources)."""
+    found = [(path.name, number, line) for path in sorted(SOURCES.iterdir())
+             for number, line in enumerate(path.read_text().splitlines(), 1) if words in line]
+    assert len(found) == 1, (words, found)
+    return found[0]
+
+
+def _tool(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def _findings(run_dir: Path) -> tuple[list[Finding], dict[str, str]]:
+    store = open_store(f"sqlite:///{run_dir / 'store.db'}")
+    try:
+        (goal,) = store.list_goals()
+        tasks = store.list_tasks(goal.id)
+        assert all(t.state is TaskState.DONE for t in tasks), [(t.title, t.state, t.result) for t in tasks]
+        return store.read_findings(goal.id, limit=100), {t.id: t.group for t in tasks}
+    finally:
+        store.close()
+
+
+def _assert_quotes_on_their_lines(findings: list[Finding]) -> int:
+    """Every source citation's quote is on the cited line of the cited file, read here from the example's sources;
+    the number of source citations checked."""
+    checked = 0
+    for finding in findings:
+        for citation in finding.citations:
+            if citation.kind is not CitationKind.SOURCE:
+                continue
+            path, _, number = citation.ref.removeprefix("./").removeprefix("task/").rpartition(":")
+            lines = (SOURCES / path).read_text().splitlines()
+            assert citation.quote.strip() and normalized(citation.quote) in normalized(lines[int(number) - 1]), (
+                finding.id, citation)
+            checked += 1
+    return checked
+
+
+def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is_stored(short_tmp: Path) -> None:
+    assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
+    key_file, key_no, key_line = _line_of("provider key")
+    budget_file, budget_no, budget_line = _line_of("afford")
+    box_file, box_no, box_line = _line_of("loopback")
+    made_up = "The worker keeps a copy of the provider key in its sandbox"
+    replies = {
+        "scripted-scout": [
+            # the first scout searches, then cites words its file does not hold; asked again, it copies the line
+            _tool("textsearch", pattern="provider key"),
+            _tool("submit_finding", title="key", body="The key is safe with the workers.",
+                  cite=[f"{key_file}:{key_no}: {made_up}"]),
+            _tool("submit_finding", title="key", body="The broker keeps the key; agents only hold a token.",
+                  cite=[f"{key_file}:{key_no}: {key_line}"]),
+            _tool("textsearch", pattern="afford"),
+            _tool("submit_finding", title="budget", body="A call past the budget is refused before it is sent.",
+                  cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            _tool("textsearch", pattern="loopback"),
+            _tool("submit_finding", title="sandbox", body="An agent has no network beyond the control plane.",
+                  cite=[f"./{box_file}:{box_no}: {box_line.split(':')[0]}"]),
+        ],
+        "scripted-lead": [
+            {"say": "The provider key is never handed to an agent, so a leak from a worker is ruled out."},
+            {"say": "Spending is bounded in advance, and calls that would overshoot are stopped."},
+            {"say": "Workers are boxed in with no way out except the control plane."},
+            {"say": "We should go ahead: the key, the money and the laptop are each protected by design."},
+        ],
+    }
+    done = _run(short_tmp, _scripted_variant(short_tmp, replies))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["calls"] >= 11
+    [run_dir] = (short_tmp / "runs").iterdir()
+    findings, groups = _findings(run_dir)
+
+    # the refusal, as the scout's trajectory holds it: the typed error and its reason, the line as it reads
+    steps = [json.loads(line) for path in sorted((run_dir / "agents").glob("*.jsonl"))
+             for line in path.read_text().splitlines() if line.strip()]
+    results = [json.loads(s["result"]) for s in steps if str(s.get("result", "")).startswith('{"error"')]
+    refusals = [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
+    assert len(refusals) == 1, refusals
+    [refusal] = refusals
+    assert refusal["ref"] == f"{key_file}:{key_no}"
+    assert "does not hold the quoted words" in refusal["reason"] and key_line.strip() in refusal["reason"]
+
+    # nothing made up was stored: the first scout's finding is its corrected one, with the real line quoted
+    scouts = [f for f in findings if groups[f.task_id] != "lead"]
+    assert len(scouts) == 3 and not any(made_up in c.quote for f in findings for c in f.citations)
+    [key] = [f for f in scouts if f.title == "key"]
+    assert key.body == "The broker keeps the key; agents only hold a token."
+    assert [(c.kind, c.ref) for c in key.citations] == [(CitationKind.SOURCE, f"{key_file}:{key_no}")]
+    assert _assert_quotes_on_their_lines(scouts) == 3
+    # the lead's synthesis cites the scouts' findings
+    (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
+    assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
+
+
+@pytest.mark.model
+def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_their_lines(short_tmp: Path) -> None:
+    assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
+    # the example itself, as `bash scripts/demo` runs it (its runs folder under this test's folder)
+    done = _run(short_tmp, EXAMPLE, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout)
+    [run_dir] = (short_tmp / "runs").iterdir()
+    findings, groups = _findings(run_dir)
+    scouts = [f for f in findings if groups[f.task_id] != "lead"]
+    (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
+    assert len(scouts) == 3 and synthesis.body.strip(), figures
+    # a scout's finding either cites lines of its files, every quote found there, or says it reached nothing
+    grounded = [f for f in scouts if any(c.kind is CitationKind.SOURCE for c in f.citations)]
+    for finding in scouts:
+        assert finding in grounded or finding.body.startswith("No result was reached for "), finding
+    assert _assert_quotes_on_their_lines(scouts) >= len(grounded) >= 1, [(f.body, f.citations) for f in scouts]
+    assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}

@@ -1,0 +1,31 @@
+"""What the plane says of a source citation: borne out, or refused with a reason an agent can act on."""
+
+from __future__ import annotations
+
+from swarmyard.plane.sources import SourceFiles
+
+FILES = SourceFiles.from_texts({
+    "keys.md": "A worker never holds a provider API key.\nThe broker swaps the token for the `provider key`.\n",
+    "notes/budget.md": "A call the envelopes cannot afford is refused with HTTP 402.\n",
+})
+
+
+def test_a_quote_on_its_line_is_borne_out_whatever_the_prefix_spacing_and_marks() -> None:
+    assert FILES.problem("keys.md:1", "A worker never holds a provider API key.") is None
+    assert FILES.problem("task/keys.md:1", '"never holds a  provider API key"') is None
+    assert FILES.problem("./keys.md:2", "swaps the token for the provider key") is None  # code marks dropped
+    assert FILES.problem("notes/budget.md:1", "cannot afford is refused") is None
+
+
+def test_each_way_a_citation_fails_says_why() -> None:
+    made_up = FILES.problem("keys.md:1", "A worker keeps the provider key")
+    assert made_up is not None and "does not hold the quoted words" in made_up
+    assert "A worker never holds a provider API key." in made_up  # the line as it reads, to copy when asked again
+    moved = FILES.problem("keys.md:1", "swaps the token for the provider key")
+    assert moved == "the quoted words are on line 2 of keys.md, not line 1"
+    assert FILES.problem("keys.md:9", "A worker never holds") == "keys.md has 2 lines, no line 9"
+    missing = FILES.problem("secrets.md:1", "A worker never holds")
+    assert missing is not None and "no source file is named 'secrets.md'" in missing and "keys.md" in missing
+    short = FILES.problem("keys.md:1", "key")
+    assert short is not None and "too short" in short
+    assert FILES.problem("keys.md", "A worker never holds") is not None  # no line number
