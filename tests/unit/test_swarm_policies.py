@@ -37,8 +37,14 @@ def test_team_and_explore_share_one_board() -> None:
 def test_groups_copy_every_task_into_every_manned_group() -> None:
     policy = make_policy(PolicyConfig(kind=PolicyKind.GROUPS, groups=3, rounds=2))
     assert [policy.worker_group(i) for i in range(4)] == ["g0", "g1", "g2", "g0"]
-    assert policy.task_groups(0, 4) == ["g0", "g1", "g2"]
+    assert policy.task_groups(0, 3) == ["g0", "g1", "g2"]
     assert policy.task_groups(0, 2) == ["g0", "g1"]  # a group with no worker gets no task
+    # a group with more workers than tasks gets a copy per worker, the tasks dealt in order: g0 has 2 of 4 workers
+    assert policy.task_groups(0, 4) == ["g0", "g0", "g1", "g2"]
+    assert [policy.task_groups(i, 4, 2) for i in range(2)] == [["g0", "g1", "g2"]] * 2
+    wide = make_policy(PolicyConfig(kind=PolicyKind.GROUPS, groups=2))
+    # five workers a group, three tasks: the first two tasks twice each, the third once
+    assert [wide.task_groups(i, 10, 3) for i in range(3)] == [["g0", "g0", "g1", "g1"]] * 2 + [["g0", "g1"]]
     assert policy.rounds == 2
 
 

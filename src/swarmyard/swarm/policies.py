@@ -6,8 +6,9 @@
   after ``patience`` scored attempts in a row without improvement a worker moves to a free direction (one nobody
   in the run has tried first, then the least tried: ``explore_order``), and it adopts a free direction only when
   peers scored it clearly better (``explore_move``; the plane applies it).
-- ``groups``: several groups, each with its own formulation, explore apart for up to ``rounds`` rounds; after
-  each round the best findings of every group by score are broadcast to all groups.
+- ``groups``: several groups, each with its own formulation, explore apart for up to ``rounds`` rounds, every
+  worker of a group with a task of its own each round; after each round the best findings of every group by
+  score are broadcast to all groups.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class Policy(Protocol):
         """The group (board) of the ``worker_index``-th worker."""
         ...
 
-    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
-        """The groups that get a copy of the ``task_index``-th task (one task per group listed)."""
+    def task_groups(self, task_index: int, worker_count: int, task_count: int = 1) -> list[str]:
+        """The groups that get a copy of the ``task_index``-th of ``task_count`` tasks: one copy per time a group
+        is listed."""
         ...
 
 
@@ -53,7 +55,7 @@ class Independent:
         """``w0``, ``w1``, ...: one group per worker."""
         return f"w{worker_index}"
 
-    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+    def task_groups(self, task_index: int, worker_count: int, task_count: int = 1) -> list[str]:
         """The one worker group the task belongs to."""
         return [self.worker_group(task_index % worker_count)]
 
@@ -70,7 +72,7 @@ class Team:
         """The one group."""
         return self.group
 
-    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+    def task_groups(self, task_index: int, worker_count: int, task_count: int = 1) -> list[str]:
         """The one group."""
         return [self.group]
 
@@ -87,7 +89,7 @@ class Explore:
         """The one group: directions must be visible to every slot."""
         return self.group
 
-    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
+    def task_groups(self, task_index: int, worker_count: int, task_count: int = 1) -> list[str]:
         """The one group."""
         return [self.group]
 
@@ -95,7 +97,11 @@ class Explore:
 @dataclass(frozen=True, slots=True)
 class Groups:
     """``count`` groups apart, ``rounds`` rounds, every task copied into every group, each group's copy with the
-    group's own formulation (``prompts[i]`` for ``g{i}``, when the swarm file gives one)."""
+    group's own formulation (``prompts[i]`` for ``g{i}``, when the swarm file gives one).
+
+    A group with more workers than there are tasks gets more copies, so every worker of it has a task of its own
+    each round: its round holds as many tasks as it has workers, the tasks dealt in order (one task and two
+    workers: two attempts at it, each under its own claim)."""
 
     count: int = 2
     rounds: int = 2
@@ -111,9 +117,19 @@ class Groups:
         """``g0``, ``g1``, ...: workers dealt round-robin."""
         return f"g{worker_index % self.count}"
 
-    def task_groups(self, task_index: int, worker_count: int) -> list[str]:
-        """Every group that has at least one worker works every task."""
-        return [f"g{i}" for i in range(min(self.count, worker_count))]
+    def workers_in(self, group_index: int, worker_count: int) -> int:
+        """How many of ``worker_count`` workers group ``g{group_index}`` gets (dealt round-robin)."""
+        return len(range(group_index, worker_count, self.count))
+
+    def task_groups(self, task_index: int, worker_count: int, task_count: int = 1) -> list[str]:
+        """Every group that has at least one worker works every task, once, or more often where the group has
+        more workers than there are tasks: the group's ``max(task_count, workers)`` places are dealt to the tasks
+        in order, so task ``i`` gets places ``i``, ``i + task_count``, ..."""
+        out: list[str] = []
+        for g in range(min(self.count, worker_count)):
+            places = max(task_count, self.workers_in(g, worker_count))
+            out += [f"g{g}"] * len(range(task_index, places, max(1, task_count)))
+        return out
 
 
 def group_prompt(policy: Policy, group: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from swarmyard.agents import instructions
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
@@ -53,20 +55,20 @@ def create_round_tasks(
     """One round's tasks, each copied into the groups the policy names; budgets split evenly."""
     items = lenses(config, planned)
     layout = [
-        (title, prompt, group)
+        (title, prompt, group, copy, copies)
         for i, (title, prompt) in enumerate(items)
-        for group in policy.task_groups(i, config.workers.count)
+        for group, copies in Counter(policy.task_groups(i, config.workers.count, len(items))).items()
+        for copy in range(1, copies + 1)
     ]
     # hold back a share for the lead and for later rounds, so the synthesis is never starved
     shares = len(layout) * (policy.rounds - round_index) + 1
     budget = goal.budget_micro_usd // (shares * policy.rounds) if shares else 0
     calls = max(1, goal.call_cap // ((len(layout) + 1) * policy.rounds))
-    suffix = f" (round {round_index + 1})" if policy.rounds > 1 else ""
     return [
         store.create_task(
             goal.id,
             TaskSpec(
-                f"{title}{suffix}",
+                f"{title}{_suffix(policy.rounds, round_index, copy, copies)}",
                 "\n\n".join(part for part in (f"Objective: {goal.objective}", prompt,
                                                  _formulation(group_prompt(policy, group))) if part),
                 group=group,
@@ -74,8 +76,16 @@ def create_round_tasks(
                 call_cap=calls,
             ),
         )
-        for title, prompt, group in layout
+        for title, prompt, group, copy, copies in layout
     ]
+
+
+def _suffix(rounds: int, round_index: int, copy: int, copies: int) -> str:
+    """`` (round 2)``, and for one of several copies of a task in a group `` (round 2, attempt 1 of 2)``: a
+    task's title still starts with its lens's and `` (round ``, as a lens's files are found by."""
+    if copies > 1:
+        return f" (round {round_index + 1}, attempt {copy} of {copies})"
+    return f" (round {round_index + 1})" if rounds > 1 else ""
 
 
 def _formulation(text: str) -> str:
