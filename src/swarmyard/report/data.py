@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from swarmyard.domain import Finding, Goal, Post, Reservation, ReservationState, Task
+from swarmyard.report.consolidation import CrossGroup, cross_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,8 @@ class ReportData:
     extra: dict[str, str] = field(default_factory=dict)
     #: the evaluator's scores, when the run named one (``[evaluator]``)
     scores: RunScores | None = None
+    #: the best search score of each task's artifacts (tasks without a scored artifact are absent)
+    task_scores: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def spent_micro_usd(self) -> int:
@@ -155,6 +159,10 @@ class ReportData:
         rows = {s.worker_id: s.row for s in self.spans}
         owner = {t.id: t.worker_id for t in self.tasks if t.worker_id}
         return dict(sorted(worker_totals(self.reservations, rows, owner).items()))
+
+    def cross_group(self) -> CrossGroup:
+        """How often a group's next best attempt built on another group's broadcast (``groups`` runs)."""
+        return cross_group(self.tasks, self.findings, self.posts, self.task_scores)
 
     def spend_by_worker(self) -> dict[str, int]:
         """Micro-USD per timeline row (settled, plus held or unknown)."""

@@ -3,7 +3,9 @@ out, settled spend, leftover holds and provider keys found in the machines.
 
 ``swarmyard run`` prints them as a table on stderr, and with ``--json`` as one object on stdout
 (``RunFigures.to_dict``: ``score``, ``wall_s``, ``worker_s``, ``calls``, ``tokens_in``, ``tokens_out``,
-``spend_micro_usd``, ``leftover_holds``, ``keys_found``).
+``spend_micro_usd``, ``leftover_holds``, ``keys_found``, and for a run with broadcasts between rounds
+``broadcast_followups``, ``built_on_broadcast`` and ``improved_on_broadcast``: see
+``swarmyard.report.consolidation`` for what each counts).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ _HOLDING = (ReservationState.HELD, ReservationState.UNKNOWN)
 class RunFigures:
     """The figures of one run. ``score`` is the evaluator's final holdout score (``None``: no evaluator, or no
     holdout score); ``keys_found`` the places a provider key was seen in a machine (``None``: not scanned);
-    ``worker_s`` the mean wall time of a worker's agent run (the lead's included)."""
+    ``worker_s`` the mean wall time of a worker's agent run (the lead's included); ``broadcast_followups`` the
+    (broadcast, group) pairs of a ``groups`` run, of which ``built_on_broadcast`` cited another group's broadcast
+    and ``improved_on_broadcast`` scored above it (all three ``None``: the run broadcast nothing)."""
 
     run_id: str
     score: int | None
@@ -36,6 +40,9 @@ class RunFigures:
     spend_micro_usd: int
     leftover_holds: int
     keys_found: int | None
+    broadcast_followups: int | None = None
+    built_on_broadcast: int | None = None
+    improved_on_broadcast: int | None = None
 
     @classmethod
     def of(cls, data: ReportData, keys_found: int | None) -> RunFigures:
@@ -44,6 +51,8 @@ class RunFigures:
         mean = sum(s.ended_at - s.started_at for s in spans) / len(spans) if spans else 0.0
         holdout = data.scores.holdout if data.scores is not None else None
         settled = sum(r.actual or 0 for r in data.reservations if r.state is ReservationState.SETTLED)
+        cross = data.cross_group()
+        broadcast = cross.broadcasts > 0
         return cls(
             run_id=data.run_id,
             score=holdout.score if holdout is not None else None,
@@ -56,6 +65,9 @@ class RunFigures:
             spend_micro_usd=settled,
             leftover_holds=sum(1 for r in data.reservations if r.state in _HOLDING),
             keys_found=keys_found,
+            broadcast_followups=len(cross.followups) if broadcast else None,
+            built_on_broadcast=cross.built_on if broadcast else None,
+            improved_on_broadcast=cross.improved_on if broadcast else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,4 +86,12 @@ class RunFigures:
             ("settled spend", format_usd(self.spend_micro_usd)),
             ("leftover holds", str(self.leftover_holds)),
             ("provider keys found in sandboxes", "not scanned" if self.keys_found is None else str(self.keys_found)),
+            *self._cross_group_rows(),
         ]
+
+    def _cross_group_rows(self) -> list[tuple[str, str]]:
+        if self.broadcast_followups is None:
+            return []
+        of = f" of {self.broadcast_followups}"
+        return [("best attempts built on another group's broadcast", f"{self.built_on_broadcast}{of}"),
+                ("best attempts that beat another group's broadcast", f"{self.improved_on_broadcast}{of}")]

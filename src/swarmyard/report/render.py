@@ -76,6 +76,31 @@ def _failed(data: ReportData) -> list[Task]:
     return [t for t in data.tasks if t.state is TaskState.FAILED]
 
 
+_CROSS_HEAD = ("after broadcast", "group", "best attempt", "score", "best carried from other groups",
+               "built on it", "beat it")
+_CROSS_NOTE = ("For each broadcast between rounds and each group, the group's best attempt of the next round. "
+               "Built on it: that finding cites another group's finding the broadcast carried, or the broadcast "
+               "itself. Beat it: it scored above the best score the broadcast carried from other groups.")
+
+
+def _cross_rows(data: ReportData) -> list[tuple[str, ...]]:
+    def num(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    return [(str(f.broadcast), f.group, f.finding, num(f.score), num(f.carried_best), "yes" if f.built_on else "no",
+             "yes" if f.improved_on else "no") for f in data.cross_group().followups]
+
+
+def _cross_summary(data: ReportData) -> str | None:
+    """The figure in a line, ``None`` when the run broadcast nothing between rounds."""
+    cross = data.cross_group()
+    if not cross.broadcasts:
+        return None
+    n = len(cross.followups)
+    return (f"{cross.built_on} of {n} best attempts built on another group's broadcast; {cross.improved_on} of {n} "
+            f"beat it ({cross.broadcasts} broadcast{'s' if cross.broadcasts != 1 else ''}).")
+
+
 def _cites(f: Finding) -> str:
     return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
 
@@ -121,6 +146,13 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
     if failed:
         out += ["## Failed tasks", "", "| task | id | tries | why |", "|---|---|---:|---|"]
         out += [f"| {t.title} | `{t.id}` | {t.attempts} | {(t.result or '-').replace('|', '/')} |" for t in failed]
+        out += [""]
+    summary = _cross_summary(data)
+    if summary is not None:
+        rows = _cross_rows(data)
+        out += ["## Consolidation across groups", "", f"**{summary}**", "", _CROSS_NOTE, ""]
+        out += (["| " + " | ".join(_CROSS_HEAD) + " |", "|---:|---|---|---:|---:|---|---|"]
+                + ["| " + " | ".join(row) + " |" for row in rows] if rows else ["_No group worked after a broadcast._"])
         out += [""]
     out += ["## Per worker", "", "| " + " | ".join(_WORKER_HEAD) + " |", "|---|---:|---:|---:|---:|"]
     out += ["| " + " | ".join(row) + " |" for row in _worker_rows(data)] + [""]
@@ -190,6 +222,13 @@ def html_page(data: ReportData, timeline: bytes, spend: bytes, steps: Steps | No
                if data.scores.public_key else "")
         scores_section = (f'<section id="scores"><h2>Scores</h2><p>Evaluator: {e(data.scores.evaluator)}</p>{key}'
                           f'<p class="holdout"><b>{e(_holdout_line(data) or "")}</b></p>{table}</section>\n')
+    cross_section = ""
+    summary = _cross_summary(data)
+    if summary is not None:
+        rows = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in _cross_rows(data))
+        head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in _CROSS_HEAD) + "</tr>"
+        cross_section = (f'<section id="cross-group"><h2>Consolidation across groups</h2><p><b>{e(summary)}</b></p>'
+                         f"<p>{e(_CROSS_NOTE)}</p><table>{head}{rows}</table></section>\n")
     failed_section = (f'<section id="failed"><h2>Failed tasks</h2><table><tr><th>task</th><th>id</th>'
                       f"<th>tries</th><th>why</th></tr>{failed}</table></section>\n" if failed else "")
     return f"""<!doctype html>
@@ -205,7 +244,7 @@ pre{{background:#f3f4f7;padding:.3rem .5rem}} code{{word-break:break-all}}
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
 <section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
-{scores_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
+{scores_section}{cross_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
 {_img(spend, "Calls, tokens and spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>

@@ -610,5 +610,6 @@ class Coordinator:
             tuple(self.spans),
             synthesis,
             wall_s=wall_s,
+            task_scores=self.store.best_scores(goal.id, by="task"),
         )
 
