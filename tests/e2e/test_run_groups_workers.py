@@ -11,6 +11,8 @@ Every worker gets the same reply, whatever order the workers ask in, so the runs
   with both groups' best scores (21); the agent's finding cites its attempts only;
 - cited: one step, a finding citing posts 1 and 2 (the broadcast's copies on g0's and g1's boards): an agent
   keeps only the citations of posts it read, so a round-2 finding cites its own group's copy of the broadcast.
+  One agent runs at a time here: a slot that has finished waits behind the others, so a group's second attempt
+  still goes to its second worker.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _bundle(folder: Path) -> None:
                                            "max_artifact_bytes = 65536\n")
 
 
-def _swarm(folder: Path, worker: list[dict[str, Any]], *, steps: int, scored: bool) -> Path:
+def _swarm(folder: Path, worker: list[dict[str, Any]], *, steps: int, scored: bool, concurrency: int) -> Path:
     conf = folder / "conf"
     conf.mkdir()
     if scored:
@@ -85,7 +87,7 @@ prompt = "Prove that the program sorts."
 prompt = "Find an input it gets wrong."
 [workers]
 count = 4
-concurrency = 4
+concurrency = {concurrency}
 exec_timeout_s = 300
 max_steps = {steps}
 model = "scripted-worker"
@@ -132,7 +134,7 @@ def _check_every_worker_works(figures: dict[str, Any], db: sqlite3.Connection) -
 def test_every_worker_of_a_group_works_and_the_next_round_beats_the_other_groups_broadcast(
         short_tmp: Path) -> None:
     worker = [_tool("submit_artifact", content="{{last_message}}")] * 200
-    figures, run_dir = _run(short_tmp, _swarm(short_tmp, worker, steps=2, scored=True))
+    figures, run_dir = _run(short_tmp, _swarm(short_tmp, worker, steps=2, scored=True, concurrency=4))
     db = sqlite3.connect(run_dir / "store.db")
     _check_every_worker_works(figures, db)
     best = db.execute("SELECT t.title, MAX(s.score) FROM scores s JOIN tasks t ON t.id = s.task_id WHERE "
@@ -150,7 +152,7 @@ def test_every_worker_of_a_group_works_and_the_next_round_beats_the_other_groups
 def test_a_best_attempt_that_cites_the_broadcast_counts_as_built_on_it(short_tmp: Path) -> None:
     worker = [_tool("submit_finding", title="attempt", body="The program sorts every case I tried.",
                     cite=["1", "2"])] * 40
-    figures, run_dir = _run(short_tmp, _swarm(short_tmp, worker, steps=1, scored=False))
+    figures, run_dir = _run(short_tmp, _swarm(short_tmp, worker, steps=1, scored=False, concurrency=1))
     db = sqlite3.connect(run_dir / "store.db")
     _check_every_worker_works(figures, db)
     posts = dict(db.execute("SELECT seq, group_name FROM posts WHERE kind = 'consolidation'").fetchall())
