@@ -16,6 +16,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,10 @@ def protect_tree(root: Path, owner: Identity | None) -> None:
         os.chmod(path, 0o700 if stat.S_ISDIR(info.st_mode) else 0o600)
 
 
-def drop_privileges(to: Identity, *, error: type[SwarmyardError] = UserError) -> None:
-    """Switch this process to ``to`` for good (supplementary groups cleared); check that root is gone."""
-    os.setgroups([])
+def drop_privileges(to: Identity, *, groups: Sequence[int] = (), error: type[SwarmyardError] = UserError) -> None:
+    """Switch this process to ``to`` for good, with only ``groups`` as supplementary groups; check that root is
+    gone."""
+    os.setgroups(list(groups))
     os.setgid(to.gid)
     os.setuid(to.uid)
     try:

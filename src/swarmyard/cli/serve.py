@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from swarmyard.config import ProviderConfig
+    from swarmyard.identity import Identity
+    from swarmyard.plane.server import Listen
     from swarmyard.store.protocol import Store
 
 from swarmyard.cli.options import StoreOption, store_at
@@ -63,6 +65,10 @@ _MaxConnections = typer.Option(None, "--max-connections", min=1,
 _Workers = typer.Option(1, "--workers", min=1,
                         help="Serving processes sharing the socket(s); each enforces --rate on the calls it serves "
                              "(over PostgreSQL they share one bucket per worker).")
+_User = typer.Option("swarmyard-plane", "--user",
+                     help="Started as root: the system user to serve as (made if missing), so that the plane cannot "
+                          "read the evaluator's bundle or the witness's key; the folders it writes must be that "
+                          "user's. 'root' keeps root.")
 _AuditDir = typer.Option(None, "--audit-dir",
                          help="Keep the store's audit log (signed checkpoints) in this folder, for `swarmyard audit "
                               "verify DIR --store URL`. Of several replicas, give it to one, and stop it last.")
@@ -100,6 +106,7 @@ def command(
     body_timeout_s: float = _BodyTimeout,
     max_connections: int | None = _MaxConnections,
     audit_dir: Path | None = _AuditDir,
+    user: str = _User,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, the dashboard at /ui, and the model broker)
     until Ctrl-C."""
@@ -164,19 +171,67 @@ def command(
     procs = f" from {workers} processes" if workers > 1 else ""
     typer.echo(f"control plane on {', '.join(where)}{procs}; {broker}; operator token in {operator_token_file}",
                err=True)
+    runner = _plane_user(user, store, [audit_dir, trajectories, cache_dir])
+    sockets = _prepare_drop(runner, store, listen) if runner is not None else None
+
+    def drop(app: Starlette) -> Starlette:
+        # after the app is built: what it makes at start (TLS contexts read the CA file from the interpreter's
+        # packages, provider clients, the store's connections) is made with the starting user's rights
+        if runner is not None:
+            from swarmyard.identity import drop_privileges
+            from swarmyard.plane.privileges import peer_groups
+
+            drop_privileges(runner, groups=peer_groups())
+        return app
+
     if workers > 1:
-        # Every process opens its own store after the fork (connections and pool threads do not survive one).
+        # Every process opens its own store after the fork (connections and pool threads do not survive one);
+        # each drops to the plane's user once its app is built; this supervising process stays who it is.
         opened.close()
-        serve_processes(lambda: make_app(store_at(store, serving=True)), listen, workers, limits=limits)
+        serve_processes(lambda: drop(make_app(store_at(store, serving=True))), listen, workers, limits=limits,
+                        sockets=sockets)
         return
     try:
-        app = make_app(opened)
+        app = drop(make_app(opened))
+        if runner is not None:
+            typer.echo(f"serving as {runner.name} (uid {runner.uid})", err=True)
         if audit_dir is not None:
             from swarmyard.audit.keeper import AuditKeeper
 
-            keeper = AuditKeeper(opened, audit_dir)
+            keeper = AuditKeeper(opened, audit_dir)  # made by the plane's user: its files are the plane's
             keeper.start()
             app.state.on_close.append(keeper.aclose)  # after the broker's: its last settlements are logged
-        serve(app, listen, limits=limits)
+        serve(app, listen, limits=limits, sockets=sockets)
     finally:
         opened.close()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return None
+    return Path(url.removeprefix("sqlite:///")).absolute()
+
+
+def _plane_user(user: str, store: str, folders: list[Path | None]) -> Identity | None:
+    """Started as root: the plane's user to switch to (``swarmyard.plane.privileges``), or ``None`` (said on
+    stderr when it is because a folder the plane writes in is not that user's)."""
+    from swarmyard.plane.privileges import plane_identity
+
+    sqlite_file = _sqlite_file(store)
+    writes_in = [f for f in folders if f is not None] + ([sqlite_file.parent] if sqlite_file else [])
+    runner, why = plane_identity(user, writes_in)
+    if runner is None and why is not None:
+        typer.echo(f"warning: serving as root, not as {user}: {why}; the plane can then read the evaluator's "
+                   f"bundle and the witness's key (give it folders of {user}'s, or --user root)", err=True)
+    return runner
+
+
+def _prepare_drop(runner: Identity, store: str, listen: Listen) -> tuple[Any, Any]:
+    """What needs root before the switch: the store handed over, the sockets bound, every module imported."""
+    from swarmyard.plane.privileges import hand_over, import_everything
+    from swarmyard.plane.server import bind
+
+    hand_over(runner, _sqlite_file(store))
+    sockets = bind(listen)
+    import_everything()
+    return sockets

@@ -241,13 +241,15 @@ def _run(main: Any) -> None:
         asyncio.run(main)
 
 
-def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
-    """Serve in the foreground until interrupted."""
-    _run(serve_async(app, listen, log_level=log_level, limits=limits))
+def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning", limits: ConnectionLimits | None = None,
+          sockets: tuple[socket.socket | None, socket.socket | None] | None = None) -> None:
+    """Serve in the foreground until interrupted; on ``sockets`` already bound (``bind``), if given."""
+    _run(_serve_async(app, listen, log_level, None, sockets, limits))
 
 
 def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: int, *,
-                    log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
+                    log_level: str = "warning", limits: ConnectionLimits | None = None,
+                    sockets: tuple[socket.socket | None, socket.socket | None] | None = None) -> None:
     """Serve from ``processes`` forked processes sharing the listening sockets, until SIGINT/SIGTERM.
 
     ``make_app`` runs in each child after the fork, so every process opens its own store connections and
@@ -258,7 +260,7 @@ def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: 
     """
     if processes < 1:
         raise UserError("--workers must be at least 1")
-    sockets = bind(listen)
+    sockets = sockets or bind(listen)
     children: set[int] = set()
     stopping = interrupted = False
 

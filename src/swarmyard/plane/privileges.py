@@ -1,0 +1,127 @@
+"""Who ``swarmyard serve`` runs as: started as root, the control plane's own system user (``swarmyard-plane``).
+
+The plane holds the store, the provider keys and the audit log's key, and must not be able to read the
+evaluator's protected bundle or the witness's key: those are 0700 folders of ``swarmyard-eval`` and
+``swarmyard-witness``. So, started as root, ``serve`` does what needs root first (reads its token secret, writes
+the operator token, opens and migrates the store, binds its sockets, imports every module it will use and
+builds its app, since the interpreter and its packages' data, such as the CA file a TLS client reads, may live
+where the plane's user cannot read) and then drops to its user for good, keeping as
+supplementary groups only the evaluator's and the witness's groups, which open their sockets (mode 0660) and
+nothing else of theirs (their files are owner-only).
+
+What the plane writes must then be its user's: the SQLite file, its ``-wal``/``-shm`` and ``blobs/`` are handed
+to it, and the folders it creates files in (the store's, ``--audit-dir``, ``--trajectories``, ``--cache-dir``)
+must be ones it can write (``install -d -o swarmyard-plane -m 0700 /var/lib/swarmyard/plane``). When one is not,
+the plane stays root and says so, naming the folder, rather than fail on its first write; ``--user root`` keeps
+root without a word. ``swarmyard serve`` runs no machines, so it needs no root capability after the switch.
+"""
+
+from __future__ import annotations
+
+import grp
+import importlib
+import logging
+import os
+import pkgutil
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from swarmyard.identity import EVAL_USER, PLANE_USER, WITNESS_USER, Identity, ensure_system_user
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PLANE_USER", "hand_over", "import_everything", "peer_groups", "plane_identity"]
+
+
+def _allows(who: Identity, info: os.stat_result, bits: int) -> bool:
+    """Whether ``who`` (no supplementary groups) has ``bits`` (r=4, w=2, x=1) on a file with ``info``."""
+    if info.st_uid == who.uid:
+        shift = 6
+    elif info.st_gid == who.gid:
+        shift = 3
+    else:
+        shift = 0
+    return (info.st_mode >> shift) & bits == bits
+
+
+def unwritable(who: Identity, folder: Path) -> str | None:
+    """Why ``who`` cannot make files in ``folder`` (made later if absent: then in its nearest existing parent),
+    or ``None`` if it can."""
+    folder = folder.absolute()
+    target = folder
+    while not target.exists():
+        target = target.parent
+    for ancestor in reversed(target.parents):
+        if not _allows(who, ancestor.stat(), 1):
+            return f"{ancestor} is not searchable by {who.name}"
+    info = target.stat()
+    if not stat.S_ISDIR(info.st_mode) or not _allows(who, info, 3):
+        return f"{target} is not writable by {who.name}"
+    return None
+
+
+def plane_identity(user: str, writes_in: Sequence[Path]) -> tuple[Identity | None, str | None]:
+    """Started as root: the plane's user to switch to, or ``None`` and why it stays root (``None`` when asked
+    to, with ``--user root``). Not root: ``(None, None)``, nothing to switch."""
+    if os.geteuid() != 0 or user == "root":
+        return None, None
+    runner = ensure_system_user(user)
+    for folder in writes_in:
+        why = unwritable(runner, folder)
+        if why is not None:
+            return None, why
+    return runner, None
+
+
+def hand_over(runner: Identity, sqlite_file: Path | None) -> None:
+    """Give ``runner`` the SQLite store (the file, its ``-wal``/``-shm``, its ``blobs/`` tree) it must write."""
+    if sqlite_file is None:
+        return
+    paths = [sqlite_file, sqlite_file.with_name(sqlite_file.name + "-wal"),
+             sqlite_file.with_name(sqlite_file.name + "-shm")]
+    blobs = sqlite_file.parent / "blobs"
+    if blobs.is_dir() and not blobs.is_symlink():
+        paths += [blobs, *blobs.rglob("*")]
+    for path in paths:
+        if path.exists() and not path.is_symlink():
+            os.chown(path, runner.uid, runner.gid, follow_symlinks=False)
+
+
+def peer_groups() -> list[int]:
+    """The evaluator's and the witness's groups (those that exist): their sockets are 0660 in their group."""
+    gids = []
+    for name in (EVAL_USER, WITNESS_USER):
+        try:
+            gids.append(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            continue
+    return gids
+
+
+#: Modules that third-party code imports lazily on a request, beyond what importing swarmyard pulls in.
+_LAZY = ("anyio._backends._asyncio", "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.http.httptools_impl",
+         "uvicorn.protocols.websockets.auto", "uvicorn.lifespan.off", "uvicorn.lifespan.on", "uvicorn.loops.asyncio",
+         "uvicorn.loops.uvloop", "h11", "email.utils", "concurrent.futures.thread", "encodings.idna", "sqlite3",
+         "starlette.formparsers", "httpcore._sync.connection_pool", "httpcore._async.connection_pool",
+         "httpx._transports.default", "multiprocessing.connection", "json.decoder", "ssl", "hmac", "secrets", "rich._emoji_codes",
+         "rich._emoji_replace", "rich.markup", "rich.traceback")
+
+
+def import_everything() -> int:
+    """Import every swarmyard module (and ``_LAZY``) now, while the interpreter's folders are readable; return how
+    many imported. One that needs a missing optional extra is skipped: the plane does not use it either."""
+    import swarmyard
+
+    count = 0
+    names = [info.name for info in pkgutil.walk_packages(swarmyard.__path__, "swarmyard.")]
+    for name in [*names, *_LAZY]:
+        if name.endswith(("__main__", ".agent")) or ".bench." in name:
+            continue  # entry points and benchmarks: never loaded by a serving plane
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional extra that is not installed, or a module for another platform
+            log.debug("not imported: %s", name, exc_info=True)
+            continue
+        count += 1
+    return count
