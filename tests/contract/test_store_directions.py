@@ -126,6 +126,21 @@ def test_a_group_without_offered_directions_takes_the_names_its_workers_give(sto
     assert named is not None and named.name == "by contradiction" and not named.offered
 
 
+def test_a_direction_says_whether_any_claim_took_it_and_how_often_it_was_tried(store: SqlStore) -> None:
+    goal, (a, b) = _slots(store, 2)
+    store.claim_direction(a.task.id, a.token, ["proof"], author="w0")
+    for i in range(2):
+        art = store.put_artifact(a.task.id, a.token, f"attempt {i}".encode(), author="w0")
+        store.record_score(goal, art.sha256, 100 + i)
+    store.claim_direction(a.task.id, a.token, ["disproof"], author="w0")  # proof is let go, after two attempts
+    store.release(a.task.id, a.token)  # and disproof with the claim, never tried
+    seen = {d.name: (d.holder, d.taken, d.attempts) for d in store.list_directions(goal, "explore")}
+    # untried by anyone is counted across the run: what a claim once held stays taken after it let go
+    assert seen == {"proof": (None, True, 2), "disproof": (None, True, 0), "counterexample": (None, False, 0)}
+    held = store.claim_direction(b.task.id, b.token, ["counterexample"], author="w1")
+    assert held is not None and (held.holder, held.taken, held.attempts) == ("w1", True, 0)
+
+
 def test_scores_are_attributed_and_ranked(store: SqlStore) -> None:
     goal, (a, b) = _slots(store, 2)
     store.claim_direction(a.task.id, a.token, ["proof"], author="w0")
