@@ -4,6 +4,7 @@
     ├── UserError                       you misused swarmyard (bad config, bad arguments); not retryable
     │   ├── ConfigError                 a swarm file or setting is invalid; names the field
     │   ├── InsecureSecretError         a secret file others can read or that is not the user's (``path``)
+    │   ├── InsecureRootError           a machines root another user owns or others may write (``path``)
     │   ├── CampaignRecordError         a campaign folder's record line is malformed or a trial twice (``path``, ``line``)
     │   └── CampaignBusyError           another process runs the campaign in this folder (``folder``)
     ├── InvalidInputError (400)         a request or call argument is malformed
@@ -35,6 +36,8 @@
     │   └── DeadlinePassedError (403)   the goal's deadline has passed
     ├── SandboxError                    a machine could not be made, run or torn down as asked
     │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
+    │   └── MachineRefusedError (400)   the machine refused what was asked of it: a file that is no regular file it may
+    │                                   read, a command it cannot run (``field``, ``errno``)
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
     │   ├── UpstreamUnknownError (502)  the request left and the answer was lost: the cost is unknown, never retry
     │   └── UpstreamLostError (502)     the answer was lost after the request left: dropped, timed out, cut, garbled
@@ -191,6 +194,17 @@ class InsecureSecretError(UserError):
 
     def __init__(self, path: str, why: str, fix: str) -> None:
         super().__init__(f"{path}: {why}; refusing to use it as a secret ({fix})", path=path, why=why, fix=fix)
+        self.path, self.why, self.fix = path, why, fix
+
+
+class InsecureRootError(UserError):
+    """A machines root (where machines, their disks and the snapshots live) that another user owns or that others
+    may write: whoever writes it plants a snapshot, a machine record or a baseline, so it is refused, never used."""
+
+    code = "insecure_root"
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        super().__init__(f"machines root {path}: {why}; refusing to use it ({fix})", path=path, why=why, fix=fix)
         self.path, self.why, self.fix = path, why, fix
 
 
@@ -543,6 +557,18 @@ class SandboxUnavailableError(SandboxError):
     """The host lacks what the requested isolation needs."""
 
     code = "sandbox_unavailable"
+
+
+class MachineRefusedError(SandboxError):
+    """A machine refused a request as the caller made it (a folder, a device or a file it may not read asked for
+    as a file, a program it cannot run): the caller's doing, not the host's, so a 400 naming ``field``."""
+
+    code = "machine_refused"
+    status = 400
+
+    def __init__(self, message: str, *, field: str, errno: int | None, machine_id: str) -> None:
+        super().__init__(message, field=field, errno=errno, machine_id=machine_id)
+        self.field, self.errno, self.machine_id = field, errno, machine_id
 
 
 class ProviderError(SwarmyardError):

@@ -86,7 +86,7 @@ def test_a_download_is_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
             print(json.dumps({p: outcome(lambda: b.machines.files.download("m", p))
                               for p in ("zero", "pipe", "big", "fits")}))
     ''')
-    assert got == {"zero": "SandboxError", "pipe": "SandboxError", "big": "PayloadTooLargeError",
+    assert got == {"zero": "MachineRefusedError", "pipe": "MachineRefusedError", "big": "PayloadTooLargeError",
                    "fits": f"ok {64 << 20}"}
 
 

@@ -11,14 +11,13 @@ import asyncio
 import atexit
 import builtins
 import contextlib
-import math
 import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from swarmyard.boxd import _logins
 from swarmyard.boxd._models import ExecResult, Machine, MachineSource, PauseResult, ResumeResult
@@ -28,9 +27,9 @@ from swarmyard.boxd._spawn import Spawners, routes
 from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
-from swarmyard.machines.api import Machines
+from swarmyard.machines.api import MAX_TIMEOUT_S, Machines, check_timeout
 from swarmyard.machines.protocol import Limits, MachineInfo, MachineState
-from swarmyard.machines.snapshots import IDENTITY_FILES, Snapshot, Snapshots
+from swarmyard.machines.snapshots import IDENTITY_FILES, Snapshot, Snapshots, parse_ref
 from swarmyard.money import usd_to_micro
 
 #: The group a machine's worker is in unless ``create(group=...)`` names one.
@@ -122,7 +121,7 @@ class MachinesResource:
         *,
         networks: Sequence[str] | None = None,
         isolated: bool = True,
-        from_snapshot: str | None = None,
+        from_snapshot: str | Snapshot | None = None,
         env: Mapping[str, str] | None = None,
         group: str | None = None,
         baseline: str | None = None,
@@ -144,8 +143,11 @@ class MachinesResource:
         if from_snapshot is not None:
             if baseline is not None:
                 raise InvalidInputError("a machine starts from a snapshot or a baseline, not both", field="baseline")
-            snapshot = self._client.snapshots.get(from_snapshot)
+            snapshot = (from_snapshot if isinstance(from_snapshot, Snapshot)
+                        else self._client.snapshots.get(from_snapshot))
             baseline, source = snapshot.baseline, MachineSource("snapshot", snapshot.name, snapshot.version)
+        elif baseline is not None:
+            self._client.snapshots._own.check_baseline(baseline)  # another client's snapshot is not_found
         plane = self._client._plane_now()
         if spawn and not plane.embedded:
             raise UserError("a machine that makes machines needs this client's own plane: not with SWARMYARD_SERVER")
@@ -325,16 +327,12 @@ def _sigterm_waits() -> Iterator[None]:
             _terminated(came[0], None)
 
 
-#: The longest timeout a wait or an exec takes: 30 days (the client's operator token lasts that long); past
-#: about 1e10 s the clock's arithmetic overflows.
-_MAX_TIMEOUT_S = 30 * 86400.0
+#: The longest timeout a wait or an exec takes: 30 days (the client's operator token lasts that long).
+_MAX_TIMEOUT_S = MAX_TIMEOUT_S
 
 
 def _check_timeout(timeout: object) -> None:
-    if (not isinstance(timeout, int | float) or isinstance(timeout, bool) or not math.isfinite(timeout)
-            or not 0 < timeout <= _MAX_TIMEOUT_S):
-        raise InvalidInputError(f"timeout must be a positive number of seconds, at most {_MAX_TIMEOUT_S:.0f}",
-                                field="timeout")
+    check_timeout(timeout)
 
 
 def _check_command(command: object) -> None:
@@ -347,36 +345,77 @@ def _check_command(command: object) -> None:
 
 
 class SnapshotsResource:
-    """``boxd.snapshots``: versioned disks to create machines from (``create(..., from_snapshot=NAME[:VERSION])``)."""
+    """``boxd.snapshots``: versioned disks to create machines from (``create(..., from_snapshot=NAME[:VERSION])``).
 
-    def __init__(self, client: Boxd) -> None:
+    The snapshots this client makes are its own (see :mod:`swarmyard.machines.snapshots`): kept under its id
+    (``client``), ``not_found`` to every other client and to its coordinators, but for those it names
+    ``COORDINATOR.NAME``: the coordinator ``COORDINATOR`` starts machines from them as ``NAME``. The host operator's
+    snapshots (``swarmyard machines snapshot create``) are read too, after the client's own, never by a coordinator.
+    """
+
+    def __init__(self, client: Boxd, client_id: str) -> None:
         self._client = client
-        self._store = Snapshots(client._sync.backend)
+        self._own = Snapshots(client._sync.backend, client_id)
+        self._operator = Snapshots(client._sync.backend)
+
+    @property
+    def client(self) -> str:
+        """The id this client's snapshots are kept under (``Boxd(client=...)``)."""
+        assert self._own.client is not None
+        return self._own.client
 
     def create(self, machine: str, name: str) -> Snapshot:
         """A new version of snapshot ``name`` from the machine's disk (re-saving bumps the version)."""
         machine_id = self._client._local._ready(machine)
-        return self._store.create(name, machine_id=machine_id)
+        return self._own.create(name, machine_id=machine_id)
 
     def create_from_folder(self, folder: str | Path, name: str) -> Snapshot:
         """A new version of snapshot ``name`` from a folder on this host."""
-        return self._store.create(name, folder=Path(folder))
+        return self._own.create(name, folder=Path(folder))
+
+    def _either(self, name: str) -> Snapshots:
+        """The namespace that holds ``name``: this client's, else the operator's (``not_found`` when neither)."""
+        try:
+            self._own.versions(name)
+            return self._own
+        except NotFoundError:
+            pass
+        try:
+            self._operator.versions(name)
+        except (NotFoundError, InvalidInputError):
+            raise NotFoundError("snapshot", name) from None  # a name only a client may give (a dot) is absent
+        return self._operator
 
     def get(self, name: str) -> Snapshot:
-        """``NAME`` (its newest version) or ``NAME:VERSION``."""
-        return self._store.get(name)
+        """``NAME`` (its newest version) or ``NAME:VERSION``: this client's, else the host operator's."""
+        return self._either(name).get(name)
+
+    def for_coordinator(self, prefix: str, ref: object) -> Snapshot:
+        """The snapshot a coordinator whose machines are named ``prefix + NAME`` asks for as ``ref``: this client's
+        ``prefix + ref``; anything else, whether it exists or not, is ``not_found`` under the name it gave."""
+        try:
+            name, version = parse_ref(cast(str, ref), dotted=True)
+        except InvalidInputError as exc:
+            raise InvalidInputError(exc.message, field="from_snapshot") from None
+        qualified = prefix + name + ("" if version is None else f":{version}")
+        try:
+            return self._own.get(qualified)
+        except (NotFoundError, InvalidInputError):  # too long with the prefix: no such snapshot either
+            raise NotFoundError("snapshot", cast(str, ref)) from None
 
     def list(self) -> list[Snapshot]:
-        """The newest version of every snapshot."""
-        return self._store.list()
+        """The newest version of every snapshot: this client's, then the host operator's not named as one of them."""
+        own = self._own.list()
+        names = {s.name for s in own}
+        return own + [s for s in self._operator.list() if s.name not in names]
 
     def versions(self, name: str) -> builtins.list[Snapshot]:
         """Every version of ``name``, oldest first."""
-        return self._store.versions(name)
+        return self._either(name).versions(name)
 
     def delete(self, name: str) -> None:
         """Delete ``NAME`` (every version) or ``NAME:VERSION``; refused while a live machine runs on one."""
-        self._store.delete(name)
+        self._either(name).delete(name)
 
 
 class Boxd:
@@ -387,6 +426,11 @@ class Boxd:
     its broker serves. Otherwise the client starts a control plane and broker of its own on the first
     ``create``: the default local model, or the ``[providers]`` table of the ``providers`` file (with
     ``provider_objects`` replacing entries of the same name), and stops it on ``close``.
+
+    ``client``: the id the snapshots this client makes are kept under on the machines root (``root``, mode 0700,
+    this user's). Another client's id finds them ``not_found``; none gives a new id, so they are this client's
+    alone (and the host operator's: ``swarmyard machines snapshot ... --client ID``). A later script that starts
+    machines from them gives the same id (``boxd.snapshots.client``).
 
     ``max_machines`` caps the machines alive at once (a coordinator's count against it too); a ``create`` past it
     waits up to ``machine_wait_s`` seconds for one to be deleted, then raises a retryable ``SandboxError``
@@ -409,6 +453,7 @@ class Boxd:
         lease_s: float = 300.0,
         spawn_cap: int = 8,
         machine_wait_s: float | None = 120.0,
+        client: str | None = None,
     ) -> None:
         configured = any(v is not None for v in (server, providers, provider_objects, model))
         inside = os.environ.get("SWARMYARD_BOXD_URL")
@@ -458,7 +503,7 @@ class Boxd:
         self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines,
                               queue_timeout_s=None if machine_wait_s is None else float(machine_wait_s))
         self._spawners = Spawners(self, spawn_cap)
-        self.snapshots = SnapshotsResource(self)
+        self.snapshots = SnapshotsResource(self, client if client is not None else new_id("c").lower())
         self._local = MachinesResource(self)
         self.machines = self._local
         # a script that never calls close() still leaves no machine and no plane behind when it exits, and

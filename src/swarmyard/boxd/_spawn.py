@@ -19,7 +19,7 @@ import hmac
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,7 @@ def _machine_json(record: Any, prefix: str) -> dict[str, Any]:
     data = asdict(record)
     data["created_at"] = record.created_at.timestamp()
     data["name"] = record.name.removeprefix(prefix)
-    if data.get("source") and data["source"]["kind"] == "fork":
+    if data.get("source") and data["source"]["kind"] in ("fork", "snapshot"):
         data["source"]["name"] = data["source"]["name"].removeprefix(prefix)
     return data
 
@@ -244,9 +244,10 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
 
     def create(request: Request, owner: str, body: dict[str, Any]) -> Any:
         name = spawners.qualified(owner, _opt_str(body, "name"))
-        snapshot = _opt_str(body, "from_snapshot")
-        networks = _networks(machines.get(owner).addresses, body)
-        return made(owner, name, lambda: machines.create(name, from_snapshot=snapshot, networks=networks))
+        ref = _opt_str(body, "from_snapshot")
+        # only the client's snapshots in the coordinator's namespace: any other is not_found, as one never made
+        snapshot = None if ref is None else client.snapshots.for_coordinator(spawners.prefix(owner), ref)
+        return made(owner, name, lambda: machines.create(name, from_snapshot=snapshot))
 
     def listing(request: Request, owner: str, body: dict[str, Any]) -> Any:
         return [_machine_json(machines.get(m), spawners.prefix(owner)) for m in spawners.made(owner)]
@@ -257,21 +258,21 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
 
     def wait(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
-        record = machines.wait_until_ready(machine, float(body.get("timeout", 180.0)))
+        # the number as sent: the client checks its range before anything converts it (see check_timeout)
+        record = machines.wait_until_ready(machine, body.get("timeout", 180.0))
         return _machine_json(record, spawners.prefix(owner))
 
     def execute(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
         command = body.get("command")
-        stdin = body.get("stdin_b64")
+        if not isinstance(command, str | list):
+            raise InvalidInputError("command must be a shell line or a non-empty list of strings", field="command")
         env = body.get("env")
         if env is not None and not isinstance(env, dict):
             raise InvalidInputError("env must be an object", field="env")
-        timeout = body.get("timeout")
-        result = machines.exec(machine, command if isinstance(command, str | list) else "",
-                               env=env, cwd=_opt_str(body, "cwd"),
-                               timeout=None if timeout is None else float(timeout),
-                               stdin=None if stdin is None else base64.b64decode(stdin))
+        stdin = _opt_b64(body, "stdin_b64")
+        result = machines.exec(machine, command, env=env, cwd=_opt_str(body, "cwd"), timeout=body.get("timeout"),
+                               stdin=stdin)
         return {"stdout_b64": base64.b64encode(result.stdout_raw).decode(),
                 "stderr_b64": base64.b64encode(result.stderr_raw).decode(), "exit_code": result.exit_code,
                 "timed_out": result.timed_out, "duration_s": result.duration_s, "truncated": result.truncated}
@@ -288,12 +289,12 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
 
     def upload(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
-        data = base64.b64decode(str(body.get("data_b64", "")))
-        return {"written": machines.files.upload(machine, str(body.get("path", "")), data)}
+        data = _opt_b64(body, "data_b64") or b""
+        return {"written": machines.files.upload(machine, _path(body), data)}
 
     def download(request: Request, owner: str, body: dict[str, Any]) -> Any:
         machine = spawners.child(owner, request.path_params["machine"])
-        data = machines.files.download(machine, str(body.get("path", "")))
+        data = machines.files.download(machine, _path(body))
         return {"data_b64": base64.b64encode(data).decode()}
 
     at = "/v1/machines/{machine}"
@@ -310,25 +311,25 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
     ]
 
 
-def _networks(own: Mapping[str, str], body: dict[str, Any]) -> list[str] | None:
-    """The private networks a coordinator's machine joins: only networks the coordinator is on (it may not put a
-    machine where it cannot go itself, nor learn which other networks exist); spawn is refused, not dropped."""
-    if body.get("spawn") not in (None, False):
-        raise ForbiddenError("a machine that a coordinator makes cannot make machines (spawn)")
-    networks = body.get("networks")
-    if networks is None:
-        return None
-    if not isinstance(networks, list) or not all(isinstance(n, str) for n in networks):
-        raise InvalidInputError("networks must be a list of names", field="networks")
-    foreign = sorted(set(networks) - set(own))
-    if foreign:
-        raise ForbiddenError(f"this machine is not on network {foreign[0]!r}: the machines it makes join only "
-                             "networks it is on")
-    return networks
-
-
 def _opt_str(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
         raise InvalidInputError(f"{key} must be a string", field=key)
     return value
+
+
+def _path(body: dict[str, Any]) -> str:
+    path = _opt_str(body, "path")
+    if not path or "\0" in path:
+        raise InvalidInputError("path must be a non-empty string", field="path")
+    return path
+
+
+def _opt_b64(body: dict[str, Any], key: str) -> bytes | None:
+    value = _opt_str(body, key)
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:  # binascii.Error
+        raise InvalidInputError(f"{key} must be base64", field=key) from None

@@ -74,6 +74,22 @@ def _argv(cmd: Command) -> list[str]:
     return argv
 
 
+#: The longest timeout a wait or an exec takes: 30 days; past about 1e10 s the clock's arithmetic overflows.
+MAX_TIMEOUT_S = 30 * 86400.0
+
+
+def check_timeout(value: object, *, field: str = "timeout") -> float:
+    """``value`` as seconds when it is a number in (0, :data:`MAX_TIMEOUT_S`]; else ``InvalidInputError``.
+
+    The range is checked before anything converts it: a 400-digit integer is an ``int`` that ``float()`` and
+    ``math.isfinite`` raise ``OverflowError`` on, and a bool is an ``int`` too."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMEOUT_S:
+        # NaN fails the range too: every comparison with it is false
+        raise InvalidInputError(f"{field} must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f}",
+                                field=field)
+    return float(value)
+
+
 #: The smallest disk a machine can be given: an ext4 file system needs a few MiB of its own.
 MIN_DISK_BYTES = 16 << 20
 
@@ -308,15 +324,10 @@ class Machines:
     def _exec_kwargs(
         self, machine_id: str, timeout: float | None, env: Mapping[str, str] | None, cwd: str | None
     ) -> dict[str, Any]:
-        if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
-            raise InvalidInputError("timeout must be a positive number of seconds", field="timeout")
+        timeout_s = None if timeout is None else check_timeout(timeout)
         base = self._machine_env(machine_id)
         merged = {**base, **environment.validate(env or {})}
-        return {
-            "env": merged,
-            "cwd": None if cwd is None else self.path(cwd),
-            "timeout_s": None if timeout is None else float(timeout),
-        }
+        return {"env": merged, "cwd": None if cwd is None else self.path(cwd), "timeout_s": timeout_s}
 
     def _exec_args(
         self,

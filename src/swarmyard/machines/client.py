@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -9,7 +10,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from swarmyard.errors import PayloadTooLargeError, SandboxError
+from swarmyard.errors import (
+    MachineRefusedError,
+    NotFoundError,
+    PayloadTooLargeError,
+    SandboxError,
+    SwarmyardError,
+)
 from swarmyard.machines import wire
 from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
@@ -18,6 +25,13 @@ GRACE_S = 5.0
 #: The most a download brings back: the whole file is held in this process, and a machine decides what its
 #: files are (a symlink to ``/dev/zero`` never ends; the init refuses files that are not regular, this counts).
 MAX_DOWNLOAD_BYTES = 64 << 20
+#: What the init answers when a request names what is not there (a missing file or folder, a command not found).
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+#: What the init answers when a request asks what the machine itself refuses: a folder, a device or FIFO, a file it
+#: may not read or write, an argv past the kernel's limits, a full disk. The caller's doing, not the host's: 4xx.
+_REFUSED = frozenset({errno.EISDIR, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG,
+                      errno.E2BIG, errno.ENOEXEC, errno.EIO, errno.ETXTBSY, errno.ENOSPC, errno.EDQUOT,
+                      errno.EFBIG, errno.EEXIST, errno.ENXIO, errno.ENODEV, errno.EFAULT})
 
 
 class _Kept:
@@ -88,6 +102,9 @@ class InitClient:
         started = time.monotonic()
         host_timeout = None if timeout_s is None else timeout_s + GRACE_S
         request = wire.encode_request("exec", argv=argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
+        if len(request) > wire.MAX_FRAME:
+            # one frame carries the whole request: a larger one the init would refuse by hanging up
+            raise PayloadTooLargeError("an exec's command, environment and stdin", len(request), wire.MAX_FRAME)
         sock = self._connect(host_timeout)
         stdout, stderr = _Kept(self.output_cap), _Kept(self.output_cap)
 
@@ -118,7 +135,7 @@ class InitClient:
                     yield ExecEvent("exit", result=result(int(status["exit_code"]), bool(status["timed_out"])))
                     return
                 else:
-                    raise self._error(payload)
+                    raise self._error(payload, "command")
         except OSError as exc:
             raise SandboxError(
                 f"machine {self.machine_id}: exec failed: {exc}", machine_id=self.machine_id
@@ -149,7 +166,7 @@ class InitClient:
             for start in range(0, len(data), wire.MAX_FRAME):
                 wire.send_frame(sock, b"d", data[start : start + wire.MAX_FRAME])
             wire.send_frame(sock, b"d", b"")
-            self._finish(sock)
+            self._finish(sock, "path")
 
     def download(self, path: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> bytes:
         """Read ``path`` from inside the machine; more than ``max_bytes`` raises ``PayloadTooLargeError``."""
@@ -169,24 +186,29 @@ class InitClient:
                     continue
                 if frame[0] == b"x":
                     return b"".join(chunks)
-                raise self._error(frame[1])
+                raise self._error(frame[1], "path", path)
 
     def _request(self, request: bytes) -> socket.socket:
         sock = self._connect(60.0)
         wire.send_frame(sock, b"q", request)
         return sock
 
-    def _finish(self, sock: socket.socket) -> None:
+    def _finish(self, sock: socket.socket, field: str) -> None:
         frame = wire.recv_frame(sock)
         if frame is None:
             raise SandboxError(f"machine {self.machine_id} went away", machine_id=self.machine_id)
         if frame[0] != b"x":
-            raise self._error(frame[1])
+            raise self._error(frame[1], field)
 
-    def _error(self, payload: bytes) -> SandboxError:
+    def _error(self, payload: bytes, field: str, path: str | None = None) -> SwarmyardError:
+        """The init's refusal as the caller's error: a file that is not there is ``not_found`` (a download), what
+        the machine refuses is ``MachineRefusedError`` (400) naming ``field``; anything else stays the host's
+        ``SandboxError``."""
         body = json.loads(payload)
-        return SandboxError(
-            f"machine {self.machine_id}: {body.get('message')}",
-            machine_id=self.machine_id,
-            errno=body.get("errno"),
-        )
+        code = body.get("errno")
+        message = f"machine {self.machine_id}: {body.get('message')}"
+        if code in _ABSENT and path is not None:
+            return NotFoundError("file", path)
+        if code in _ABSENT or code in _REFUSED:
+            return MachineRefusedError(message, field=field, errno=code, machine_id=self.machine_id)
+        return SandboxError(message, machine_id=self.machine_id, errno=code)

@@ -628,13 +628,23 @@ static void get_file(int conn, struct request *req) {
     }
     char *buf = malloc(MAX_FRAME);
     uint64_t size = 0;
-    ssize_t n;
+    ssize_t n = 0;
+    int sent = 0;
     while (buf && (n = read(fd, buf, MAX_FRAME)) > 0) {
-        if (send_frame(conn, 'd', buf, (uint32_t)n) < 0) break;
+        if (send_frame(conn, 'd', buf, (uint32_t)n) < 0) {
+            sent = -1;
+            break;
+        }
         size += (uint64_t)n;
     }
+    int failed = !buf ? ENOMEM : n < 0 ? errno : 0;
     free(buf);
     close(fd);
+    if (sent < 0) return; /* the host hung up */
+    if (failed) { /* a file that fails to read (/proc/self/mem: EIO) is an error, not a short file */
+        send_error(conn, what, failed);
+        return;
+    }
     char body[64];
     int len = snprintf(body, sizeof body, "{\"size\": %llu}", (unsigned long long)size);
     send_frame(conn, 'x', body, (uint32_t)len);

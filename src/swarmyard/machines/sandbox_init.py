@@ -198,10 +198,21 @@ def _put(conn: socket.socket, req: dict[str, Any]) -> None:
         _drain_upload(conn)
         wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
         return
-    with os.fdopen(fd, "wb") as handle:
+    failed: OSError | None = None
+    try:
         while (frame := wire.recv_frame(conn)) is not None and frame[1]:
-            handle.write(frame[1])
+            data = memoryview(frame[1])
+            while failed is None and data:
+                try:  # a full disk (ENOSPC) is said, as the C init says it, after the rest is drained
+                    data = data[os.write(fd, data):]
+                except OSError as exc:
+                    failed = exc
             size += len(frame[1])
+    finally:
+        os.close(fd)
+    if failed is not None:
+        wire.send_json(conn, b"!", {"message": f"{path}: {failed.strerror}", "errno": failed.errno})
+        return
     wire.send_json(conn, b"x", {"size": size})
 
 
@@ -227,9 +238,15 @@ def _get(conn: socket.socket, req: dict[str, Any]) -> None:
     handle = os.fdopen(fd, "rb")
     size = 0
     with handle:
-        while chunk := handle.read(wire.MAX_FRAME):
-            wire.send_frame(conn, b"d", chunk)
-            size += len(chunk)
+        try:
+            while chunk := handle.read(wire.MAX_FRAME):
+                wire.send_frame(conn, b"d", chunk)
+                size += len(chunk)
+        except OSError as exc:  # a file that fails to read (/proc/self/mem: EIO) is an error, not a short file
+            if exc.errno == errno.EPIPE or isinstance(exc, ConnectionError):
+                raise
+            wire.send_json(conn, b"!", {"message": f"{path}: {exc.strerror}", "errno": exc.errno})
+            return
     wire.send_json(conn, b"x", {"size": size})
 
 

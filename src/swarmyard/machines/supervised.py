@@ -23,10 +23,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from stat import S_ISDIR, S_ISLNK
 from typing import Any
 
 import swarmyard
-from swarmyard.errors import NotFoundError, SandboxError, SandboxUnavailableError, UserError
+from swarmyard.errors import (
+    InsecureRootError,
+    NotFoundError,
+    SandboxError,
+    SandboxUnavailableError,
+    UserError,
+)
 from swarmyard.ids import new_id
 from swarmyard.machines import live
 from swarmyard.machines.cgroups import MachineCgroups
@@ -66,6 +73,34 @@ log = logging.getLogger(__name__)
 def default_root() -> Path:
     """Where machines live unless told otherwise: a private folder under the temp dir."""
     return Path(tempfile.gettempdir()) / f"swarmyard-machines-{os.getuid()}"
+
+
+def open_root(root: Path | None = None) -> Path:
+    """The machines root (``root``, or :func:`default_root`) made ready: created mode 0700 if missing, refused with
+    :class:`InsecureRootError` when another user owns it (or the link that names it) or others may write it, and
+    left mode 0700. The default lies in the shared temp dir, where anyone may make a folder of that name first;
+    whoever could write the root would plant snapshots, baselines and machine records in it."""
+    path = Path(root) if root is not None else default_root()
+    fix = "remove it, or give --root / Boxd(root=...) a folder of your own"
+    uid = os.geteuid()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link = path.lstat()
+        resolved = path.resolve()
+        info = resolved.lstat()
+    except OSError as exc:
+        raise InsecureRootError(str(path), f"cannot be made or read ({exc.strerror})", fix) from exc
+    if S_ISLNK(link.st_mode) and link.st_uid != uid:
+        raise InsecureRootError(str(path), f"is a symbolic link that uid {link.st_uid} made", fix)
+    if not S_ISDIR(info.st_mode):
+        raise InsecureRootError(str(resolved), "is not a folder", fix)
+    if info.st_uid != uid:
+        raise InsecureRootError(str(resolved), f"belongs to uid {info.st_uid}, not to this user (uid {uid})", fix)
+    if info.st_mode & 0o022:
+        raise InsecureRootError(str(resolved), f"others may write it (mode {info.st_mode & 0o7777:o})", fix)
+    if info.st_mode & 0o7777 != 0o700:
+        os.chmod(resolved, 0o700)  # this user's: what lives in it is no one else's to read
+    return resolved
 
 
 def init_argv(python: str, config: Mapping[str, Any]) -> list[str]:
@@ -193,7 +228,7 @@ class SupervisedBackend:
 
     def __init__(self, root: Path | None = None, *, output_cap: OutputCap | None = None) -> None:
         """``output_cap``: how much of each exec's stdout and stderr the host keeps (a head and a tail)."""
-        self.root = (root or default_root()).resolve()
+        self.root = open_root(root)
         self.output_cap = output_cap or OutputCap()
         for part in ("m", "layers", "baselines", "empty"):
             (self.root / part).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -362,7 +397,8 @@ class SupervisedBackend:
 
     def _baseline_path(self, name: str) -> Path:
         path = self.root / "baselines" / name
-        if not path.is_dir():
+        # a folder of the baselines, never a path out of them ("..", "a/../../x") nor one being made (".x")
+        if "/" in name or "\0" in name or name.startswith(".") or not path.is_dir():
             raise NotFoundError("baseline", name)
         return path
 
@@ -788,4 +824,4 @@ def _read_line(fd: int) -> bytes:
     return data.strip()
 
 
-__all__ = ["Launch", "Machine", "SupervisedBackend", "default_root", "init_argv"]
+__all__ = ["Launch", "Machine", "SupervisedBackend", "default_root", "init_argv", "open_root"]
