@@ -157,8 +157,11 @@ def verify_run(source: EventSource, audit_dir: Path, *, log_key: Verifier | None
     log = _pinned(Verifier.parse(vkey_path.read_text()), log_key, 0, "log")
     assert log is not None
     witness_path = audit_dir / WITNESS_VKEY
-    witness = _pinned(Verifier.parse(witness_path.read_text()) if witness_path.exists() else None,
-                      witness_key, 1, "witness")
+    # a folder without the witness's key (a --no-witness run's, or one whose copy was removed) is checked with the
+    # pinned key all the same: what that witness cosigned, or the lack of it, is then named
+    witness = (witness_key if witness_key is not None and not witness_path.exists() else
+               _pinned(Verifier.parse(witness_path.read_text()) if witness_path.exists() else None,
+                       witness_key, 1, "witness"))
     checkpoints = _open_checkpoints(audit_dir, log, witness)
 
     leaves_path = audit_dir / LEAVES

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,22 +90,44 @@ class LogState:
 
 class WitnessState:
     """Per-origin ``LogState`` in one JSON file, rewritten atomically (temp file, fsync, rename); ``publish``
-    (a witness home's) is told each log's new checkpoint once the file holds it."""
+    (a witness home's) is told each log's new checkpoint once the file holds it.
+
+    Several witness processes may share one file (every ``swarmyard run`` on a host starts one on the host's
+    home): ``locked()`` holds an exclusive ``flock`` on ``FILE.lock`` and re-reads the file, so each
+    check-then-record sees what the others recorded and none overwrites another's logs.
+    """
 
     def __init__(self, path: Path, *, publish: Callable[[str, str], None] | None = None) -> None:
         self.path = path
         self._publish = publish
         self._logs: dict[str, LogState] = {}
-        if path.exists():
-            try:
-                raw = json.loads(path.read_text())
-                for origin, item in raw["logs"].items():
-                    root = item["root"]
-                    self._logs[origin] = LogState(item["vkey"], int(item["size"]),
-                                                  None if root is None else base64.b64decode(root),
-                                                  item["checkpoint"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise AuditError(f"witness state {path.name} is unreadable: {exc}") from exc
+        self._load()
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            raw = json.loads(self.path.read_text())
+            logs = {}
+            for origin, item in raw["logs"].items():
+                root = item["root"]
+                logs[origin] = LogState(item["vkey"], int(item["size"]),
+                                        None if root is None else base64.b64decode(root), item["checkpoint"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AuditError(f"witness state {self.path.name} is unreadable: {exc}") from exc
+        self._logs = logs
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state file's lock, with what is on disk now loaded, until the block ends."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._load()
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def get(self, origin: str) -> LogState | None:
         """The state of one log, if known."""
@@ -177,7 +201,8 @@ class Witness:
 
     def latest(self, origin: str) -> str:
         """The last checkpoint cosigned for ``origin``, as a signed note with the cosignature line."""
-        known = self.state.get(origin)
+        with self._lock, self.state.locked():
+            known = self.state.get(origin)
         if known is None or known.checkpoint is None:
             raise NotFoundError("log", origin)
         return known.checkpoint
@@ -186,7 +211,7 @@ class Witness:
                        log_vkey: str | None = None) -> NoteSignature:
         """Check and cosign ``note``; record it as this origin's latest before returning the cosignature."""
         origin = read_checkpoint(note).checkpoint.origin
-        with self._lock:
+        with self._lock, self.state.locked():
             verifier = self._log_verifier(origin, log_vkey)
             signed, _ = open_checkpoint(note, verifier, origin=origin)
             new = signed.checkpoint

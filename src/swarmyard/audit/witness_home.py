@@ -2,7 +2,8 @@
 
 ::
 
-    HOME/                   started as root: owned by the witness's own user (swarmyard-witness), 0711; else 0700
+    HOME/                   0711 (anyone may pass to public/, no one list it); started as root, owned by the
+                            witness's own user (swarmyard-witness)
       private/              0700: witness.key (its Ed25519 seed, 0600, made by the witness's user), state.json
       public/               0755: witness.vkey, and checkpoints/ORIGIN.note (ORIGIN %-quoted): the last
                             checkpoint it cosigned of each log, with its cosignature line (0644)
@@ -106,7 +107,7 @@ class WitnessHome:
                 raise UserError(f"{self.root} holds {strangers[0]!r}, which is not a witness's: give an empty or "
                                 "witness-only folder")
         self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        folders = {self.root: 0o711 if owner is not None else 0o700, self.root / PRIVATE: 0o700,
+        folders = {self.root: 0o711, self.root / PRIVATE: 0o700,
                    self.public: 0o755, self.public / CHECKPOINTS: 0o755}
         for folder, mode in folders.items():
             folder.mkdir(mode=mode, exist_ok=True)
