@@ -20,7 +20,7 @@ def _machine(data: dict[str, Any]) -> Machine:
     source = data.get("source")
     return Machine(data["id"], data["name"], data["status"], datetime.fromtimestamp(data["created_at"]).astimezone(),
                    data["backend"], data.get("group"), MachineSource(**source) if source else None,
-                   tuple(data.get("enforced") or ()))
+                   tuple(data.get("enforced") or ()), dict(data.get("addresses") or {}))
 
 
 class RemoteFiles:
@@ -47,10 +47,14 @@ class RemoteFiles:
 class RemoteMachines:
     """``boxd.machines`` of a coordinator machine: only the machines it made."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, *, transport: httpx.BaseTransport | None = None,
+                 may_spawn: bool = False) -> None:
+        #: whether machines made here may make machines (the host's ``swarmyard machines`` service: yes; a
+        #: coordinator machine: no, its machines cannot, and saying so beats the flag being dropped)
+        self._may_spawn = may_spawn
         # an agent's exec can run for as long as its own timeout: the call waits for it
         self._http = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"},
-                                  timeout=httpx.Timeout(None, connect=30.0))
+                                  timeout=httpx.Timeout(None, connect=30.0), transport=transport)
         self.files = RemoteFiles(self)
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
@@ -63,14 +67,23 @@ class RemoteMachines:
             raise SwarmyardError.from_dict(answer if isinstance(answer, dict) else {}, status=response.status_code)
         return answer
 
-    def create(self, name: str | None = None, *, from_snapshot: str | None = None, **unsupported: Any) -> Machine:
-        """A sibling machine (see :meth:`swarmyard.boxd._client.MachinesResource.create`)."""
-        # isolated=True is the default a script may spell out; spawn=True is not: a coordinator's machines cannot
-        # make machines of their own, and saying so beats dropping it
-        given = {k for k, v in unsupported.items() if v not in (None, True) or (k == "spawn" and v is True)}
+    def create(self, name: str | None = None, *, from_snapshot: str | None = None,
+               networks: Sequence[str] | None = None, spawn: bool = False, **unsupported: Any) -> Machine:
+        """A sibling machine (see :meth:`swarmyard.boxd._client.MachinesResource.create`); ``networks`` and
+        ``spawn`` go to the server, which says whether its caller may."""
+        # isolated=True is the default a script may spell out
+        given = {k for k, v in unsupported.items() if v not in (None, True)}
+        if spawn is not False and not self._may_spawn:
+            given.add("spawn")
         if given:
-            raise UserError(f"a coordinator machine creates machines by name and snapshot only, not {sorted(given)}")
-        return _machine(self._call("POST", "/v1/machines", {"name": name, "from_snapshot": from_snapshot}))
+            raise UserError(f"a coordinator machine creates machines by name, snapshot and networks only, not "
+                            f"{sorted(given)}")
+        body: dict[str, Any] = {"name": name, "from_snapshot": from_snapshot}
+        if networks is not None:
+            body["networks"] = list(networks) if isinstance(networks, list | tuple) else networks
+        if spawn is not False:
+            body["spawn"] = spawn
+        return _machine(self._call("POST", "/v1/machines", body))
 
     def get(self, machine: str) -> Machine:
         """A machine this one made, by id or name."""

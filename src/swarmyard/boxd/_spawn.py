@@ -19,7 +19,7 @@ import hmac
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -247,7 +247,8 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
         ref = _opt_str(body, "from_snapshot")
         # only the client's snapshots in the coordinator's namespace: any other is not_found, as one never made
         snapshot = None if ref is None else client.snapshots.for_coordinator(spawners.prefix(owner), ref)
-        return made(owner, name, lambda: machines.create(name, from_snapshot=snapshot))
+        networks = _networks(machines.get(owner).addresses, body)
+        return made(owner, name, lambda: machines.create(name, from_snapshot=snapshot, networks=networks))
 
     def listing(request: Request, owner: str, body: dict[str, Any]) -> Any:
         return [_machine_json(machines.get(m), spawners.prefix(owner)) for m in spawners.made(owner)]
@@ -309,6 +310,23 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
         Route(f"{at}/upload", handler(upload), methods=["POST"]),
         Route(f"{at}/download", handler(download), methods=["POST"]),
     ]
+
+
+def _networks(own: Mapping[str, str], body: dict[str, Any]) -> list[str] | None:
+    """The private networks a coordinator's machine joins: only networks the coordinator is on (it may not put a
+    machine where it cannot go itself, nor learn which other networks exist); spawn is refused, not dropped."""
+    if body.get("spawn") not in (None, False):
+        raise ForbiddenError("a machine that a coordinator makes cannot make machines (spawn)")
+    networks = body.get("networks")
+    if networks is None:
+        return None
+    if not isinstance(networks, list) or not all(isinstance(n, str) for n in networks):
+        raise InvalidInputError("networks must be a list of names", field="networks")
+    foreign = sorted(set(networks) - set(own))
+    if foreign:
+        raise ForbiddenError(f"this machine is not on network {foreign[0]!r}: the machines it makes join only "
+                             "networks it is on")
+    return networks
 
 
 def _opt_str(body: dict[str, Any], key: str) -> str | None:

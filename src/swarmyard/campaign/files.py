@@ -9,9 +9,11 @@ import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import assert_never
 
-from swarmyard.campaign.stats import Interval
-from swarmyard.campaign.summary import SENTENCE, CampaignSummary
+from swarmyard.campaign.spec import Match
+from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS, Interval, mean
+from swarmyard.campaign.summary import FLOOR, CampaignSummary, CellSummary, claim_text
 from swarmyard.money import format_usd
 
 TOKENS_PLOT = "score-vs-tokens.png"
@@ -41,67 +43,155 @@ def _usd(i: Interval | None) -> str:
     return f"{format_usd(round(i.mean))} [{format_usd(round(i.low))}, {format_usd(round(i.high))}]"
 
 
-HEADER = ("cell", "n", "trials", "score (mean [95% CI])", "spend", "wall s", "calls", "tokens", "similarity")
+HEADER = ("cell", "n", "trials", "failed", "score (mean [95% CI])", "sd [min, max]", "spend", "wall s", "calls",
+          "tokens", "similarity")
+
+
+def _spread(c: CellSummary) -> str:
+    spread = c.spread
+    return "-" if spread is None else f"{spread[0]:,.0f} [{spread[1]:,.0f}, {spread[2]:,.0f}]"
 
 
 def rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
-    """The table's rows, as text."""
+    """The table's rows, as text. Under a token or call match, the tokens or calls column says what each cell
+    used of its allowance."""
     out: list[tuple[str, ...]] = []
+    match = summary.campaign.match
     for c in summary.cells:
         i = c.intervals
-        failed = sum(1 for t in c.trials if t.error)
-        trials = f"{len(c.trials)}" + (f" ({failed} failed)" if failed else "")
-        out.append((c.cell.name, str(c.cell.n), trials, _ci(i["score"]), _usd(i["spend_micro_usd"]),
-                    _ci(i["wall_s"], "{:,.1f}"), _ci(i["calls"], "{:,.1f}"), _ci(i["tokens"]),
+        failed = len(c.failed)
+        rate = f"{failed}/{len(c.trials)}" + (f" ({failed / len(c.trials):.0%})" if c.trials else "")
+        tokens, calls = _ci(i["tokens"]), _ci(i["calls"], "{:,.1f}")
+        if c.cell.allowance is not None and match is Match.TOKENS:
+            tokens += f" of {c.cell.allowance:,}"
+        if c.cell.allowance is not None and match is Match.CALLS:
+            calls += f" of {c.cell.allowance:,}"
+        score = _ci(i["score"])
+        if c.scores and len(c.scores) < MIN_TRUSTED_SEEDS:
+            # a bootstrap of a handful of seeds is about [min, max]: the values themselves say more
+            score = (f"{mean(list(c.scores.values())):,.0f} (no trustworthy interval from {len(c.scores)} seeds; "
+                     "per seed: " + ", ".join(f"{v:,.0f}" for _, v in sorted(c.scores.items())) + ")")
+        out.append((c.cell.name, str(c.cell.n), str(len(c.trials)), rate, score, _spread(c),
+                    _usd(i["spend_micro_usd"]), _ci(i["wall_s"], "{:,.1f}"), calls, tokens,
                     f"{c.similarity:.2f}" if c.similarity is not None else "-"))
     return out
 
 
-def sentences(summary: CampaignSummary) -> list[str]:
-    """What the 2x2 says about the seed's sentence, one line per history setting."""
-    out = []
-    for claim in summary.claims:
-        what = (f"{claim.single} {claim.single_mean:,.0f} vs {claim.cohort} {claim.cohort_mean:,.0f}")
-        if claim.separated:
-            out.append(f"With {claim.history.value}: {SENTENCE} ({what}; the 95% intervals do not overlap).")
-        elif claim.holds:
-            out.append(f"With {claim.history.value}: {SENTENCE} on the mean ({what}), but the 95% intervals "
-                       "overlap.")
-        else:
-            out.append(f"With {claim.history.value}: the sentence does not hold here ({what}).")
+PAIR_HEADER = ("a", "b", "seeds", "mean a - b", "95% CI (or per seed)", "a wins", "b wins", "ties", "sign p",
+               "Wilcoxon p")
+
+
+def pair_rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
+    """Every pair of cells compared seed by seed."""
+    out: list[tuple[str, ...]] = []
+    for p in summary.comparisons:
+        t = p.test
+        band = (f"[{t.low:+,.0f}, {t.high:+,.0f}]" if t.trusted
+                else "untrusted (< 8 seeds): " + ", ".join(f"{d:+,.0f}" for d in t.diffs))
+        out.append((p.a, p.b, str(len(p.seeds)), f"{t.mean:+,.0f}", band, str(t.wins), str(t.losses), str(t.ties),
+                    f"{t.sign_p:.3g}", f"{t.wilcoxon_p:.3g}"))
     return out
+
+
+def sentences(summary: CampaignSummary) -> list[str]:
+    """The written conclusions: each sentence tested, with the figures it is drawn from, then the crossings."""
+    return [claim_text(claim) for claim in summary.claims] + [x.text for x in summary.crossings]
+
+
+def matching(summary: CampaignSummary) -> str:
+    """What every cell of a seed had the same of."""
+    c = summary.campaign
+    match c.match:
+        case Match.BUDGET:
+            return (f"Every cell ran under the same cap: {format_usd(c.budget_micro_usd)}, {c.call_cap} calls, "
+                    f"{c.deadline_s:g} s (the coordinator holds one share of each back for the lead, so cells of "
+                    "more workers may use more of it: see the calls and tokens columns).")
+        case Match.TOKENS:
+            return ("Matched on tokens: the workers of every cell of a seed had the same tokens in all (the "
+                    "allowance after 'of'; a sweep cell n times its tokens per agent), each worker its share, "
+                    "counted at one micro-USD a token by the broker's budget; the lead had one share more, outside "
+                    "the match. The spend column is in those token units.")
+        case Match.CALLS:
+            return ("Matched on calls: the workers of every cell of a seed had the same model calls in all (the "
+                    "allowance after 'of'), each worker its share and as many steps; the lead had one share more, "
+                    "outside the match.")
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+def variation(summary: CampaignSummary) -> str:
+    """Which figures would move if the campaign ran again."""
+    if summary.campaign.reproducible:
+        return ("Every model here is the simulated provider's, answered in turn: the same file and seeds give the "
+                "same scores, calls and tokens every time; only wall time and ids change.")
+    return ("The model is not seeded: a trial run again can score, call and spend differently. The sd and [min, "
+            "max] columns give the spread over seeds, which includes that variation; the per-seed differences of a "
+            "pair show how much of a difference is the seed and how much the cells.")
+
+
+def failures(summary: CampaignSummary) -> list[str]:
+    """Each failed trial with its reason (it counts as score 0 in its cell)."""
+    return [f"{c.cell.name} seed {t.seed}: {t.error}" for c in summary.cells for t in c.failed]
+
+
+def _trial_links(summary: CampaignSummary) -> list[tuple[str, list[tuple[int, str | None]]]]:
+    return [(c.cell.name, [(t.seed, f"runs/{t.run_id}/report.html" if t.run_id else None) for t in c.trials])
+            for c in summary.cells]
 
 
 def markdown(summary: CampaignSummary, plots: list[str]) -> str:
     """The campaign as a markdown page."""
     c = summary.campaign
     lines = [f"# Campaign {c.name}", "",
-             f"Every cell ran under the same cap: {format_usd(c.budget_micro_usd)}, {c.call_cap} calls, "
-             f"{c.deadline_s:g} s; seeds {', '.join(map(str, c.seeds))} (the same seed is the same task instance)."
-             + ("" if summary.complete else " The campaign is not finished: some trials are missing."), "",
+             f"{matching(summary)} Seeds {', '.join(map(str, c.seeds))} (the same seed is the same task instance "
+             "in every cell)." + ("" if summary.complete else " The campaign is not finished: some trials are "
+                                  "missing."), "", variation(summary), "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(summary)]
-    lines += ["", "Similarity: the mean pairwise similarity (0 to 1) of the submissions within a trial, averaged "
-              "over the cell's trials; communication makes attempts alike.", ""]
-    lines += sentences(summary)
+    lines += ["", f"A failed trial scores {FLOOR} in its cell (never dropped). Similarity: the mean pairwise "
+              "similarity (0 to 1) of the submissions within a trial, averaged over the cell's trials; "
+              "communication makes attempts alike.", "", "## Conclusions", ""]
+    lines += [f"- {s}" for s in sentences(summary)] or ["(no sentence to test: no pair of cells scored)"]
+    lines += ["", "## Every pair of cells, seed by seed", "",
+              f"Differences are a - b on the seeds both ran; the interval is a percentile bootstrap over seeds of "
+              f"the differences (2,000 resamples), shown only from {MIN_TRUSTED_SEEDS} seeds; p-values are exact "
+              "and two-sided.", "", "| " + " | ".join(PAIR_HEADER) + " |", "|" + "---|" * len(PAIR_HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in pair_rows(summary)]
+    failed = failures(summary)
+    lines += ["", "## Failed trials", ""] + ([f"- {f}" for f in failed] or ["None."])
+    lines += ["", "## Every trial's report", ""]
+    for name, links in _trial_links(summary):
+        lines.append(f"- {name}: " + ", ".join(f"[seed {seed}]({link})" if link else f"seed {seed} (no run)"
+                                                for seed, link in links))
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    rows_ = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in body)
+    return f"<table><tr>{head}</tr>{rows_}</table>"
 
 
 def html_page(summary: CampaignSummary, plots: list[str]) -> str:
     """The campaign as one HTML page."""
     e = html.escape
     c = summary.campaign
-    head = "".join(f"<th>{e(h)}</th>" for h in HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in rows(summary))
-    said = "".join(f"<p>{e(s)}</p>" for s in sentences(summary))
+    said = "".join(f"<li>{e(s)}</li>" for s in sentences(summary)) or "<li>no sentence to test</li>"
+    failed = "".join(f"<li>{e(f)}</li>" for f in failures(summary)) or "<li>None.</li>"
+    links = "".join(f"<li>{e(name)}: " + ", ".join(f'<a href="{e(link)}">seed {seed}</a>' if link
+                                                    else f"seed {seed} (no run)" for seed, link in trial_links)
+                    + "</li>" for name, trial_links in _trial_links(summary))
     images = "".join(f'<p><img src="{e(p)}" alt="{e(p)}"></p>' for p in plots)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>campaign {e(c.name)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style></head><body>"
-            f"<h1>Campaign {e(c.name)}</h1><p>Every cell ran under the same cap: "
-            f"{e(format_usd(c.budget_micro_usd))}, {c.call_cap} calls, {c.deadline_s:g} s; seeds "
-            f"{e(', '.join(map(str, c.seeds)))}.</p><table><tr>{head}</tr>{body}</table>{said}{images}"
+            f"<h1>Campaign {e(c.name)}</h1><p>{e(matching(summary))} Seeds {e(', '.join(map(str, c.seeds)))}.</p>"
+            f"<p>{e(variation(summary))}</p>{_table(HEADER, rows(summary))}"
+            f"<p>A failed trial scores {FLOOR} in its cell.</p><h2>Conclusions</h2><ul>{said}</ul>"
+            f"<h2>Every pair of cells, seed by seed</h2>{_table(PAIR_HEADER, pair_rows(summary))}"
+            f"<h2>Failed trials</h2><ul>{failed}</ul><h2>Every trial's report</h2><ul>{links}</ul>{images}"
             "</body></html>\n")
 
 

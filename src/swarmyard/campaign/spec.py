@@ -25,14 +25,27 @@ import hashlib
 import os
 import tomllib
 from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from swarmyard.config import GoalConfig, HistoryMode, PolicyKind, ProviderKind, SwarmConfig, parse_config
+from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS
+from swarmyard.config import (
+    FREE_KINDS,
+    GoalConfig,
+    HistoryMode,
+    PolicyKind,
+    ProviderKind,
+    SwarmConfig,
+    parse_config,
+)
 from swarmyard.errors import ConfigError
 
+#: The seeds of a campaign on the simulated provider that names none: as many as the paired interval needs.
+DEFAULT_SEEDS = tuple(range(1, MIN_TRUSTED_SEEDS + 1))
 #: The placeholder a swarm file may hold for the trial's seed.
 SEED = "${seed}"
 #: A run id's length (``run_`` and 26 characters): the plane's socket is ``DIR/runs/RUN/plane.sock``.
@@ -46,23 +59,46 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class Match(StrEnum):
+    """What every cell of a seed gets the same of."""
+
+    #: the money cap, call cap and deadline of the goal (the lead's share included, as a run has them)
+    BUDGET = "budget"
+    #: the workers' tokens in all (each worker its share; the lead gets one share more, outside the match)
+    TOKENS = "tokens"
+    #: the workers' model calls in all (each worker its share, and as many steps; the lead one share more)
+    CALLS = "calls"
+
+
 class CampaignTable(_Frozen):
     """``[campaign]``: the swarm file, the seeds and the cap shared by every cell."""
 
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
     swarm: Annotated[str, Field(min_length=1)]
-    seeds: Annotated[tuple[Annotated[int, Field(ge=0, strict=True)], ...], Field(min_length=1)]
+    seeds: Annotated[tuple[Annotated[int, Field(ge=0, strict=True)], ...], Field(min_length=1)] | None = None
     budget_usd: str | int | None = None
     call_cap: PositiveInt | None = None
     deadline_s: Annotated[float, Field(gt=0)] | None = None
     dir: Annotated[str, Field(min_length=1)] | None = None
+    #: what every cell of a seed gets the same of: the money cap (and call cap), the workers' tokens, or their calls
+    match: Match = Match.BUDGET
+    #: with ``match = "tokens"``: the workers' tokens of every cell of the grid, in all
+    tokens: PositiveInt | None = None
 
     @field_validator("seeds")
     @classmethod
-    def _distinct(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if len(set(value)) != len(value):
+    def _distinct(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and len(set(value)) != len(value):
             raise ValueError("each seed once (the same seed is the same trial)")
         return value
+
+    @model_validator(mode="after")
+    def _matched(self) -> Self:
+        if self.match is Match.CALLS and self.call_cap is None:
+            raise ValueError('call_cap: match = "calls" needs the workers\' calls of every cell, in all')
+        if self.tokens is not None and self.match is not Match.TOKENS:
+            raise ValueError('tokens: is for match = "tokens"')
+        return self
 
     @field_validator("budget_usd", mode="before")
     @classmethod
@@ -86,11 +122,20 @@ class GridTable(_Frozen):
 
 
 class SweepTable(_Frozen):
-    """``[sweep]``: best@n (independent workers) vs team@n (one board) for every n listed."""
+    """``[sweep]``: best@n (independent workers) vs team@n (one board) for every n listed; with ``match =
+    "tokens"``, at every number of tokens per agent listed (the cell's workers get n times as many)."""
 
     n: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
     history: HistoryMode | None = None
     top_k: PositiveInt = 3
+    tokens_per_agent: Annotated[tuple[PositiveInt, ...], Field(min_length=1)] | None = None
+
+    @field_validator("tokens_per_agent")
+    @classmethod
+    def _distinct_tokens(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each number once")
+        return None if value is None else tuple(sorted(value))
 
     @field_validator("n")
     @classmethod
@@ -111,6 +156,13 @@ class CampaignFile(_Frozen):
     def _some_cells(self) -> Self:
         if self.grid is None and self.sweep is None:
             raise ValueError("campaign file: give a [grid] table, a [sweep] table, or both")
+        tokens = self.campaign.match is Match.TOKENS
+        if tokens and self.grid is not None and self.campaign.tokens is None:
+            raise ValueError('campaign.tokens: match = "tokens" needs the workers\' tokens of every grid cell')
+        if tokens and self.sweep is not None and self.sweep.tokens_per_agent is None:
+            raise ValueError('sweep.tokens_per_agent: match = "tokens" needs the tokens each agent gets')
+        if not tokens and self.sweep is not None and self.sweep.tokens_per_agent is not None:
+            raise ValueError('sweep.tokens_per_agent: is for match = "tokens"')
         return self
 
 
@@ -125,6 +177,10 @@ class Cell:
     top_k: int
     #: which comparison the cell belongs to: ``grid`` or ``sweep``
     family: str
+    #: the workers' tokens (``match = "tokens"``) or calls (``"calls"``) in all; ``None``: matched on budget
+    allowance: int | None = None
+    #: a token sweep's tokens per agent
+    tokens_per_agent: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,23 +211,70 @@ class Campaign:
     budget_micro_usd: int
     call_cap: int
     deadline_s: float
+    match: Match = Match.BUDGET
+    #: every model is the simulated provider's: a trial's figures are the same every time it runs
+    reproducible: bool = False
 
 
 def cells_of(spec: CampaignFile, base: SwarmConfig) -> list[Cell]:
     """The cells the file asks for, grid first, then the sweep by n."""
     cells: list[Cell] = []
+    t = spec.campaign
+    allowance = t.tokens if t.match is Match.TOKENS else t.call_cap if t.match is Match.CALLS else None
     if spec.grid is not None:
         g = spec.grid
         for history in (HistoryMode.SCORED_HISTORY, HistoryMode.SINGLE_DRAFT_REFINEMENT):
-            cells.append(Cell(f"single/{history.value}", 1, PolicyKind.INDEPENDENT, history, g.top_k, "grid"))
-            cells.append(Cell(f"cohort{g.cohort}/{history.value}", g.cohort, g.policy, history, g.top_k, "grid"))
+            cells.append(Cell(f"single/{history.value}", 1, PolicyKind.INDEPENDENT, history, g.top_k, "grid",
+                              allowance))
+            cells.append(Cell(f"cohort{g.cohort}/{history.value}", g.cohort, g.policy, history, g.top_k, "grid",
+                              allowance))
     if spec.sweep is not None:
         s = spec.sweep
         history = s.history or base.workers.history
-        for n in s.n:
-            cells.append(Cell(f"best@{n}", n, PolicyKind.INDEPENDENT, history, s.top_k, "sweep"))
-            cells.append(Cell(f"team@{n}", n, PolicyKind.TEAM, history, s.top_k, "sweep"))
+        for per_agent in s.tokens_per_agent or (None,):
+            for n in s.n:
+                suffix = f"/t{per_agent}" if per_agent is not None else ""
+                total = n * per_agent if per_agent is not None else allowance
+                cells.append(Cell(f"best@{n}{suffix}", n, PolicyKind.INDEPENDENT, history, s.top_k, "sweep", total,
+                                  per_agent))
+                cells.append(Cell(f"team@{n}{suffix}", n, PolicyKind.TEAM, history, s.top_k, "sweep", total,
+                                  per_agent))
     return cells
+
+
+#: What one token costs under ``match = "tokens"`` (1 USD a million: one micro-USD), so the goal's money cap is
+#: its token allowance, held and settled by the broker like any budget.
+TOKEN_PRICE_USD_PER_MTOK = "1"
+#: A call's output under ``match = "tokens"`` unless the swarm file sets its own: the broker holds a call's worst
+#: case (its input and this much output) before it is made, so a worker's last call must fit it, and an agent's
+#: own large default would leave most of a small allowance unusable.
+TOKEN_MATCH_MAX_OUTPUT = 256
+#: The goal's call cap under ``match = "tokens"``: out of the way, the tokens bind.
+_UNBOUND_CALLS = 100_000
+_UNBOUND_STEPS = 10_000
+
+
+def _matched(data: dict[str, Any], goal: dict[str, Any], workers: dict[str, Any], cell: Cell,
+             match: Match) -> None:
+    """Give the cell's workers ``cell.allowance`` tokens or calls in all, each its share; the lead one share more
+    (the coordinator holds one share back for it), outside what the cells are matched on."""
+    assert cell.allowance is not None
+    share = max(1, cell.allowance // cell.n)
+    if match is Match.CALLS:
+        goal["call_cap"] = share * (cell.n + 1)
+        workers["max_steps"] = share  # its last step is its finding: it makes exactly its calls
+        return
+    goal["budget_usd"] = str(Decimal(share * (cell.n + 1)) / 1_000_000)
+    goal["call_cap"] = _UNBOUND_CALLS
+    workers["max_steps"] = _UNBOUND_STEPS
+    providers = {}
+    for name, table in dict(data.get("providers") or {}).items():
+        prices = {model: {"max_output_tokens": TOKEN_MATCH_MAX_OUTPUT,
+                          **dict(table.get("prices", {}).get(model, {})),
+                          "input_usd_per_mtok": TOKEN_PRICE_USD_PER_MTOK,
+                          "output_usd_per_mtok": TOKEN_PRICE_USD_PER_MTOK} for model in table.get("models", ())}
+        providers[name] = {**table, "prices": prices}
+    data["providers"] = providers
 
 
 def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: CampaignTable,
@@ -183,7 +286,6 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
         value = getattr(table, key)
         if value is not None:
             goal[key] = value
-    data["goal"] = goal
     lenses = [lens.model_dump(mode="json") for lens in base.tasks.lenses]
     if len(lenses) == 1 and cell.n > 1:
         # one problem: each of the n workers makes its own attempt at it
@@ -194,6 +296,9 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
     workers = dict(data.get("workers") or {})
     workers.update(count=cell.n, concurrency=min(cell.n, base.workers.concurrency), history=cell.history.value,
                    history_top_k=cell.top_k)
+    if table.match is not Match.BUDGET:
+        _matched(data, goal, workers, cell, table.match)
+    data["goal"] = goal
     if cell.policy is not PolicyKind.INDEPENDENT and cell.n > 1 and _seeded(base):
         # workers that read each other's attempts: a seeded model answers them in turn, all at once, so the
         # trial is the same whatever the scheduling (independent workers need no turns: nothing they read moves)
@@ -268,10 +373,21 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     if not swarm_path.is_absolute():
         swarm_path = path.parent / swarm_path
     swarm_text = _swarm_text(swarm_path)
-    _, base = _parse_trial(swarm_text, table.seeds[0], swarm_path)
+    _, base = _parse_trial(swarm_text, (table.seeds or DEFAULT_SEEDS)[0], swarm_path)
     if not base.tasks.lenses:
         raise ConfigError("the swarm file must state its problem as [[tasks.lenses]] or from_family (every "
                           "cell gets the same tasks), not as a plan", field="campaign.swarm")
+    reproducible = _seeded(base)
+    if table.seeds is None and not reproducible:
+        raise ConfigError("is required where a model is not the simulated one (each seed is a paid trial per "
+                          f"cell); {len(DEFAULT_SEEDS)} is the least the paired interval is trusted at",
+                          field="campaign.seeds")
+    seeds = table.seeds or DEFAULT_SEEDS
+    hosted = [name for name, p in base.providers.items() if p.kind not in FREE_KINDS]
+    if table.match is Match.TOKENS and hosted:
+        raise ConfigError(f'match = "tokens" counts every token at one micro-USD, so it cannot also cap what '
+                          f"provider {hosted[0]!r} charges: use match = \"budget\" or \"calls\" with it",
+                          field="campaign.match")
     where = Path(table.dir) if table.dir else Path("campaigns") / table.name
     if not where.is_absolute():
         where = (cwd or Path.cwd()) / where
@@ -284,7 +400,7 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     cells = cells_of(spec, base)
     trials: list[Trial] = []
     for cell in cells:
-        for seed in table.seeds:
+        for seed in seeds:
             def over(raw: dict[str, Any], cell: Cell = cell, seed: int = seed) -> dict[str, Any]:
                 _, base_of_seed = _parse_trial(swarm_text, seed, swarm_path)
                 return _trial_data(raw, base_of_seed, cell, table, runs_dir)
@@ -292,5 +408,5 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
             trials.append(Trial(cell, seed, config))
     first = trials[0].config.goal
     digest = hashlib.sha256(text.encode() + b"\0" + swarm_text.encode()).hexdigest()
-    return Campaign(table.name, where, table.seeds, tuple(cells), tuple(trials), digest,
-                    first.budget_micro_usd, first.call_cap, first.deadline_s)
+    return Campaign(table.name, where, seeds, tuple(cells), tuple(trials), digest,
+                    first.budget_micro_usd, first.call_cap, first.deadline_s, table.match, reproducible)

@@ -82,3 +82,86 @@ def mean_pairwise_similarity(submissions: Sequence[str]) -> float | None:
         return None
     pairs = list(itertools.islice(itertools.combinations(submissions, 2), MAX_PAIRS))
     return mean([similarity(a, b) for a, b in pairs])
+
+
+#: Seeds below which a bootstrap interval is not trusted: with fewer, the resamples are a handful of values and
+#: the "95%" band is about [min, max] (zero width when the seeds agree).
+MIN_TRUSTED_SEEDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """Cell A against cell B on the seeds both ran: the per-seed differences A - B and what they say."""
+
+    diffs: tuple[float, ...]
+    mean: float
+    #: the percentile bootstrap over seeds of the mean difference (``low <= mean <= high``)
+    low: float
+    high: float
+    wins: int
+    losses: int
+    ties: int
+    #: exact two-sided p-values: the sign test and the Wilcoxon signed-rank test (ties and zeros handled exactly)
+    sign_p: float
+    wilcoxon_p: float
+
+    @property
+    def trusted(self) -> bool:
+        """Enough seeds for the interval to mean what it says."""
+        return len(self.diffs) >= MIN_TRUSTED_SEEDS
+
+
+def paired(a: Sequence[float], b: Sequence[float], *, seed: int = 0, resamples: int = RESAMPLES) -> Paired:
+    """Compare two cells seed by seed (``a[i]`` and ``b[i]`` ran on the same seed); ``ValueError`` for no pairs or
+    lengths that differ."""
+    if len(a) != len(b):
+        raise ValueError("paired values come in pairs")
+    diffs = tuple(x - y for x, y in zip(a, b, strict=True))
+    interval = bootstrap_ci(diffs, seed=seed, resamples=resamples)
+    wins = sum(1 for d in diffs if d > 0)
+    losses = sum(1 for d in diffs if d < 0)
+    return Paired(diffs, interval.mean, interval.low, interval.high, wins, losses, len(diffs) - wins - losses,
+                  sign_test(wins, losses), wilcoxon_signed_rank(diffs))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """The exact two-sided sign test of ``wins`` against ``losses`` (ties left out): twice the smaller binomial
+    tail at one half, at most 1."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2**n
+    return float(min(1.0, 2 * tail))
+
+
+def wilcoxon_signed_rank(diffs: Sequence[float]) -> float:
+    """The exact two-sided Wilcoxon signed-rank test of differences around 0.
+
+    Zeros are left out (Wilcoxon's own rule); tied magnitudes get their average rank and the null distribution is
+    counted over every assignment of signs to those ranks (so it is exact with ties too), by dynamic programming
+    over doubled ranks, which are integers.
+    """
+    nonzero = [d for d in diffs if d != 0]
+    n = len(nonzero)
+    if n == 0:
+        return 1.0
+    ordered = sorted(range(n), key=lambda i: abs(nonzero[i]))
+    doubled = [0] * n  # twice each average rank
+    start = 0
+    while start < n:
+        end = start
+        while end + 1 < n and abs(nonzero[ordered[end + 1]]) == abs(nonzero[ordered[start]]):
+            end += 1
+        for k in range(start, end + 1):
+            doubled[ordered[k]] = start + end + 2  # (start+1 + end+1) / 2, doubled
+        start = end + 1
+    w_plus = sum(r for r, d in zip(doubled, nonzero, strict=True) if d > 0)
+    counts = [0] * (sum(doubled) + 1)  # how many sign assignments give each doubled W+
+    counts[0] = 1
+    for rank in doubled:
+        for total in range(len(counts) - 1, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    everything = 2**n
+    below = sum(counts[: w_plus + 1]) / everything
+    above = sum(counts[w_plus:]) / everything
+    return float(min(1.0, 2 * min(below, above)))

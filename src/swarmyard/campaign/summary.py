@@ -1,25 +1,47 @@
-"""A campaign's results per cell: means with bootstrap intervals, the seed's sentence where it holds, and
-how alike the attempts within a cell were."""
+"""A campaign's results: per cell, means with their spread and failures; per pair of cells, the paired difference
+over the seeds they share; and the sentences the campaign tests, each held to those figures.
+
+Every trial counts: a trial that failed scores the floor (0, the least an evaluator gives) in its cell, so a cell
+that fails often is not scored on its survivors. Cells share seeds (the same seed is the same task instance), so
+they are compared seed by seed: the mean of the differences, its bootstrap interval, how many seeds each wins,
+and exact sign and Wilcoxon signed-rank tests. A sentence holds only where the test says so at 5% and the
+interval agrees; with fewer than ``MIN_TRUSTED_SEEDS`` seeds it is not tested at all.
+"""
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from swarmyard.campaign.record import TrialRecord
 from swarmyard.campaign.spec import Campaign, Cell
-from swarmyard.campaign.stats import Interval, bootstrap_ci, mean
+from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS, Interval, Paired, bootstrap_ci, mean, paired
 from swarmyard.config import HistoryMode
 
-#: The seed's sentence, stated where the record supports it.
+#: The seed's sentence for the 2x2.
 SENTENCE = "a single worker beats the cohort under the same cap"
+#: The sweep's sentence, for each n.
+TEAM_SENTENCE = "team@{n} beats best@{n}"
 #: What each cell reports with an interval: the record's field and its name in the output.
 METRICS = ("score", "spend_micro_usd", "wall_s", "calls", "tokens")
+#: The significance level of the tests.
+ALPHA = 0.05
+#: A failed trial's score: the least an evaluator gives.
+FLOOR = 0
 
 
 def _ci(values: Sequence[float], seed: int) -> Interval | None:
     return bootstrap_ci(values, seed=seed) if values else None
+
+
+def scored_value(record: TrialRecord, scored: bool) -> float | None:
+    """The trial's score as its cell counts it: a failed trial of a scored campaign scores the floor."""
+    if record.score is not None:
+        return float(record.score)
+    return float(FLOOR) if scored and record.error else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +52,26 @@ class CellSummary:
     trials: tuple[TrialRecord, ...]
     intervals: dict[str, Interval | None]
     similarity: float | None
+    #: the score of each trial as counted (failed ones at the floor), by seed
+    scores: dict[int, float]
 
     @property
     def score(self) -> Interval | None:
         """The score's mean and interval (``None``: no trial was scored)."""
         return self.intervals["score"]
+
+    @property
+    def failed(self) -> list[TrialRecord]:
+        """The trials that failed, each with its reason."""
+        return [t for t in self.trials if t.error]
+
+    @property
+    def spread(self) -> tuple[float, float, float] | None:
+        """(standard deviation, min, max) of the scores over the seeds; ``None`` with none."""
+        values = list(self.scores.values())
+        if not values:
+            return None
+        return (statistics.stdev(values) if len(values) > 1 else 0.0, min(values), max(values))
 
     def to_dict(self) -> dict[str, Any]:
         """The cell as ``--json`` prints it."""
@@ -45,18 +82,25 @@ class CellSummary:
             return found.mean if found else None
 
         spend = mean_of("spend_micro_usd")
+        spread = self.spread
         return {
             "name": self.cell.name,
             "family": self.cell.family,
             "n": self.cell.n,
             "policy": self.cell.policy.value,
             "history": self.cell.history.value,
+            "allowance": self.cell.allowance,
+            "tokens_per_agent": self.cell.tokens_per_agent,
             "seeds": [t.seed for t in self.trials],
             "scored": sum(1 for t in self.trials if t.score is not None),
-            "failed": sum(1 for t in self.trials if t.error),
+            "failed": len(self.failed),
+            "failure_rate": len(self.failed) / len(self.trials) if self.trials else None,
             "mean": score.mean if score else None,
             "ci_low": score.low if score else None,
             "ci_high": score.high if score else None,
+            "sd": spread[0] if spread else None,
+            "min": spread[1] if spread else None,
+            "max": spread[2] if spread else None,
             "spend_micro_usd": round(spend) if spend is not None else None,
             "calls": mean_of("calls"),
             "tokens": mean_of("tokens"),
@@ -64,13 +108,17 @@ class CellSummary:
             "similarity": self.similarity,
             "intervals": {name: ({"mean": i.mean, "ci_low": i.low, "ci_high": i.high} if i else None)
                           for name, i in self.intervals.items()},
-            "trials": [{"seed": t.seed, "run_id": t.run_id, "score": t.score, "spend_micro_usd": t.spend_micro_usd,
+            "trials": [{"seed": t.seed, "run_id": t.run_id, "score": t.score,
+                        "counted_score": self.scores.get(t.seed), "spend_micro_usd": t.spend_micro_usd,
                         "calls": t.calls, "tokens_in": t.tokens_in, "tokens_out": t.tokens_out, "wall_s": t.wall_s,
-                        "similarity": t.similarity, "error": t.error or None} for t in self.trials],
+                        "similarity": t.similarity, "error": t.error or None,
+                        "report": f"runs/{t.run_id}/report.html" if t.run_id else None} for t in self.trials],
         }
 
 
-def _value(record: TrialRecord, name: str) -> float | None:
+def _value(record: TrialRecord, name: str, scored: bool) -> float | None:
+    if name == "score":
+        return scored_value(record, scored)
     if name == "tokens":
         return record.tokens_in + record.tokens_out
     if record.error and name != "wall_s":
@@ -79,47 +127,171 @@ def _value(record: TrialRecord, name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def summarise_cell(cell: Cell, trials: Sequence[TrialRecord], seed: int = 0) -> CellSummary:
-    """A cell's intervals (each a bootstrap of its own metric, seeded) and its mean similarity."""
-    intervals = {name: _ci([v for t in trials if (v := _value(t, name)) is not None], seed) for name in METRICS}
+def summarise_cell(cell: Cell, trials: Sequence[TrialRecord], *, scored: bool = True, seed: int = 0) -> CellSummary:
+    """A cell's intervals (each a bootstrap of its own metric, seeded), its counted scores and mean similarity."""
+    intervals = {name: _ci([v for t in trials if (v := _value(t, name, scored)) is not None], seed)
+                 for name in METRICS}
     sims = [t.similarity for t in trials if t.similarity is not None]
-    return CellSummary(cell, tuple(trials), intervals, mean(sims) if sims else None)
+    scores = {t.seed: v for t in trials if (v := scored_value(t, scored)) is not None}
+    return CellSummary(cell, tuple(trials), intervals, mean(sims) if sims else None, scores)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Cell ``a`` against cell ``b`` on the seeds both have a counted score for (differences are a - b)."""
+
+    a: str
+    b: str
+    seeds: tuple[int, ...]
+    a_scores: tuple[float, ...]
+    b_scores: tuple[float, ...]
+    test: Paired
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``--json`` prints it."""
+        t = self.test
+        return {"a": self.a, "b": self.b, "seeds": list(self.seeds), "a_scores": list(self.a_scores),
+                "b_scores": list(self.b_scores), "differences": list(t.diffs), "mean_difference": t.mean,
+                "ci_low": t.low, "ci_high": t.high, "interval_trusted": t.trusted, "a_wins": t.wins,
+                "b_wins": t.losses, "ties": t.ties, "sign_test_p": t.sign_p, "wilcoxon_p": t.wilcoxon_p}
+
+
+def compare(a: CellSummary, b: CellSummary, seed: int = 0) -> Comparison | None:
+    """The paired comparison of two cells (``None``: no seed has both scored)."""
+    seeds = tuple(sorted(set(a.scores) & set(b.scores)))
+    if not seeds:
+        return None
+    xs = tuple(a.scores[s] for s in seeds)
+    ys = tuple(b.scores[s] for s in seeds)
+    return Comparison(a.cell.name, b.cell.name, seeds, xs, ys, paired(xs, ys, seed=seed))
+
+
+class Verdict:
+    """What the figures say about a sentence."""
+
+    HOLDS = "holds"
+    REVERSED = "reversed"
+    NOT_SHOWN = "not shown"
+    UNTESTED = "untested"
+
+
+def verdict(test: Paired) -> str:
+    """``holds`` where a's lead is significant (Wilcoxon, two-sided, at ``ALPHA``) and its interval is above 0;
+    ``reversed`` where b's is; ``untested`` with fewer than ``MIN_TRUSTED_SEEDS`` seeds; else ``not shown``."""
+    if not test.trusted:
+        return Verdict.UNTESTED
+    if test.wilcoxon_p < ALPHA and test.low > 0:
+        return Verdict.HOLDS
+    if test.wilcoxon_p < ALPHA and test.high < 0:
+        return Verdict.REVERSED
+    return Verdict.NOT_SHOWN
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The seed's sentence checked for one history setting: does the single worker beat the cohort?"""
+    """A sentence the campaign tests, the comparison it rests on (``a`` is the cell the sentence says wins)."""
 
-    history: HistoryMode
-    single: str
-    cohort: str
-    single_mean: float
-    cohort_mean: float
-    #: the single worker's mean is higher
-    holds: bool
-    #: and the two intervals do not overlap
-    separated: bool
+    sentence: str
+    comparison: Comparison
+    verdict: str
+    #: the grid's history setting, or the sweep's n and tokens per agent
+    history: HistoryMode | None = None
+    n: int | None = None
+    tokens_per_agent: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As ``--json`` prints it."""
-        return {"sentence": SENTENCE, "history": self.history.value, "single": self.single, "cohort": self.cohort,
-                "single_mean": self.single_mean, "cohort_mean": self.cohort_mean, "holds": self.holds,
-                "separated": self.separated}
+        return {"sentence": self.sentence, "verdict": self.verdict, "a": self.comparison.a, "b": self.comparison.b,
+                "history": self.history.value if self.history else None, "n": self.n,
+                "tokens_per_agent": self.tokens_per_agent, "text": claim_text(self),
+                **{k: v for k, v in self.comparison.to_dict().items() if k not in ("a", "b")}}
 
 
-def claims(cells: Sequence[CellSummary]) -> list[Claim]:
-    """For each history setting of the 2x2, whether the single worker's mean score beats the cohort's."""
-    grid = [c for c in cells if c.cell.family == "grid"]
+def _num(value: float) -> str:
+    return f"{value:+,.0f}"
+
+
+def claim_text(claim: Claim) -> str:
+    """The written conclusion: the sentence, the verdict and the figures it was drawn from."""
+    c, t = claim.comparison, claim.comparison.test
+    n = len(c.seeds)
+    figures = (f"{c.a} - {c.b} = {_num(t.mean)} on the mean over {n} seeds; {c.a} wins {t.wins}, {c.b} wins "
+               f"{t.losses}, {t.ties} tied; Wilcoxon signed-rank p = {t.wilcoxon_p:.3g}, sign test p = "
+               f"{t.sign_p:.3g}")
+    if t.trusted:
+        figures += f"; 95% interval of the difference [{_num(t.low)}, {_num(t.high)}]"
+    else:
+        figures += "; per-seed differences " + ", ".join(_num(d) for d in t.diffs)
+    said = {
+        Verdict.HOLDS: "holds",
+        Verdict.REVERSED: "does not hold: the opposite is significant",
+        Verdict.NOT_SHOWN: "is not shown (the difference is not significant at 5%)",
+        Verdict.UNTESTED: f"is not tested: {n} seeds are fewer than the {MIN_TRUSTED_SEEDS} a trustworthy interval "
+                          "needs",
+    }[claim.verdict]
+    where = (f"With {claim.history.value}: " if claim.history is not None
+             else f"At {claim.tokens_per_agent:,} tokens per agent: " if claim.tokens_per_agent is not None else "")
+    return f'{where}"{claim.sentence}" {said} ({figures}).'
+
+
+def claims(cells: Sequence[CellSummary], seed: int = 0) -> list[Claim]:
+    """The 2x2's sentence for each history setting (single - cohort) and the sweep's for each n (team - best)."""
     out = []
+    grid = [c for c in cells if c.cell.family == "grid"]
     for history in HistoryMode:
         single = next((c for c in grid if c.cell.history is history and c.cell.n == 1), None)
         cohort = next((c for c in grid if c.cell.history is history and c.cell.n > 1), None)
-        if single is None or cohort is None or single.score is None or cohort.score is None:
+        if single is None or cohort is None or (found := compare(single, cohort, seed)) is None:
             continue
-        s, k = single.score, cohort.score
-        out.append(Claim(history, single.cell.name, cohort.cell.name, s.mean, k.mean, s.mean > k.mean,
-                         s.mean > k.mean and s.low > k.high))
+        out.append(Claim(SENTENCE, found, verdict(found.test), history=history))
+    sweep = [c for c in cells if c.cell.family == "sweep"]
+    for best in (c for c in sweep if c.cell.name.startswith("best@")):
+        team = next((c for c in sweep if c.cell.name == best.cell.name.replace("best@", "team@", 1)), None)
+        if team is None or (found := compare(team, best, seed)) is None:
+            continue
+        out.append(Claim(TEAM_SENTENCE.format(n=best.cell.n), found, verdict(found.test), n=best.cell.n,
+                         tokens_per_agent=best.cell.tokens_per_agent))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """Where team@n stops losing to best@n as tokens per agent grow, for one n."""
+
+    n: int
+    #: (tokens per agent, mean of team - best) in increasing tokens
+    points: tuple[tuple[int, float], ...]
+
+    @property
+    def text(self) -> str:
+        """The crossing, stated from the means (whether each is significant is in the claims)."""
+        signs = [(t, d) for t, d in self.points]
+        below = [t for t, d in signs if d < 0]
+        above = [t for t, d in signs if d > 0]
+        listed = ", ".join(f"{t}: {_num(d)}" for t, d in signs)
+        if not below:
+            return f"n = {self.n}: team@n never loses to best@n on the mean over the tokens per agent tried ({listed})."
+        if not above:
+            return f"n = {self.n}: team@n loses to best@n on the mean at every tokens per agent tried ({listed})."
+        for (t0, d0), (t1, d1) in itertools.pairwise(signs):
+            if d0 < 0 <= d1 or d0 <= 0 < d1:
+                return (f"n = {self.n}: team@n loses below about {t1} tokens per agent and not at or above it "
+                        f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
+        return f"n = {self.n}: the sign of team@n - best@n changes more than once ({listed}): no single crossing."
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``--json`` prints it."""
+        return {"n": self.n, "points": [{"tokens_per_agent": t, "mean_difference": d} for t, d in self.points],
+                "text": self.text}
+
+
+def crossings(found: Sequence[Claim]) -> list[Crossing]:
+    """For each n of a token sweep with two or more tokens per agent, where team@n - best@n changes sign."""
+    by_n: dict[int, list[tuple[int, float]]] = {}
+    for claim in found:
+        if claim.n is not None and claim.tokens_per_agent is not None:
+            by_n.setdefault(claim.n, []).append((claim.tokens_per_agent, claim.comparison.test.mean))
+    return [Crossing(n, tuple(sorted(points))) for n, points in sorted(by_n.items()) if len(points) > 1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +300,9 @@ class CampaignSummary:
 
     campaign: Campaign
     cells: tuple[CellSummary, ...]
+    comparisons: tuple[Comparison, ...]
     claims: tuple[Claim, ...]
+    crossings: tuple[Crossing, ...]
 
     @property
     def complete(self) -> bool:
@@ -142,18 +316,28 @@ class CampaignSummary:
             "campaign": c.name,
             "dir": str(c.dir),
             "seeds": list(c.seeds),
+            "match": c.match.value,
+            "reproducible": c.reproducible,
             "cap": {"budget_micro_usd": c.budget_micro_usd, "call_cap": c.call_cap, "deadline_s": c.deadline_s},
             "complete": self.complete,
             "cells": [cell.to_dict() for cell in self.cells],
+            "comparisons": [p.to_dict() for p in self.comparisons],
             "claims": [claim.to_dict() for claim in self.claims],
+            "crossings": [x.to_dict() for x in self.crossings],
         }
 
 
 def summarise(campaign: Campaign, records: Sequence[TrialRecord]) -> CampaignSummary:
-    """Group the record by cell (in the campaign's order) and summarise each."""
+    """Group the record by cell (in the campaign's order), summarise each, and compare every pair."""
     by_cell: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_cell.setdefault(record.cell, []).append(record)
-    cells = tuple(summarise_cell(cell, sorted(by_cell.get(cell.name, []), key=lambda r: r.seed))
+    # a campaign is scored where its runs have an evaluator (or its record holds scores)
+    scored = (any(t.config.evaluator is not None for t in campaign.trials)
+              or any(r.score is not None for r in records))
+    cells = tuple(summarise_cell(cell, sorted(by_cell.get(cell.name, []), key=lambda r: r.seed), scored=scored)
                   for cell in campaign.cells)
-    return CampaignSummary(campaign, cells, tuple(claims(cells)))
+    pairs = tuple(p for a, b in itertools.combinations(cells, 2) if (p := compare(a, b)) is not None)
+    tested = claims(cells)
+    return CampaignSummary(campaign, cells, pairs, tuple(tested), tuple(crossings(tested)))
+

@@ -3,48 +3,57 @@
 from __future__ import annotations
 
 import json
-import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from swarmyard.cli import render
 from swarmyard.config import SandboxKind
+from swarmyard.money import format_usd
+
+if TYPE_CHECKING:
+    from swarmyard.campaign.runner import TrialEvent
 
 
 class TrialProgress:
-    """A progress bar on stderr while trials run, only on a terminal."""
+    """One line on stderr as each trial starts and ends: trials done of all (cells x seeds), the trial, the time
+    since the campaign started and what it spent so far. Plain lines, on a terminal or not, so that a log of a
+    long campaign shows where it is; stdout keeps the results alone."""
 
-    def __init__(self, total: int, *, live: bool | None = None) -> None:
-        self.bar: Any = None
-        self.task: Any = None
-        if sys.stderr.isatty() if live is None else live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self._clock = clock
+        self._started = clock()
+        self.spent = 0
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=render.stderr)
-            self.task = self.bar.add_task("campaign", total=total)
+    def _say(self, text: str) -> None:
+        render.stderr.print(text, highlight=False, markup=False, soft_wrap=True)
 
-    def __enter__(self) -> TrialProgress:
-        if self.bar is not None:
-            self.bar.start()
-        return self
+    def _where(self, done: int) -> str:
+        elapsed = int(self._clock() - self._started)
+        return (f"[{done:>{len(str(self.total))}}/{self.total}] {elapsed // 60}:{elapsed % 60:02d} elapsed, "
+                f"{format_usd(self.spent)} spent")
 
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def __call__(self, event: Any) -> None:
-        """Show a trial starting or ending."""
-        if self.bar is None:
+    def __call__(self, event: TrialEvent) -> None:
+        """Show a trial starting, ending, or kept from before (a resume)."""
+        t = event.trial
+        what = f"{t.cell.name} seed {t.seed}"
+        record = event.record
+        if record is None:
+            self._say(f"{self._where(event.done)}: running {what}")
             return
-        if event.record is None:
-            self.bar.update(self.task, completed=event.done, description=f"running {event.trial.key}")
+        self.spent += record.spend_micro_usd
+        if event.skipped:
+            self._say(f"{self._where(event.done)}: kept {what} (finished before)")
+        elif record.error:
+            self._say(f"{self._where(event.done)}: {what} FAILED (counts as score 0): {record.error}")
         else:
-            score = event.record.score
-            self.bar.update(self.task, completed=event.done,
-                            description=f"{event.trial.key}: {'-' if score is None else f'{score:,}'}")
+            score = "-" if record.score is None else f"{record.score:,}"
+            self._say(f"{self._where(event.done)}: {what} scored {score} ({record.calls} calls, "
+                      f"{record.tokens_in + record.tokens_out:,} tokens, {record.wall_s:.1f} s)")
 
 
 def command(
@@ -55,9 +64,10 @@ def command(
     sandbox: Annotated[SandboxKind | None, typer.Option(
         "--sandbox", help="Machine backend of every trial: local (default) or process (no isolation).")] = None,
 ) -> None:
-    """Run every cell of a campaign on every seed under the same cap; print each cell's mean score with its 95%
-    bootstrap interval, cost, time, calls, tokens and how alike its attempts were. The folder keeps the record,
-    campaign.md, campaign.html, results.json and the plots.
+    """Run every cell of a campaign on every seed, matched on budget, tokens or calls; print each cell's mean
+    score, spread and failures, every pair of cells compared seed by seed (mean difference, interval, wins, exact
+    sign and Wilcoxon tests) and the conclusions drawn from them. Progress goes to stderr. The folder keeps the
+    record, campaign.md, campaign.html (linking every trial's report), results.json and the plots.
 
     Exit 0 when every trial has run; 1 for a bad campaign file (before anything runs) or other error.
     """
@@ -69,11 +79,14 @@ def command(
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
-    with TrialProgress(len(campaign.trials)) as progress:
-        records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress)
-        with hold(campaign.dir):  # the folder's files are this process's to write until they are written
-            summary = summarise(campaign, records)
-            files = write_files(summary)
+    progress = TrialProgress(len(campaign.trials))
+    render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds = "
+                        f"{len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
+                        highlight=False, markup=False, soft_wrap=True)
+    records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress)
+    with hold(campaign.dir):  # the folder's files are this process's to write until they are written
+        summary = summarise(campaign, records)
+        files = write_files(summary)
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:

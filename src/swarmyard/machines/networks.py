@@ -9,8 +9,9 @@ machine with its address. Networks are plain layer 2 with no router: a machine r
 networks and nothing else, and a machine on two networks does not forward between them (its namespace has
 forwarding off and it holds no capability to turn it on).
 
-Names: every networked machine's ``/etc/hosts`` is its own file, bound read-only, and lists ``<name>.yard`` for
-itself and each machine it shares a network with; it is rewritten in place as members come and go.
+Names: every networked machine's ``/etc/hosts`` is its own file, bound read-only, and lists ``<name>.yard`` (and
+the same address as ``<name>.boxd``, boxd's suffix) for itself and each machine it shares a network with; it is
+rewritten in place as members come and go.
 
 Needs root on the host (CAP_NET_ADMIN there, to make the hub and move veth ends into machines). A rootless
 backend refuses ``networks`` with :class:`~swarmyard.errors.SandboxUnavailableError`: pasta or slirp4netns give a
@@ -41,12 +42,17 @@ log = logging.getLogger(__name__)
 PRIVATE_RANGE = ipaddress.IPv4Network("10.231.0.0/16")
 #: The suffix a member's name resolves under.
 DOMAIN = "yard"
+#: The same name under boxd's suffix, so commands written for boxd (``curl http://coordinator.boxd:8080``) run
+#: unchanged: one hosts line per peer, so both names always give the same address to the same machines.
+ALIAS = "boxd"
 #: What every machine's /etc/hosts starts with.
 LOCALHOST = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 _NETWORK = re.compile(r"[a-z0-9][a-z0-9-]{0,31}\Z")
-#: What a networked machine may be called: a DNS label in lowercase, so no two names differ only in case
-#: (hosts-file lookups ignore case: "A" would answer for "a.yard").
-MEMBER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+#: What a networked machine may be called: DNS labels in lowercase, so no two names differ only in case
+#: (hosts-file lookups ignore case: "A" would answer for "a.yard"), joined by dots (a coordinator's machine is
+#: ``<coordinator>.<name>``, see ``swarmyard.boxd._spawn``); at most 63 characters, as any machine name.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+MEMBER_NAME = re.compile(rf"(?=.{{1,63}}\Z){_LABEL}(?:\.{_LABEL})*\Z")
 #: Networks one machine may join.
 MAX_PER_MACHINE = 16
 _MAX_NETWORKS = 255
@@ -74,7 +80,7 @@ def check_names(networks: object) -> tuple[str, ...]:
 
 
 def check_member_name(name: str) -> None:
-    """A machine on a network is named as a DNS label: lowercase letters, digits and '-', at most 63."""
+    """A machine on a network is named as DNS labels: lowercase letters, digits and '-', dot-separated."""
     if not MEMBER_NAME.match(name):
         raise InvalidInputError("a machine on a private network is named in lowercase letters, digits and '-' "
                                 "(its name is its <name>.yard)", field="name")
@@ -240,8 +246,7 @@ class Networks:
                     peer = self._members.get(peer_id)
                     if peer is not None and peer.name not in lines:
                         lines[peer.name] = network.address(peer_id)
-            text = LOCALHOST + "".join(f"{addr}\t{peer}.{DOMAIN}\n" for peer, addr in sorted(lines.items()))
-            write_hosts(member.hosts_file, text)
+            write_hosts(member.hosts_file, hosts_text(member.name, lines))
 
     def close(self) -> None:
         """Remove the hub namespace and with it every bridge and veth end still there."""
@@ -252,6 +257,23 @@ class Networks:
         if hub is not None:
             with contextlib.suppress(SandboxError):
                 _run(["ip", "netns", "del", hub])
+
+
+def hosts_text(viewer: str, peers: dict[str, str]) -> str:
+    """The hosts file of machine ``viewer`` whose networks hold ``peers`` (name -> address): each peer as
+    ``<name>.yard`` and ``<name>.boxd``, and a machine of a coordinator's namespace also by the name the
+    coordinator gave it, for the coordinator and its other machines (``lead``'s ``scout`` is ``lead.scout``, and
+    ``scout.yard`` to them), unless a machine is called that already (a whole name wins)."""
+    names: dict[str, list[str]] = {peer: [peer] for peer in peers}
+    spaces = {viewer, viewer.rpartition(".")[0]} - {""}
+    for peer in peers:
+        for space in spaces:
+            short = peer.removeprefix(f"{space}.")
+            if short != peer and short not in peers:
+                names[peer].append(short)
+    return LOCALHOST + "".join(
+        f"{peers[peer]}\t" + " ".join(f"{n}.{suffix}" for n in names[peer] for suffix in (DOMAIN, ALIAS)) + "\n"
+        for peer in sorted(peers))
 
 
 _HUB_PREFIX = "swarmyard-"

@@ -210,6 +210,10 @@ def build(config: Mapping[str, ProviderConfig], *, cache_dir: Path, env: Mapping
             case ProviderKind.SIMULATED:
                 providers[name] = _class(cfg.kind)(name=name, simulate=cfg.simulate or "tokens",
                                                    latency_s=cfg.latency_s or 0.0, turns=cfg.turns or 0)
+                if cfg.simulate == "attempts":
+                    # it reports words as tokens: held at its own count, a call's worst case is what it is
+                    routes += [_route(name, cfg, model, tokenizer=Tokenizer.PROVIDER) for model in cfg.models]
+                    continue
         routes += [_route(name, cfg, model) for model in cfg.models]
     return providers, routes
 

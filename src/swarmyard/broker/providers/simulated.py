@@ -23,9 +23,16 @@ from swarmyard.broker.chat import (
 from swarmyard.broker.providers.attempts import attempt_answer
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.turns import Turns, stable_text
-from swarmyard.broker.tokencount import TokenCounter
+from swarmyard.broker.tokencount import FunctionCounter, TokenCounter
 from swarmyard.errors import ProviderError, UpstreamLostError
 from swarmyard.ids import new_id
+
+#: How the simulated model counts tokens: words, as its usage reports them.
+WORDS = "simulated:words"
+
+
+def _words(text: str) -> int:
+    return len(text.split())
 
 
 @dataclass
@@ -66,8 +73,8 @@ class SimulatedProvider:
             self._turns.leave(caller)
 
     def counter(self, model: str) -> TokenCounter | None:
-        """No tokenizer of its own."""
-        return None
+        """Under ``attempts``, its own count (words, as its usage reports them); else none."""
+        return FunctionCounter(WORDS, _words) if self.simulate == "attempts" else None
 
     def _maybe_fail(self, state: CallState) -> None:
         if self.failure_rate and self._random.random() < self.failure_rate:
