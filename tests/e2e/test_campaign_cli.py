@@ -1,6 +1,6 @@
-"""``swarmyard campaign`` through the console script: bad campaign files are refused before anything runs; the
-shipped 2x2 on the simulated provider completes with intervals; a campaign killed with SIGKILL resumes without
-rerunning a finished trial.
+"""``swarmyard campaign`` through the CLI: bad campaign files are refused before anything runs; the shipped 2x2
+on the simulated provider completes with intervals and paired comparisons; a campaign killed with SIGKILL resumes
+without rerunning a finished trial.
 
 Every trial is a real run: real sandboxes, the in-process control plane and broker, the evaluator scoring the
 hidden-code bundle; only the model is simulated (the provider's seeded ``attempts`` behaviour).
@@ -109,9 +109,10 @@ def test_the_2x2_on_the_simulated_provider_completes_with_intervals(short_tmp: P
     assert sorted(cells) == ["cohort3/scored_history", "cohort3/single_draft_refinement", "single/scored_history",
                              "single/single_draft_refinement"]
     assert result["complete"] is True
-    assert "running" not in done.stderr  # progress is for a terminal only
+    assert "running single/scored_history seed 1" in done.stderr  # progress on stderr, the results on stdout
     for cell in cells.values():
-        assert cell["seeds"] == [1, 2, 3] and cell["scored"] == 3 and cell["failed"] == 0
+        # the example names no seeds: 1-8 on the simulated provider, enough for a trusted paired interval
+        assert cell["seeds"] == list(range(1, 9)) and cell["scored"] == 8 and cell["failed"] == 0
         assert cell["ci_low"] <= cell["mean"] <= cell["ci_high"]
         assert 0 < cell["mean"] <= 1_000_000  # the evaluator scored real attempts
         assert cell["calls"] > 0 and cell["wall_s"] > 0
@@ -120,12 +121,14 @@ def test_the_2x2_on_the_simulated_provider_completes_with_intervals(short_tmp: P
         assert cell["similarity"] is not None
     assert cells["cohort3/scored_history"]["n"] == 3 and cells["single/scored_history"]["n"] == 1
     assert {c["history"] for c in result["claims"]} == {"scored_history", "single_draft_refinement"}
+    assert all(c["verdict"] in ("holds", "reversed", "not shown") for c in result["claims"])  # 8 seeds: tested
+    assert len(result["comparisons"]) == 6  # every pair of the four cells
     folder = short_tmp / "campaigns" / "2x2-simulated"
     assert json.loads((folder / "results.json").read_text())["cells"] == result["cells"]
-    assert "| single/scored_history | 1 | 3 |" in (folder / "campaign.md").read_text()
+    assert "| single/scored_history | 1 | 8 | 0/8 (0%) |" in (folder / "campaign.md").read_text()
     assert "<table>" in (folder / "campaign.html").read_text()
     assert (folder / "score-vs-tokens.png").read_bytes()[:4] == b"\x89PNG"
-    assert len(list((folder / "runs").iterdir())) == 12  # one real run per trial
+    assert len(list((folder / "runs").iterdir())) == 32  # one real run per trial
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from swarmyard.campaign.record import TrialLog, TrialRecord
-from swarmyard.campaign.stats import bootstrap_ci, mean, mean_pairwise_similarity, similarity
+from swarmyard.campaign.stats import (
+    bootstrap_ci,
+    mean,
+    mean_pairwise_similarity,
+    paired,
+    sign_test,
+    similarity,
+    wilcoxon_signed_rank,
+)
 from swarmyard.errors import UserError
 
 
@@ -85,3 +93,27 @@ def test_the_record_survives_a_torn_last_line_and_refuses_another_campaign(tmp_p
     assert sorted(again.read()) == ["a#1", "a#2", "a#3"]
     with pytest.raises(UserError, match="no campaign to resume"):
         TrialLog(tmp_path / "other").begin("c", "digest-1", resume=True)
+
+
+def test_the_paired_difference_and_its_interval_match_a_hand_computed_case() -> None:
+    # four seeds where a beats b by 1 and four where they tie: the bootstrap mean of 8 draws is Binomial(8, 1/2)/8,
+    # whose 2.5% and 97.5% quantiles are 1/8 and 7/8 (P(X <= 0) = 1/256 < 2.5% <= P(X <= 1) = 9/256)
+    a = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    found = paired([x + 5 for x in a], [5.0] * 8, seed=3)
+    assert found.diffs == tuple(a) and found.mean == 0.5 and found.trusted
+    assert (found.low, found.high) == (0.125, 0.875)
+    assert (found.wins, found.losses, found.ties) == (4, 0, 4)
+    assert found.sign_p == 2 / 16  # 4 wins of 4 untied: 2 * (1/2)^4
+    assert found.wilcoxon_p == 2 / 16  # the four equal nonzero differences: all positive is 1 of 2^4 sign patterns
+
+
+def test_the_exact_tests_against_hand_counts() -> None:
+    # differences 1, -2, 3..8: W- = 2, and 3 of the 256 sign patterns give W- <= 2 ({}, {1}, {2})
+    assert wilcoxon_signed_rank([1, -2, 3, 4, 5, 6, 7, 8]) == 6 / 256
+    assert sign_test(7, 1) == 2 * 9 / 256  # P(X <= 1) for Binomial(8, 1/2) is 9/256
+    assert sign_test(8, 0) == wilcoxon_signed_rank(range(1, 9)) == 2 / 256
+    assert wilcoxon_signed_rank([0, 0]) == sign_test(0, 0) == 1.0  # nothing but ties: no evidence either way
+    # tied magnitudes get their average rank: |1|, |-1| rank 1.5 each, 2 rank 3; W+ = 4.5. Of the 8 sign patterns
+    # (sums 0, 1.5, 1.5, 3, 3, 4.5, 4.5, 6), 3 reach 4.5 or more: p = 2 * 3/8
+    assert wilcoxon_signed_rank([1, -1, 2]) == 0.75
+    assert not paired([1.0] * 7, [0.0] * 7).trusted  # fewer than 8 seeds: the interval is not to be trusted

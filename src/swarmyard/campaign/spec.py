@@ -2,13 +2,23 @@
 
 A campaign file (TOML)::
 
-    [campaign]   name, swarm (the swarm file, relative to the campaign file), seeds = [1, 2, 3],
-                 budget_usd, call_cap, deadline_s (the cap every cell runs under; by default the swarm
-                 file's), dir (where results go; by default campaigns/NAME in the working folder)
+    [campaign]   name, swarm (the swarm file, relative to the campaign file), seeds = [1, 2, 3] (by default 1-8
+                 where every model is the simulated one; required otherwise), budget_usd, call_cap, deadline_s
+                 (the cap every cell runs under; by default the swarm file's), dir (where results go; by
+                 default campaigns/NAME in the working folder), match = "budget" | "tokens" | "calls" (what
+                 every cell of a seed gets the same of: the goal's caps as a run has them; the workers' tokens
+                 in all, ``tokens``; or the workers' calls in all, ``call_cap``)
     [grid]       the seed's 2x2: {a single worker, a cohort of ``cohort``} x {scored_history,
                  single_draft_refinement}; top_k (attempts a scored history holds), policy (how the cohort
                  shares: team by default)
-    [sweep]      best@n (independent) vs team@n for every n in ``n``; history (the workers' context)
+    [sweep]      best@n (independent) vs team@n for every n in ``n``; history (the workers' context);
+                 tokens_per_agent = [...] with match = "tokens" (a cell of n workers gets n times as many)
+
+Under ``match = "tokens"`` every token costs one micro-USD (the broker's budget then holds and settles tokens
+exactly, worst case first), the goal's call cap is out of the way and a call's output is at most
+``TOKEN_MATCH_MAX_OUTPUT`` unless the swarm file says otherwise; a hosted provider is refused (its real price
+would go uncapped). Under ``"tokens"`` and ``"calls"`` the coordinator's one share held back for the lead is one
+share more than the workers' allowance, outside the match.
 
 The swarm file states the problem as its lenses (listed, or ``from_family``). A problem of one lens is
 attempted by each of a cell's n workers (n copies of the task); a problem of several (a family's shards) is

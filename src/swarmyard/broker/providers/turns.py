@@ -10,8 +10,9 @@ of turns, whatever the scheduling.
 
 A caller leaves the rotation when the provider gave it its last answer (``leave``) or the broker refused its call
 (a cap or the budget ran out: ``refused``). A caller that neither comes back nor leaves (it crashed) holds the
-turn for ``stall_s``; then the rotation goes on without it and the run is no longer reproducible, which is
-logged. Callers that arrive after the seats are taken (the lead, a retried worker) are not held.
+turn for ``stall_s`` (ten minutes by default: a loaded host can take a minute to boot a machine or score an
+attempt, and moving on early is what would make the run differ); then the rotation goes on without it and the
+run is no longer reproducible, which is logged. Callers that arrive after the seats are taken (the lead, a retried worker) are not held.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Turns:
     """One rotation of ``seats`` callers (see the module)."""
 
     seats: int
-    stall_s: float = 60.0
+    stall_s: float = 600.0
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     #: caller -> the key its first request gave it (its place in the order)
     _keys: dict[str, str] = field(default_factory=dict, init=False)
