@@ -504,6 +504,9 @@ class Coordinator:
     async def run(self, *, resume: bool = False) -> RunResult:
         """Run (or continue) the swarm; machines are deleted whatever happens."""
         started = time.monotonic()
+        from swarmyard.report.charts import prepare
+
+        prepare()  # the report is written after the run's last event: its charts' library loads while agents work
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
         from swarmyard.audit.log import AuditLog
