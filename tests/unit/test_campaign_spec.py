@@ -117,3 +117,13 @@ def test_the_summary_tests_the_seed_sentence_only_with_enough_seeds_and_counts_f
     assert cells["cohort2/single_draft_refinement"]["seeds"] == [1, 2]
     assert cells["single/scored_history"]["ci_low"] <= 902 <= cells["single/scored_history"]["ci_high"]
     assert cells["single/scored_history"]["spend_micro_usd"] == 5 and cells["single/scored_history"]["calls"] == 10
+
+
+def test_the_crossing_of_a_token_sweep_is_stated_from_the_signs_of_the_differences() -> None:
+    from swarmyard.campaign.summary import Crossing
+
+    once = Crossing(4, ((500, -3.0), (1000, 5.0), (2000, 6.0))).text
+    assert "team@n loses to best@n below about 1000 tokens per agent" in once
+    assert "changes 2 times" in Crossing(4, ((500, -3.0), (1000, 5.0), (2000, -6.0))).text
+    assert "no crossing" in Crossing(2, ((500, 3.0), (1000, 5.0))).text
+    assert "beats best@n below about 1000" in Crossing(2, ((500, 3.0), (1000, -5.0))).text

@@ -14,6 +14,7 @@ from typing import assert_never
 from swarmyard.campaign.spec import Match
 from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS, Interval, mean
 from swarmyard.campaign.summary import FLOOR, CampaignSummary, CellSummary, claim_text
+from swarmyard.config import PolicyKind
 from swarmyard.money import format_usd
 
 TOKENS_PLOT = "score-vs-tokens.png"
@@ -124,6 +125,9 @@ def variation(summary: CampaignSummary) -> str:
     if summary.campaign.reproducible:
         return ("Every model here is the simulated provider's, answered in turn: the same file and seeds give the "
                 "same scores, calls and tokens every time; only wall time and ids change.")
+    if any(cell.policy not in (PolicyKind.TEAM, PolicyKind.INDEPENDENT) for cell in summary.campaign.cells):
+        return ("The model is seeded, but an explore or groups cell's workers meet in an order the scheduler "
+                "decides (direction claims, later rounds): its trials may differ when run again.")
     return ("The model is not seeded: a trial run again can score, call and spend differently. The sd and [min, "
             "max] columns give the spread over seeds, which includes that variation; the per-seed differences of a "
             "pair show how much of a difference is the seed and how much the cells.")
@@ -226,18 +230,23 @@ def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | 
     sweep = [c for c in scored if c.cell.family == "sweep"]
     if sweep:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, prefix in (("best@n (independent)", "best@"), ("team@n (team)", "team@")):
-            arm = sorted((c for c in sweep if c.cell.name.startswith(prefix)), key=lambda c: c.cell.n)
-            if not arm:
-                continue
+        by_tokens = any(c.cell.tokens_per_agent is not None for c in sweep)
+        # a token sweep: one line per arm and n, over tokens per agent; else one line per arm, over n
+        lines = sorted({(c.cell.name.split("@")[0], c.cell.n if by_tokens else 0) for c in sweep})
+        for arm_name, n in lines:
+            arm = sorted((c for c in sweep if c.cell.name.startswith(f"{arm_name}@") and (not by_tokens
+                                                                                          or c.cell.n == n)),
+                         key=lambda c: (c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n)
             means = [c.score.mean for c in arm if c.score]
             low = [c.score.mean - c.score.low for c in arm if c.score]
             high = [c.score.high - c.score.mean for c in arm if c.score]
-            ax.errorbar([c.cell.n for c in arm], means, yerr=[low, high], marker="o", capsize=3, label=label)
-        ax.set_xlabel("n (workers)")
+            xs = [(c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n for c in arm if c.score]
+            label = f"{arm_name}@{n}" if by_tokens else f"{arm_name}@n"
+            ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=label)
+        ax.set_xlabel("tokens per agent" if by_tokens else "n (workers)")
         ax.set_ylabel("score")
         ax.set_xscale("log", base=2)
-        ax.set_title("score vs n (mean, 95% CI)")
+        ax.set_title(f"score vs {'tokens per agent' if by_tokens else 'n'} (mean, 95% CI)")
         ax.legend()
         fig.tight_layout()
         n_plot = folder / N_PLOT

@@ -387,8 +387,10 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     if not base.tasks.lenses:
         raise ConfigError("the swarm file must state its problem as [[tasks.lenses]] or from_family (every "
                           "cell gets the same tasks), not as a plan", field="campaign.swarm")
-    reproducible = _seeded(base)
-    if table.seeds is None and not reproducible:
+    # turns make a team reproducible; explore's direction claims and groups' later rounds are not in them
+    reproducible = _seeded(base) and (spec.grid is None or spec.grid.policy in (PolicyKind.TEAM,
+                                                                                 PolicyKind.INDEPENDENT))
+    if table.seeds is None and not _seeded(base):
         raise ConfigError("is required where a model is not the simulated one (each seed is a paid trial per "
                           f"cell); {len(DEFAULT_SEEDS)} is the least the paired interval is trusted at",
                           field="campaign.seeds")

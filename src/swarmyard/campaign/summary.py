@@ -265,19 +265,24 @@ class Crossing:
     @property
     def text(self) -> str:
         """The crossing, stated from the means (whether each is significant is in the claims)."""
-        signs = [(t, d) for t, d in self.points]
-        below = [t for t, d in signs if d < 0]
-        above = [t for t, d in signs if d > 0]
-        listed = ", ".join(f"{t}: {_num(d)}" for t, d in signs)
-        if not below:
-            return f"n = {self.n}: team@n never loses to best@n on the mean over the tokens per agent tried ({listed})."
-        if not above:
-            return f"n = {self.n}: team@n loses to best@n on the mean at every tokens per agent tried ({listed})."
-        for (t0, d0), (t1, d1) in itertools.pairwise(signs):
-            if d0 < 0 <= d1 or d0 <= 0 < d1:
-                return (f"n = {self.n}: team@n loses below about {t1} tokens per agent and not at or above it "
-                        f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
-        return f"n = {self.n}: the sign of team@n - best@n changes more than once ({listed}): no single crossing."
+        listed = ", ".join(f"{t}: {_num(d)}" for t, d in self.points)
+        signed = [(t, d) for t, d in self.points if d != 0]
+        changes = [(t0, t1, d1) for (t0, d0), (t1, d1) in itertools.pairwise(signed) if (d0 < 0) != (d1 < 0)]
+        if not signed:
+            return f"n = {self.n}: team@n and best@n tie on the mean at every tokens per agent tried ({listed})."
+        if not changes:
+            how = "loses to" if signed[0][1] < 0 else "beats"
+            return (f"n = {self.n}: team@n {how} best@n on the mean at every tokens per agent tried, no crossing "
+                    f"({listed}).")
+        if len(changes) > 1:
+            return (f"n = {self.n}: the sign of team@n - best@n changes {len(changes)} times ({listed}): no single "
+                    "crossing.")
+        t0, t1, after = changes[0]
+        if after > 0:
+            return (f"n = {self.n}: team@n loses to best@n below about {t1} tokens per agent and not from there on "
+                    f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
+        return (f"n = {self.n}: team@n beats best@n below about {t1} tokens per agent and loses from there on "
+                f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
 
     def to_dict(self) -> dict[str, Any]:
         """As ``--json`` prints it."""
