@@ -121,7 +121,8 @@ def test_started_as_root_the_plane_cannot_read_the_evaluators_bundle_or_the_witn
         witness, evaluator = _ready(procs[0]), _ready(procs[1])
         procs.append(_start(home, "serve", "--store", f"sqlite:///{home / 'plane' / 'store.db'}", "--socket",
                             str(home / "plane.sock"), "--evaluator-socket", str(home / "e.sock"),
-                            "--operator-token-file", str(home / "operator-token")))
+                            "--operator-token-file", str(home / "operator-token"),
+                            "--audit-dir", str(home / "plane" / "audit"), "--witness", str(home / "w.sock")))
         said = _stderr_until(procs[2], "serving as")
         assert f"serving as {PLANE_USER}" in said, said
 
@@ -162,6 +163,17 @@ def test_started_as_root_the_plane_cannot_read_the_evaluators_bundle_or_the_witn
                               timeout=120)
         assert made.returncode == 0 and made.stdout.startswith("goal_"), made.stderr
         assert (home / "plane" / "store.db").stat().st_uid == users[PLANE_USER]
+
+        # stopped, the plane signs its log's last checkpoint and has the witness cosign it (through its group);
+        # the store's log then verifies against the witness's home with no other flag
+        _stop(procs[2:])
+        assert procs[2].returncode == 0, procs[2].stderr
+        verified = subprocess.run([str(SWARMYARD), "audit", "verify", str(home / "plane" / "audit"), "--store",
+                                   f"sqlite:///{home / 'plane' / 'store.db'}", "--witness-home", str(home / "witness")],
+                                  env=_env(home), capture_output=True, text=True, timeout=120)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "keys pinned; not rolled back below" in verified.stdout
+        assert f"witness home {home / 'witness'} ({WITNESS_USER})" in verified.stderr
     finally:
         _stop(procs)
 

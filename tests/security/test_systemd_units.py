@@ -42,6 +42,9 @@ def test_every_service_runs_as_its_own_user_in_a_strict_sandbox() -> None:
                                                                                   "swarmyard-witness"]
     assert _service("swarmyard-evaluator.service")["StateDirectoryMode"] == "0700"
     assert "--home /var/lib/swarmyard/witness " in _service("swarmyard-witness.service")["ExecStart"]
+    # the plane's audit log is cosigned by that witness, on the socket the witness unit serves
+    witness_socket = _service("swarmyard-witness.service")["ExecStart"].split("--socket ")[1].split()[0]
+    assert f"--witness {witness_socket}" in _service("swarmyard-plane.service")["ExecStart"]
     sysusers = (UNITS / "swarmyard.sysusers").read_text().splitlines()
     assert sorted(line.split()[1] for line in sysusers if line.startswith("u ")) == sorted(USERS.values())
 

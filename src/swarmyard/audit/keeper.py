@@ -6,7 +6,8 @@ keeper sequences the store's events into the log's leaves every ``SYNC_S`` secon
 the store against signed checkpoints. Several replicas write the same store's events (sequencing is the store's
 and safe from any of them), but one log is one tree in one folder: one replica keeps it, and the folder's
 ``.lock`` (``flock``) refuses a second keeper on the same host. Stop that replica last, so its last checkpoint
-covers what the others wrote.
+covers what the others wrote. Given a witness (``serve --witness``), every checkpoint is cosigned by it, and
+``audit verify DIR --store URL`` reads that witness's home as it does a run's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from swarmyard.audit.log import LOG_VKEY, AuditLog
 from swarmyard.audit.note import Verifier
+from swarmyard.audit.witness import WitnessClient
 from swarmyard.errors import UserError
 from swarmyard.ids import new_id
 from swarmyard.store.protocol import Store
@@ -41,7 +43,8 @@ def _origin(audit_dir: Path) -> str:
 class AuditKeeper:
     """Keeps ``store``'s audit log in ``audit_dir`` on a thread while a server runs."""
 
-    def __init__(self, store: Store, audit_dir: Path, *, every_n: int = 1000, sync_s: float = SYNC_S) -> None:
+    def __init__(self, store: Store, audit_dir: Path, *, every_n: int = 1000, sync_s: float = SYNC_S,
+                 witness: WitnessClient | None = None) -> None:
         audit_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_fd = os.open(audit_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -51,7 +54,7 @@ class AuditKeeper:
             raise UserError(f"{audit_dir} is kept by another swarmyard serve: give --audit-dir to one replica "
                             "only") from None
         try:
-            self.log = AuditLog(store, audit_dir, _origin(audit_dir), every_n=every_n)
+            self.log = AuditLog(store, audit_dir, _origin(audit_dir), every_n=every_n, witness=witness)
         except BaseException:
             os.close(self._lock_fd)
             raise

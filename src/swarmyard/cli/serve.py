@@ -69,6 +69,10 @@ _User = typer.Option("swarmyard-plane", "--user",
                      help="Started as root: the system user to serve as (made if missing), so that the plane cannot "
                           "read the evaluator's bundle or the witness's key; the folders it writes must be that "
                           "user's. 'root' keeps root.")
+_Witness = typer.Option(None, "--witness",
+                        help="With --audit-dir: have this witness (socket path or URL, e.g. the swarmyard-witness "
+                             "service's) cosign every checkpoint, so that verify catches a rollback or a re-signed "
+                             "log.")
 _AuditDir = typer.Option(None, "--audit-dir",
                          help="Keep the store's audit log (signed checkpoints) in this folder, for `swarmyard audit "
                               "verify DIR --store URL`. Of several replicas, give it to one, and stop it last.")
@@ -106,6 +110,7 @@ def command(
     body_timeout_s: float = _BodyTimeout,
     max_connections: int | None = _MaxConnections,
     audit_dir: Path | None = _AuditDir,
+    witness: str | None = _Witness,
     user: str = _User,
 ) -> None:
     """Serve the control plane (worker tools, operator API, /metrics, the dashboard at /ui, and the model broker)
@@ -123,6 +128,8 @@ def command(
     if any(p is not None for p in tls_parts) and not all(p is not None for p in tls_parts):
         raise UserError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
     tls = TlsFiles(tls_cert, tls_key, tls_ca) if tls_cert and tls_key and tls_ca else None
+    if witness is not None and audit_dir is None:
+        raise UserError("--witness cosigns the audit log kept with --audit-dir: give both")
     if audit_dir is not None and workers > 1:
         raise UserError("--audit-dir keeps one log from one process: serve it with --workers 1 (another replica "
                         "can serve with more)")
@@ -137,6 +144,18 @@ def command(
                              renew_min_interval_s=renew_interval_s)
     from swarmyard.swarm.run_secrets import serve_secret
 
+    cosigner = None
+    if witness is not None:
+        from swarmyard.audit.witness import HttpWitnessClient
+        from swarmyard.errors import SwarmyardError
+
+        # made before the store is touched, and before the switch (its TLS context reads the CA file)
+        cosigner = HttpWitnessClient.at(witness)
+        try:
+            cosigner.verifier()
+        except SwarmyardError as exc:
+            cosigner.close()
+            raise UserError(f"witness {witness}: {exc.message}") from exc
     secret = load_or_create_secret(secret_file or serve_secret())
     opened = store_at(store, serving=True)  # migrates the store once, before any serving process opens it
     if not operator_token_file.exists():
@@ -198,12 +217,15 @@ def command(
         if audit_dir is not None:
             from swarmyard.audit.keeper import AuditKeeper
 
-            keeper = AuditKeeper(opened, audit_dir)  # made by the plane's user: its files are the plane's
+            # made by the plane's user: its files are the plane's
+            keeper = AuditKeeper(opened, audit_dir, witness=cosigner)
             keeper.start()
             app.state.on_close.append(keeper.aclose)  # after the broker's: its last settlements are logged
         serve(app, listen, limits=limits, sockets=sockets)
     finally:
         opened.close()
+        if cosigner is not None:
+            cosigner.close()
 
 
 def _sqlite_file(url: str) -> Path | None:
