@@ -11,8 +11,9 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
                  max_failures, retry_backoff_s, history (none | scored_history | single_draft_refinement),
                  history_top_k, machine (per_task | per_slot), max_machines
                  profile (full | governed), tools = [{name, wasm, folder, writer, fuel, memory_mb,
-                 timeout_s, description, params, required}, ...] (WASI tools of the built-in agent)
-    [lead]       agent, model, max_steps, prompt, profile
+                 timeout_s, description, params, required, args}, ...] (WASI tools of the built-in agent;
+                 args: arguments fixed for every call), flow (the tool of each step), attach_result
+    [lead]       agent, model, max_steps, prompt, profile, synthesis, tools, flow, attach_result, artifact
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
                  to the swarm file), simulate (simulated: tokens | attempts), latency_s (simulated:
@@ -290,6 +291,11 @@ RESERVED_TOOL_NAMES = frozenset({"claim_task", "heartbeat", "delegate", "board_r
                                  "submit_finding", "submit_artifact", "shell", "read_file", "write_file"})
 
 
+#: How a fixed argument's type is named in an error.
+_KIND_NAMES = {"string": "a string", "path": "a path (a string)", "boolean": "true or false",
+               "integer": "an integer"}
+
+
 class WasiToolConfig(_Frozen):
     """``[[workers.tools]]``: one WASI tool. ``wasm`` is a shipped tool's name (``jsonquery``, ``csvdiff``,
     ``textsearch``) or a ``.wasm`` file (relative to the swarm file), which then says its ``params``
@@ -308,6 +314,10 @@ class WasiToolConfig(_Frozen):
     params: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
                  Literal["string", "integer", "boolean", "path"]] | None = None
     required: tuple[str, ...] = ()
+    #: arguments fixed here, which the model is neither shown nor may give (``args = {left = "ledger.csv"}``)
+    args: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
+               Annotated[str, Field(strict=True)] | Annotated[bool, Field(strict=True)]
+               | Annotated[int, Field(strict=True)]] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -351,6 +361,7 @@ class WasiToolConfig(_Frozen):
                 shipped_wasm(self.wasm)
             except UserError as exc:
                 raise ValueError(exc.message) from None
+            self._check_args({n: t.value for n, t in SHIPPED[self.wasm].params.items()})
             return self
         try:
             with open(self.wasm, "rb") as f:
@@ -364,7 +375,17 @@ class WasiToolConfig(_Frozen):
         unknown = [r for r in self.required if r not in self.params]
         if unknown:
             raise ValueError(f"required names {unknown[0]!r}, which is not one of its params")
+        self._check_args(dict(self.params))
         return self
+
+    def _check_args(self, params: dict[str, str]) -> None:
+        """Each fixed argument is one of the tool's params, of its type (a path or string is a string)."""
+        kinds: dict[str, type] = {"string": str, "path": str, "boolean": bool, "integer": int}
+        for name, value in self.args.items():
+            if name not in params:
+                raise ValueError(f"args names {name!r}, which is not one of its params ({', '.join(params)})")
+            if type(value) is not kinds[params[name]]:
+                raise ValueError(f"args.{name} must be {_KIND_NAMES[params[name]]}")
 
     def spec(self, wasm: Path, workdir: Path) -> WasiToolSpec:
         """The tool as the agent runs it: its module at ``wasm``, its folder under ``workdir``."""
@@ -375,7 +396,7 @@ class WasiToolConfig(_Frozen):
         return WasiToolSpec(
             self.name, shipped.description if shipped else (self.description or f"The WASI tool {self.name}."),
             wasm, workdir / self.folder, params, shipped.required if shipped else self.required, self.writer,
-            WasiCaps(fuel=self.fuel, memory_bytes=self.memory_mb << 20, wall_s=self.timeout_s))
+            WasiCaps(fuel=self.fuel, memory_bytes=self.memory_mb << 20, wall_s=self.timeout_s), dict(self.args))
 
 
 class WorkersConfig(_Frozen):
@@ -407,6 +428,11 @@ class WorkersConfig(_Frozen):
     machine: MachineLifetime = MachineLifetime.PER_TASK
     #: the most machines a run keeps at once; agent runs past it wait for a machine to end
     max_machines: PositiveInt = 128
+    #: the built-in agent's tool at each step, in order (each step is offered that tool alone); past the list, any
+    flow: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    #: the built-in agent's finding is the result of its last tool call, attached as it is (the model writes its
+    #: title): what a tool computed reaches the finding without a model retyping it
+    attach_result: Annotated[bool, Field(strict=True)] = False
 
 
 class LeadConfig(_Frozen):
@@ -420,6 +446,13 @@ class LeadConfig(_Frozen):
     profile: Profile = Profile.FULL
     #: ``digest``: a point per finding (up to ``max_steps - 1`` of them), then the answer, each one model call
     synthesis: Synthesis = Synthesis.FREE
+    #: WASI tools of a governed built-in lead, instead of the workers' (``None``: the workers')
+    tools: tuple[WasiToolConfig, ...] | None = None
+    #: as ``[workers]``: the tool at each step, and the synthesis as the last tool's result
+    flow: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    attach_result: Annotated[bool, Field(strict=True)] = False
+    #: the synthesis is also submitted as an artifact (scored by the run's evaluator), which it cites
+    artifact: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="after")
     def _digest_steps(self) -> LeadConfig:
@@ -696,9 +729,13 @@ class SwarmConfig(_Frozen):
             raise ValueError("providers: at least one provider is needed")
         # a model no provider serves would start the run and fail every agent with a 404
         served = {model for provider in self.providers.values() for model in provider.models}
+        for where, tools in (("workers", self.workers.tools), ("lead", self.lead.tools or ())):
+            named = [tool.name for tool in tools]
+            if len(set(named)) != len(named):
+                raise ValueError(f"{where}.tools: two tools are named "
+                                 f"{next(n for n in named if named.count(n) > 1)!r}")
         names = [tool.name for tool in self.workers.tools]
-        if len(set(names)) != len(names):
-            raise ValueError(f"workers.tools: two tools are named {next(n for n in names if names.count(n) > 1)!r}")
+        check_flows(self)
         for where, agent, profile in (("workers", self.workers.agent, self.workers.profile),
                                       ("lead", self.lead.agent, self.lead.profile)):
             if profile is Profile.GOVERNED and self.run.sandbox is SandboxKind.PROCESS:
@@ -721,6 +758,26 @@ class SwarmConfig(_Frozen):
     def task_count(self) -> int:
         """How many top-level tasks the run will have."""
         return len(self.tasks.lenses) if self.tasks.lenses else int(self.tasks.plan or 0)
+
+
+def check_flows(config: SwarmConfig) -> None:
+    """Each flow names tools its role is offered, in no more steps than its ``max_steps``."""
+    from swarmyard.agents.actions import TOOLS
+
+    lead_tools = config.lead.tools if config.lead.tools is not None else config.workers.tools
+    for where, flow, tools, steps, profile in (
+            ("workers", config.workers.flow, config.workers.tools, config.workers.max_steps, config.workers.profile),
+            ("lead", config.lead.flow, lead_tools, config.lead.max_steps, config.lead.profile)):
+        usable = set(TOOLS) | {tool.name for tool in tools}
+        if profile is Profile.GOVERNED:
+            usable -= {"shell", "read_file", "write_file"}
+        for name in flow:
+            if name not in usable:
+                raise ValueError(f"{where}.flow: {name!r} is not a tool it is offered ({', '.join(sorted(usable))})")
+        if len(flow) > steps:
+            raise ValueError(f"{where}.flow: {len(flow)} steps, more than max_steps = {steps}")
+    if config.lead.tools is not None and config.lead.profile is not Profile.GOVERNED:
+        raise ValueError("lead.tools: WASI tools of the lead's own need profile = 'governed'")
 
 
 def _field_of(error: dict[str, Any]) -> str:

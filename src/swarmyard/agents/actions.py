@@ -72,6 +72,19 @@ TOOLS: dict[str, ToolSpec] = {
 
 #: The tool that ends a task.
 FINISH = "submit_finding"
+#: ``submit_finding`` where the finding's body is the last tool result, attached by the agent (``attach_result``):
+#: the model writes the title only, and cannot retype what the tool computed.
+ATTACHED_FINISH = ToolSpec(
+    FINISH,
+    "Submit your finding and finish: its body is the result of your last tool call, attached as it is (and the "
+    "call is cited). Give a short title.",
+    _obj({"title": _STR}, ("title",)),
+)
+
+
+def with_attached(tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
+    """``tools`` with ``submit_finding`` taking no body (it is attached): see :data:`ATTACHED_FINISH`."""
+    return {name: ATTACHED_FINISH if name == FINISH else spec for name, spec in tools.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +159,7 @@ def check_action(tool: object, args: object, tools: dict[str, ToolSpec] = TOOLS,
     missing = [name for name in spec.required if not isinstance(args.get(name), str) or not args.get(name)]
     if missing:
         raise InvalidInputError(f"{tool} needs {', '.join(missing)}", field="args")
-    if tool == FINISH and not says_something(str(args["body"])):
+    if tool == FINISH and "body" in spec.required and not says_something(str(args["body"])):
         raise InvalidInputError("the body must say in words what was found, not only cite findings", field="body")
     known = spec.parameters.get("properties", {})
     return Action(tool, {k: v for k, v in args.items() if k in known})

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import csv
+import io
 import json
 import logging
 import re
@@ -22,7 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.agents import governed, history, instructions, originality
-from swarmyard.agents.actions import FINISH, TOOLS, Action, parse_reply, parse_tool_call, salvage_submission
+from swarmyard.agents.actions import (
+    FINISH,
+    TOOLS,
+    Action,
+    parse_reply,
+    parse_tool_call,
+    salvage_submission,
+    with_attached,
+)
 from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
@@ -95,6 +105,13 @@ class AgentSettings:
     #: a lead's way to the synthesis: ``free`` (one drafted submission) or ``digest`` (a point per finding, then
     #: the answer, composed: what a small model can write without copying what it read)
     synthesis: str = "free"
+    #: the tool each step offers, in order (constrained decoding: the model can only fill its arguments); past
+    #: the list, every tool
+    flow: tuple[str, ...] = ()
+    #: the finding's body is the last tool call's result as the tool gave it (the model writes the title)
+    attach_result: bool = False
+    #: a lead's synthesis is also submitted as an artifact (scored where the run has an evaluator), and cited
+    synthesis_artifact: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -135,6 +152,9 @@ class AgentSettings:
             history=_history(env.get("SWARMYARD_HISTORY", "")),
             history_top_k=max(1, int(number("SWARMYARD_HISTORY_TOP_K", 3))),
             synthesis=_synthesis(env.get("SWARMYARD_SYNTHESIS", FREE)),
+            flow=tuple(name.strip() for name in env.get("SWARMYARD_FLOW", "").split(",") if name.strip()),
+            attach_result=env.get("SWARMYARD_ATTACH_RESULT", "") == "1",
+            synthesis_artifact=env.get("SWARMYARD_SYNTHESIS_ARTIFACT", "") == "1",
         )
 
 
@@ -192,6 +212,11 @@ def _said(reply: ModelReply) -> str:
 _LAST_STEP = instructions.LAST_STEP
 _REASK = instructions.REASK
 
+
+#: Where a lead with WASI tools finds the findings it was given, as a table (``_write_findings_table``).
+FINDINGS_TABLE = "findings.csv"
+#: Characters of the tool call an attached finding posts as its evidence.
+_EVIDENCE_CHARS = 3000
 
 #: Per-message character limits tried, in turn, when the conversation is too long for the model's window.
 _COMPACT_LIMITS = (3000, 1200, 500)
@@ -269,6 +294,10 @@ class BuiltinAgent:
         #: what the model is shown, and every name a reply may use (one outside the profile is refused by name)
         self._offered = governed.offered(TOOLS, settings.profile, wasi)
         self._known = governed.known(wasi, settings.profile)
+        if settings.attach_result:
+            self._offered, self._known = with_attached(self._offered), with_attached(self._known)
+        #: the last tool call carried out and its result: what an attached finding's body is
+        self._last_call: tuple[Action, Any] | None = None
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
@@ -279,6 +308,7 @@ class BuiltinAgent:
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
         self._tools_run = 0  # tool calls carried out: with the text above, the work a partial finding holds
         self.malformed = 0
+        self._evidence: str | None = None  # the board post an attached finding cites
         #: what a finding may not merely restate (the task's prompt) or, for a lead, copy (the findings it read)
         self._prompt = ""
         self._read: dict[str, str] = {}
@@ -301,7 +331,7 @@ class BuiltinAgent:
         # lead once answered with one finding's title line)
         self._prompt = task.prompt
         messages = [
-            {"role": "system", "content": _SYSTEM[self._settings.role].format(tools=", ".join(self._offered))},
+            {"role": "system", "content": self._system()},
             {"role": "user", "content": await self._brief(task)},
         ]
         if self.explorer is not None:
@@ -327,7 +357,7 @@ class BuiltinAgent:
                     # Small models wander; the last step may only submit, so the finding carries what the
                     # model worked out rather than a placeholder.
                     messages.append({"role": "user", "content": _LAST_STEP})
-                action = await self._next_action(messages, only=frozenset({FINISH}) if last else None)
+                action = await self._next_action(messages, only=self._only(steps, last))
                 if action is None:
                     await self._step_done(task, None, None, "no usable reply")
                     continue
@@ -354,6 +384,7 @@ class BuiltinAgent:
                     await self._step_done(task, action, {"finding_id": finding_id})
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
+                self._last_call = (action, result)
                 await self._step_done(task, action, result)
                 self._tools_run += 1
                 if self._history and action.tool == "submit_artifact" and score_of(result) is not None:
@@ -545,6 +576,10 @@ class BuiltinAgent:
             self._findings_seen += [ref for ref, _, _ in more]
             if more:
                 parts.append("Findings:\n" + findings_block(more))
+            if self._wasi is not None:
+                await self._write_findings_table(
+                    [(ref, title, self._read.get(ref, body))
+                     for ref, title, body in originality.findings_shown(task.prompt)] + more)
             parts.append(task.prompt)
         return "\n\n".join(p for p in parts if p)
 
@@ -594,6 +629,9 @@ class BuiltinAgent:
             self._last_text = reply.text or self._last_text
             try:
                 action = self._parse(reply, only)
+                if action.tool == FINISH and self._settings.attach_result:
+                    # the body is the tool's, not the model's: nothing of the model's to check
+                    return Action(FINISH, {**action.args, "body": self._attached()})
                 if action.tool == FINISH:
                     # a loop, the task said back, or (a lead) a finding copied: refused, and the model asked again
                     why = originality.problem(str(action.args.get("body", "")), prompt=self._prompt, read=self._read)
@@ -726,9 +764,79 @@ class BuiltinAgent:
             unique.setdefault((citation["kind"], citation["ref"]), citation)
         return list(unique.values())
 
+    def _system(self) -> str:
+        """The system prompt, with the flow's steps and what an attached finding is, where the run sets them."""
+        text = _SYSTEM[self._settings.role].format(tools=", ".join(self._offered))
+        if self._settings.flow:
+            text += " " + instructions.FLOW.format(steps=", then ".join(self._settings.flow))
+        if self._settings.attach_result:
+            text += " " + instructions.ATTACHED
+        return text
+
+    def _only(self, step: int, last: bool) -> frozenset[str] | None:
+        """The tools step ``step`` offers: the flow's, else only ``submit_finding`` on the last, else all."""
+        if step <= len(self._settings.flow):
+            return frozenset({self._settings.flow[step - 1]})
+        return frozenset({FINISH}) if last else None
+
+    def _attached(self) -> str:
+        """The last tool result as a finding's body: a list (or a tool's ``value`` list, or a query's rows) one
+        item a line, anything else as JSON; no tool run is said."""
+        if self._last_call is None:
+            return "No tool was run, so there is no result to report."
+        result = self._last_call[1]
+        if isinstance(result, dict) and isinstance(result.get("rows"), list):
+            result = [", ".join(str(v) for v in row) if isinstance(row, list) else row for row in result["rows"]]
+        elif isinstance(result, dict) and "value" in result:
+            result = result["value"]
+        if isinstance(result, list):
+            lines = [item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in result]
+            return "\n".join(lines) if lines else "(empty: the tool found nothing)"
+        return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+    async def _post_evidence(self) -> None:
+        """The tool call an attached finding rests on, posted whole (its arguments and result) so the finding
+        cites it."""
+        if self._last_call is None:
+            return
+        action, result = self._last_call
+        body = _cut(f"{action.tool} {json.dumps(action.args, ensure_ascii=False)} -> "
+                    f"{json.dumps(result, ensure_ascii=False, default=str)}", _EVIDENCE_CHARS)
+        try:
+            posted = await self._plane.call("board_post", {"kind": "progress", "body": body})
+        except (BudgetError, FencingError):
+            raise
+        except SwarmyardError as exc:
+            log.info("board_post of the evidence failed: %s", exc.message)
+            return
+        post = posted.get("post") if isinstance(posted, dict) else None
+        if isinstance(post, dict) and post.get("seq") is not None:
+            self._posts_seen.append(str(post["seq"]))
+            self._evidence = str(post["seq"])
+
+    async def _write_findings_table(self, findings: list[tuple[str, str, str]]) -> None:
+        """``findings.csv`` in the working folder (finding, title, line: a row a line of each body), so a lead's
+        WASI tools can merge what the findings say (a query over a table) instead of a model retyping it."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(("finding", "title", "line"))
+        for ref, title, body in findings:
+            for line in body.splitlines():
+                if line.strip():
+                    writer.writerow((ref, title, line.strip()))
+        self._local.write_file(FINDINGS_TABLE, out.getvalue())
+
     async def _submit(self, args: dict[str, Any]) -> str | None:
         title = str(args.get("title") or "finding")[:200]
         body = str(args.get("body") or "").strip() or title
+        cite = list(args.get("cite") or []) if isinstance(args.get("cite"), list) else []
+        if self._settings.attach_result and self._last_call is not None and self._evidence is None:
+            await self._post_evidence()
+        if self._evidence is not None:
+            cite.append(self._evidence)
+        if self._settings.synthesis_artifact and self._settings.role is Role.LEAD:
+            await self._submit_artifact(body)  # scored by the run's evaluator; the synthesis cites it
+        args = {**args, "cite": cite}
         data = await self._plane.call(
             FINISH, {"title": title, "body": body, "citations": self._citations(args.get("cite"))}
         )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import httpx
 
 from swarmyard.agents import governed
-from swarmyard.agents.actions import TOOLS
+from swarmyard.agents.actions import TOOLS, with_attached
 from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
 from swarmyard.agents.model import BrokerChatModel
 from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
@@ -61,6 +61,8 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         tools = TOOLS if scored else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
         wasi = governed.wasi_tools(env.get("SWARMYARD_WASI_TOOLS", ""), settings.workdir)
         tools = governed.offered(tools, settings.profile, wasi)
+        if settings.attach_result:
+            tools = with_attached(tools)
         model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
                                 tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,7 @@ def wasi_tools(text: str, workdir: Path) -> WasiTools | None:
         specs = [WasiToolSpec.from_dict(item) for item in raw]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"is not a list of WASI tool specs: {exc}", field="SWARMYARD_WASI_TOOLS") from None
-    specs = [WasiToolSpec(s.name, s.description, workdir / s.wasm, workdir / s.folder, s.params, s.required,
-                          s.writer, s.caps) for s in specs]
+    specs = [replace(s, wasm=workdir / s.wasm, folder=workdir / s.folder) for s in specs]
     return WasiTools(specs) if specs else None
 
 

@@ -26,6 +26,9 @@ CITE_REASK = (
     "That finding was refused: citation {ref}: {error}. Cite only lines a search returned, each as "
     '"path:line: words copied from that line", and submit_finding again.'
 )
+FLOW = "Call these tools in this order, one a turn: {steps}."
+ATTACHED = ("Your finding's body is the result of your last tool call, attached as it is: do not retype it, give "
+            "submit_finding a short title.")
 
 #: The line of a lead's task that ends the findings and starts its instructions (``swarm.setup.lead_prompt``).
 LEAD_INSTRUCTIONS_HEAD = "Instructions for the lead:"
@@ -46,4 +49,4 @@ DIGEST_ANSWER = (
 DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
 
 #: Every instruction, as one text a finding may not restate.
-ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, CITE_REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))
+ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, FLOW, ATTACHED, CITE_REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))

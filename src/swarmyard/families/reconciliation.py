@@ -28,7 +28,7 @@ HEADER = "id,date,account,amount"
 OBJECTIVE = ("Reconcile a ledger against a bank statement: list every record id whose fields differ between the "
              "two sources or that is in only one of them, as one sorted list without duplicates.")
 PROMPT = ("Your shard of both sources is in your machine: task/ledger.csv and task/bank.csv (columns "
-          f"{HEADER}). Compare them with the shell: a record is inconsistent when its date, account or amount "
+          f"{HEADER}). Compare them (with the shell, or the tools you are given): a record is inconsistent when its date, account or amount "
           "differs between the two files, or when its id is in only one of them. Post one short progress note "
           "on the board, then submit a finding whose body lists the inconsistent record ids of your shard, one "
           "per line (write 'none' if there are none).")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from swarmyard.agents.builtin import Role
-from swarmyard.config import AgentKind, Profile, SwarmConfig
+from swarmyard.config import AgentKind, Profile, SwarmConfig, WasiToolConfig
 from swarmyard.machines.execs import cli_allowlist
 from swarmyard.machines.protocol import Isolation
 from swarmyard.wasi.catalog import SHIPPED, shipped_wasm
@@ -53,17 +53,35 @@ def agent_env(config: SwarmConfig, role: Role) -> dict[str, str]:
     """The built-in agent's ``SWARMYARD_PROFILE`` and ``SWARMYARD_WASI_TOOLS`` (specs as JSON; folders and
     uploaded modules relative to its working folder, shipped modules by their path in the package)."""
     profile = profile_of(config, role)
-    tools = config.workers.tools if role is not Role.LEAD or profile is Profile.GOVERNED else ()
+    tools = tools_of(config, role)
     specs = [tool.spec(shipped_wasm(tool.wasm) if tool.wasm in SHIPPED else Path(MODULES_DIR) / f"{tool.name}.wasm",
                        Path(".")).to_dict() for tool in tools]
     env = {"SWARMYARD_PROFILE": profile.value}
     if specs:
         env["SWARMYARD_WASI_TOOLS"] = json.dumps(specs)
+    if role is not Role.PLANNER:
+        flow, attach = ((config.lead.flow, config.lead.attach_result) if role is Role.LEAD
+                        else (config.workers.flow, config.workers.attach_result))
+        if flow:
+            env["SWARMYARD_FLOW"] = ",".join(flow)
+        if attach:
+            env["SWARMYARD_ATTACH_RESULT"] = "1"
+        if role is Role.LEAD and config.lead.artifact:
+            env["SWARMYARD_SYNTHESIS_ARTIFACT"] = "1"
     return env
 
 
-def uploads(config: SwarmConfig) -> dict[str, bytes]:
-    """The swarm file's own modules, by their path in the machine (re-sent before each run: a writer tool's
-    folder may hold them, and what a run starts with is what the swarm file named)."""
+def tools_of(config: SwarmConfig, role: Role) -> tuple[WasiToolConfig, ...]:
+    """The WASI tools of a slot: a governed lead's own (else the workers'), none for a full lead."""
+    if role is Role.LEAD:
+        if profile_of(config, role) is not Profile.GOVERNED:
+            return ()
+        return config.lead.tools if config.lead.tools is not None else config.workers.tools
+    return config.workers.tools
+
+
+def uploads(config: SwarmConfig, role: Role = Role.WORKER) -> dict[str, bytes]:
+    """The swarm file's own modules of a slot, by their path in the machine (re-sent before each run: a writer
+    tool's folder may hold them, and what a run starts with is what the swarm file named)."""
     return {f"{MODULES_DIR}/{tool.name}.wasm": Path(tool.wasm).read_bytes()
-            for tool in config.workers.tools if tool.wasm not in SHIPPED}
+            for tool in tools_of(config, role) if tool.wasm not in SHIPPED}

@@ -331,7 +331,7 @@ class MachineLauncher:
             policy = self.config.policy
             env["SWARMYARD_POLICY"] = policy.kind.value  # explore's directions and settings are in the store
             env |= governance.agent_env(self.config, slot.role)
-            for path, data in governance.uploads(self.config).items():
+            for path, data in governance.uploads(self.config, slot.role).items():
                 self._machines.files.upload(machine_id, path, data, mode=0o400)
             env["SWARMYARD_HISTORY"] = self.config.workers.history.value
             env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)

@@ -53,13 +53,17 @@ class WasiToolSpec:
     required: tuple[str, ...] = ()
     writer: bool = False
     caps: WasiCaps = WasiCaps()
+    #: arguments the swarm file fixed: the model is not shown them and cannot give them; every call has them
+    fixed: dict[str, Any] = field(default_factory=dict)
 
     def json_schema(self) -> dict[str, Any]:
-        """The arguments as the JSON schema a model is shown (a path is a string relative to the folder)."""
+        """The arguments as the JSON schema a model is shown (a path is a string relative to the folder), less
+        the fixed ones."""
         kinds = {ParamType.STRING: "string", ParamType.PATH: "string", ParamType.INTEGER: "integer",
                  ParamType.BOOLEAN: "boolean"}
-        return {"type": "object", "properties": {n: {"type": kinds[t]} for n, t in self.params.items()},
-                "required": list(self.required), "additionalProperties": False}
+        return {"type": "object",
+                "properties": {n: {"type": kinds[t]} for n, t in self.params.items() if n not in self.fixed},
+                "required": [r for r in self.required if r not in self.fixed], "additionalProperties": False}
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON (how the launcher hands it to the agent in the machine)."""
@@ -67,7 +71,8 @@ class WasiToolSpec:
                 "folder": str(self.folder), "params": {n: t.value for n, t in self.params.items()},
                 "required": list(self.required), "writer": self.writer,
                 "caps": {"fuel": self.caps.fuel, "memory_bytes": self.caps.memory_bytes,
-                         "wall_s": self.caps.wall_s, "output_bytes": self.caps.output_bytes}}
+                         "wall_s": self.caps.wall_s, "output_bytes": self.caps.output_bytes},
+                "fixed": dict(self.fixed)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WasiToolSpec:
@@ -79,7 +84,8 @@ class WasiToolSpec:
                    WasiCaps(int(caps.get("fuel", default.fuel)),
                             int(caps.get("memory_bytes", default.memory_bytes)),
                             float(caps.get("wall_s", default.wall_s)),
-                            int(caps.get("output_bytes", default.output_bytes))))
+                            int(caps.get("output_bytes", default.output_bytes))),
+                   dict(data.get("fixed") or {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +107,9 @@ SHIPPED: dict[str, ShippedTool] = {
         {"path": _P, "query": _S}, ("path", "query")),
     "csvdiff": ShippedTool(
         "Compare two CSV files record by record on a key column (default: the first): rows added, removed "
-        "and each changed cell, matched by header name.",
-        {"left": _P, "right": _P, "key": _S, "max": _I}, ("left", "right")),
+        "and each changed cell, matched by header name. With keys=true only which records differ: differ (how "
+        "many) and value (their keys, sorted, each once).",
+        {"left": _P, "right": _P, "key": _S, "max": _I, "keys": _B}, ("left", "right")),
     "textsearch": ShippedTool(
         "Find lines holding a literal text in a file or a folder (path, default '.'): path, line number and "
         "text of each, at most max_matches.",

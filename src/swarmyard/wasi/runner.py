@@ -149,7 +149,8 @@ class WasiRunner:
 
     def call(self, spec: WasiToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one call; the tool's JSON object, or ``ToolError`` (``WasiTrapError`` for a cap)."""
-        argv = [spec.name, *self._argv(spec, args)]
+        # the swarm file's fixed arguments win: a model cannot give them (its schema has none of them)
+        argv = [spec.name, *self._argv(spec, {**args, **spec.fixed})]
         module = self.module(spec.wasm)
         folder = _open_folder(spec)
         store = self._wt.Store(self._engine)

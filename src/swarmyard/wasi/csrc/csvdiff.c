@@ -4,6 +4,8 @@
  * entries a list). Columns are matched by header name. Result: {"key", "left_rows", "right_rows", "same",
  * "added": [key], "removed": [key], "changed": [{"key", "column", "left", "right"}], "columns_added",
  * "columns_removed", "truncated"}. A duplicate key is bad input (the diff would be ambiguous).
+ * With keys=true the result is only which records differ, in a shape to hand on as it is: {"key", "left_rows",
+ * "right_rows", "same", "differ": N, "value": [every key added, removed or changed, sorted, each once]}.
  */
 #include "tool.h"
 
@@ -94,10 +96,14 @@ static size_t *sorted(const Table *t, long key) {
     return ix;
 }
 
+static int by_text(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 static long max_entries, listed;
+static int keys_only;
 static int truncated;
 
 static int room(void) {
+    if (keys_only) return 1; /* a key list is not cut: a finding that lost some records would be wrong */
     if (listed >= max_entries) { truncated = 1; return 0; }
     listed++;
     return 1;
@@ -120,6 +126,9 @@ int main(int argc, char **argv) {
     Table right = parse(need_arg(argc, argv, "right"));
     max_entries = int_arg(argc, argv, "max", 200);
     if (max_entries < 1 || max_entries > 100000) fail("max must be 1..100000", NULL);
+    const char *flag = arg(argc, argv, "keys", "false");
+    if (strcmp(flag, "true") != 0 && strcmp(flag, "false") != 0) fail("keys must be true or false", flag);
+    keys_only = strcmp(flag, "true") == 0;
     const char *key = arg(argc, argv, "key", left.row[0].field[0]);
     long kl = column(&left, key), kr = column(&right, key);
     if (kl < 0) fail("no such key column in left", key);
@@ -158,6 +167,25 @@ int main(int argc, char **argv) {
             a++;
             b++;
         }
+    }
+    if (keys_only) {
+        /* every key that differs, sorted, each once (a changed record has one change a column) */
+        size_t n_keys = 0;
+        const char **keys = xmalloc((n_added + n_removed + n_changes) * sizeof *keys);
+        for (size_t i = 0; i < n_added; i++) keys[n_keys++] = added[i];
+        for (size_t i = 0; i < n_removed; i++) keys[n_keys++] = removed[i];
+        for (size_t i = 0; i < n_changes; i++) keys[n_keys++] = changes[i].key;
+        qsort(keys, n_keys, sizeof *keys, by_text);
+        size_t differ = 0;
+        for (size_t i = 0; i < n_keys; i++)
+            if (i == 0 || strcmp(keys[i - 1], keys[i]) != 0) keys[differ++] = keys[i];
+        fputs("{\"key\":", stdout);
+        put_json_cstr(key);
+        printf(",\"left_rows\":%zu,\"right_rows\":%zu,\"same\":%ld,\"differ\":%zu,\"value\":[", nl, nr, same,
+               differ);
+        for (size_t i = 0; i < differ; i++) { if (i) putchar(','); put_json_cstr(keys[i]); }
+        puts("]}");
+        return 0;
     }
     fputs("{\"key\":", stdout);
     put_json_cstr(key);

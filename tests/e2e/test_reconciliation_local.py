@@ -1,0 +1,82 @@
+"""The reconciliation benchmark on the embedded Qwen 0.5B model, end to end through ``swarmyard run --json``.
+
+The shipped ``examples/reconciliation/swarm.toml`` (governed workers whose flow is the WASI csvdiff over their shard,
+then a finding that attaches its answer; a lead that merges the findings with sqlquery and submits the merged list
+as an artifact) runs on an instance of a seed no example uses, generated here by the family's generator, in real
+bubblewrap machines. The score is the evaluator's holdout score of the lead's artifact: all 15 records, within the
+seed's reference run's 22 model calls and 44,726 tokens, with no hold left and no provider key in any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmyard.families import generate, reconciliation
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.slow,
+    pytest.mark.bwrap,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reconciliation"
+#: A seed of the family that no shipped example uses.
+SEED = 7
+#: The seed's reference run (a large hosted model): its model calls and tokens (in + out).
+SEED_CALLS, SEED_TOKENS = 22, 44_726
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sy-rl-"))  # the plane's socket lives in the run folder: keep it short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tmp: Path) -> None:
+    generate("reconciliation", SEED, short_tmp / f"seed-{SEED}")
+    text = (EXAMPLE / "swarm.toml").read_text()
+    assert text.count('"seed-1') == 2  # the instance's tasks and its bundle
+    swarm = short_tmp / "swarm.toml"
+    swarm.write_text(text.replace('"seed-1', f'"seed-{SEED}')
+                     + f'\n[run]\nruns_dir = "{short_tmp / "runs"}"\nsandbox = "local"\n')
+    # the model file is assembled once into the user's cache: the run keeps HOME, and nothing else of ours
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", str(short_tmp)),
+           "LANG": "C.UTF-8"}
+    if os.environ.get("XDG_CACHE_HOME"):
+        env["XDG_CACHE_HOME"] = os.environ["XDG_CACHE_HOME"]
+    # no timeout of ours: the swarm file's deadline and each agent's exec timeout bound the run
+    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json"], cwd=short_tmp,
+                          env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout)
+    truth = reconciliation.answer(SEED)
+    [run_dir] = (short_tmp / "runs").iterdir()
+    with sqlite3.connect(run_dir / "store.db") as db:
+        tasks = dict(db.execute("SELECT id, title FROM tasks").fetchall())
+        findings = db.execute("SELECT task_id, body, citations FROM findings").fetchall()
+    by_title = {tasks[task]: (body, json.loads(cites)) for task, body, cites in findings}
+    shards = {title: found for title, found in by_title.items() if title.startswith("shard ")}
+    assert len(shards) == 10
+    # each shard's finding cites the tool call it rests on (posted on its board), and together they are the truth
+    assert all(any(c["kind"] == "post" for c in cites) for _, cites in shards.values()), shards
+    assert sorted(i for body, _ in shards.values() for i in re.findall(r"TX-[0-9]{5}", body)) == truth
+    synthesis, cites = by_title["synthesis"]
+    assert re.findall(r"TX-[0-9]{5}", synthesis) == truth  # merged: sorted, each once
+    assert any(c["kind"] == "artifact" for c in cites)
+    assert figures["score"] == 1_000_000, done.stderr[-3000:]
+    assert figures["calls"] <= SEED_CALLS, figures
+    assert figures["tokens_in"] + figures["tokens_out"] <= SEED_TOKENS, figures
+    assert (figures["leftover_holds"], figures["keys_found"]) == (0, 0)
