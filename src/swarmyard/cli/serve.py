@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
     from swarmyard.config import ProviderConfig
     from swarmyard.identity import Identity
-    from swarmyard.plane.server import Listen
     from swarmyard.store.protocol import Store
 
 from swarmyard.cli.options import StoreOption, store_at
@@ -191,7 +190,12 @@ def command(
     typer.echo(f"control plane on {', '.join(where)}{procs}; {broker}; operator token in {operator_token_file}",
                err=True)
     runner = _plane_user(user, store, [audit_dir, trajectories, cache_dir])
-    sockets = _prepare_drop(runner, store, listen) if runner is not None else None
+    if runner is not None:
+        from swarmyard.plane.privileges import prepare_switch
+
+        sockets = prepare_switch(runner, store, listen)
+    else:
+        sockets = None
 
     def drop(app: Starlette) -> Starlette:
         # after the app is built: what it makes at start (TLS contexts read the CA file from the interpreter's
@@ -228,32 +232,13 @@ def command(
             cosigner.close()
 
 
-def _sqlite_file(url: str) -> Path | None:
-    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
-        return None
-    return Path(url.removeprefix("sqlite:///")).absolute()
-
-
 def _plane_user(user: str, store: str, folders: list[Path | None]) -> Identity | None:
     """Started as root: the plane's user to switch to (``swarmyard.plane.privileges``), or ``None`` (said on
     stderr when it is because a folder the plane writes in is not that user's)."""
     from swarmyard.plane.privileges import plane_identity
 
-    sqlite_file = _sqlite_file(store)
-    writes_in = [f for f in folders if f is not None] + ([sqlite_file.parent] if sqlite_file else [])
-    runner, why = plane_identity(user, writes_in)
+    runner, why = plane_identity(user, store, [f for f in folders if f is not None])
     if runner is None and why is not None:
         typer.echo(f"warning: serving as root, not as {user}: {why}; the plane can then read the evaluator's "
                    f"bundle and the witness's key (give it folders of {user}'s, or --user root)", err=True)
     return runner
-
-
-def _prepare_drop(runner: Identity, store: str, listen: Listen) -> tuple[Any, Any]:
-    """What needs root before the switch: the store handed over, the sockets bound, every module imported."""
-    from swarmyard.plane.privileges import hand_over, import_everything
-    from swarmyard.plane.server import bind
-
-    hand_over(runner, _sqlite_file(store))
-    sockets = bind(listen)
-    import_everything()
-    return sockets

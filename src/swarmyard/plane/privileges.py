@@ -23,15 +23,21 @@ import importlib
 import logging
 import os
 import pkgutil
+import socket
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarmyard.identity import EVAL_USER, PLANE_USER, WITNESS_USER, Identity, ensure_system_user
 
+if TYPE_CHECKING:
+    from swarmyard.plane.server import Listen
+
 log = logging.getLogger(__name__)
 
-__all__ = ["PLANE_USER", "hand_over", "import_everything", "peer_groups", "plane_identity"]
+__all__ = ["PLANE_USER", "hand_over", "import_everything", "peer_groups", "plane_identity", "prepare_switch",
+           "sqlite_file"]
 
 
 def _allows(who: Identity, info: os.stat_result, bits: int) -> bool:
@@ -61,17 +67,38 @@ def unwritable(who: Identity, folder: Path) -> str | None:
     return None
 
 
-def plane_identity(user: str, writes_in: Sequence[Path]) -> tuple[Identity | None, str | None]:
+def sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` store URL (as ``open_store`` reads it), else ``None``."""
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return None
+    return Path(url.removeprefix("sqlite:///")).absolute()
+
+
+def plane_identity(user: str, store_url: str, writes_in: Sequence[Path]) -> tuple[Identity | None, str | None]:
     """Started as root: the plane's user to switch to, or ``None`` and why it stays root (``None`` when asked
-    to, with ``--user root``). Not root: ``(None, None)``, nothing to switch."""
+    to, with ``--user root``); ``writes_in`` are the folders it makes files in beside the store's. Not root:
+    ``(None, None)``, nothing to switch."""
     if os.geteuid() != 0 or user == "root":
         return None, None
     runner = ensure_system_user(user)
-    for folder in writes_in:
+    store = sqlite_file(store_url)
+    for folder in [*writes_in, *([store.parent] if store is not None else [])]:
         why = unwritable(runner, folder)
         if why is not None:
             return None, why
     return runner, None
+
+
+def prepare_switch(runner: Identity, store_url: str, listen: Listen) -> tuple[socket.socket | None,
+                                                                               socket.socket | None]:
+    """What needs root before the switch: the store handed to ``runner``, the sockets bound (returned, for the
+    server to serve), every module imported."""
+    from swarmyard.plane.server import bind
+
+    hand_over(runner, sqlite_file(store_url))
+    sockets = bind(listen)
+    import_everything()
+    return sockets
 
 
 def hand_over(runner: Identity, sqlite_file: Path | None) -> None:
