@@ -185,3 +185,25 @@ def test_without_a_service_there_is_no_machine_and_commands_say_so(root: Path) -
     assert bad.returncode == 1 and "invalid_input" in bad.stderr
     listed = sy(root, "machines", "list", "--json")
     assert json.loads(listed.stdout) == []
+
+
+def test_a_service_started_by_hand_keeps_its_caps_for_every_command(root: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root), "LANG": "C.UTF-8",
+           "TMPDIR": tempfile.gettempdir()}
+    service = subprocess.Popen([str(SWARMYARD), "machines", "serve", "--root", str(root), "--spawn-cap", "1"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        new(root, "coord", "--spawn")  # finds the service starting (or started), and starts no other
+        inside = run_in(root, "coord", "swarmyard machines new w1 && swarmyard machines new w2")
+        assert inside.returncode == 1 and "spawn cap" in inside.stderr, inside.stderr
+        listed = sy(root, "machines", "list", "--json")
+        assert sorted(m["name"] for m in json.loads(listed.stdout)) == ["coord", "coord.w1"]
+        stopped = sy(root, "machines", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert service.wait(timeout=120) == 0, service.stderr.read() if service.stderr else ""
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+    listed = sy(root, "machines", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []

@@ -115,8 +115,8 @@ def _start(place: Place, root: Path | None) -> None:
     """Start the service in the background and return once it listens; one at a time (a lock file)."""
     with open(place.folder / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if place.listening():
-            return  # another command started it meanwhile
+        if place.listening() or _starting(place):
+            return  # another command started it meanwhile, or one started by hand is coming up
         read_end, write_end = os.pipe()
         argv = [sys.executable, "-m", "swarmyard.cli", "machines", "serve", "--ready-fd", str(write_end)]
         if root is not None:
@@ -129,8 +129,29 @@ def _start(place: Place, root: Path | None) -> None:
             said = ready.readline()  # a line once it listens; end of file if it died first
         if said.strip() != b"ready":
             child.wait()
+            if _starting(place):
+                return  # one started by hand took the root first: it serves
             tail = place.log.read_bytes()[-1500:].decode("utf-8", "replace")
             raise UserError(f"the machines service did not start (exit {child.returncode}): {tail.strip()}")
+
+
+def _starting(place: Place) -> bool:
+    """Whether a service that holds the root (its serve lock) listens, once it does (``swarmyard machines serve``
+    started by hand a moment ago); ``False`` when none holds it, or the one that did let go (it stopped)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if place.listening():
+            return True
+        with open(place.folder / "serve.lock", "w") as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            else:
+                return False
+        time.sleep(0.1)  # another process's progress: there is nothing to wait on but its socket
+    raise UserError(f"the machines service of {place.folder} holds its lock but did not listen within "
+                    f"{START_TIMEOUT_S:.0f} s (see {place.log})")
 
 
 def serve(root: Path | None, *, ready_fd: int | None = None, idle_s: float = IDLE_S, providers: Path | None = None,
