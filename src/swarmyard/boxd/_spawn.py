@@ -6,7 +6,11 @@ their model calls count against the goal's budget and they against the client's 
 ``spawn_cap`` alive at once. It names them in a namespace of its own (the client calls its ``scout`` machine
 ``coordinator.scout``), and sees and touches only them: any other is ``not_found``, as a machine that does not
 exist is, and a name it picks is free whatever the others are called, so nothing it asks tells it what else the
-client runs. They are deleted with it. Inside it,
+client runs. They are deleted with it. Snapshots the same way: it starts machines from ``NAME`` only when its
+client made the snapshot ``coordinator.NAME``; the client's others, the host operator's and other clients' are
+``not_found`` (see :mod:`swarmyard.machines.snapshots`). Every route answers bad input with a 4xx and changes
+nothing: numbers are range-checked before use, an exec request is bounded, and what the machine refuses (a file
+that is not a regular one it may read, a command it cannot run) is the caller's error. Inside it,
 ``Boxd()`` finds ``SWARMYARD_BOXD_URL`` (the relay) and its token in its environment and needs no configuration.
 """
 
