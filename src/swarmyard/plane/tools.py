@@ -3,7 +3,8 @@
 Every tool runs as one blocking function on a worker thread (token check, rate limit, ownership, lease
 renewal and the store call together), so a call costs one hop off the event loop. Every tool but
 ``claim_task`` names a task and its fencing token: the task must be the caller's own claim in the caller's
-goal and group (403 otherwise), and the claim must be current with a live lease (409 otherwise).
+goal and group (403 otherwise), and the claim must be current with a live lease (409 otherwise). A call
+renews its claim's lease only once it has succeeded: a refused call changes no lease and writes no event.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
 from swarmyard.domain import LEAD_GROUP, Citation, CitationKind, Claim, PostKind, TaskSpec
 from swarmyard.errors import (
+    FencingError,
     ForbiddenError,
     InvalidInputError,
     PayloadTooLargeError,
@@ -163,30 +165,44 @@ class WorkerTools:
                 self._renewed.clear()
             self._owners[key] = owner
 
-    def _renew(self, task_id: str, token: int, *, force: bool = False, fenced_write: bool = False) -> Claim | None:
-        """Renew the lease (every call does), or within ``renew_min_interval_s`` of the last renewal only
-        check that the claim is still current.
+    def _renew(self, task_id: str, token: int) -> Claim:
+        """Renew the lease now (``heartbeat``): a stale or lapsed claim is refused and nothing is written."""
+        claim = self._store.renew(task_id, token, self._settings.lease_s)
+        self._renewed[(task_id, token)] = self._clock.now()
+        return claim
 
-        ``fenced_write`` says the caller is about to make a store write, which checks the fencing token and
-        the lease inside its own transaction (and refuses with the same typed errors): a separate check
-        before it would only repeat that read.
+    def _renew_after(self, task_id: str, token: int, *, wrote: bool = False) -> None:
+        """The call succeeded: renew its lease, or skip it within ``renew_min_interval_s`` of the last renewal.
+
+        Called last, once the tool's work is done: a call refused anywhere (its body, a quota, a citation, a
+        depth, the evaluator's store) renews nothing and writes no ``task.renewed`` event. After a write (which
+        checked the claim in its own transaction), a claim that lapsed in between keeps the write: the caller
+        gets its result and hears of the lapse on its next call.
         """
         key = (task_id, token)
         now = self._clock.now()
         interval = self._settings.renew_min_interval_s
         last = self._renewed.get(key)
-        if not force and interval > 0 and last is not None and now - last < interval:
-            if not fenced_write:
-                self._store.check_fence(task_id, token)
-            return None
-        claim = self._store.renew(task_id, token, self._settings.lease_s)
+        if interval > 0 and last is not None and now - last < interval:
+            return
+        try:
+            self._store.renew(task_id, token, self._settings.lease_s)
+        except FencingError:
+            if not wrote:
+                raise
+            return
         self._renewed[key] = now
-        return claim
 
     def _fenced(self, token: str, task_id: str, fencing_token: int, *, write: bool = False) -> WorkerIdentity:
+        """Authenticate and check that the task is the caller's current claim; renew nothing (``_renew_after``).
+
+        ``write``: the caller is about to make a store write, which checks the fencing token and the lease
+        inside its own transaction (and refuses with the same typed errors): a check here would repeat it.
+        """
         who = self.authenticate(token)
         self._own(who, task_id, fencing_token)
-        self._renew(task_id, fencing_token, fenced_write=write)
+        if not write:
+            self._store.check_fence(task_id, fencing_token)
         return who
 
     # -- tools (blocking; the app runs them on a worker thread) -------------------------------------------
@@ -211,8 +227,7 @@ class WorkerTools:
         """Renew the lease now (never skipped)."""
         who = self.authenticate(token)
         self._own(who, req.task_id, req.fencing_token)
-        claim = self._renew(req.task_id, req.fencing_token, force=True)
-        assert claim is not None  # a forced renewal always returns the claim
+        claim = self._renew(req.task_id, req.fencing_token)
         return m.HeartbeatResult.model_construct(task_id=req.task_id, fencing_token=req.fencing_token,
                                                  lease_expires_at=claim.expires_at)
 
@@ -221,6 +236,7 @@ class WorkerTools:
         who = self._fenced(token, req.task_id, req.fencing_token)
         posts = self._store.read_board(who.goal_id, after=req.after, limit=req.limit, group=who.group,
                                        kinds=req.kinds)
+        self._renew_after(req.task_id, req.fencing_token)
         return m.BoardReadResult.model_construct(posts=posts, cursor=posts[-1].seq if posts else req.after)
 
     def board_post(self, token: str, req: m.BoardPostRequest) -> m.PostResult:
@@ -234,6 +250,7 @@ class WorkerTools:
         post = self._store.post(req.task_id, req.fencing_token, req.kind, req.body, author=who.worker_id,
                                 group=who.group)
         self._metrics.board_posts.inc()
+        self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.PostResult.model_construct(post=post)
 
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
@@ -248,6 +265,7 @@ class WorkerTools:
                           placeholder=bool(_NO_RESULT.fullmatch(req.body.strip())))
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
                                              title=req.title, body=req.body, citations=citations)
+        self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.FindingResult.model_construct(finding=finding)
 
     def _check_synthesis(self, task_id: str, goal_id: str, body: str) -> None:
@@ -272,6 +290,7 @@ class WorkerTools:
         findings = self._store.read_findings(who.goal_id, group=who.group, after=req.after, limit=req.limit)
         broadcasts = self._store.read_board(who.goal_id, after=req.broadcast_after, limit=req.limit,
                                             kinds=[PostKind.CONSOLIDATION])
+        self._renew_after(req.task_id, req.fencing_token)
         return m.ReadFindingsResult.model_construct(
             findings=findings, cursor=findings[-1].id if findings else req.after, broadcasts=broadcasts,
             broadcast_cursor=broadcasts[-1].seq if broadcasts else req.broadcast_after)
@@ -285,6 +304,7 @@ class WorkerTools:
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
                                             media_type=req.media_type)
+        self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
 
     async def submit_artifact(self, token: str, req: m.SubmitArtifactRequest,
@@ -342,7 +362,8 @@ class WorkerTools:
     def claim_direction(self, token: str, req: m.ClaimDirectionRequest) -> m.DirectionResult:
         """Take the named direction, or the first free one of the group (those the worker has not scored on
         first); ``direction: null`` when none is free."""
-        who = self._fenced(token, req.task_id, req.fencing_token, write=True)
+        # checked first: with no free direction it writes nothing, and nothing else would check the claim
+        who = self._fenced(token, req.task_id, req.fencing_token)
         directions = self._store.list_directions(who.goal_id, who.group)
         if req.direction is not None:
             names = [req.direction]
@@ -352,13 +373,16 @@ class WorkerTools:
             names = explore_order(directions, who.worker_id, tried)
         taken = (self._store.claim_direction(req.task_id, req.fencing_token, names, author=who.worker_id)
                  if names else None)
+        self._renew_after(req.task_id, req.fencing_token, wrote=taken is not None)
         return m.DirectionResult.model_construct(direction=taken,
                                                  directions=self._store.list_directions(who.goal_id, who.group))
 
     def read_directions(self, token: str, req: m.ReadDirectionsRequest) -> m.DirectionsResult:
         """The group's directions, their live holders and best scores."""
         who = self._fenced(token, req.task_id, req.fencing_token)
-        return m.DirectionsResult.model_construct(directions=self._store.list_directions(who.goal_id, who.group))
+        directions = self._store.list_directions(who.goal_id, who.group)
+        self._renew_after(req.task_id, req.fencing_token)
+        return m.DirectionsResult.model_construct(directions=directions)
 
     def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
         """A sub-task one level below the caller's, in the caller's group."""
@@ -366,7 +390,9 @@ class WorkerTools:
         spec = TaskSpec(title=req.title, prompt=req.prompt, group=who.group,
                         budget_micro_usd=req.budget_micro_usd, call_cap=req.call_cap, parent_id=req.task_id,
                         priority=req.priority)
-        return m.TaskResult.model_construct(task=self._store.delegate(req.task_id, req.fencing_token, spec))
+        task = self._store.delegate(req.task_id, req.fencing_token, spec)
+        self._renew_after(req.task_id, req.fencing_token, wrote=True)
+        return m.TaskResult.model_construct(task=task)
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop cached ownership of a revoked worker (its token is refused anyway; this frees memory)."""
