@@ -122,6 +122,8 @@ def test_a_default_run_rolled_back_to_an_earlier_cosigned_checkpoint_fails_verif
     assert ok.returncode == 0, ok.stdout + ok.stderr
     cosigned = _size(run, 2)
     assert f"keys pinned; not rolled back below {cosigned}" in ok.stdout
+    saved = sy(home, "witness", "checkpoint", f"swarmyard.local/{run.name}", "--home", str(home / "witness"))
+    assert saved.returncode == 0 and saved.stdout == checkpoint_path(run / "audit", 2).read_text()
 
     # cut back to checkpoint 1, every trace of the later events gone: a log as it stood then, cosigned then
     first = _size(run, 1)

@@ -76,13 +76,22 @@ def checkpoint(
     origin: Annotated[str, typer.Argument(help="The log's origin (its key's name, e.g. swarmyard.run/<id>).")],
     state: Annotated[Path | None, typer.Option("--state", help="Read the witness's state file.")] = None,
     witness: Annotated[str | None, typer.Option("--witness", help="Ask a running witness (URL or socket).")] = None,
+    home: Annotated[Path | None, typer.Option("--home", help="Read what a witness home published (the one "
+                                                             "`swarmyard run` uses: see `audit verify`).")] = None,
 ) -> None:
     """Print the last checkpoint the witness cosigned for ORIGIN (for `audit verify --witness-checkpoint`)."""
     from swarmyard.errors import NotFoundError, UserError
 
-    if (state is None) == (witness is None):
-        raise UserError("give one of --state FILE or --witness ADDRESS")
-    if state is not None:
+    if sum(given is not None for given in (state, witness, home)) != 1:
+        raise UserError("give one of --state FILE, --witness ADDRESS or --home DIR")
+    if home is not None:
+        from swarmyard.audit.witness_home import WitnessHome
+
+        published = WitnessHome(home).published(origin)
+        if published is None:
+            raise NotFoundError("log", origin)
+        note = published
+    elif state is not None:
         from swarmyard.audit.witness import WitnessState
 
         if not state.is_file():
