@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -177,6 +179,11 @@ def _rewrite_the_objective(run: Path) -> None:
 def test_a_default_run_rewritten_and_re_signed_with_its_log_key_fails_verify_with_no_flags(home: Path) -> None:
     run = _run(home)
     assert sy(home, "audit", "verify", str(run)).returncode == 0
+    if os.geteuid() == 0:  # the run's witness ran as its own user, whose key no other user may open
+        witness = pwd.getpwnam("swarmyard-witness")
+        private, key = home / "witness" / "private", home / "witness" / "private" / "witness.key"
+        assert (private.stat().st_uid, stat.S_IMODE(private.stat().st_mode)) == (witness.pw_uid, 0o700)
+        assert (key.stat().st_uid, stat.S_IMODE(key.stat().st_mode)) == (witness.pw_uid, 0o600)
     _rewrite_the_objective(run)
     _resign(home, run)
     alone = sy(home, "audit", "verify", str(run), "--no-witness-home",
