@@ -44,9 +44,10 @@ def default_home() -> Path:
         return Path(given)
     if os.geteuid() == 0:
         return SYSTEM_HOME
-    from swarmyard.swarm.run_secrets import state_dir
+    from swarmyard.swarm.run_secrets import private_state_dir
 
-    return state_dir() / "witness"
+    # made private first: the run's secrets go in the same folder, which must never be made open to others
+    return private_state_dir() / "witness"
 
 
 def homes_to_read() -> list[Path]:

@@ -39,6 +39,12 @@ def run_secrets(run_id: str) -> Path:
     return _private("runs", run_id)
 
 
+def private_state_dir() -> Path:
+    """The user's swarmyard state folder, made 0700 if absent (refused if another user owns it or may open it):
+    what a run's witness home is made in when the run is not root's."""
+    return _private()
+
+
 def serve_secret() -> Path:
     """Where ``swarmyard serve`` and ``swarmyard broker serve`` keep their token secret unless told otherwise:
     ``serve/token.secret`` in the state folder (made 0700 if absent), never the working folder."""
