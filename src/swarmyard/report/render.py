@@ -102,7 +102,8 @@ def _cross_summary(data: ReportData) -> str | None:
 
 
 def _cites(f: Finding) -> str:
-    return ", ".join(f"{c.kind.value} {c.ref}" for c in f.citations) or "none"
+    # a source line is shown with the words quoted from it, which the plane found there
+    return ", ".join(f"{c.kind.value} {c.ref}" + (f" \"{c.quote}\"" if c.quote else "") for c in f.citations) or "none"
 
 
 def _audit_lines(data: ReportData) -> list[str]:
@@ -122,7 +123,8 @@ def _audit_lines(data: ReportData) -> list[str]:
 
 def _cite_link(f: Finding) -> str:
     e = html.escape
-    links = [f'<a href="#{"post-" + e(c.ref) if c.kind.value == "post" else e(c.ref)}">{e(c.kind.value)} {e(c.ref)}</a>'
+    links = [f"{e(c.kind.value)} {e(c.ref)} <q>{e(c.quote)}</q>" if c.quote else  # a source line: no anchor
+             f'<a href="#{"post-" + e(c.ref) if c.kind.value == "post" else e(c.ref)}">{e(c.kind.value)} {e(c.ref)}</a>'
              for c in f.citations]
     return ", ".join(links) or "none"
 
