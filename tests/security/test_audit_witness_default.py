@@ -210,3 +210,24 @@ def test_a_no_witness_run_verifies_and_says_what_it_cannot_detect(home: Path) ->
     # and a contradiction is refused before anything starts
     both = sy(home, "run", str(home / "conf" / "swarm.toml"), "--no-witness", "--witness", str(home / "w.sock"))
     assert both.returncode == 1 and "give one or the other" in both.stderr, both.stderr
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_a_run_not_started_as_root_has_a_witness_of_its_users_and_verify_says_so(home: Path) -> None:
+    """Run as uid 1000 of a user namespace (the host's files stay reachable), with the default witness home: it
+    is made in the user's state folder, which stays 0700 for the run's secrets beside it."""
+    swarm = _swarm(home)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
+    as_user = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+    done = subprocess.run([*as_user, str(SWARMYARD), "run", str(swarm), "--quiet", "--sandbox", "process"], cwd=home,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = (home / "runs").iterdir()
+    state = home / ".local" / "state" / "swarmyard"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert (state / "witness" / "public" / "checkpoints" / f"swarmyard.local%2F{run.name}.note").is_file()
+    verified = subprocess.run([*as_user, str(SWARMYARD), "audit", "verify", str(run)], cwd=home, env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "keys pinned; not rolled back below" in verified.stdout
+    assert "as the run does (the run was not started as root)" in verified.stderr
