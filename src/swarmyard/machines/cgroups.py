@@ -1,14 +1,19 @@
 """Per-machine cgroups: v1 controllers (memory, pids, cpu) or v2 ones where present, and v2's ``cgroup.kill``.
 
 The backend's child writes ``0`` (itself) into every ``cgroup.procs`` before it execs bwrap, so the whole sandbox
-starts inside its limits with no window. Teardown uses ``cgroup.kill`` where the host has it, else kills each
-listed process until the groups are empty, then removes them.
+starts inside its limits with no window. Teardown kills the whole group at once with ``cgroup.kill`` where the
+host has it (kernel 5.14+: the kernel also kills what forks meanwhile), else freezes the group (v2 freezer, so
+nothing forks while it is emptied) and SIGKILLs each listed process; then it waits until the kernel says the group
+is empty (``populated 0`` in ``cgroup.events``, which wakes a ``poll`` when it changes: no sleeping) and removes
+the folders, or says it could not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
 import signal
 import time
 from dataclasses import dataclass, field
@@ -77,13 +82,19 @@ def remove_orphan(hierarchy: Hierarchy, name: str) -> None:
     if orphan.dirs:
         with contextlib.suppress(SandboxError):
             orphan.kill()
-        orphan.remove()
+        with contextlib.suppress(SandboxError):  # what survives is tried again by the next reaper
+            orphan.remove()
 
 
 def wanted_controllers(limits: Limits) -> set[str]:
-    """The controllers ``limits`` needs."""
+    """The controllers a machine with ``limits`` gets: those its limits need, and ``cpu`` always.
+
+    With a cpu group of its own, whatever its limit, a machine is one entity to the CPU scheduler: a thousand
+    processes of a fork bomb weigh as much as one machine, not as a thousand of the host's processes, and its
+    teardown can raise its weight so the processes it kills get the CPU time they need to exit (see ``kill``).
+    """
     wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
-    return {k for k, v in wanted.items() if v is not None}
+    return {k for k, v in wanted.items() if v is not None} | {"cpu"}
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -113,6 +124,8 @@ class MachineCgroups:
     ) -> None:
         """``adopt``: take the groups named ``name`` that already exist (to tear them down) instead of making them."""
         self.name = name
+        #: this process's own v2 group, where ``spare`` moves a process
+        self._home = hierarchy.v2
         self.dirs: list[Path] = []
         self.kill_file: Path | None = None
         self.enforced: set[str] = set()
@@ -124,6 +137,11 @@ class MachineCgroups:
             self.dirs = [folder for folder in group_folders(hierarchy, name) if folder.is_dir()]
             if hierarchy.v2 is not None and hierarchy.v2_kill and self.dirs and self.dirs[0].parent.parent == hierarchy.v2:
                 self.kill_file = self.dirs[0] / "cgroup.kill"
+            for folder in self.dirs:  # its cpu group, whose weight the teardown raises
+                if folder.parent.parent == hierarchy.v1.get("cpu"):
+                    self._groups["cpu"] = (1, folder)
+                elif folder.parent.parent == hierarchy.v2 and "cpu" in hierarchy.v2_controllers:
+                    self._groups["cpu"] = (2, folder)
             return
         if controllers is None:
             controllers = set() if limits is None else wanted_controllers(limits)
@@ -241,15 +259,11 @@ class MachineCgroups:
             raise SandboxError(f"machine {self.name} has no cgroup v2 group, so no freezer")
         try:
             (group / "cgroup.freeze").write_text("1" if frozen else "0")
-            end = time.monotonic() + deadline_s
-            # cgroup.events says "frozen 1" once every task has stopped (a task in a syscall stops on its way out)
-            while _events(group).get("frozen") != ("1" if frozen else "0"):
-                if time.monotonic() > end:
-                    raise SandboxError(f"machine {self.name} did not {'freeze' if frozen else 'thaw'} in "
-                                       f"{deadline_s} s")
-                time.sleep(0.001)  # the kernel settles a freeze asynchronously; bounded by the deadline
         except OSError as exc:
             raise SandboxError(f"machine {self.name}: cannot {'freeze' if frozen else 'thaw'}: {exc}") from exc
+        # cgroup.events says "frozen 1" once every task has stopped (a task in a syscall stops on its way out)
+        if not _wait_events(group, "frozen", "1" if frozen else "0", time.monotonic() + deadline_s, strict=False):
+            raise SandboxError(f"machine {self.name} did not {'freeze' if frozen else 'thaw'} in {deadline_s} s")
 
     def cpu_usage_us(self) -> int:
         """CPU time every process of the machine has used so far, in microseconds (cgroup v2 ``cpu.stat``)."""
@@ -262,36 +276,141 @@ class MachineCgroups:
                 return int(value)
         raise SandboxError(f"machine {self.name}: cpu.stat has no usage_usec")
 
-    def kill(self, deadline_s: float = 5.0) -> None:
-        """Kill every process in the groups and wait until they are empty."""
-        if self.kill_file is not None:
-            with contextlib.suppress(OSError):
-                self.kill_file.write_text("1")
-        end = time.monotonic() + deadline_s
-        while (left := self.pids()) and time.monotonic() < end:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(
-                0.002
-            )  # the kernel reaps asynchronously; this bounded wait is the teardown, not a test
-        if self.pids():
-            raise SandboxError(f"machine {self.name}: processes survived teardown")
+    def kill(self, deadline_s: float = 120.0) -> None:
+        """Kill every process in the groups and return once none is left in them (``SandboxError`` otherwise).
 
-    def remove(self) -> None:
-        """Remove the (empty) groups."""
+        ``cgroup.kill`` where the host has it; else the fallback: freeze, SIGKILL each process, thaw. The deadline
+        is generous: a process killed in the middle of a fork waits for the kernel's locks on the files it maps,
+        which another machine's fork bomb of the same interpreter holds often (seconds, on a loaded host).
+        """
+        group = self._v2_group()
+        end = time.monotonic() + deadline_s
+        self._hurry()
+        killed = False
+        if self.kill_file is not None:
+            try:
+                self.kill_file.write_text("1")
+                killed = True
+            except OSError:
+                killed = False  # an old kernel after all: the fallback below
+        if not killed:
+            self._kill_each(group, end)
+        if group is not None:
+            _wait_events(group, "populated", "0", end)
+        # the v1 groups (a hybrid host's controllers) hold the same processes; a v1-only host is emptied here
+        while self.pids():
+            if time.monotonic() > end:
+                raise SandboxError(f"machine {self.name}: processes survived teardown: {sorted(self.pids())[:20]}")
+            self._kill_pass()
+            time.sleep(0.002)  # v1 has no event to wait on; bounded by the deadline
+
+    def spare(self, pid: int) -> bool:
+        """Move ``pid`` (a process of this one's, outside the sandbox) out of the machine's v2 group into this
+        process's own, so that a ``kill`` of the group spares it; whether it was moved.
+
+        bwrap, above the machine's pid namespace, is spared: it then outlives the namespace's first process and
+        reaps it, where killed with the rest it could die first and leave that process a zombie of the machine
+        for the host's init to reap, whenever that gets to it.
+        """
+        group = self._v2_group()
+        if group is None or self._home is None:
+            return False
+        try:
+            (self._home / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
+
+    def _hurry(self) -> None:
+        """Give the machine's group the largest CPU weight: a process SIGKILLed must still be scheduled to exit,
+        and under load (another machine's fork bomb) it waited seconds among everyone else's processes."""
+        if "cpu" not in self._groups:
+            return
+        version, folder = self._groups["cpu"]
+        with contextlib.suppress(OSError):
+            if version == 2:
+                (folder / "cpu.weight").write_text("10000")
+            else:
+                (folder / "cpu.shares").write_text("262144")
+
+    def _kill_each(self, group: Path | None, end: float) -> None:
+        """The fallback without ``cgroup.kill``: freeze the group so no process forks, SIGKILL each one (a frozen
+        process still dies of it), until the group lists none, then thaw it."""
+        frozen = False
+        if group is not None:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.freeze").write_text("1")
+                frozen = True
+                _wait_events(group, "frozen", "1", min(end, time.monotonic() + 5.0), strict=False)
+        try:
+            while self._kill_pass():
+                if time.monotonic() > end:
+                    return  # said by kill(), which checks what is left
+                if group is not None:
+                    _wait_events(group, "populated", "0", min(end, time.monotonic() + 0.05), strict=False)
+        finally:
+            if frozen and group is not None:
+                with contextlib.suppress(OSError):
+                    (group / "cgroup.freeze").write_text("0")
+
+    def _kill_pass(self) -> bool:
+        """SIGKILL every process the groups list now; whether there was any."""
+        left = self.pids()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return bool(left)
+
+    def remove(self, deadline_s: float = 10.0) -> None:
+        """Remove the (empty) groups; ``SandboxError`` naming those that could not be."""
+        end = time.monotonic() + deadline_s
+        left: list[str] = []
         for directory in reversed(self.dirs):
-            for _ in range(100):
+            while True:
                 try:
                     directory.rmdir()
                     break
                 except FileNotFoundError:
                     break
-                except OSError:
-                    time.sleep(0.002)  # an exiting task can hold the group for a moment after it left procs
+                except OSError as exc:
+                    # EBUSY: a task that left cgroup.procs is still exiting; the v2 group says when it is gone
+                    if exc.errno != errno.EBUSY or time.monotonic() > end:
+                        left.append(f"{directory} ({exc.strerror})")
+                        break
+                    if (directory / "cgroup.events").exists():
+                        _wait_events(directory, "populated", "0", end, strict=False)
+                    time.sleep(0.002)  # v1 has no event to wait on; bounded by the deadline
         self.dirs = []
+        if left:
+            raise SandboxError(f"machine {self.name}: cgroups left behind: {', '.join(left)}")
 
 
-def _events(group: Path) -> dict[str, str]:
-    pairs = (line.split(" ", 1) for line in (group / "cgroup.events").read_text().splitlines() if " " in line)
-    return dict(pairs)
+def _wait_events(group: Path, key: str, value: str, end: float, *, strict: bool = True) -> bool:
+    """Wait until the group's ``cgroup.events`` says ``key value``, by ``poll`` on the file (the kernel wakes it
+    at every change), until the monotonic time ``end``; ``SandboxError`` past it when ``strict``."""
+    try:
+        fd = os.open(group / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True  # the group is gone: nothing is in it
+    except OSError as exc:
+        raise SandboxError(f"cannot read {group}/cgroup.events: {exc}") from exc
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI | select.POLLERR)
+        while True:
+            # each read (from the start) re-arms the wake-up; a change after it makes the poll return at once
+            text = os.pread(fd, 4096, 0).decode()
+            if f"{key} {value}" in text.splitlines():
+                return True
+            left_s = end - time.monotonic()
+            if left_s <= 0:
+                if strict:
+                    raise SandboxError(f"{group}: still not '{key} {value}' in cgroup.events")
+                return False
+            poller.poll(max(1, min(int(left_s * 1000), 1000)))
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return True  # removed while we waited
+        raise SandboxError(f"cannot read {group}/cgroup.events: {exc}") from exc
+    finally:
+        os.close(fd)

@@ -719,8 +719,21 @@ class SupervisedBackend:
                 machine.parked.proc.kill()
             machine.parked.proc.wait()
             machine.parked = None
+        failed: SandboxError | None = None
+        # the first process of the machine's pid namespace, named by its pid and start time (see _reaped)
+        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
+        first = None if inner is None else (inner, _start_time(inner))
+        spared = False
         if machine.cgroups is not None:
-            machine.cgroups.kill()
+            # bwrap, spared the group's kill, reaps the namespace's first process, then exits by itself
+            spared = machine.proc is not None and machine.cgroups.spare(machine.proc.pid)
+            try:
+                machine.cgroups.kill()
+            except SandboxError as exc:
+                failed = exc  # said once the rest is torn down
+        if machine.proc is not None and spared:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                machine.proc.wait(10.0)  # a signal now could end bwrap before it reaped
         if machine.proc is not None:
             # SIGTERM lets an init without a sandbox around it kill its commands' trees first.
             with contextlib.suppress(ProcessLookupError):
@@ -731,8 +744,13 @@ class SupervisedBackend:
                 machine.proc.kill()
                 machine.proc.wait()
         if machine.cgroups is not None:
-            machine.cgroups.kill()
-            machine.cgroups.remove()
+            try:
+                machine.cgroups.kill()
+                machine.cgroups.remove()
+            except SandboxError as exc:
+                failed = failed or exc
+        if first is not None:
+            _reaped(*first)
         if machine.ready_fd is not None:
             os.close(machine.ready_fd)
             machine.ready_fd = None
@@ -743,6 +761,8 @@ class SupervisedBackend:
         with contextlib.suppress(SandboxError):
             machine.move(MachineState.DELETED)
         self._release_layers(machine.layers)
+        if failed is not None:
+            raise SandboxError(f"machine {machine.info.id}: {failed.message}", machine_id=machine.info.id)
 
     def _release_layers(self, layers: tuple[str, ...]) -> None:
         with self._lock:
@@ -756,6 +776,18 @@ class SupervisedBackend:
                     check=False,
                     capture_output=True,
                 )
+
+
+def _reaped(pid: int, started: str | None, timeout_s: float = 10.0) -> None:
+    """Wait until the process ``pid`` (started at ``started``) is reaped, not only dead.
+
+    The machine's pid namespace's first process is bwrap's child; should bwrap die first (where it could not be
+    spared the group's kill: see ``MachineCgroups.spare``), it is the host init's to reap, and until then a
+    zombie in the machine's cgroups: a process of the machine still on the host. No event says when another
+    process reaps it: looked at, bounded."""
+    end = time.monotonic() + timeout_s
+    while started is not None and _start_time(pid) == started and time.monotonic() < end:
+        time.sleep(0.002)
 
 
 def _inside(pid: int, namespace: str = "mnt") -> int | None:
