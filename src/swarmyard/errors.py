@@ -17,8 +17,10 @@
     │   └── QuotaExceededError (413)    a goal's or task's artifacts or board past their total (``used``, ...)
     ├── AuthError
     │   ├── InvalidTokenError (401)     forged, malformed, expired or revoked capability token
-    │   └── ForbiddenError (403)        a valid token used outside its scope (other goal, other group)
-    │       └── DepthExceededError      a delegation past the goal's maximum depth
+    │   ├── ForbiddenError (403)        a valid token used outside its scope (other goal, other group)
+    │   │   ├── DepthExceededError      a delegation past the goal's maximum depth
+    │   │   └── CrossSiteError (403)    a dashboard form posted from another site (``origin``)
+    │   └── MisdirectedRequestError (421) a dashboard request over TCP naming a host it is not served as (``host``)
     ├── RateLimitedError (429)          too many calls; ``retry_after_s`` says when to retry
     ├── StoreError
     │   ├── StoreBusyError (503)        a no-wait store call found the write lock taken; nothing was done; retryable
@@ -348,6 +350,32 @@ class DepthExceededError(ForbiddenError):
         self.task_id = task_id
         self.depth = depth
         self.max_depth = max_depth
+
+
+class CrossSiteError(ForbiddenError):
+    """A state-changing dashboard request that another site's page sent (its Origin, Referer or Sec-Fetch-Site)."""
+
+    code = "cross_site"
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(f"the dashboard refuses a form posted from another site ({origin}): use its own page",
+                         origin=origin)
+        self.origin = origin
+
+
+class MisdirectedRequestError(AuthError):
+    """A dashboard request over TCP whose Host header names neither the address the plane listens on nor a name
+    it was told to answer to: a page of another site pointing its own name at this address (DNS rebinding)."""
+
+    code = "misdirected_request"
+    status = 421
+
+    def __init__(self, host: str, allowed: list[str]) -> None:
+        super().__init__(f"the dashboard is not served as host {host!r}: open it as {' or '.join(allowed)} "
+                         "(or give `swarmyard serve --ui-host NAME` for a name of your own)", host=host,
+                         allowed=allowed)
+        self.host = host
+        self.allowed = allowed
 
 
 class RateLimitedError(SwarmyardError):

@@ -105,7 +105,7 @@ def test_the_login_form_sets_an_httponly_strict_cookie_for_the_operator_token_on
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
     page = rig.http.get("/ui", headers={"cookie": f"swarmyard_ui={rig.operator}"})
     assert page.status_code == 200 and 'src="/ui/static/app.js"' in page.text
-    out = rig.http.post("/ui/logout", headers={"cookie": f"swarmyard_ui={rig.operator}"})
+    out = rig.http.post("/ui/logout", headers={"cookie": f"swarmyard_ui={rig.operator}", "origin": "http://plane"})
     assert out.status_code == 303 and 'swarmyard_ui=""' in out.headers["set-cookie"]
 
 

@@ -72,6 +72,9 @@ _Witness = typer.Option(None, "--witness",
                         help="With --audit-dir: have this witness (socket path or URL, e.g. the swarmyard-witness "
                              "service's) cosign every checkpoint, so that verify catches a rollback or a re-signed "
                              "log.")
+_UiHost = typer.Option(None, "--ui-host",
+                       help="A name (NAME or NAME:PORT) by which browsers may open the dashboard at /ui over TCP, "
+                            "beside the address it listens on (repeatable); any other Host is refused (421).")
 _AuditDir = typer.Option(None, "--audit-dir",
                          help="Keep the store's audit log (signed checkpoints) in this folder, for `swarmyard audit "
                               "verify DIR --store URL`. Of several replicas, give it to one, and stop it last.")
@@ -109,6 +112,7 @@ def command(
     body_timeout_s: float = _BodyTimeout,
     max_connections: int | None = _MaxConnections,
     audit_dir: Path | None = _AuditDir,
+    ui_host: list[str] | None = _UiHost,
     witness: str | None = _Witness,
     user: str = _User,
 ) -> None:
@@ -140,7 +144,7 @@ def command(
 
     check_table(table, env=os.environ)  # before the store is touched: a table the broker cannot serve changes nothing
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
-                             renew_min_interval_s=renew_interval_s)
+                             renew_min_interval_s=renew_interval_s, ui_hosts=tuple(ui_host or ()))
     from swarmyard.swarm.run_secrets import serve_secret
 
     cosigner = None

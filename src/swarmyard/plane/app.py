@@ -318,7 +318,7 @@ def create_app(store: Store, tokens: TokenAuthority, settings: PlaneSettings | N
     """
     plane = _Plane(store, tokens, settings or PlaneSettings(), clock or SystemClock(), evaluator, sources)
     dashboard = plane.dashboard = Dashboard(store, tokens, plane.offload, trajectories=trajectories,
-                                            machines=machines)
+                                            machines=machines, hosts=plane.settings.ui_hosts)
     plane.metrics.watch_dashboard(lambda: dashboard.wakes)
 
     async def openapi(request: Request) -> Response:

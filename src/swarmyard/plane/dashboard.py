@@ -5,6 +5,13 @@ page and endpoint with data needs the operator token: as a Bearer header (script
 SameSite=Strict cookie the login form sets. A worker token is refused (403); no token gets the login page and
 no data. Nothing here writes to the store.
 
+Over TCP (where a browser reaches it) every ``/ui`` request must name the dashboard's own host: the address the
+plane listens on (and ``localhost`` when that is loopback) or a name in ``PlaneSettings.ui_hosts`` (``swarmyard
+serve --ui-host NAME``), with its port. Any other Host is answered 421: a page of another site whose own name
+resolves to this address (DNS rebinding) reads nothing. The login and logout forms must come from the dashboard's
+own page (``Sec-Fetch-Site``, ``Origin`` or ``Referer``; a logout must show one of them), else 403 and nothing
+changes: another site cannot log its visitor out, nor in. The Unix socket is no browser's: no Host is checked there.
+
 ``GET /ui/events?goal=ID`` streams the goal's state as one ``state`` event whenever it changed: the plane wakes
 the stream after every tool call it served, and it looks again every ``POLL_S`` otherwise (the broker's
 settlements, another serving process's writes, a worker's usage from its trajectory steps: a step wakes no
@@ -15,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,13 +36,16 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
+from starlette.types import Scope
 
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import Goal, ReservationState
 from swarmyard.errors import (
+    CrossSiteError,
     ForbiddenError,
     InvalidInputError,
     InvalidTokenError,
+    MisdirectedRequestError,
     NotFoundError,
     PayloadTooLargeError,
     SwarmyardError,
@@ -103,6 +114,81 @@ def _escape(text: str) -> str:
 
 def _error(exc: SwarmyardError) -> Response:
     return JSONResponse(exc.to_dict(), status_code=exc.status, headers=_HEADERS)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _split_host(value: str) -> tuple[str, int | None] | None:
+    """A Host header as (name, port): ``name``, ``name:port``, ``[v6]`` or ``[v6]:port``; None when malformed."""
+    name, port = value, ""
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[1:end], value[end + 1:]
+        if rest and not rest.startswith(":"):
+            return None
+        port = rest[1:]
+    elif value.count(":") == 1:
+        name, port = value.split(":")
+    elif ":" in value:
+        return None  # a bare IPv6 address needs its brackets
+    if port and not (port.isdigit() and len(port) <= 5):
+        return None
+    return name.lower().rstrip("."), int(port) if port else None
+
+
+def _loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def host_refusal(scope: Scope, names: Sequence[str]) -> MisdirectedRequestError | None:
+    """Why a request may not reach the dashboard by the host it names (``None``: it may).
+
+    Only over TCP: ``scope["server"]`` is then the address and port the connection reached. ``names`` are the
+    extra names allowed (``ui_hosts``), each ``NAME`` or ``NAME:PORT``."""
+    server = scope.get("server")
+    if not (isinstance(server, tuple | list) and len(server) == 2 and isinstance(server[1], int)):
+        return None  # the Unix socket: no browser's
+    address, port = str(server[0]).lower(), server[1]
+    allowed_names = {address}
+    if _loopback(address):
+        allowed_names |= {"localhost", "127.0.0.1", "::1"}
+    shown = [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in sorted(allowed_names)]
+    raw = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), "")
+    given = _split_host(raw.strip())
+    default = 443 if scope.get("scheme") == "https" else 80
+    if given is not None:
+        name, asked = given
+        if (asked or default) == port and name in allowed_names:
+            return None
+        for extra in names:
+            wanted = _split_host(extra.strip())
+            if wanted is not None and wanted[0] == name and (asked or default) == (wanted[1] or port):
+                return None
+    return MisdirectedRequestError(raw[:200], shown + list(names))
+
+
+def cross_site(request: Request, *, required: bool) -> str | None:
+    """The other site a form came from (``None``: the dashboard's own page sent it).
+
+    ``Sec-Fetch-Site`` says it where the browser sends it; else ``Origin``; else ``Referer``. ``required``: a
+    request that shows none of them is refused too (a browser always shows one on a form post)."""
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site in ("same-origin", "none") else f"Sec-Fetch-Site: {site[:50]}"
+    origin = request.headers.get("origin")
+    if origin is not None:
+        return None if origin == own else origin[:200]
+    referer = request.headers.get("referer")
+    if referer is not None:
+        return None if referer == own or referer.startswith(own + "/") else referer[:200]
+    return "no Origin, Referer or Sec-Fetch-Site" if required else None
 
 
 def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
@@ -183,7 +269,10 @@ class Dashboard:
     """The ``/ui`` routes over a store; ``notify`` wakes every open stream (call it on the app's loop)."""
 
     def __init__(self, store: Store, tokens: TokenAuthority, offload: Offload[Any], *,
-                 trajectories: TrajectoryFiles | None = None, machines: MachinesView | None = None) -> None:
+                 trajectories: TrajectoryFiles | None = None, machines: MachinesView | None = None,
+                 hosts: Sequence[str] = ()) -> None:
+        """``hosts``: names beside its listening address the dashboard answers to over TCP (``ui_hosts``)."""
+        self._hosts = tuple(hosts)
         self._store = store
         self._tokens = tokens
         self._offload = offload
@@ -266,10 +355,7 @@ class Dashboard:
         return _page("index.html")
 
     async def login(self, request: Request) -> Response:
-        origin = request.headers.get("origin")
-        site = request.headers.get("sec-fetch-site", "same-origin")
-        if site not in ("same-origin", "none") or (
-                origin is not None and origin.split("://", 1)[-1] != request.headers.get("host", "")):
+        if cross_site(request, required=False) is not None:
             return _page("login.html", 403, "That form came from another site.")
         try:
             raw = await read_limited(request.stream(), request.headers.get("content-length"), 16 * 1024)
@@ -290,6 +376,9 @@ class Dashboard:
         return response
 
     async def logout(self, request: Request) -> Response:
+        other = cross_site(request, required=True)
+        if other is not None:
+            return _error(CrossSiteError(other))  # and the cookie stays: another site cannot end the session
         response = RedirectResponse("/ui", status_code=303, headers=_HEADERS)
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
         return response
@@ -355,15 +444,27 @@ class Dashboard:
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={**_HEADERS, "X-Accel-Buffering": "no"})
 
+    def _own_host(self, endpoint: Endpoint) -> Endpoint:
+        """``endpoint``, answered only when the request names the dashboard's own host (see the module)."""
+
+        async def guarded(request: Request) -> Response:
+            refused = host_refusal(request.scope, self._hosts)
+            if refused is not None:
+                return _error(refused)
+            return await endpoint(request)
+
+        return guarded
+
     def routes(self) -> list[BaseRoute]:
         """The ``/ui`` routes."""
+        own = self._own_host
         return [
-            Route("/ui", self.index, methods=["GET"]),
-            Route("/ui/login", self.login, methods=["POST"]),
-            Route("/ui/logout", self.logout, methods=["POST"]),
-            Route("/ui/static/{name}", self.static, methods=["GET"]),
-            Route("/ui/api/goals", self.goals, methods=["GET"]),
-            Route("/ui/api/state", self.state, methods=["GET"]),
-            Route("/ui/api/trajectory/{worker_id}", self.trajectory, methods=["GET"]),
-            Route("/ui/events", self.events, methods=["GET"]),
+            Route("/ui", own(self.index), methods=["GET"]),
+            Route("/ui/login", own(self.login), methods=["POST"]),
+            Route("/ui/logout", own(self.logout), methods=["POST"]),
+            Route("/ui/static/{name}", own(self.static), methods=["GET"]),
+            Route("/ui/api/goals", own(self.goals), methods=["GET"]),
+            Route("/ui/api/state", own(self.state), methods=["GET"]),
+            Route("/ui/api/trajectory/{worker_id}", own(self.trajectory), methods=["GET"]),
+            Route("/ui/events", own(self.events), methods=["GET"]),
         ]

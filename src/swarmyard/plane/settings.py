@@ -19,6 +19,8 @@ class PlaneSettings:
     ``swarmyard bench plane`` eight gave about 0.7x the calls/s of two), 8 for PostgreSQL (each statement
     is a round trip that other threads can overlap).
     ``max_body_bytes`` bounds a ``submit_artifact`` body, ``max_request_bytes`` every other request body.
+    ``ui_hosts`` are the names, beside the address it listens on, by which a browser may reach the dashboard
+    over TCP (``Host: NAME`` or ``NAME:PORT``; see :mod:`swarmyard.plane.dashboard`).
     """
 
     lease_s: float = 300.0
@@ -31,3 +33,4 @@ class PlaneSettings:
     store_concurrency: int | None = None
     metrics_public: bool = False
     read_limit_max: int = 500
+    ui_hosts: tuple[str, ...] = ()
