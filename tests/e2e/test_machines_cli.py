@@ -9,6 +9,7 @@ commands make its own machines, in its namespace, on its networks only, and see 
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -16,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +112,15 @@ def test_the_cli_isolates_networks_as_the_client_does_and_boxd_names_resolve(roo
         unreached = run_in(root, machine, "curl", "-sS", "-m", "10", f"http://{address}:8080/token.txt")
         assert unreached.returncode in (7, 28), (machine, unreached.stderr)  # no connection, or none in time
         assert "from-the-coordinator" not in unreached.stdout
+    # nor does an isolated machine reach a server on the host's loopback: its 127.0.0.1 is its own
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as host_server:
+        threading.Thread(target=host_server.serve_forever, daemon=True).start()
+        port = host_server.server_address[1]
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).status == 200  # it does answer
+        for machine in ("worker", "lone"):
+            local = run_in(root, machine, "curl", "-sS", "-m", "10", f"http://127.0.0.1:{port}/")
+            assert local.returncode in (7, 28), (machine, local.stderr)
+        host_server.shutdown()
     # the command's own exit code is the command's: false exits 1 in there, and so does exec
     assert run_in(root, "worker", "false").returncode == 1
 
