@@ -87,14 +87,16 @@ def remove_orphan(hierarchy: Hierarchy, name: str) -> None:
 
 
 def wanted_controllers(limits: Limits) -> set[str]:
-    """The controllers a machine with ``limits`` gets: those its limits need, and ``cpu`` always.
-
-    With a cpu group of its own, whatever its limit, a machine is one entity to the CPU scheduler: a thousand
-    processes of a fork bomb weigh as much as one machine, not as a thousand of the host's processes, and its
-    teardown can raise its weight so the processes it kills get the CPU time they need to exit (see ``kill``).
-    """
+    """The controllers ``limits`` needs."""
     wanted = {"memory": limits.memory_bytes, "pids": limits.pids, "cpu": limits.cpus}
-    return {k for k, v in wanted.items() if v is not None} | {"cpu"}
+    return {k for k, v in wanted.items() if v is not None}
+
+
+#: Groups a machine gets where the host allows, whatever its limits: with a cpu group of its own a machine is one
+#: entity to the CPU scheduler (a fork bomb's 500 processes weigh as one machine, not as 500 of the host's), and
+#: its teardown can raise its weight so the processes it kills get the CPU time they need to exit (see ``kill``).
+#: A host that refuses one is no error: no limit needs it.
+OPTIONAL_CONTROLLERS = frozenset({"cpu"})
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -150,20 +152,31 @@ class MachineCgroups:
             if limits is not None:
                 self.apply(limits)
         except OSError as exc:
-            self.remove()
+            with contextlib.suppress(SandboxError):  # the error being raised is the one to tell
+                self.remove()
             raise SandboxError(f"cannot create cgroups for {name}: {exc}") from exc
 
     def _create(self, hierarchy: Hierarchy, controllers: set[str]) -> None:
+        optional = (OPTIONAL_CONTROLLERS & hierarchy.controllers()) - controllers
         if hierarchy.v2 is not None:
             group = self._mkdir(hierarchy.v2 / "swarmyard" / self.name)
             if hierarchy.v2_kill:
                 self.kill_file = group / "cgroup.kill"
-            for controller in sorted(hierarchy.v2_controllers & controllers):
-                (group.parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            for controller in sorted(hierarchy.v2_controllers & (controllers | optional)):
+                try:
+                    (group.parent / "cgroup.subtree_control").write_text(f"+{controller}")
+                except OSError:
+                    if controller in optional:
+                        continue
+                    raise
                 self._groups[controller] = (2, group)
-        for controller in sorted(controllers - set(self._groups)):
+        for controller in sorted((controllers | optional) - set(self._groups)):
             if controller in hierarchy.v1:
-                self._groups[controller] = (1, self._mkdir(hierarchy.v1[controller] / "swarmyard" / self.name))
+                try:
+                    self._groups[controller] = (1, self._mkdir(hierarchy.v1[controller] / "swarmyard" / self.name))
+                except OSError:
+                    if controller not in optional:
+                        raise
 
     def apply(self, limits: Limits) -> None:
         """Write ``limits`` into the groups (before any process of the machine runs); raises :class:`SandboxError`.
