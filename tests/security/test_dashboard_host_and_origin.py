@@ -10,11 +10,13 @@ HTTP client:
 - a cross-site logout (another site's Origin, ``Sec-Fetch-Site: cross-site``, a foreign Referer, or none of the
   three) is refused 403 without touching the cookie, and the session still reads the data; the dashboard's own
   page logs out;
-- on the Unix socket (no browser's) the Host is not checked.
+- on the Unix socket (no browser's) the Host is not checked;
+- ``swarmyard run --ui --ui-host NAME`` serves the run's dashboard by that name too, and refuses another.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -157,3 +159,66 @@ def test_a_cross_site_login_is_refused(dash: Dash) -> None:
                         {"referer": "http://evil.example/"}):
             answer = http.post("/ui/login", data={"token": dash.operator}, headers=headers)
             assert answer.status_code == 403 and "set-cookie" not in answer.headers, headers
+
+
+@pytest.mark.bwrap
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")
+def test_a_run_with_ui_serves_its_ui_host_and_refuses_others() -> None:
+    """``swarmyard run --ui --ui-host dash.test``: the run's dashboard answers by that name and refuses another."""
+    folder = Path(tempfile.mkdtemp(prefix="sy-dr-"))  # the run's socket lives in the run folder: keep it short
+    try:
+        # the worker's one command holds the run open until the test stops it
+        (folder / "replies.json").write_text(json.dumps({
+            "w": [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 600"}}]}], "l": []}))
+        (folder / "swarm.toml").write_text(f"""
+[goal]
+objective = "o"
+budget_usd = "1"
+call_cap = 20
+deadline_s = 900
+[[tasks.lenses]]
+title = "t"
+prompt = "p"
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 800
+max_steps = 3
+model = "w"
+[lead]
+model = "l"
+[providers.script]
+kind = "scripted"
+models = ["w", "l"]
+replies = "replies.json"
+[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
+               "XDG_STATE_HOME": str(folder / "state")}
+        proc = subprocess.Popen([str(SWARMYARD), "run", str(folder / "swarm.toml"), "--ui", "--ui-host", "dash.test",
+                                 "--no-witness"], cwd=folder, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr is not None
+            line = next((line for line in proc.stderr if line.startswith("dashboard on ")), "")
+            assert line, f"the run never announced its dashboard (exit {proc.poll()})"
+            url, token_file = line.split()[2], Path(line.split("operator token in ", 1)[1].rstrip(")\n"))
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            bearer = {"authorization": f"Bearer {token_file.read_text().strip()}"}
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                assert http.get("/ui/api/goals", headers={**bearer, "host": f"dash.test:{port}"}).status_code == 200
+                assert http.get("/ui/api/goals", headers=bearer).status_code == 200
+                refused = http.get("/ui/api/goals", headers={**bearer, "host": f"evil.example:{port}"})
+                assert refused.status_code == 421 and "dash.test" in refused.json()["error"]["message"]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -75,7 +75,7 @@ def _figures_table(figures: RunFigures) -> Any:
     return table
 
 
-def _dashboard(host: str, port: int) -> Any:
+def _dashboard(host: str, port: int, names: tuple[str, ...] = ()) -> Any:
     """Where ``--ui`` serves the dashboard: checked before anything starts (loopback only, without TLS)."""
     from swarmyard.errors import UserError
     from swarmyard.plane.dashboard import UiListen
@@ -89,7 +89,7 @@ def _dashboard(host: str, port: int) -> Any:
     def announce(url: str, token_file: Path) -> None:
         render.stderr.print(f"dashboard on {url} (operator token in {token_file})", highlight=False, markup=False)
 
-    return UiListen(host, port, announce)
+    return UiListen(host, port, announce, names)
 
 
 def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
@@ -142,6 +142,9 @@ def command(
         "with mutual TLS).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535,
                                       help="With --ui: the TCP port (0: any free one).")] = 0,
+    ui_host: Annotated[list[str] | None, typer.Option(
+        "--ui-host", help="With --ui: a name (NAME or NAME:PORT) by which browsers may open the dashboard, beside "
+        "the address it listens on (repeatable); any other Host is refused (421).")] = None,
     otlp: Annotated[str | None, typer.Option(
         "--otlp", help="Send the run's trace to this OTLP/HTTP collector when it ends (default: "
         "OTEL_EXPORTER_OTLP_ENDPOINT; needs the otel extra).")] = None,
@@ -160,7 +163,7 @@ def command(
 
         if (hint := missing()) is not None:
             raise UserError(hint)  # before any run folder or goal exists
-    dashboard = _dashboard(host, port) if ui else None
+    dashboard = _dashboard(host, port, tuple(ui_host or ())) if ui else None
     import os
 
     from swarmyard.telemetry import otlp_url

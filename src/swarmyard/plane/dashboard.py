@@ -66,6 +66,8 @@ class UiListen:
     host: str = "127.0.0.1"
     port: int = 0
     announce: Callable[[str, Path], None] | None = None
+    #: names beside ``host`` a browser may open it by (``--ui-host``; see ``PlaneSettings.ui_hosts``)
+    hosts: tuple[str, ...] = ()
 
 
 COOKIE = "swarmyard_ui"

@@ -154,7 +154,8 @@ class MachineLauncher:
         app = create_app(
             self.store,
             self._tokens,
-            PlaneSettings(lease_s=self.config.workers.lease_s),
+            PlaneSettings(lease_s=self.config.workers.lease_s,
+                          ui_hosts=self.ui.hosts if self.ui is not None else ()),
             extra_routes=self._broker.routes(),
             trajectories=self.trajectories,
             machines=self.machines_view,
