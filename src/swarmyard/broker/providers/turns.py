@@ -82,6 +82,9 @@ class Turns:
     def leave(self, caller: str) -> None:
         """``caller`` makes no more calls (its last answer was given, or the broker refused it)."""
         with self._lock:
+            if caller not in self._keys and not self._order and len(self._keys) < self.seats:
+                # refused before its first call reached the provider: its seat is taken, and empty
+                self._keys[caller] = ""
             if caller not in self._keys or caller in self._gone:
                 return
             self._gone.add(caller)
