@@ -11,8 +11,8 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
                  max_failures, retry_backoff_s, history (none | scored_history | single_draft_refinement),
                  history_top_k, machine (per_task | per_slot), max_machines
                  profile (full | governed), tools = [{name, wasm, folder, writer, fuel, memory_mb,
-                 timeout_s, description, params, required, args}, ...] (WASI tools of the built-in agent;
-                 args: arguments fixed for every call), flow (the tool of each step), attach_result
+                 timeout_s, description, params, required, args, offer}, ...] (WASI tools of the built-in
+                 agent; args: arguments fixed for every call; offer: those the model is shown), flow (the tool of each step), attach_result
     [lead]       agent, model, max_steps, prompt, profile, synthesis, tools, flow, attach_result, artifact
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
@@ -21,6 +21,8 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
     [providers.NAME.prices.MODEL]  input_usd_per_mtok, output_usd_per_mtok ("0.15": decimal strings),
                  max_output_tokens, context_tokens: set or override what the price table knows of MODEL
     [run]        store, runs_dir, sandbox
+    [reference]  label, score, wall_s, calls, tokens, spend_usd: a reference run's figures (the seed's), printed
+                 beside this run's at its end
     [evaluator]  bundle (an evaluator bundle folder, relative to the swarm file): artifacts are scored on
                  its search split and the best one on its holdout once, when the run ends
 
@@ -318,6 +320,8 @@ class WasiToolConfig(_Frozen):
     args: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")],
                Annotated[str, Field(strict=True)] | Annotated[bool, Field(strict=True)]
                | Annotated[int, Field(strict=True)]] = Field(default_factory=dict)
+    #: the arguments the model is shown (default: every one ``args`` does not fix); the rest keep their defaults
+    offer: tuple[str, ...] | None = None
 
     @field_validator("name")
     @classmethod
@@ -381,6 +385,9 @@ class WasiToolConfig(_Frozen):
     def _check_args(self, params: dict[str, str]) -> None:
         """Each fixed argument is one of the tool's params, of its type (a path or string is a string)."""
         kinds: dict[str, type] = {"string": str, "path": str, "boolean": bool, "integer": int}
+        for name in self.offer or ():
+            if name not in params or name in self.args:
+                raise ValueError(f"offer names {name!r}, which is not one of its params left unfixed")
         for name, value in self.args.items():
             if name not in params:
                 raise ValueError(f"args names {name!r}, which is not one of its params ({', '.join(params)})")
@@ -396,7 +403,8 @@ class WasiToolConfig(_Frozen):
         return WasiToolSpec(
             self.name, shipped.description if shipped else (self.description or f"The WASI tool {self.name}."),
             wasm, workdir / self.folder, params, shipped.required if shipped else self.required, self.writer,
-            WasiCaps(fuel=self.fuel, memory_bytes=self.memory_mb << 20, wall_s=self.timeout_s), dict(self.args))
+            WasiCaps(fuel=self.fuel, memory_bytes=self.memory_mb << 20, wall_s=self.timeout_s), dict(self.args),
+            self.offer)
 
 
 class WorkersConfig(_Frozen):
@@ -668,6 +676,25 @@ class RunConfig(_Frozen):
         return value
 
 
+class ReferenceConfig(_Frozen):
+    """``[reference]``: a reference run of the same benchmark (the seed's own), printed beside this run's figures
+    in the table every run ends with. Each figure is optional; ``tokens`` is input and output together."""
+
+    label: Annotated[str, Field(min_length=1, max_length=60)] = "reference"
+    score: Annotated[int, Field(ge=0, strict=True)] | None = None
+    wall_s: Annotated[float, Field(ge=0)] | None = None
+    calls: Annotated[int, Field(ge=0, strict=True)] | None = None
+    tokens: Annotated[int, Field(ge=0, strict=True)] | None = None
+    spend_usd: str | None = None
+
+    @field_validator("spend_usd")
+    @classmethod
+    def _amount(cls, value: str | None) -> str | None:
+        if value is not None:
+            usd_to_micro(value)  # "0.017438": a decimal string, never a float
+        return value
+
+
 class EvaluatorConfig(_Frozen):
     """``[evaluator]``: the bundle that scores the run's artifacts (``swarmyard.evaluator``).
 
@@ -715,6 +742,8 @@ class SwarmConfig(_Frozen):
     run: RunConfig = RunConfig()
     #: ``None``: the run's artifacts are stored but not scored, and there is no holdout
     evaluator: EvaluatorConfig | None = None
+    #: a reference run's figures (the seed's), shown beside this run's
+    reference: ReferenceConfig | None = None
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.config import loads_config
-from swarmyard.errors import ConfigError, UserError
+from swarmyard.errors import ConfigError, ToolError, UserError
 from swarmyard.wasi import SHIPPED, WasiRunner, WasiToolSpec, shipped_wasm
 
 pytest.importorskip("wasmtime", reason="WASI tools need the wasi extra (scripts/test installs the dev extra)")
@@ -72,6 +72,7 @@ args = { left = "ledger.csv", right = "bank.csv", key = "id", keys = true }
     ('{ lefty = "a.csv" }', "not one of its params"),
     ('{ keys = "yes" }', "args.keys must be true or false"),
     ('{ max = "5" }', "args.max must be an integer"),
+    ('{ keys = true }\noffer = ["keys"]', "offer names 'keys'"),
 ])
 def test_a_bad_fixed_argument_is_refused_when_the_file_is_read(csvdiff: Path, args: str, says: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -87,3 +88,26 @@ wasm = "csvdiff"
 args = {args}
 """)
     assert says in caught.value.message and caught.value.field.startswith("workers.tools")
+
+
+def test_offer_narrows_what_the_model_is_shown_and_may_give(csvdiff: Path, tmp_path: Path) -> None:
+    _shard(tmp_path / "task")
+    config = loads_config("""
+[goal]
+objective = "o"
+budget_usd = "1"
+[[tasks.lenses]]
+title = "t"
+[[workers.tools]]
+name = "compare"
+wasm = "csvdiff"
+folder = "task"
+args = { left = "ledger.csv", right = "bank.csv", keys = true }
+offer = []
+""")
+    spec = WasiToolSpec.from_dict(config.workers.tools[0].spec(csvdiff, tmp_path).to_dict())
+    assert spec.json_schema()["properties"] == {}
+    assert WasiRunner().call(spec, {})["value"] == ["A-2", "A-4", "A-5"]
+    with pytest.raises(ToolError) as caught:
+        WasiRunner().call(spec, {"key": "date"})  # a param it was not offered: refused, not run
+    assert "takes no argument 'key'" in caught.value.message

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from swarmyard.cli import render
-from swarmyard.config import SandboxKind, load_config
+from swarmyard.config import ReferenceConfig, SandboxKind, load_config
 from swarmyard.domain import TaskState
-from swarmyard.money import format_usd
+from swarmyard.money import format_usd, usd_to_micro
 from swarmyard.report.data import RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
 from swarmyard.swarm.coordinator import ProgressRow
@@ -63,15 +63,30 @@ class WorkerSpanPrinter:
                             f"({span.ended_at - span.started_at:.1f} s)", highlight=False)
 
 
-def _figures_table(figures: RunFigures) -> Any:
-    """The run's figures as a two-column rich table (the seed's benchmark table)."""
+def _figures_table(figures: RunFigures, reference: ReferenceConfig | None = None) -> Any:
+    """The run's figures as a rich table (the seed's benchmark table), with the swarm file's reference run beside
+    them when it names one."""
     from rich.table import Table
 
     table = Table(title=f"run {figures.run_id}")
     table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in figures.rows():
-        table.add_row(name, value)
+    table.add_column("value" if reference is None else "this run", justify="right")
+    rows = figures.rows()
+    if reference is None:
+        for name, value in rows:
+            table.add_row(name, value)
+        return table
+    table.add_column(reference.label, justify="right")
+    rows.insert(6, ("tokens (in + out)", f"{figures.tokens_in + figures.tokens_out:,}"))
+    theirs = {
+        "score": None if reference.score is None else f"{reference.score:,}",
+        "wall time": None if reference.wall_s is None else f"{reference.wall_s:.2f} s",
+        "model calls": None if reference.calls is None else str(reference.calls),
+        "tokens (in + out)": None if reference.tokens is None else f"{reference.tokens:,}",
+        "settled spend": None if reference.spend_usd is None else format_usd(usd_to_micro(reference.spend_usd)),
+    }
+    for name, value in rows:
+        table.add_row(name, value, theirs.get(name) or "-")
     return table
 
 
@@ -198,7 +213,7 @@ def command(
     where = result.report.html if result.report else "-"
     if not quiet:
         tokens = data.input_tokens + data.output_tokens
-        render.stderr.print(_figures_table(figures))
+        render.stderr.print(_figures_table(figures, config.reference))
         if data.scores is not None:
             render.stderr.print(scores_line(data.scores), highlight=False, markup=False)
         # the totals line stays the last one: scripts read it

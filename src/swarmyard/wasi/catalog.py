@@ -55,15 +55,21 @@ class WasiToolSpec:
     caps: WasiCaps = WasiCaps()
     #: arguments the swarm file fixed: the model is not shown them and cannot give them; every call has them
     fixed: dict[str, Any] = field(default_factory=dict)
+    #: the arguments the model is shown (``None``: every one not fixed); the rest keep the tool's defaults
+    offered: tuple[str, ...] | None = None
+
+    def shown(self) -> list[str]:
+        """The arguments the model is shown and may give."""
+        return [n for n in self.params if n not in self.fixed and (self.offered is None or n in self.offered)]
 
     def json_schema(self) -> dict[str, Any]:
         """The arguments as the JSON schema a model is shown (a path is a string relative to the folder), less
         the fixed ones."""
         kinds = {ParamType.STRING: "string", ParamType.PATH: "string", ParamType.INTEGER: "integer",
                  ParamType.BOOLEAN: "boolean"}
-        return {"type": "object",
-                "properties": {n: {"type": kinds[t]} for n, t in self.params.items() if n not in self.fixed},
-                "required": [r for r in self.required if r not in self.fixed], "additionalProperties": False}
+        shown = self.shown()
+        return {"type": "object", "properties": {n: {"type": kinds[self.params[n]]} for n in shown},
+                "required": [r for r in self.required if r in shown], "additionalProperties": False}
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as JSON (how the launcher hands it to the agent in the machine)."""
@@ -72,7 +78,7 @@ class WasiToolSpec:
                 "required": list(self.required), "writer": self.writer,
                 "caps": {"fuel": self.caps.fuel, "memory_bytes": self.caps.memory_bytes,
                          "wall_s": self.caps.wall_s, "output_bytes": self.caps.output_bytes},
-                "fixed": dict(self.fixed)}
+                "fixed": dict(self.fixed), "offered": None if self.offered is None else list(self.offered)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WasiToolSpec:
@@ -85,7 +91,8 @@ class WasiToolSpec:
                             int(caps.get("memory_bytes", default.memory_bytes)),
                             float(caps.get("wall_s", default.wall_s)),
                             int(caps.get("output_bytes", default.output_bytes))),
-                   dict(data.get("fixed") or {}))
+                   dict(data.get("fixed") or {}),
+                   None if data.get("offered") is None else tuple(str(n) for n in data["offered"]))
 
 
 @dataclass(frozen=True, slots=True)

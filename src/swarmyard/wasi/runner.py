@@ -149,6 +149,10 @@ class WasiRunner:
 
     def call(self, spec: WasiToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
         """Run one call; the tool's JSON object, or ``ToolError`` (``WasiTrapError`` for a cap)."""
+        hidden = sorted(set(args) - set(spec.shown()) - set(spec.fixed))
+        if hidden and hidden[0] in spec.params:
+            raise ToolError(f"{spec.name} takes no argument {hidden[0]!r} here (it takes: "
+                            f"{', '.join(spec.shown()) or 'none'})", tool=spec.name, reason="bad_arguments")
         # the swarm file's fixed arguments win: a model cannot give them (its schema has none of them)
         argv = [spec.name, *self._argv(spec, {**args, **spec.fixed})]
         module = self.module(spec.wasm)
