@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_swarm_model import run_while_progressing
 
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
@@ -69,11 +70,11 @@ def _scripted_variant(folder: Path, replies: dict[str, Any]) -> Path:
     return path
 
 
-def _run(folder: Path, swarm: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _run(folder: Path, swarm: Path) -> subprocess.CompletedProcess[str]:
     # a clean environment, as a user's shell gives: no provider key, never the test runner's own
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json", *extra], cwd=folder,
-                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json"], cwd=folder,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def _line_of(words: str) -> tuple[str, int, str]:
@@ -175,8 +176,11 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
 @pytest.mark.model
 def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_their_lines(short_tmp: Path) -> None:
     assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
-    # the example itself, as `bash scripts/demo` runs it (its runs folder under this test's folder)
-    done = _run(short_tmp, EXAMPLE, timeout=1800)
+    # the example itself, as `bash scripts/demo` runs it (its runs folder under this test's folder), killed only
+    # when it stops making progress: on a busy 2-core host a model call may take minutes
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
+    done = run_while_progressing([sys.executable, "-m", "swarmyard.cli", "run", str(EXAMPLE), "--json"],
+                                 cwd=short_tmp, env=env, idle_s=900)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout)
     [run_dir] = (short_tmp / "runs").iterdir()
