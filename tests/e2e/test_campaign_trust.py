@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -198,7 +199,7 @@ def test_a_campaign_announces_its_folder_and_shows_progress_on_stderr(short_tmp:
     lines = done.stderr.splitlines()
     folder = short_tmp / "campaigns" / "g"
     assert lines[0] == (f"campaign g: 2 cells x 1 seeds = 2 trials; its record, report and runs go to {folder}")
-    assert lines[1].startswith("[0/2] 0:00 elapsed, $0.000000 spent: running best@1 seed 1")
+    assert re.fullmatch(r"\[0/2\] \d+:\d\d elapsed, \$0\.000000 spent: running best@1 seed 1", lines[1]), lines[1]
     ended = [line for line in lines if " scored " in line]
     assert [line.split(": ", 1)[1].split(" scored ")[0] for line in ended] == ["best@1 seed 1", "team@1 seed 1"]
     assert ended[0].startswith("[1/2] ") and ended[1].startswith("[2/2] ")
