@@ -168,6 +168,10 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     assert [(c.kind, c.ref) for c in key.citations] == [(CitationKind.SOURCE, f"{key_file}:{key_no}")]
     assert _assert_quotes_on_their_lines(scouts) == 3
     assert f'source {key_file}:{key_no} "{key_line}"' in (run_dir / "report.md").read_text()  # shown as quoted
+    # the quotes are in the audit log's leaves as in the store's tables
+    verified = subprocess.run([sys.executable, "-m", "swarmyard.cli", "audit", "verify", str(run_dir)], cwd=short_tmp,
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert verified.returncode == 0 and "tables match" in verified.stdout, verified.stderr[-2000:]
     # the lead's synthesis cites the scouts' findings
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
