@@ -126,8 +126,10 @@ class MachineCgroups:
     ) -> None:
         """``adopt``: take the groups named ``name`` that already exist (to tear them down) instead of making them."""
         self.name = name
-        #: this process's own v2 group, where ``spare`` moves a process
-        self._home = hierarchy.v2
+        #: this process's own groups (v2 first), where ``spare`` moves a process
+        self._homes = ([hierarchy.v2] if hierarchy.v2 is not None else []) + list(hierarchy.v1.values())
+        #: processes ``spare`` moved out, which ``kill`` leaves alone
+        self._spared: set[int] = set()
         self.dirs: list[Path] = []
         self.kill_file: Path | None = None
         self.enforced: set[str] = set()
@@ -311,28 +313,31 @@ class MachineCgroups:
         if group is not None:
             _wait_events(group, "populated", "0", end)
         # the v1 groups (a hybrid host's controllers) hold the same processes; a v1-only host is emptied here
-        while self.pids():
+        while self.pids() - self._spared:
             if time.monotonic() > end:
                 raise SandboxError(f"machine {self.name}: processes survived teardown: {sorted(self.pids())[:20]}")
             self._kill_pass()
             time.sleep(0.002)  # v1 has no event to wait on; bounded by the deadline
 
     def spare(self, pid: int) -> bool:
-        """Move ``pid`` (a process of this one's, outside the sandbox) out of the machine's v2 group into this
-        process's own, so that a ``kill`` of the group spares it; whether it was moved.
+        """Move ``pid`` (a process of this one's, outside the sandbox) out of the machine's groups into this
+        process's own, so that ``kill`` spares it; whether it left the v2 group (which ``cgroup.kill`` empties).
 
         bwrap, above the machine's pid namespace, is spared: it then outlives the namespace's first process and
         reaps it, where killed with the rest it could die first and leave that process a zombie of the machine
         for the host's init to reap, whenever that gets to it.
         """
-        group = self._v2_group()
-        if group is None or self._home is None:
+        if self._v2_group() is None:
             return False
-        try:
-            (self._home / "cgroup.procs").write_text(str(pid))
-        except OSError:
-            return False
-        return True
+        self._spared.add(pid)
+        moved = []
+        for home in self._homes:
+            try:
+                (home / "cgroup.procs").write_text(str(pid))
+                moved.append(home)
+            except OSError:
+                continue  # left in that group: kill passes over it all the same
+        return bool(moved) and moved[0] == self._homes[0]
 
     def _hurry(self) -> None:
         """Give the machine's group the largest CPU weight: a process SIGKILLed must still be scheduled to exit,
@@ -367,8 +372,8 @@ class MachineCgroups:
                     (group / "cgroup.freeze").write_text("0")
 
     def _kill_pass(self) -> bool:
-        """SIGKILL every process the groups list now; whether there was any."""
-        left = self.pids()
+        """SIGKILL every process the groups list now (but the spared); whether there was any."""
+        left = self.pids() - self._spared
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
