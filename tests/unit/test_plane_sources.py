@@ -5,7 +5,7 @@ from __future__ import annotations
 from swarmyard.plane.sources import SourceFiles
 
 FILES = SourceFiles.from_texts({
-    "keys.md": "A worker never holds a provider API key.\nThe broker swaps the token for the `provider key`.\n",
+    "keys.md": "A worker never holds a provider API key.\nThe broker swaps the token for the `provider key`.\n\n",
     "notes/budget.md": "A call the envelopes cannot afford is refused with HTTP 402.\n",
 })
 
@@ -23,7 +23,9 @@ def test_each_way_a_citation_fails_says_why() -> None:
     assert "A worker never holds a provider API key." in made_up  # the line as it reads, to copy when asked again
     moved = FILES.problem("keys.md:1", "swaps the token for the provider key")
     assert moved == "the quoted words are on line 2 of keys.md, not line 1"
-    assert FILES.problem("keys.md:9", "A worker never holds") == "keys.md has 2 lines, no line 9"
+    assert FILES.problem("keys.md:9", "A worker never holds") == "keys.md has 3 lines, no line 9"
+    blank = FILES.problem("keys.md:3", "")  # an empty quote of an empty line quotes nothing
+    assert blank is not None and "too short" in blank
     missing = FILES.problem("secrets.md:1", "A worker never holds")
     assert missing is not None and "no source file is named 'secrets.md'" in missing and "keys.md" in missing
     short = FILES.problem("keys.md:1", "key")

@@ -55,7 +55,7 @@ class SourceFiles:
         if not 1 <= number <= len(lines):
             return f"{path} has {len(lines)} lines, no line {number}"
         said, line = normalized(quote), normalized(lines[number - 1])
-        if len(said) < min(MIN_QUOTE_CHARS, len(line)):
+        if not said or len(said) < min(MIN_QUOTE_CHARS, len(line)):  # an empty quote is on every line
             return f"the quote {quote!r} is too short to check: copy at least {MIN_QUOTE_CHARS} characters of the line"
         if said in line:
             return None
