@@ -91,8 +91,10 @@ def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecor
 
 
 def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKind | None = None,
-                 on_event: Callable[[TrialEvent], None] | None = None) -> list[TrialRecord]:
-    """Run every trial not yet in the record; the whole record, in the campaign's order.
+                 on_event: Callable[[TrialEvent], None] | None = None,
+                 on_start: Callable[[], None] | None = None) -> list[TrialRecord]:
+    """Run every trial not yet in the record; the whole record, in the campaign's order. ``on_start`` is called
+    once the folder is this process's and its record is read, before the first trial.
 
     What the trials need from this host (a machines backend, bubblewrap, a baseline, provider keys) is checked
     before the campaign's folder is made, as ``swarmyard run`` checks it before a run folder."""
@@ -107,12 +109,16 @@ def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKi
     check_host(config)
     check_table(config.providers, env=os.environ)
     with hold(campaign.dir):  # one process runs a campaign's trials: two would run each twice
-        return _run_trials(campaign, TrialLog(campaign.dir), resume=resume, sandbox=sandbox, on_event=on_event)
+        return _run_trials(campaign, TrialLog(campaign.dir), resume=resume, sandbox=sandbox, on_event=on_event,
+                           on_start=on_start)
 
 
 def _run_trials(campaign: Campaign, record: TrialLog, *, resume: bool, sandbox: SandboxKind | None,
-                on_event: Callable[[TrialEvent], None] | None) -> list[TrialRecord]:
+                on_event: Callable[[TrialEvent], None] | None,
+                on_start: Callable[[], None] | None) -> list[TrialRecord]:
     finished = record.begin(campaign.name, campaign.digest, resume=resume)
+    if on_start is not None:
+        on_start()
     total = len(campaign.trials)
     done = sum(1 for t in campaign.trials if t.key in finished)
     for trial in campaign.trials:

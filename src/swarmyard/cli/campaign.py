@@ -80,10 +80,13 @@ def command(
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
     progress = TrialProgress(len(campaign.trials))
-    render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds = "
-                        f"{len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
-                        highlight=False, markup=False, soft_wrap=True)
-    records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress)
+
+    def announce() -> None:  # once the folder is this process's: a busy or refused folder is one line of error
+        render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds "
+                            f"= {len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
+                            highlight=False, markup=False, soft_wrap=True)
+
+    records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress, on_start=announce)
     with hold(campaign.dir):  # the folder's files are this process's to write until they are written
         summary = summarise(campaign, records)
         files = write_files(summary)
