@@ -245,3 +245,52 @@ def test_a_machines_root_another_uid_owns_or_others_may_write_is_refused(folder:
     made = _script(folder, _OPEN_ROOT, str(fresh))
     assert made.returncode == 0 and made.stdout == "made\n", made.stderr[-3000:]
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700 and fresh.stat().st_uid == os.geteuid()
+
+
+_NESTED_NAMESPACE = '''
+import sys
+from swarmyard.boxd import Boxd
+with Boxd(providers=sys.argv[1], root=sys.argv[2]) as boxd:
+    source = boxd.machines.create("source")
+    boxd.machines.wait_until_ready(source.id)
+    boxd.machines.exec(source.id, "echo 'for boss.x only' > secret.txt")
+    nested = boxd.machines.create("boss.x", spawn=True)
+    boxd.machines.wait_until_ready(nested.id)
+    boxd.snapshots.create(source.id, "boss.x.golden")  # coordinator boss.x's "golden"
+    boxd.machines.delete(nested.id)
+    boss = boxd.machines.create("boss", spawn=True)  # free now that boss.x is gone
+    boxd.machines.wait_until_ready(boss.id)
+    boxd.machines.files.upload(boss.id, "inside.py", sys.stdin.read())
+    done = boxd.machines.exec(boss.id, "python3 inside.py", timeout=300)
+    print(done.stdout, end="")
+    print(done.stderr[-3000:], file=sys.stderr)
+'''
+
+_NESTED_INSIDE = '''
+import os
+import httpx
+url, token = os.environ["SWARMYARD_BOXD_URL"], os.environ["SWARMYARD_TOKEN"]
+http = httpx.Client(base_url=url, headers={"authorization": "Bearer " + token}, timeout=120)
+messages = {}
+for ref in ("x.golden", "x.golden:1", "x.never-made", "never-made"):
+    answer = http.post("/v1/machines", json={"name": "kid", "from_snapshot": ref})
+    error = answer.json()["error"]
+    messages[ref] = error["message"].replace(ref, "REF")
+    print("from", ref + ":", answer.status_code, error["code"], error.get("kind"))
+print("alike:", len({messages[r] for r in ("x.golden", "x.never-made", "never-made")}) == 1)
+print("listed:", [m["name"] for m in http.get("/v1/machines").json()])
+'''
+
+
+def test_a_coordinator_does_not_read_the_snapshots_of_a_coordinator_named_under_it(folder: Path) -> None:
+    # boss.x.golden is coordinator boss.x's "golden"; it must not also be coordinator boss's "x.golden"
+    done = _script(folder, _NESTED_NAMESPACE, stdin=_NESTED_INSIDE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "from x.golden: 404 not_found snapshot",
+        "from x.golden:1: 404 not_found snapshot",
+        "from x.never-made: 404 not_found snapshot",
+        "from never-made: 404 not_found snapshot",
+        "alike: True",
+        "listed: []",
+    ], done.stderr[-3000:]

@@ -392,11 +392,16 @@ class SnapshotsResource:
 
     def for_coordinator(self, prefix: str, ref: object) -> Snapshot:
         """The snapshot a coordinator whose machines are named ``prefix + NAME`` asks for as ``ref``: this client's
-        ``prefix + ref``; anything else, whether it exists or not, is ``not_found`` under the name it gave."""
+        ``prefix + ref``; anything else, whether it exists or not, is ``not_found`` under the name it gave.
+
+        A coordinator's ``NAME`` has no dot, so a client's ``a.b.NAME`` is coordinator ``a.b``'s alone: were
+        ``b.NAME`` allowed, coordinator ``a`` would also read it (as it would ``a.b``'s ``NAME``)."""
         try:
             name, version = parse_ref(cast(str, ref), dotted=True)
         except InvalidInputError as exc:
             raise InvalidInputError(exc.message, field="from_snapshot") from None
+        if "." in name:  # a name in another coordinator's namespace: answered as one never made
+            raise NotFoundError("snapshot", cast(str, ref))
         qualified = prefix + name + ("" if version is None else f":{version}")
         try:
             return self._own.get(qualified)

@@ -14,7 +14,8 @@ Snapshots belong to whoever made them, each in a namespace of its own on the roo
   baselines ``~ID~NAME.vN``, each version's record naming ``ID`` as its owner. Another client, and any
   coordinator machine outside the namespace its client gave it, finds them ``not_found``, exactly as a name no one
   used; the records stay when the maker's process exits, so they stay its (and the operator's). A client's names
-  may hold dots: a coordinator ``boss`` of the client starts machines from ``boss.NAME`` when it asks for ``NAME``.
+  may hold dots: a coordinator ``boss`` of the client starts machines from ``boss.NAME`` when it asks for ``NAME``,
+  a name without a dot (so ``boss.x.NAME`` is coordinator ``boss.x``'s, never ``boss``'s ``x.NAME``).
 
 The namespaces keep clients apart, not users: every client of a root runs as the user who owns the root (see
 :func:`swarmyard.machines.supervised.open_root`), who can read any of its folders anyway. What they stop is a
