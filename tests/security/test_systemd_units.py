@@ -33,6 +33,8 @@ def test_every_service_runs_as_its_own_user_in_a_strict_sandbox() -> None:
         assert (service["User"], service["Group"]) == (user, user), name
         assert service["ProtectSystem"] == "strict" and service["PrivateTmp"] == "true", name
         assert service["NoNewPrivileges"] == "true" and service["ProtectHome"] == "true", name
+        # no service needs a root capability or the cgroup tree: each gives up both
+        assert service.get("CapabilityBoundingSet") == "" and service.get("ProtectControlGroups") == "true", name
         assert "DynamicUser" not in service, name  # the users are fixed: verify reads the witness's folder later
         states[user] = service["StateDirectory"]
         assert service["ExecStart"].startswith("/usr/local/bin/swarmyard "), name
