@@ -6,8 +6,10 @@ Boxd script run as ``python script.py``, a coordinator machine's own HTTP calls,
   as a name no one used;
 * another client's snapshot stays its own after the client's process exited: a second client finds it
   ``not_found`` by name, by version and as a baseline, while a client under the first one's id still reads it;
-* a machines root that another uid owns, or that others may write, is refused before anything is made there; a
-  missing one is made mode 0700.
+* a machines root that another uid owns, or that others may write, is refused before anything is made there, and
+  so is one reached through a folder or link another uid owns or a folder others may write (not sticky); a
+  missing one is made mode 0700;
+* a coordinator's snapshot names have no dot: the client's ``boss.x.golden`` is coordinator ``boss.x``'s only.
 """
 
 from __future__ import annotations
@@ -294,3 +296,46 @@ def test_a_coordinator_does_not_read_the_snapshots_of_a_coordinator_named_under_
         "alike: True",
         "listed: []",
     ], done.stderr[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another uid needs root")
+def test_a_machines_root_reached_through_a_folder_or_link_others_control_is_refused(folder: Path) -> None:
+    # anyone who may rename an entry on the way to the root could swap it for one of their own mid-run
+    open_parent, their_parent, sticky = folder / "open", folder / "theirs", folder / "sticky"
+    for made, uid, mode in ((open_parent, 0, 0o777), (their_parent, 4242, 0o755), (sticky, 0, 0o1777)):
+        made.mkdir()
+        os.chown(made, uid, uid)
+        made.chmod(mode)
+    their_link = folder / "their-link"
+    their_link.symlink_to(open_parent)
+    os.lchown(their_link, 4242, 4242)
+    my_link = folder / "my-link"
+    my_link.symlink_to(open_parent)  # this user's link, into a folder others may write
+    (folder / "mine").mkdir(mode=0o700)
+    into_theirs = folder / "mine" / "to-theirs"
+    into_theirs.symlink_to(their_parent)
+    cases = ((open_parent / "root", f"lies in {open_parent}, which others may write and is not sticky"),
+             (open_parent / "deeper" / "root", f"lies in {open_parent}, which others may write"),
+             (their_parent / "root", f"lies in {their_parent}, which uid 4242 owns"),
+             (their_link / "root", f"goes through {their_link}, a symbolic link that uid 4242 made"),
+             (my_link / "root", f"lies in {open_parent}, which others may write"),
+             (into_theirs / "root", f"lies in {their_parent}, which uid 4242 owns"))
+    for root, why in cases:  # a root to be made there
+        script = _script(folder, _OPEN_ROOT, str(root))
+        assert script.returncode == 0, script.stderr[-3000:]
+        assert script.stdout.startswith(f"insecure_root {why}"), (root, script.stdout)
+    assert sorted(p.name for p in open_parent.iterdir()) == []  # nothing was made on the way
+    assert sorted(p.name for p in their_parent.iterdir()) == []
+    (open_parent / "deeper").mkdir(mode=0o700)
+    for root, why in cases:  # a root of this user's, mode 0700, that is there already
+        root.mkdir(mode=0o700, exist_ok=True)
+        script = _script(folder, _OPEN_ROOT, str(root))
+        assert script.returncode == 0 and script.stdout.startswith(f"insecure_root {why}"), (root, script.stdout)
+        refused = _cli(folder, root, "list")
+        assert refused.returncode == 1 and "(insecure_root)" in refused.stderr and why in refused.stderr, \
+            (root, refused.stderr)
+        assert "Traceback" not in refused.stderr
+        assert sorted(p.name for p in root.resolve().iterdir()) == []
+    # a root-owned sticky folder others may write (as /tmp) is fine: none of them may rename our entry in it
+    made = _script(folder, _OPEN_ROOT, str(sticky / "root"))
+    assert made.returncode == 0 and made.stdout == "made\n", made.stdout + made.stderr[-3000:]

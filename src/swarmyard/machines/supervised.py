@@ -77,21 +77,34 @@ def default_root() -> Path:
 
 def open_root(root: Path | None = None) -> Path:
     """The machines root (``root``, or :func:`default_root`) made ready: created mode 0700 if missing, refused with
-    :class:`InsecureRootError` when another user owns it (or the link that names it) or others may write it, and
-    left mode 0700. The default lies in the shared temp dir, where anyone may make a folder of that name first;
-    whoever could write the root would plant snapshots, baselines and machine records in it."""
+    :class:`InsecureRootError` when another user owns it or others may write it, and left mode 0700. The default
+    lies in the shared temp dir, where anyone may make a folder of that name first; whoever could write the root
+    would plant snapshots, baselines and machine records in it.
+
+    As OpenSSH's StrictModes, the way to it is checked too, before anything is made: every folder above it (of
+    the path as resolved) and every symbolic link on the way must be root's or this user's, and no folder above it
+    writable by others unless sticky (``/tmp``: others may not rename what is ours in it). Else whoever may
+    rename an entry on the way swaps the root for one of their own while the client runs."""
     path = Path(root) if root is not None else default_root()
     fix = "remove it, or give --root / Boxd(root=...) a folder of your own"
+    for _ in range(3):  # a missing folder another client of the root made at the same time: walk again
+        resolved, missing = _walk_root(path, fix)
+        try:
+            for part in missing:
+                resolved = resolved / part
+                resolved.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InsecureRootError(str(path), f"cannot be made ({exc.strerror})", fix) from exc
+        break
+    else:
+        raise InsecureRootError(str(path), "changed while it was being made", fix)
     uid = os.geteuid()
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        link = path.lstat()
-        resolved = path.resolve()
         info = resolved.lstat()
     except OSError as exc:
-        raise InsecureRootError(str(path), f"cannot be made or read ({exc.strerror})", fix) from exc
-    if S_ISLNK(link.st_mode) and link.st_uid != uid:
-        raise InsecureRootError(str(path), f"is a symbolic link that uid {link.st_uid} made", fix)
+        raise InsecureRootError(str(path), f"cannot be read ({exc.strerror})", fix) from exc
     if not S_ISDIR(info.st_mode):
         raise InsecureRootError(str(resolved), "is not a folder", fix)
     if info.st_uid != uid:
@@ -101,6 +114,63 @@ def open_root(root: Path | None = None) -> Path:
     if info.st_mode & 0o7777 != 0o700:
         os.chmod(resolved, 0o700)  # this user's: what lives in it is no one else's to read
     return resolved
+
+
+#: Symbolic links followed on the way to a root before it is refused (the kernel's own limit).
+_MAX_LINKS = 40
+
+
+def _walk_root(path: Path, fix: str) -> tuple[Path, list[str]]:
+    """Resolve ``path`` as the kernel would, checking every folder on the way and every symbolic link followed
+    (see :func:`open_root`); returns the deepest folder that exists and the names left to make under it."""
+    uid = os.geteuid()
+    todo = list(path.absolute().parts[1:])
+    here = Path("/")
+    links = 0
+    while True:
+        try:
+            info = here.lstat()
+        except OSError as exc:
+            raise InsecureRootError(str(path), f"cannot be read ({exc.strerror} at {here})", fix) from exc
+        if not todo:
+            return here, []
+        if not S_ISDIR(info.st_mode):
+            raise InsecureRootError(str(path), f"lies under {here}, which is not a folder", fix)
+        if info.st_uid not in (0, uid):
+            raise InsecureRootError(str(path), f"lies in {here}, which uid {info.st_uid} owns", fix)
+        if info.st_mode & 0o022 and not info.st_mode & 0o1000:
+            raise InsecureRootError(str(path), f"lies in {here}, which others may write and is not sticky "
+                                               f"(mode {info.st_mode & 0o7777:o})", fix)
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = here.parent
+            continue
+        step = here / part
+        try:
+            link = step.lstat()
+        except FileNotFoundError:
+            if any(p in ("", ".", "..") for p in todo):
+                raise InsecureRootError(str(path), f"names {step}, which does not exist, then '..'", fix) from None
+            return here, [part, *todo]
+        except OSError as exc:
+            raise InsecureRootError(str(path), f"cannot be read ({exc.strerror} at {step})", fix) from exc
+        if not S_ISLNK(link.st_mode):
+            here = step
+            continue
+        if link.st_uid not in (0, uid):
+            raise InsecureRootError(str(path), f"goes through {step}, a symbolic link that uid {link.st_uid} made",
+                                    fix)
+        links += 1
+        if links > _MAX_LINKS:
+            raise InsecureRootError(str(path), f"goes through more than {_MAX_LINKS} symbolic links", fix)
+        target = Path(os.readlink(step))
+        if target.is_absolute():
+            here = Path("/")
+            todo = [*target.parts[1:], *todo]
+        else:
+            todo = [*target.parts, *todo]
 
 
 def init_argv(python: str, config: Mapping[str, Any]) -> list[str]:
