@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PLANE_USER", "hand_over", "import_everything", "peer_groups", "plane_identity", "prepare_switch",
-           "sqlite_file"]
+__all__ = ["PLANE_USER", "chown_tree", "hand_over", "import_everything", "peer_groups", "plane_identity",
+           "prepare_switch", "sqlite_file"]
 
 
 def _allows(who: Identity, info: os.stat_result, bits: int) -> bool:
@@ -102,17 +102,53 @@ def prepare_switch(runner: Identity, store_url: str, listen: Listen) -> tuple[so
 
 
 def hand_over(runner: Identity, sqlite_file: Path | None) -> None:
-    """Give ``runner`` the SQLite store (the file, its ``-wal``/``-shm``, its ``blobs/`` tree) it must write."""
+    """Give ``runner`` the SQLite store (the file, its ``-wal``/``-shm``, its ``blobs/`` tree) it must write.
+
+    The store's folder and ``blobs/`` may already be the plane's, so its user may swap any folder in them for a
+    symlink while this runs (as root): a walk by path would then follow it and hand over whatever it points to
+    (the witness's key). So the folder is opened once, everything is named relative to an open folder and never
+    followed (``os.fwalk`` opens each folder and checks it is the one it listed), and each is changed in place.
+    """
     if sqlite_file is None:
         return
-    paths = [sqlite_file, sqlite_file.with_name(sqlite_file.name + "-wal"),
-             sqlite_file.with_name(sqlite_file.name + "-shm")]
-    blobs = sqlite_file.parent / "blobs"
-    if blobs.is_dir() and not blobs.is_symlink():
-        paths += [blobs, *blobs.rglob("*")]
-    for path in paths:
-        if path.exists() and not path.is_symlink():
-            os.chown(path, runner.uid, runner.gid, follow_symlinks=False)
+    try:
+        folder = os.open(sqlite_file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        for name in (sqlite_file.name, sqlite_file.name + "-wal", sqlite_file.name + "-shm"):
+            _give(runner, name, folder)
+        chown_tree(runner, "blobs", folder)
+    finally:
+        os.close(folder)
+
+
+def _give(runner: Identity, name: str, folder: int) -> None:
+    """``name`` in the open ``folder`` to ``runner``, unless it is missing, a symlink or already the runner's."""
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISLNK(info.st_mode) and (info.st_uid, info.st_gid) != (runner.uid, runner.gid):
+        os.chown(name, runner.uid, runner.gid, dir_fd=folder, follow_symlinks=False)
+
+
+def chown_tree(runner: Identity, name: str, folder: int) -> None:
+    """The folder ``name`` in the open ``folder`` and all in it to ``runner``; a symlink is changed itself, never
+    followed, and a folder swapped for a symlink while walking is passed over (``os.fwalk`` without
+    ``follow_symlinks``)."""
+    try:
+        info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        return  # a symlink (or a file) where blobs/ should be: nothing of the store's to hand over
+    for _, dirs, files, dir_fd in os.fwalk(name, dir_fd=folder, follow_symlinks=False):
+        here = os.fstat(dir_fd)
+        if (here.st_uid, here.st_gid) != (runner.uid, runner.gid):
+            os.fchown(dir_fd, runner.uid, runner.gid)
+        for entry in [*dirs, *files]:
+            _give(runner, entry, dir_fd)
 
 
 def peer_groups() -> list[int]:
