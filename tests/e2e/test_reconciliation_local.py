@@ -62,6 +62,7 @@ def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tm
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout)
+    print(done.stderr[-2500:])  # the run's table beside the seed's (shown with pytest -rP)
     truth = reconciliation.answer(SEED)
     [run_dir] = (short_tmp / "runs").iterdir()
     with sqlite3.connect(run_dir / "store.db") as db:
