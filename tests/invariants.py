@@ -289,9 +289,12 @@ def check_no_machines(machine_ids: Iterable[str], *, root: Path | None = None, o
 
 
 def check_audit(run_dir: Path, store_url: str | None, env: dict[str, str] | None = None) -> None:
-    """``swarmyard audit verify`` accepts the run's log and its tables."""
+    """``swarmyard audit verify`` accepts the run's log and its tables (a folder with no run.json is a
+    ``swarmyard serve``'s, its log in ``--audit-dir audit``, kept with no witness)."""
     argv = [sys.executable, "-m", "swarmyard.cli", "audit", "verify", str(run_dir)]
-    if store_url is not None and not store_url.startswith("sqlite:"):
+    if not (run_dir / "run.json").exists() and store_url is not None:
+        argv = [*argv[:-1], str(run_dir / "audit"), "--store", store_url, "--no-witness"]
+    elif store_url is not None and not store_url.startswith("sqlite:"):
         argv += ["--store", store_url]
     verify = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -238,13 +238,15 @@ def test_audit_verify_command_names_each_tampering(clock: FakeClock, tmp_path: P
     store.close()
 
     runner = CliRunner()
-    ok = runner.invoke(app, ["audit", "verify", str(run), "--json"])
+    # its witness is in this process, with no home: the folder's witness key checks the cosignatures
+    alone = ["--origin", ORIGIN, "--no-witness"]
+    ok = runner.invoke(app, ["audit", "verify", str(run), *alone, "--json"])
     assert ok.exit_code == 0, ok.output
     body = json.loads(ok.stdout)
     assert body["ok"] is True and body["size"] == size and body["checkpoints"] == 2
 
     def bad(*args: str) -> str:
-        result = runner.invoke(app, ["audit", "verify", str(run), *args])
+        result = runner.invoke(app, ["audit", "verify", str(run), *alone, *args])
         assert result.exit_code == 1, result.output
         return str(result.stdout)
 
@@ -269,7 +271,7 @@ def test_audit_verify_command_names_each_tampering(clock: FakeClock, tmp_path: P
     last.write_text(text.replace(witness_line, _flip_char(witness_line, -20)))
     assert bad().startswith("BAD cosignature 2:")
     last.write_text(text)
-    assert runner.invoke(app, ["audit", "verify", str(run)]).exit_code == 0
+    assert runner.invoke(app, ["audit", "verify", str(run), *alone]).exit_code == 0
 
 
 def test_a_log_re_signed_with_a_fresh_key_is_caught_only_by_a_pinned_key(tmp_path: Path, clock: FakeClock) -> None:
@@ -303,7 +305,7 @@ def test_a_log_re_signed_with_a_fresh_key_is_caught_only_by_a_pinned_key(tmp_pat
     (run / "audit").symlink_to(forged)
     (tmp_path / "log.vkey").write_text(honest_log.vkey + "\n")
     runner = CliRunner()
-    empty = ["--store", f"sqlite:///{tmp_path / 'empty.db'}"]
+    empty = ["--store", f"sqlite:///{tmp_path / 'empty.db'}", "--origin", ORIGIN, "--no-witness"]
     for pin in (honest_log.vkey, str(tmp_path / "log.vkey")):
         result = runner.invoke(app, ["audit", "verify", str(run), *empty, "--log-key", pin])
         assert result.exit_code == 1 and result.stdout.startswith("BAD key 0:"), result.output

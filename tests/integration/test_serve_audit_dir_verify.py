@@ -52,9 +52,14 @@ def test_verify_takes_the_folder_serve_was_given(folder: Path) -> None:
     finally:
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(timeout=60) == 0
-    verify = _cli(folder, "audit", "verify", str(logs), "--store", store)
+    verify = _cli(folder, "audit", "verify", str(logs), "--store", store, "--no-witness")
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert verify.stdout.startswith("OK swarmyard.serve/") and "tables match" in verify.stdout
+    assert verify.stdout.startswith(f"OK swarmyard.serve{logs.resolve()} ") and "tables match" in verify.stdout
+    assert "not witnessed" in verify.stdout
+    # a log no witness cosigned is not OK unless the caller says it has none
+    unwitnessed = _cli(folder, "audit", "verify", str(logs), "--store", store)
+    assert unwitnessed.returncode == 1, unwitnessed.stdout + unwitnessed.stderr
+    assert unwitnessed.stdout.startswith(f"BAD witness 0: no witness home has cosigned swarmyard.serve{logs.resolve()}")
     # a folder that is neither a run folder nor an audit log is still refused, saying what it wants
     (folder / "empty").mkdir()
     refused = _cli(folder, "audit", "verify", str(folder / "empty"), "--store", store)

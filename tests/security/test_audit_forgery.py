@@ -89,8 +89,11 @@ def _finished_run(home: Path, *, closed: bool = True, url: str | None = None) ->
 
 
 def _keys(run: Path) -> list[str]:
-    return ["--log-key", (run / "audit" / "log.vkey").read_text().strip(),
-            "--witness-key", (run / "audit" / "witness.vkey").read_text().strip()]
+    """The run's keys pinned, and its log's origin named: the fixture's witness is in this process, with no home
+    to read, and its origin is not the one a run folder's name fixes (these tests are about the store)."""
+    log_key = (run / "audit" / "log.vkey").read_text().strip()
+    return ["--log-key", log_key, "--witness-key", (run / "audit" / "witness.vkey").read_text().strip(),
+            "--origin", log_key.split("+")[0], "--no-witness"]
 
 
 def _sql(run: Path, statement: str, *params: object) -> None:

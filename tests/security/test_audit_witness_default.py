@@ -123,7 +123,7 @@ def test_a_default_run_rolled_back_to_an_earlier_cosigned_checkpoint_fails_verif
     ok = sy(home, "audit", "verify", str(run))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     cosigned = _size(run, 2)
-    assert f"keys pinned; not rolled back below {cosigned}" in ok.stdout
+    assert f"log key the witness cosigned; witness key pinned; not rolled back below {cosigned}" in ok.stdout
     saved = sy(home, "witness", "checkpoint", f"swarmyard.local/{run.name}", "--home", str(home / "witness"))
     assert saved.returncode == 0 and saved.stdout == checkpoint_path(run / "audit", 2).read_text()
 
@@ -133,21 +133,20 @@ def test_a_default_run_rolled_back_to_an_earlier_cosigned_checkpoint_fails_verif
     checkpoint_path(run / "audit", 2).unlink()
     leaves = run / "audit" / "leaves"
     leaves.write_bytes(leaves.read_bytes()[:first * 32])
-    pinned = sy(home, "audit", "verify", str(run), "--no-witness-home",
+    pinned = sy(home, "audit", "verify", str(run), "--no-witness",
                 "--log-key", (run / "audit" / "log.vkey").read_text().strip())
     assert pinned.returncode == 0, pinned.stdout  # the log alone, even with its key pinned, cannot tell
     _bad(sy(home, "audit", "verify", str(run)),
          f"event {first}: missing: the witness cosigned {cosigned} events and the log holds {first} (rolled back)")
 
 
-def _resign(home: Path, run: Path, *, fresh_key: bool = False) -> None:
+def _resign(home: Path, run: Path, *, fresh_key: bool = False, origin: str | None = None) -> None:
     """Rebuild the leaves from the store's events and sign every checkpoint again, as the holder of the log key
-    (or of a fresh one) would: the witness's cosignatures cannot be made, so they go, and its key with them (the
-    folder then looks like a --no-witness run's)."""
+    (or of a fresh one) would, under the log's origin or ``origin``: the witness's cosignatures cannot be made,
+    so they go, and its key with them (the folder then looks like a --no-witness run's)."""
     (run / "audit" / "witness.vkey").unlink(missing_ok=True)
-    origin = Verifier.parse((run / "audit" / "log.vkey").read_text().strip()).name
+    origin = origin or Verifier.parse((run / "audit" / "log.vkey").read_text().strip()).name
     if fresh_key:
-        origin += "-rewritten"
         key = Ed25519PrivateKey.generate()
     else:
         key = Ed25519PrivateKey.from_private_bytes((home / "state" / "runs" / run.name / "log.key").read_bytes())
@@ -186,7 +185,7 @@ def test_a_default_run_rewritten_and_re_signed_with_its_log_key_fails_verify_wit
         assert (key.stat().st_uid, stat.S_IMODE(key.stat().st_mode)) == (witness.pw_uid, 0o600)
     _rewrite_the_objective(run)
     _resign(home, run)
-    alone = sy(home, "audit", "verify", str(run), "--no-witness-home",
+    alone = sy(home, "audit", "verify", str(run), "--no-witness",
                "--log-key", (run / "audit" / "log.vkey").read_text().strip())
     assert alone.returncode == 0, alone.stdout  # re-signed with the real key, the folder agrees with itself
     last = len(list_checkpoints(run / "audit"))
@@ -196,17 +195,25 @@ def test_a_default_run_rewritten_and_re_signed_with_its_log_key_fails_verify_wit
     # a fresh log key instead (the folder's log.vkey replaced): the witness still knows this run
     _resign(home, run, fresh_key=True)
     _bad(sy(home, "audit", "verify", str(run)), "witnessed 0: not a checkpoint signed by this log's key")
+    # and under a new origin, which no witness knows: the folder's place names the log it must hold
+    _resign(home, run, fresh_key=True, origin=f"swarmyard.local/{run.name}-rewritten")
+    _bad(sy(home, "audit", "verify", str(run)), f"origin 0: the log is 'swarmyard.local/{run.name}-rewritten', "
+                                                f"not 'swarmyard.local/{run.name}'")
 
 
 def test_a_no_witness_run_verifies_and_says_what_it_cannot_detect(home: Path) -> None:
+    """A log no witness cosigned proves only that its files agree with each other: verify fails it unless told the
+    run had no witness, and then says so on its OK line."""
     run = _run(home, "--no-witness")
     assert not (run / "audit" / "witness.vkey").exists()
-    done = sy(home, "audit", "verify", str(run))
+    _bad(sy(home, "audit", "verify", str(run)), f"witness 0: no witness home has cosigned swarmyard.local/{run.name}")
+    done = sy(home, "audit", "verify", str(run), "--no-witness")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "rollback not checked" in done.stdout
-    assert (f"no witness cosigned swarmyard.local/{run.name}" in done.stderr
+    assert "log key from the folder; not witnessed; rollback not checked" in done.stdout
+    assert (f"not witnessed: no witness cosigned swarmyard.local/{run.name}" in done.stderr
             and "re-signed with the run's log key, passes this check undetected" in done.stderr), done.stderr
-    assert json.loads(sy(home, "audit", "verify", str(run), "--json").stdout)["witness_home"] is None
+    report = json.loads(sy(home, "audit", "verify", str(run), "--no-witness", "--json").stdout)
+    assert (report["witness_home"], report["witnessed"], report["log_key_pinned"]) == (None, False, False)
     # and a contradiction is refused before anything starts
     both = sy(home, "run", str(home / "conf" / "swarm.toml"), "--no-witness", "--witness", str(home / "w.sock"))
     assert both.returncode == 1 and "give one or the other" in both.stderr, both.stderr
@@ -229,5 +236,25 @@ def test_a_run_not_started_as_root_has_a_witness_of_its_users_and_verify_says_so
     verified = subprocess.run([*as_user, str(SWARMYARD), "audit", "verify", str(run)], cwd=home, env=env,
                               capture_output=True, text=True, timeout=600)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert "keys pinned; not rolled back below" in verified.stdout
+    assert "witness key pinned; not rolled back below" in verified.stdout
     assert "as the run does (the run was not started as root)" in verified.stderr
+
+
+def test_a_run_folder_holding_another_runs_files_fails_verify(home: Path) -> None:
+    """Two witnessed runs; run B's store and log copied into run A's folder are B's, not A's: the folder's name
+    fixes the origin its log must have, and the witness home's record of exactly that origin is the one read."""
+    first = _run(home)
+    second = sy(home, "run", str(home / "conf" / "swarm.toml"), "--quiet")
+    assert second.returncode == 0, second.stderr[-3000:]
+    [other] = [p for p in (home / "runs").iterdir() if p != first]
+    assert sy(home, "audit", "verify", str(other)).returncode == 0
+    (first / "store.db").unlink()
+    shutil.rmtree(first / "audit")
+    shutil.copy(other / "store.db", first / "store.db")
+    shutil.copytree(other / "audit", first / "audit")
+    _bad(sy(home, "audit", "verify", str(first)),
+         f"origin 0: the log is 'swarmyard.local/{other.name}', not 'swarmyard.local/{first.name}'")
+    # the same files verify where they belong, and as what they claim when the caller names it
+    assert sy(home, "audit", "verify", str(other)).returncode == 0
+    named = sy(home, "audit", "verify", str(first), "--origin", f"swarmyard.local/{other.name}")
+    assert named.returncode == 0 and named.stdout.startswith(f"OK swarmyard.local/{other.name} "), named.stdout

@@ -374,6 +374,11 @@ def _finished_run(home: Path) -> tuple[Path, Witness]:
     return run, witness
 
 
+#: The fixture's witness is in this process, with no home to read, and its origin is not the one a run folder's
+#: name fixes: verify is told both.
+ALONE = ["--origin", ORIGIN, "--no-witness"]
+
+
 def _sizes(run: Path) -> list[int]:
     return [int(checkpoint_path(run / "audit", n).read_text().split("\n")[1]) for n in (1, 2)]
 
@@ -391,12 +396,12 @@ def _keys(run: Path) -> list[str]:
 
 def test_audit_verify_ok_says_what_it_checked(home: Path) -> None:
     run, _ = _finished_run(home)
-    plain = sy(home, "audit", "verify", str(run))
+    plain = sy(home, "audit", "verify", str(run), *ALONE)
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.startswith(f"OK {ORIGIN} size {_sizes(run)[1]} ")
-    assert "self-consistency only" in plain.stdout and "self-consistency only" in plain.stderr
+    assert "log key from the folder; not witnessed" in plain.stdout and "self-consistency only" in plain.stderr
     assert "rollback not checked" in plain.stdout
-    pinned = sy(home, "audit", "verify", str(run), *_keys(run), "--json")
+    pinned = sy(home, "audit", "verify", str(run), *ALONE, *_keys(run), "--json")
     assert pinned.returncode == 0, pinned.stderr
     report = json.loads(pinned.stdout)
     assert (report["ok"], report["pinned"], report["fresh_size"], report["cosigned"]) == (True, True, None, 2)
@@ -408,17 +413,17 @@ def test_audit_verify_tampered_body_is_1(home: Path) -> None:
     with sqlite3.connect(run / "store.db") as db:
         (body,) = db.execute("SELECT body FROM events WHERE leaf_index = 2").fetchone()
     _sql(run, "UPDATE events SET body = ? WHERE leaf_index = 2", bytes(body).replace(b"}", b',"x":1}'))
-    done = sy(home, "audit", "verify", str(run))
+    done = sy(home, "audit", "verify", str(run), *ALONE)
     assert done.returncode == 1, done.stdout  # printed BAD and exited 0 before
     assert done.stdout.startswith("BAD event 2:")
-    assert sy(home, "audit", "verify", str(run), "--json").returncode == 1
+    assert sy(home, "audit", "verify", str(run), *ALONE, "--json").returncode == 1
 
 
 def test_audit_verify_bodies_rewritten_as_text_is_1(home: Path) -> None:
     run, _ = _finished_run(home)
     # The same bytes, stored as TEXT instead of BLOB (SQLite keeps the type an UPDATE gives it).
     _sql(run, "UPDATE events SET body = CAST(body AS TEXT) WHERE leaf_index >= 3")
-    done = sy(home, "audit", "verify", str(run))
+    done = sy(home, "audit", "verify", str(run), *ALONE)
     assert done.returncode == 1, done.stderr  # a TypeError traceback before
     assert done.stdout.startswith("BAD event 3: its body is stored as text"), done.stdout
     assert "Traceback" not in done.stderr
@@ -426,7 +431,7 @@ def test_audit_verify_bodies_rewritten_as_text_is_1(home: Path) -> None:
     with sqlite3.connect(run / "store.db") as db:
         (body,) = db.execute("SELECT body FROM events WHERE leaf_index = 1").fetchone()
     _sql(run, "UPDATE events SET body = ? WHERE leaf_index = 1", bytes(body).replace(b"}", b',"x":1}'))
-    assert sy(home, "audit", "verify", str(run)).stdout.startswith("BAD event 1:")
+    assert sy(home, "audit", "verify", str(run), *ALONE).stdout.startswith("BAD event 1:")
 
 
 def _roll_back(run: Path) -> int:
@@ -447,34 +452,34 @@ def test_audit_verify_rollback_below_the_witness_is_1(home: Path) -> None:
     assert saved.stdout.split("\n")[:2] == [ORIGIN, str(cosigned)] and "\u2014 witness.test " in saved.stdout
     (home / "witnessed.note").write_text(saved.stdout)
     keys = _keys(run)
-    assert sy(home, "audit", "verify", str(run), *keys, "--witness-checkpoint", "witnessed.note").returncode == 0
+    assert sy(home, "audit", "verify", str(run), *ALONE, *keys, "--witness-checkpoint", "witnessed.note").returncode == 0
 
     first = _roll_back(run)
-    rolled = sy(home, "audit", "verify", str(run), *keys)
+    rolled = sy(home, "audit", "verify", str(run), *ALONE, *keys)
     # the tasks the deleted events made are still rows, which no event describes now
     assert rolled.returncode == 1 and "no event in the log describes this row" in rolled.stdout, rolled.stdout
     _sql(run, "DELETE FROM tasks WHERE title != 't0'")
-    rolled = sy(home, "audit", "verify", str(run), *keys)
+    rolled = sy(home, "audit", "verify", str(run), *ALONE, *keys)
     assert rolled.returncode == 0 and "rollback not checked" in rolled.stdout  # what pinned keys alone can see
 
-    caught = sy(home, "audit", "verify", str(run), *keys, "--witness-checkpoint", "witnessed.note")
+    caught = sy(home, "audit", "verify", str(run), *ALONE, *keys, "--witness-checkpoint", "witnessed.note")
     assert caught.returncode == 1, caught.stdout
     assert caught.stdout.startswith(f"BAD event {first}: missing: the witness cosigned {cosigned} events")
-    caught = sy(home, "audit", "verify", str(run), *keys, "--min-size", str(cosigned), "--json")
+    caught = sy(home, "audit", "verify", str(run), *ALONE, *keys, "--min-size", str(cosigned), "--json")
     assert caught.returncode == 1 and json.loads(caught.stdout)["index"] == first
-    assert sy(home, "audit", "verify", str(run), *keys, "--min-size", str(first)).returncode == 0
+    assert sy(home, "audit", "verify", str(run), *ALONE, *keys, "--min-size", str(first)).returncode == 0
 
     # asking the witness itself, over its socket
     with serving_witness(witness, home / "w.sock"):
         asked = sy(home, "witness", "checkpoint", ORIGIN, "--witness", str(home / "w.sock"))
         assert asked.returncode == 0 and asked.stdout == saved.stdout
         failed(sy(home, "witness", "checkpoint", "other.test/run", "--witness", str(home / "w.sock")), "not_found")
-        caught = sy(home, "audit", "verify", str(run), *keys, "--witness", str(home / "w.sock"))
+        caught = sy(home, "audit", "verify", str(run), *ALONE, *keys, "--witness", str(home / "w.sock"))
         assert caught.returncode == 1 and caught.stdout.startswith(f"BAD event {first}: missing"), caught.stdout
-        unknown = sy(home, "audit", "verify", str(run), "--witness", str(home / "w.sock"),
+        unknown = sy(home, "audit", "verify", str(run), *ALONE, "--witness", str(home / "w.sock"),
                      "--log-key", "other.test/run+00000000+" + base64.b64encode(b"\x01" + bytes(32)).decode())
         assert unknown.returncode == 1  # the witness never cosigned that origin
-    failed(sy(home, "audit", "verify", str(run), "--witness", str(home / "w.sock")), "audit_error")  # gone
+    failed(sy(home, "audit", "verify", str(run), *ALONE, "--witness", str(home / "w.sock")), "audit_error")  # gone
 
 
 def test_audit_verify_a_forged_witness_checkpoint_is_1(home: Path) -> None:
@@ -483,9 +488,9 @@ def test_audit_verify_a_forged_witness_checkpoint_is_1(home: Path) -> None:
     lines = saved.split("\n")
     lines[1] = str(int(lines[1]) + 5)  # claim a larger size under the same signatures
     (home / "forged.note").write_text("\n".join(lines))
-    done = sy(home, "audit", "verify", str(run), *_keys(run), "--witness-checkpoint", "forged.note")
+    done = sy(home, "audit", "verify", str(run), *ALONE, *_keys(run), "--witness-checkpoint", "forged.note")
     assert done.returncode == 1 and done.stdout.startswith("BAD witnessed 0:"), done.stdout
-    failed(sy(home, "audit", "verify", str(run), "--witness-checkpoint", "missing.note"), "user_error")
+    failed(sy(home, "audit", "verify", str(run), *ALONE, "--witness-checkpoint", "missing.note"), "user_error")
 
 
 def test_audit_verify_usage_and_errors(home: Path) -> None:
@@ -502,7 +507,7 @@ def test_audit_verify_writes_nothing_to_the_store_it_checks(home: Path) -> None:
             return list(db.execute("SELECT id, leaf_index, kind, body FROM events ORDER BY id"))
 
     before = events()
-    done = sy(home, "audit", "verify", str(run), "--json")
+    done = sy(home, "audit", "verify", str(run), *ALONE, "--json")
     assert done.returncode == 1 and json.loads(done.stdout)["what"] == "unsequenced"  # no checkpoint covers it
     assert events() == before  # the unsequenced row was not given a leaf index by the check
     assert before[-1][1] is None

@@ -172,7 +172,7 @@ def test_started_as_root_the_plane_cannot_read_the_evaluators_bundle_or_the_witn
                                    f"sqlite:///{home / 'plane' / 'store.db'}", "--witness-home", str(home / "witness")],
                                   env=_env(home), capture_output=True, text=True, timeout=120)
         assert verified.returncode == 0, verified.stdout + verified.stderr
-        assert "keys pinned; not rolled back below" in verified.stdout
+        assert "witness key pinned; not rolled back below" in verified.stdout
         assert f"witness home {home / 'witness'} ({WITNESS_USER})" in verified.stderr
     finally:
         _stop(procs)
@@ -189,3 +189,115 @@ def test_a_plane_whose_folders_its_user_cannot_write_stays_root_and_says_so(home
         assert _status(proc.pid)["Uid"].split()[0] == "0"
     finally:
         _stop([proc])
+
+
+def _post_as(status: dict[str, str], sock: Path, path: str, body: str, *headers: str) -> subprocess.CompletedProcess[str]:
+    """``curl -X POST`` over a Unix socket with exactly the credentials of the process whose status this is."""
+    uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
+    groups = [int(g) for g in status["Groups"].split()]
+    argv = ["curl", "-sS", "--unix-socket", str(sock), "--data-binary", "@-", f"http://local{path}"]
+    for header in headers:
+        argv[1:1] = ["-H", header]
+    return subprocess.run(argv, input=body, user=uid, group=gid, extra_groups=groups, capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin"})
+
+
+def _forge(plane: Path, origin: str) -> str:
+    """What the plane's user can do to its own files: rewrite a goal in its row and its event, then rebuild the
+    leaves and sign the one checkpoint with a fresh key under ``origin``; returns the checkpoint note."""
+    import sqlite3
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from swarmyard.audit.checkpoint import Checkpoint
+    from swarmyard.audit.log import checkpoint_path, list_checkpoints
+    from swarmyard.audit.note import Signer, sign_note
+    from swarmyard.audit.tree import MerkleTree
+
+    with sqlite3.connect(plane / "store.db") as db:
+        db.execute("UPDATE events SET body = CAST(replace(CAST(body AS TEXT), 'owned by the plane''s user', "
+                   "'FORGED by the plane''s user') AS BLOB) WHERE kind = 'goal.created'")
+        db.execute("UPDATE goals SET objective = 'FORGED by the plane''s user'")
+        bodies = [bytes(b) for (b,) in db.execute("SELECT body FROM events WHERE leaf_index IS NOT NULL "
+                                                  "ORDER BY leaf_index")]
+    audit = plane / "audit"
+    signer = Signer(origin, Ed25519PrivateKey.generate())
+    (audit / "log.vkey").write_text(signer.verifier.vkey + "\n")
+    tree = MerkleTree()
+    for body in bodies:
+        tree.append(body)
+    (audit / "leaves").write_bytes(b"".join(tree.leaf_hash(i) for i in range(tree.size)))
+    for path in list_checkpoints(audit):
+        path.unlink()
+    note = sign_note(Checkpoint(origin, tree.size, tree.root()).body, [signer]).render()
+    checkpoint_path(audit, 1).write_text(note)
+    return note
+
+
+def test_the_plane_cannot_pass_off_a_log_it_forged_and_had_cosigned_as_a_new_log(home: Path) -> None:
+    """The plane's user holds its store and its audit folder (the log key too) and reaches the witness's socket:
+    it can rewrite history, sign it with a fresh key under an origin of its choosing and have the witness cosign
+    that as a log it has never seen. ``audit verify`` of the folder must still fail: the origin it expects is
+    fixed by the folder's place, not by the folder's files."""
+    witness = _start(home, "witness", "serve", "--home", str(home / "witness"), "--socket", str(home / "w.sock"))
+    procs = [witness]
+    try:
+        _ready(witness)
+        store = f"sqlite:///{home / 'plane' / 'store.db'}"
+        procs.append(_start(home, "serve", "--store", store, "--socket", str(home / "plane.sock"),
+                            "--operator-token-file", str(home / "operator-token"),
+                            "--audit-dir", str(home / "plane" / "audit"), "--witness", str(home / "w.sock")))
+        assert f"serving as {PLANE_USER}" in _stderr_until(procs[1], "serving as")
+        plane = _status(procs[1].pid)
+        made = subprocess.run([str(SWARMYARD), "goal", "create", "owned by the plane's user", "--budget-usd", "1",
+                               "--call-cap", "3", "--server", str(home / "plane.sock"), "--operator-token-file",
+                               str(home / "operator-token")], env=_env(home), capture_output=True, text=True,
+                              timeout=120)
+        assert made.returncode == 0, made.stderr
+        _stop(procs[1:])
+
+        def verify(*flags: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([str(SWARMYARD), "audit", "verify", str(home / "plane" / "audit"), "--store", store,
+                                   "--witness-home", str(home / "witness"), *flags], env=_env(home),
+                                  capture_output=True, text=True, timeout=120)
+
+        honest = verify()
+        assert honest.returncode == 0, honest.stdout + honest.stderr
+        assert "log key the witness cosigned; witness key pinned; not rolled back below" in honest.stdout
+        # everything the forgery writes is the plane's user's to write
+        uid = int(plane["Uid"].split()[0])
+        for path in (home / "plane" / "store.db", home / "plane" / "audit", home / "plane" / "audit" / "log.key"):
+            assert path.stat().st_uid == uid, path
+
+        # under an origin of its own: the witness takes it as a new log and cosigns it
+        note = _forge(home / "plane", "swarmyard.serve/log_forged")
+        vkey = (home / "plane" / "audit" / "log.vkey").read_text().strip()
+        cosigned = _post_as(plane, home / "w.sock", "/add-checkpoint", f"old 0\n\n{note}",
+                            f"x-swarmyard-log-key: {vkey}")
+        assert cosigned.returncode == 0 and cosigned.stdout.startswith("\u2014 swarmyard-witness "), cosigned
+        checkpoint = home / "plane" / "audit" / "checkpoints" / "000001.note"
+        checkpoint.write_text(note + cosigned.stdout.rstrip("\n") + "\n")
+        shutil.copy(home / "witness" / "public" / "witness.vkey", home / "plane" / "audit" / "witness.vkey")
+        # the forgery is otherwise whole: named as the log it claims to be, it verifies (the check below can fail)
+        claimed = verify("--origin", "swarmyard.serve/log_forged")
+        assert claimed.returncode == 0 and "FORGED" not in claimed.stdout, claimed.stdout + claimed.stderr
+        forged = verify()
+        assert forged.returncode == 1, forged.stdout + forged.stderr
+        assert forged.stdout.startswith("BAD origin 0: the log is 'swarmyard.serve/log_forged', not "
+                                        f"'swarmyard.serve{(home / 'plane' / 'audit').resolve()}'"), forged.stdout
+        # nor with its witness key gone (as if made without a witness), nor with no witness home to read
+        (home / "plane" / "audit" / "witness.vkey").unlink()
+        assert verify().stdout.startswith("BAD origin 0:")
+
+        # under the folder's own origin with a fresh key: the witness refuses, and verify names the key
+        origin = f"swarmyard.serve{(home / 'plane' / 'audit').resolve()}"
+        note = _forge(home / "plane", origin)
+        vkey = (home / "plane" / "audit" / "log.vkey").read_text().strip()
+        refused = _post_as(plane, home / "w.sock", "/add-checkpoint", f"old 0\n\n{note}",
+                           f"x-swarmyard-log-key: {vkey}")
+        assert "the log's key differs from the one pinned for this origin" in refused.stdout, refused
+        again = verify()
+        assert again.returncode == 1 and again.stdout.startswith(
+            "BAD witnessed 0: not a checkpoint signed by this log's key"), again.stdout
+    finally:
+        _stop(procs)

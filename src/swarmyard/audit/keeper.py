@@ -19,11 +19,10 @@ import os
 import threading
 from pathlib import Path
 
-from swarmyard.audit.log import LOG_VKEY, AuditLog
+from swarmyard.audit.log import LOG_VKEY, AuditLog, serve_origin
 from swarmyard.audit.note import Verifier
 from swarmyard.audit.witness import WitnessClient
 from swarmyard.errors import UserError
-from swarmyard.ids import new_id
 from swarmyard.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -33,11 +32,12 @@ SYNC_S = 2.0
 
 
 def _origin(audit_dir: Path) -> str:
-    """The log's origin: the one its folder already has, else a new one."""
+    """The log's origin: the one its folder already has (a log begun before origins were named after their
+    folder keeps its own: ``audit verify --origin`` names it), else the folder's (``serve_origin``)."""
     try:
         return Verifier.parse((audit_dir / LOG_VKEY).read_text().strip()).name
     except FileNotFoundError:
-        return f"swarmyard.serve/{new_id('log')}"
+        return serve_origin(audit_dir)
 
 
 class AuditKeeper:

@@ -27,6 +27,7 @@ import logging
 import os
 from pathlib import Path
 from typing import BinaryIO, Protocol
+from urllib.parse import quote
 
 from swarmyard.audit.checkpoint import Checkpoint, SignedCheckpoint, open_checkpoint, read_checkpoint
 from swarmyard.audit.merkle import HASH_SIZE, leaf_hash
@@ -50,6 +51,18 @@ RUN_CLOSED = "run.closed"
 #: How long before the witness cosigned a run's last checkpoint an event past it may be dated (a write that
 #: committed while the checkpoint was being made, clocks apart).
 LATE_S = 60.0
+
+
+def run_origin(run_id: str) -> str:
+    """The origin of a run's log: fixed by the run's id (its folder's name), so ``audit verify`` knows which log
+    a folder must hold without reading the folder's own word for it."""
+    return f"swarmyard.local/{run_id}"
+
+
+def serve_origin(audit_dir: Path) -> str:
+    """The origin of the log ``swarmyard serve --audit-dir DIR`` keeps: fixed by where the folder is (its
+    resolved path, %-quoted into a key name), for the same reason as ``run_origin``."""
+    return "swarmyard.serve" + quote(str(audit_dir.resolve()), safe="/")
 
 
 class EventSource(Protocol):

@@ -12,7 +12,7 @@ import typer
 
 from swarmyard.audit.note import Verifier
 from swarmyard.cli import render
-from swarmyard.errors import AuditError, UserError
+from swarmyard.errors import AuditError, LogMismatchError, UserError
 
 if TYPE_CHECKING:
     from swarmyard.audit.verify import VerifyReport
@@ -69,31 +69,63 @@ def _witnessed(witness: str | None, checkpoint_file: Path | None, origin: str,
     return notes, witness_key
 
 
-def _from_home(given: Path | None, folder: Path, origin: str) -> tuple[WitnessHome | None, str | None]:
-    """The witness home that cosigned this log, and the last checkpoint of it it published.
+def _homes(given: Path | None) -> list[Path]:
+    from swarmyard.audit.witness_home import homes_to_read
 
-    Looked up under the log's origin and under the origin ``swarmyard run`` gives the run of this folder's name:
-    a folder whose log key was replaced by one of another name is still matched with what the witness saw.
+    return [given] if given is not None else homes_to_read()
+
+
+def _from_home(given: Path | None, origin: str) -> tuple[WitnessHome | None, str | None]:
+    """The witness home that cosigned the log of ``origin``, and the last checkpoint of it it published.
+
+    Only ``origin``, the one the folder's place fixes (``_expected_origin``): the first origin found among
+    several would let a folder holding another run's files, or a log re-signed under a name of its own choosing
+    and cosigned as a new log, pass as the folder's.
     """
-    from swarmyard.audit.witness_home import WitnessHome, homes_to_read
+    from swarmyard.audit.witness_home import WitnessHome
 
-    origins = list(dict.fromkeys([origin, f"swarmyard.local/{folder.resolve().name}"]))
-    for root in [given] if given is not None else homes_to_read():
+    for root in _homes(given):
         home = WitnessHome(root)
-        for name in origins:
-            try:
-                note = home.published(name)
-            except OSError as exc:
-                raise AuditError(f"cannot read the witness home {root}: {exc.strerror}") from exc
-            if note is not None:
-                return home, note
+        try:
+            note = home.published(origin)
+        except OSError as exc:
+            raise AuditError(f"cannot read the witness home {root}: {exc.strerror}") from exc
+        if note is not None:
+            return home, note
     return None, None
 
 
-def _describe(pinned: bool, fresh_size: int | None) -> str:
-    trust = "keys pinned" if pinned else "self-consistency only: no key pinned"
+def _expected_origin(folder: Path, audit_dir: Path, given: str | None) -> str:
+    """The origin the log in this folder must have: given, else fixed by the folder (a run's id is its folder's
+    name; a serve's log is named after its folder's path), never read from the folder's own files, which whoever
+    holds the store can rewrite along with a fresh key."""
+    from swarmyard.audit.log import run_origin, serve_origin
+
+    if given is not None:
+        return given
+    return serve_origin(audit_dir) if audit_dir == folder else run_origin(folder.resolve().name)
+
+
+def _describe(log_pinned: bool, witnessed: bool, witness_key: bool, fresh_size: int | None) -> str:
+    """What the verdict rests on: where the log's key and the witness's key came from, and the rollback check."""
+    if log_pinned:
+        log = "log key pinned"
+    elif witnessed:
+        log = "log key the witness cosigned"  # the witness's checkpoint opened with the folder's key
+    else:
+        log = "log key from the folder"
+    witness = "witness key pinned" if witness_key else "not witnessed"
     fresh = "rollback not checked" if fresh_size is None else f"not rolled back below {fresh_size}"
-    return f"{trust}; {fresh}"
+    return f"{log}; {witness}; {fresh}"
+
+
+def _bad(exc: LogMismatchError, as_json: bool) -> typer.Exit:
+    """Print a failed verdict; the exit to raise."""
+    if as_json:
+        render.print_json({"ok": False, "what": exc.what, "index": exc.index, "reason": exc.reason})
+    else:
+        render.stdout.print(f"BAD {exc.what} {exc.index}: {exc.reason}", highlight=False, markup=False)
+    return typer.Exit(1)
 
 
 @app.command("verify")
@@ -118,8 +150,13 @@ def verify(
                                "then this user's state folder). Read unless --witness or --witness-checkpoint "
                                "is given.")] = None,
     no_witness_home: Annotated[bool, typer.Option(
-        "--no-witness-home", help="Do not read any witness home: check the folder (and what else is given) only.")
-    ] = False,
+        "--no-witness", "--no-witness-home",
+        help="The log has no witness (a run made with --no-witness): read no witness home, check the folder (and "
+             "what else is given) only; the verdict then says 'not witnessed'.")] = False,
+    origin_given: Annotated[str | None, typer.Option(
+        "--origin", help="The origin the log must have (default: swarmyard.local/<the run folder's name>, or for a "
+                         "serve's --audit-dir the origin named after its path): for a folder moved or copied, or a "
+                         "serve log begun under an origin of its own.")] = None,
     in_progress: Annotated[bool, typer.Option(
         "--in-progress", help="The run is still going: events its last checkpoint does not cover yet are counted, "
                               "not failed, and the tables are not checked (unless the log says the run closed).")
@@ -128,11 +165,13 @@ def verify(
 ) -> None:
     """Print the tree size and root (exit 0), or the first bad event, checkpoint or key (exit 1).
 
-    A run's witness (the one `swarmyard run` starts by default) publishes its key and the last checkpoint it
-    cosigned in its home, which the run cannot write: with no flag the log is checked against both, so a log
-    cut back to an earlier checkpoint, re-signed with its own key, or given a fresh key fails. A run made with
-    --no-witness has only its folder: pin the log's key to detect a fresh key, and give --min-size to
-    detect a rollback; a log re-signed with its own key cannot be told apart.
+    The log must have the origin its folder fixes (swarmyard.local/<run id> for a run folder), whatever its
+    files say, and a witness must have cosigned that origin: a run's witness (the one `swarmyard run` starts by
+    default) publishes its key and the last checkpoint it cosigned in its home, which the run cannot write; with
+    no flag the log is checked against both, so a log cut back to an earlier checkpoint, re-signed with its own
+    key, given a fresh key or another run's files fails, and so does a log no witness home knows. A run made
+    with --no-witness has only its folder: verify it with --no-witness (pin the log's key to detect a fresh key,
+    and give --min-size to detect a rollback); a log re-signed with its own key cannot be told apart.
 
     A finished run fails on any event no checkpoint covers (unsequenced rows included) and on any goal, task,
     finding or artifact row that differs from what its events say; --in-progress lets a live run's newest
@@ -140,7 +179,6 @@ def verify(
     """
     from swarmyard.audit.log import LOG_VKEY
     from swarmyard.audit.verify import verify_run
-    from swarmyard.errors import LogMismatchError
     from swarmyard.store import open_store
 
     pinned_log, pinned_witness = _verifier(log_key), _verifier(witness_key)
@@ -155,27 +193,34 @@ def verify(
         if not (folder / "store.db").exists():
             raise UserError(f"{run}: no store.db; give --store URL")
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
-    origin = _origin(audit_dir, pinned_log)
+    origin = _expected_origin(folder, audit_dir, origin_given)
+    named = _origin(audit_dir, pinned_log)
+    if named != origin:
+        raise _bad(LogMismatchError("origin", 0, f"the log is {named!r}, not {origin!r}, which this folder must "
+                                                 "hold: another log's files, or a log re-signed under a name of "
+                                                 "its own (a folder moved or copied: give --origin)"), as_json)
     witnessed, witness_verifier = _witnessed(witness, witness_checkpoint, origin, pinned_witness)
     home: WitnessHome | None = None
     if witness is None and witness_checkpoint is None and not no_witness_home:
-        home, note = _from_home(witness_home, folder, origin)
-        if home is not None and note is not None:
-            published = home.published_key()
-            if published is None:
-                raise AuditError(f"the witness home {home.root} has checkpoints but no witness.vkey")
-            witnessed.append(note)
-            witness_verifier = witness_verifier or published
+        home, note = _from_home(witness_home, origin)
+        if home is None or note is None:
+            # the honest verdict: a log no witness saw proves only that its files agree with each other, which
+            # anyone who can write them can arrange; that is said only when asked for (--no-witness)
+            looked = ", ".join(str(h) for h in _homes(witness_home))
+            raise _bad(LogMismatchError("witness", 0, f"no witness home has cosigned {origin} (looked in {looked}): "
+                                                      "a log made with --no-witness is verified with --no-witness; "
+                                                      "one cosigned by another witness with --witness"), as_json)
+        published = home.published_key()
+        if published is None:
+            raise AuditError(f"the witness home {home.root} has checkpoints but no witness.vkey")
+        witnessed.append(note)
+        witness_verifier = witness_verifier or published
     store = open_store(store_url, blob_dir=blob_dir)
     try:
         report = verify_run(store, audit_dir, log_key=pinned_log, witness_key=witness_verifier,
                             witnessed=witnessed, min_size=min_size, tables=store, in_progress=in_progress)
     except LogMismatchError as exc:
-        if as_json:
-            render.print_json({"ok": False, "what": exc.what, "index": exc.index, "reason": exc.reason})
-        else:
-            render.stdout.print(f"BAD {exc.what} {exc.index}: {exc.reason}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+        raise _bad(exc, as_json) from None
     finally:
         store.close()
     root = base64.b64encode(report.root_hash).decode()
@@ -183,15 +228,16 @@ def verify(
     if as_json:
         render.print_json({"ok": True, "origin": report.origin, "size": report.size, "root": root,
                            "root_hex": report.root_hash.hex(), "checkpoints": report.checkpoints,
-                           "cosigned": report.cosigned, "pinned": pinned, "fresh_size": report.fresh_size,
+                           "cosigned": report.cosigned, "pinned": pinned, "log_key_pinned": pinned_log is not None,
+                           "witnessed": witness_verifier is not None, "fresh_size": report.fresh_size,
                            "uncovered": report.uncovered, "closed": report.closed,
                            "tables_checked": report.tables_checked,
                            "witness_home": str(home.root) if home is not None else None})
     else:
+        trust = _describe(pinned_log is not None, bool(witnessed), witness_verifier is not None, report.fresh_size)
         render.stdout.print(f"OK {report.origin} size {report.size} root {root} "
                             f"({report.checkpoints} checkpoints, {report.cosigned} cosigned; "
-                            f"{_describe(pinned, report.fresh_size)}; {_progress(report)})",
-                            highlight=False, markup=False)
+                            f"{trust}; {_progress(report)})", highlight=False, markup=False)
     if not pinned:
         render.stderr.print("note: checked self-consistency only: the folder agrees with itself, but a store and "
                             "folder rewritten with a fresh key would too; pin --log-key or --witness-key",
@@ -205,11 +251,11 @@ def verify(
         elif not as_json:
             render.stderr.print(f"witness home {home.root} ({owner}): not rolled back or rewritten since it "
                                 f"cosigned size {report.fresh_size}", highlight=False, markup=False)
-    elif witness is None and witness_checkpoint is None and not no_witness_home:
-        render.stderr.print(f"note: no witness cosigned {origin} (a run made with --no-witness, or with a witness "
-                            "of its own: give --witness): a log cut back to an earlier checkpoint, or rewritten "
-                            "and re-signed with the run's log key, passes this check undetected",
-                            highlight=False, markup=False)
+    elif witness_verifier is None:
+        render.stderr.print(f"note: not witnessed: no witness cosigned {origin} as far as this check knows (a run "
+                            "made with --no-witness, or with a witness of its own: give --witness): a log cut back "
+                            "to an earlier checkpoint, or rewritten and re-signed with the run's log key, passes "
+                            "this check undetected", highlight=False, markup=False)
     if report.fresh_size is None:
         render.stderr.print("note: rollback not checked: a log cut back to an earlier checkpoint passes; give "
                             "--witness, --witness-checkpoint or --min-size", highlight=False, markup=False)

@@ -509,10 +509,10 @@ class Coordinator:
         prepare()  # the report is written after the run's last event: its charts' library loads while agents work
         goal, state = self._start_or_resume(resume)
         self._goal_id = goal.id
-        from swarmyard.audit.log import AuditLog
+        from swarmyard.audit.log import AuditLog, run_origin
         from swarmyard.swarm.run_secrets import log_key
 
-        audit = AuditLog(self.store, self.run_dir / "audit", origin=f"swarmyard.local/{self.run_id}",
+        audit = AuditLog(self.store, self.run_dir / "audit", origin=run_origin(self.run_id),
                          witness=self.witness, every_n=self.audit_every_n,
                          key_path=log_key(self.run_id, self.run_dir / "audit"))
         ticker = asyncio.create_task(self._report_progress()) if self._on_progress is not None else None
