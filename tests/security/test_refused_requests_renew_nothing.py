@@ -10,13 +10,23 @@ larger than its parent's envelope, an artifact that is not base64, a claim of a 
 
 from __future__ import annotations
 
+import base64
+import os
+import selectors
+import shutil
+import signal
 import sqlite3
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serving import Served, served_with_claim
+from serving import SWARMYARD, Served, served_with_claim
+
+SORT_NUMBERS = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 
 _FENCED_TOOLS = ("heartbeat", "board_read", "board_post", "submit_finding", "read_findings", "submit_artifact",
                  "claim_direction", "read_directions", "delegate")
@@ -104,3 +114,60 @@ def test_every_refused_worker_request_leaves_the_lease_and_the_log_alone(served:
     assert accepted.status_code == 200, accepted.text
     assert _lease(s) > lease
     assert [kind for _, kind in _events(s)[len(events):]] == ["task.renewed"]
+
+
+@pytest.fixture(scope="module")
+def evaluator_of_another_goal() -> Iterator[Path]:
+    """``swarmyard evaluator serve`` that answers for another goal only: every score it is asked for is refused."""
+    root = Path(tempfile.mkdtemp(prefix="sy-ev-"))
+    root.chmod(0o755)  # searchable by the evaluator's own user; the bundle's modes protect the bundle
+    shutil.copytree(SORT_NUMBERS, root / "bundle")
+    proc = subprocess.Popen([str(SWARMYARD), "evaluator", "serve", str(root / "bundle"), "--socket",
+                             str(root / "eval.sock"), "--state", str(root / "state"), "--goal", "goal_another"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        ready = selector.select(timeout=60)
+    line = proc.stdout.readline() if ready else ""
+    assert line, f"evaluator serve did not start: {proc.stderr.read() if proc.stderr else ''}"
+    try:
+        yield root
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_artifact_the_evaluator_refuses_or_of_a_split_workers_may_not_score_renews_nothing(
+        evaluator_of_another_goal: Path) -> None:
+    """submit_artifact stores before it asks the evaluator: a refusal of the evaluator's (here it answers for
+    another goal) or a split other than search (refused before anything is stored) must not renew the lease.
+    Replayed three times each, with every call renewing (--renew-interval-s 0)."""
+    with served_with_claim("--renew-interval-s", "0", "--lease-s", "600", "--evaluator-socket",
+                           str(evaluator_of_another_goal / "eval.sock")) as s:
+        data = base64.b64encode(b"print(1)\n").decode()
+        lease, events = _lease(s), _events(s)
+        with s.client(s.worker) as worker:
+            for _replay in range(3):
+                holdout = worker.post("/v1/tools/submit_artifact", json=_fenced(
+                    s, data_base64=data, media_type="text/x-python", split="holdout"))
+                assert holdout.status_code == 400, holdout.text
+                assert holdout.json()["error"]["field"] == "split"
+                assert _lease(s) == lease
+            assert _events(s) == events, "a refused split wrote an event (or stored the artifact)"
+            for _replay in range(3):
+                refused = worker.post("/v1/tools/submit_artifact", json=_fenced(
+                    s, data_base64=data, media_type="text/x-python"))
+                assert refused.status_code == 403, refused.text
+                assert _lease(s) == lease, "an artifact the evaluator refused renewed the lease"
+            kinds = [kind for _, kind in _events(s)[len(events):]]
+            assert "task.renewed" not in kinds, kinds
+            accepted = worker.post("/v1/tools/board_read", json=_fenced(s))
+        assert accepted.status_code == 200, accepted.text
+        assert _lease(s) > lease

@@ -295,27 +295,38 @@ class WorkerTools:
             findings=findings, cursor=findings[-1].id if findings else req.after, broadcasts=broadcasts,
             broadcast_cursor=broadcasts[-1].seq if broadcasts else req.broadcast_after)
 
-    def put_artifact(self, token: str, req: m.SubmitArtifactRequest) -> _Stored:
-        """Store the artifact; the app then asks the evaluator (an async call) for its score."""
+    def put_artifact(self, token: str, req: m.SubmitArtifactRequest, *, renew: bool = True) -> _Stored:
+        """Store the artifact; the app then asks the evaluator (an async call) for its score.
+
+        ``renew=False``: the call is not done yet (the evaluator may still refuse it), so the lease is renewed
+        only once the score is in (``submit_artifact``)."""
         try:
             data = base64.b64decode(req.data_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidInputError("data_base64 is not valid base64", field="data_base64") from exc
+        if req.split != "search":  # before anything is stored: the holdout is the coordinator's, once per goal
+            raise InvalidInputError(f"split {req.split!r} cannot be scored by a worker; only 'search' (the "
+                                    "holdout is answered once per goal, to the run)", field="split")
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
                                             media_type=req.media_type)
-        self._renew_after(req.task_id, req.fencing_token, wrote=True)
+        if renew:
+            self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
 
     async def submit_artifact(self, token: str, req: m.SubmitArtifactRequest,
                               offload: Offload) -> m.ArtifactResult:
         """Store the artifact and, with an evaluator, return its signed score."""
-        who, data, result = await offload(lambda: self.put_artifact(token, req))
-        if self._evaluator is None:
+        evaluator = self._evaluator
+        who, data, result = await offload(lambda: self.put_artifact(token, req, renew=evaluator is None))
+        if evaluator is None:
             return result
-        score = jsonable(await self._evaluator.score(who.goal_id, data, req.split))
+        # A refusal of the evaluator's (a split it does not score, another goal's evaluator) refuses the call:
+        # the stored artifact stays, but the lease is renewed only below, once the score is in.
+        score = jsonable(await evaluator.score(who.goal_id, data, req.split))
 
         def record() -> m.DirectionMove | None:
+            self._renew_after(req.task_id, req.fencing_token, wrote=True)
             # A signed score is a state change of the run: it goes into the audit log like every other.
             self._store.record_event("score.issued", {"goal": who.goal_id, "task": req.task_id,
                                                       "worker": who.worker_id, "score": score})
