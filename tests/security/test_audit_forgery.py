@@ -59,7 +59,7 @@ def home() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _finished_run(home: Path, *, closed: bool = True, url: str | None = None) -> Path:
+def _finished_run(home: Path, *, closed: bool = True, url: str | None = None, scored: bool = False) -> Path:
     """A run folder with a task done with a finding and an artifact, checkpointed, cosigned and (by default)
     closed the way the coordinator closes a run; its store is ``store.db`` unless ``url`` names another."""
     run = home / "runs" / "run_1"
@@ -79,6 +79,9 @@ def _finished_run(home: Path, *, closed: bool = True, url: str | None = None) ->
         store.submit_finding(claim.task.id, claim.token, author="w1", title="f", body="THE REAL FINDING",
                              citations=[Citation(CitationKind.ARTIFACT, art.sha256)])
         store.complete(claim.task.id, claim.token, "finding submitted")
+        if scored:  # the evaluator's search score and its holdout score of the artifact
+            store.record_score(goal.id, art.sha256, 5)
+            store.record_score(goal.id, art.sha256, 7, split="holdout")
         if closed:
             store.record_event(RUN_CLOSED, {"goal": goal.id, "run": "run_1"})
         log.checkpoint()
@@ -188,6 +191,38 @@ def test_a_rewritten_artifact_blob_is_bad(home: Path) -> None:
     blob.write_bytes(b"the evidence")
     _sql(run, "UPDATE artifacts SET size = 1")
     bad(sy(home, "audit", "verify", str(run), *_keys(run)), "artifact ")
+
+
+def test_a_score_row_rewritten_added_or_deleted_and_a_deleted_artifact_row_are_bad(home: Path) -> None:
+    """Campaigns and a resumed run's holdout read the scores table: every row is held to its score.recorded event,
+    and a row an event describes must be there."""
+    run = _finished_run(home, scored=True)
+    keys = _keys(run)
+    ok = sy(home, "audit", "verify", str(run), *keys)
+    assert ok.returncode == 0 and "tables match" in ok.stdout, ok.stdout + ok.stderr
+    _sql(run, "UPDATE scores SET score = 1 WHERE split = 'holdout'")
+    done = sy(home, "audit", "verify", str(run), *keys)
+    bad(done, "score ")
+    assert "its score 1 is not what event" in done.stdout and "(7)" in done.stdout, done.stdout
+    _sql(run, "UPDATE scores SET score = 7 WHERE split = 'holdout'")
+    assert sy(home, "audit", "verify", str(run), *keys).returncode == 0
+    _sql(run, "DELETE FROM scores WHERE split = 'holdout'")
+    done = sy(home, "audit", "verify", str(run), *keys)
+    bad(done, "score ")
+    assert "records it and the store has no such row" in done.stdout, done.stdout
+    _sql(run, "INSERT INTO scores (goal_id, task_id, worker_id, group_name, direction, sha256, split, score, "
+              "created_at) SELECT goal_id, task_id, worker_id, group_name, direction, sha256, 'holdout', 7, created_at "
+              "FROM scores")
+    assert sy(home, "audit", "verify", str(run), *keys).returncode == 0
+    _sql(run, "INSERT INTO scores (goal_id, task_id, worker_id, group_name, direction, sha256, split, score, "
+              "created_at) SELECT goal_id, task_id, worker_id, group_name, direction, sha256, split, 99, created_at "
+              "FROM scores WHERE split = 'holdout'")
+    bad(sy(home, "audit", "verify", str(run), *keys), "score -1: ")  # a row no event describes
+    _sql(run, "DELETE FROM scores WHERE score = 99")
+    _sql(run, "DELETE FROM artifacts")
+    done = sy(home, "audit", "verify", str(run), *keys)
+    bad(done, "artifact ")
+    assert "describes it and the store has no such row" in done.stdout, done.stdout
 
 
 def test_event_columns_outside_the_hash_are_held_to_the_body(home: Path) -> None:

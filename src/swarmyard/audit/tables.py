@@ -1,10 +1,12 @@
 """The store's tables against what the log's events say about them.
 
-The log authenticates events, not rows: a finding's text, a task's state or an artifact's blob could be
-rewritten in place and every checkpoint would still verify. The events carry what the rows must be (a
-finding's ``body_sha256``, a task's state as of its last event, an artifact's SHA-256 and size), so ``Ledger``
-replays the checked events and ``check_tables`` compares every row with them. A row no event describes (one
-inserted by hand) fails as well as a row that differs.
+The log authenticates events, not rows: a finding's text, a task's state, a score or an artifact's blob could
+be rewritten in place and every checkpoint would still verify. The events carry what the rows must be (a
+finding's ``body_sha256``, a task's state as of its last event, an artifact's SHA-256 and size, every score as
+recorded), so ``Ledger`` replays the checked events and ``check_tables`` compares every row of the goals, tasks,
+findings, artifacts and scores tables with them (campaigns and a resumed run's holdout read the scores). A row
+no event describes (one inserted by hand) fails, as does a row that differs and a row an event describes that is
+gone. Other tables (directions, holds, the ledger's spend, board posts) are not checked here.
 
 Failures are ``LogMismatchError`` with ``what`` the table's noun and ``index`` the leaf of the last event that
 describes the row (-1 for a row no event describes); the reason names the row's id.
@@ -17,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from swarmyard.domain import Artifact, Event, Finding, Goal, PostKind, Task, TaskState
+from swarmyard.domain import Artifact, Event, Finding, Goal, PostKind, ScoreRecord, Task, TaskState
 from swarmyard.errors import LogMismatchError, NotFoundError
 
 #: The state each task event leaves its task in.
@@ -52,6 +54,10 @@ class Tables(Protocol):
         """A goal's artifact rows."""
         ...
 
+    def list_scores(self, goal_id: str, *, split: str | None = "search") -> list[ScoreRecord]:
+        """A goal's scores (every split: ``None``), oldest first."""
+        ...
+
     def read_artifact(self, goal_id: str, sha256: str) -> bytes:
         """An artifact's bytes, checked against its hash (``NotFoundError`` when they differ)."""
         ...
@@ -75,12 +81,15 @@ def _sha256(text: object) -> str | None:
 
 @dataclass(slots=True)
 class Ledger:
-    """Goals, tasks, findings and artifacts as the checked events describe them, built one event at a time."""
+    """Goals, tasks, findings, artifacts and scores as the checked events describe them, built one event at a
+    time."""
 
     goals: dict[str, _Seen] = field(default_factory=dict)
     tasks: dict[str, _Seen] = field(default_factory=dict)
     findings: dict[str, _Seen] = field(default_factory=dict)
     artifacts: dict[tuple[str, str], _Seen] = field(default_factory=dict)
+    #: goal -> its scores in the order recorded (a score is never changed, only added)
+    scores: dict[str, list[_Seen]] = field(default_factory=dict)
 
     def add(self, leaf: int, kind: str, body: dict[str, Any]) -> None:
         """Take in the event of ``kind`` at ``leaf`` (its parsed body, held to its kind by ``parse_body``)."""
@@ -115,6 +124,10 @@ class Ledger:
         elif kind == "artifact.submitted":
             key = (str(body.get("goal")), str(body.get("sha256")))
             self.artifacts.setdefault(key, _Seen(leaf, {"task": body.get("task"), "size": body.get("size")}))
+        elif kind == "score.recorded":
+            self.scores.setdefault(str(body.get("goal")), []).append(_Seen(leaf, {
+                name: body.get(name) for name in ("task", "worker", "group", "direction", "sha256", "split",
+                                                  "score")}))
 
 
 #: A board post's event body carries the post's kind under ``kind`` (its data overrides the event's): a body
@@ -166,8 +179,8 @@ def _findings(tables: Tables, goal_id: str) -> list[Finding]:
 
 
 def check_tables(tables: Tables, ledger: Ledger) -> None:
-    """Every goal, task, finding and artifact row against ``ledger``; raise at the first that differs, and for
-    any row the events describe that is gone."""
+    """Every goal, task, finding, artifact and score row against ``ledger``; raise at the first that differs,
+    and for any row the events describe that is gone."""
     goals = tables.list_goals()
     for goal in goals:
         _differs("goal", goal.id, ledger.goals.get(goal.id), {"objective": goal.objective})
@@ -191,9 +204,30 @@ def check_tables(tables: Tables, ledger: Ledger) -> None:
             except (NotFoundError, OSError):
                 raise LogMismatchError("artifact", seen.leaf, f"{artifact.sha256}: its blob is missing or does "
                                                               f"not hash to its name") from None
+        _scores(tables, goal.id, ledger.scores.get(goal.id, []))
     _gone("goal", ledger.goals, {g.id for g in goals})
     _gone("task", ledger.tasks, {t.id for g in goals for t in tables.list_tasks(g.id)})
     _gone("finding", ledger.findings, {f.id for g in goals for f in _findings(tables, g.id)})
+    present = {(g.id, a.sha256) for g in goals for a in tables.list_artifacts(g.id)}
+    for (goal_id, sha256), seen in ledger.artifacts.items():
+        if (goal_id, sha256) not in present:
+            raise LogMismatchError("artifact", seen.leaf, f"{sha256}: event {seen.leaf} describes it and the store "
+                                                          f"has no such row")
+
+
+def _scores(tables: Tables, goal_id: str, recorded: list[_Seen]) -> None:
+    """The goal's score rows, in order, are exactly the scores its events recorded."""
+    rows = tables.list_scores(goal_id, split=None)
+    for number, row in enumerate(rows):
+        row_id = f"{goal_id} score {number}"
+        seen = recorded[number] if number < len(recorded) else None
+        _differs("score", row_id, seen, {"task": row.task_id, "worker": row.worker_id, "group": row.group,
+                                         "direction": row.direction, "sha256": row.sha256, "split": row.split,
+                                         "score": row.score})
+    if len(rows) < len(recorded):
+        missing = recorded[len(rows)]
+        raise LogMismatchError("score", missing.leaf, f"{goal_id} score {len(rows)}: event {missing.leaf} records it "
+                                                      "and the store has no such row")
 
 
 def _gone(what: str, seen: dict[str, _Seen], present: set[str]) -> None:

@@ -16,8 +16,9 @@ cosignature and its index):
 5. no rollback: the log holds at least as many events as the witness last cosigned (its checkpoint, given as
    ``witnessed``, must carry the log's signature and the witness's cosignature, and its root must be the log's
    root at that size) and at least ``min_size``;
-6. given the store as ``tables``, every goal, task, finding and artifact row against what the events say of it
-   (``swarmyard.audit.tables``); skipped for a run in progress, whose rows move ahead of its log.
+6. given the store as ``tables``, every goal, task, finding, artifact and score row against what the events say
+   of it, and every row they describe present (``swarmyard.audit.tables``); skipped for a run in progress,
+   whose rows move ahead of its log.
 
 The keys come from the run folder unless the caller pins them. A folder alone proves only that it is
 self-consistent: whoever can rewrite the store can also write a fresh log key and re-sign every checkpoint.

@@ -174,8 +174,8 @@ def verify(
     and give --min-size to detect a rollback); a log re-signed with its own key cannot be told apart.
 
     A finished run fails on any event no checkpoint covers (unsequenced rows included) and on any goal, task,
-    finding or artifact row that differs from what its events say; --in-progress lets a live run's newest
-    events through, counted, and skips the rows.
+    finding, artifact or score row that differs from what its events say, or that they describe and is gone (other
+    tables are not checked); --in-progress lets a live run's newest events through, counted, and skips the rows.
     """
     from swarmyard.audit.log import LOG_VKEY
     from swarmyard.audit.verify import verify_run

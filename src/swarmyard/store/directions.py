@@ -235,9 +235,12 @@ class DirectionStore:
             return record
 
     def list_scores(self, goal_id: str, *, worker_id: str | None = None, task_id: str | None = None,
-                    split: str = _SPLIT) -> list[ScoreRecord]:
-        """The goal's scores on ``split``, oldest first (of one worker, or one task)."""
-        sql, params = f"SELECT {_SCORE_COLS} FROM scores WHERE goal_id = ? AND split = ?", [goal_id, split]
+                    split: str | None = _SPLIT) -> list[ScoreRecord]:
+        """The goal's scores on ``split`` (every split: ``None``), oldest first (of one worker, or one task)."""
+        sql, params = f"SELECT {_SCORE_COLS} FROM scores WHERE goal_id = ?", [goal_id]
+        if split is not None:
+            sql += " AND split = ?"
+            params.append(split)
         if worker_id is not None:
             sql += " AND worker_id = ?"
             params.append(worker_id)

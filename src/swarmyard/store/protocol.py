@@ -204,8 +204,8 @@ class Store(Protocol):
         ...
 
     def list_scores(self, goal_id: str, *, worker_id: str | None = None, task_id: str | None = None,
-                    split: str = "search") -> list[ScoreRecord]:
-        """The goal's scores on ``split``, oldest first."""
+                    split: str | None = "search") -> list[ScoreRecord]:
+        """The goal's scores on ``split`` (every split: ``None``), oldest first."""
         ...
 
     def best_scores(self, goal_id: str, *, by: ScoreKey, group: str | None = None,
