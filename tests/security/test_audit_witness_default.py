@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shlex
 import shutil
 import sqlite3
 import stat
@@ -214,6 +215,12 @@ def test_a_no_witness_run_verifies_and_says_what_it_cannot_detect(home: Path) ->
             and "re-signed with the run's log key, passes this check undetected" in done.stderr), done.stderr
     report = json.loads(sy(home, "audit", "verify", str(run), "--no-witness", "--json").stdout)
     assert (report["witness_home"], report["witnessed"], report["log_key_pinned"]) == (None, False, False)
+    # the command the run's report gives passes as it is
+    [check] = [line for line in (run / "report.md").read_text().splitlines() if line.startswith("- Check it: ")]
+    command = shlex.split(check.removeprefix("- Check it: ").strip("`"))
+    assert command[:3] == ["swarmyard", "audit", "verify"] and command[-1] == "--no-witness", command
+    given = sy(home, *command[1:])
+    assert given.returncode == 0 and "log key pinned; not witnessed" in given.stdout, given.stdout + given.stderr
     # and a contradiction is refused before anything starts
     both = sy(home, "run", str(home / "conf" / "swarm.toml"), "--no-witness", "--witness", str(home / "w.sock"))
     assert both.returncode == 1 and "give one or the other" in both.stderr, both.stderr

@@ -117,7 +117,8 @@ def _audit_lines(data: ReportData) -> list[str]:
     if witness:
         lines.append(f"Witness: `{witness}`")
     if data.audit_key:
-        lines.append(f"Check it: `swarmyard audit verify runs/{data.run_id} --log-key '{data.audit_key}'`")
+        alone = "" if witness else " --no-witness"  # a log no witness cosigned verifies only when told so
+        lines.append(f"Check it: `swarmyard audit verify runs/{data.run_id} --log-key '{data.audit_key}'{alone}`")
     return lines
 
 
