@@ -38,6 +38,8 @@
     │   └── DeadlinePassedError (403)   the goal's deadline has passed
     ├── SandboxError                    a machine could not be made, run or torn down as asked
     │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
+    │   ├── MachineNotRunningError (409) the machine's init is gone (killed from inside): only delete (``machine_id``)
+    │   ├── OutOfResourcesError (503)   this process ran out of open files or memory for a machine call; retryable
     │   └── MachineRefusedError (400)   the machine refused what was asked of it: a file that is no regular file it may
     │                                   read, a command it cannot run (``field``, ``errno``)
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
@@ -585,6 +587,31 @@ class SandboxUnavailableError(SandboxError):
     """The host lacks what the requested isolation needs."""
 
     code = "sandbox_unavailable"
+
+
+class MachineNotRunningError(SandboxError):
+    """A machine whose init is gone (a process inside killed it): it runs nothing more, and every call on it but a
+    delete is refused. Its state says ``failed``."""
+
+    code = "machine_not_running"
+    status = 409
+
+    def __init__(self, message: str, *, machine_id: str) -> None:
+        super().__init__(message, machine_id=machine_id)
+        self.machine_id = machine_id
+
+
+class OutOfResourcesError(SandboxError):
+    """This process ran out of a resource a machine call needs (open files, memory): nothing the caller asked was
+    wrong, and a retry once some are freed may work."""
+
+    code = "out_of_resources"
+    status = 503
+    retryable = True
+
+    def __init__(self, message: str, *, errno: int) -> None:
+        super().__init__(message, errno=errno)
+        self.errno = errno
 
 
 class MachineRefusedError(SandboxError):

@@ -5,6 +5,7 @@ answers, as does TCP below the cap. ``swarmyard broker serve`` has the same guar
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -160,3 +161,41 @@ def test_broker_serve_closes_half_sent_headers_too(folder: Path) -> None:
         proc.terminate()
         proc.wait(timeout=60)
     assert "request line and headers not received within 10 s" in (folder / "broker.log").read_text()
+
+
+def _huge_header(path: Path) -> tuple[int, bytes]:
+    """Send a request whose one header line would run to 64 MiB: how many of its bytes the server let in before
+    it closed, and what it answered."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(_SAFETY_S)
+        sock.connect(str(path))
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent, block = 0, b"a" * (1 << 20)
+        try:
+            while sent < 64 << 20:
+                sock.sendall(block)
+                sent += len(block)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return sent, answer
+
+
+def test_headers_past_64_kib_are_answered_431_and_not_read_but_a_large_body_is(folder: Path) -> None:
+    with _serve(folder) as (_, sock, log):
+        sent, answer = _huge_header(sock)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:300]
+        assert sent < 8 << 20, sent  # the server stopped reading: the rest never reached its memory
+        # a body is no header: 1 MiB of it arrives in reads with the headers and is read (the login refuses it)
+        conn = _UnixConnection(sock)
+        try:
+            conn.request("POST", "/ui/login", body=b"token=" + b"a" * (1 << 20),
+                         headers={"content-type": "application/x-www-form-urlencoded"})
+            assert conn.getresponse().status != 431
+        finally:
+            conn.close()
+        assert _healthz_unix(sock) == 200
+    assert "request line and headers over 65536 bytes" in log.read_text()

@@ -11,20 +11,22 @@ import asyncio
 import atexit
 import builtins
 import contextlib
+import errno
+import functools
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from swarmyard.boxd import _logins
 from swarmyard.boxd._models import ExecResult, Machine, MachineSource, PauseResult, ResumeResult
 from swarmyard.boxd._plane import Login, Plane, open_plane
 from swarmyard.boxd._remote import RemoteMachines
 from swarmyard.boxd._spawn import Spawners, routes
-from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, UserError
+from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, OutOfResourcesError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
 from swarmyard.machines.api import MAX_TIMEOUT_S, Machines, check_timeout
@@ -37,6 +39,31 @@ DEFAULT_GROUP = "boxd"
 #: Present only inside a machine of the ``local`` backend: its init's control socket (under
 #: ``swarmyard.machines.local.RUN_DIR``, not imported here: a coordinator machine's Boxd() loads no backend).
 _MACHINE_MARK = "/run/swarmyard/ctl/init.sock"
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+#: What a call that failed for lack of this process's resources (not of anything asked) sees from the kernel.
+_EXHAUSTED = {errno.EMFILE: "open files", errno.ENFILE: "open files (the host's)", errno.ENOMEM: "memory",
+              errno.EAGAIN: "processes or threads"}
+
+
+def _typed_exhaustion(call: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``call``, with the kernel's refusals for lack of resources (out of file descriptors, say, because machines
+    hold connections to the plane) raised as a retryable :class:`OutOfResourcesError`, not a bare ``OSError``."""
+
+    @functools.wraps(call)
+    def typed(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return call(*args, **kwargs)
+        except OSError as exc:
+            what = _EXHAUSTED.get(exc.errno or 0)
+            if what is None:
+                raise
+            raise OutOfResourcesError(f"this process ran out of {what} ({exc.strerror}): retry once some are freed",
+                                      errno=exc.errno or 0) from exc
+
+    return typed
 
 
 @dataclass(slots=True)
@@ -57,6 +84,7 @@ class Files:
     def __init__(self, machines: MachinesResource) -> None:
         self._machines = machines
 
+    @_typed_exhaustion
     def upload(self, machine: str, path: str, data: str | bytes, *, mode: int = 0o644) -> int:
         """Write ``data`` (``str`` is written as UTF-8) to ``path``; returns the number of bytes written."""
         if isinstance(data, str):
@@ -69,6 +97,7 @@ class Files:
         self._machines._sync.files.upload(machine_id, path, bytes(data), mode=mode)
         return len(data)
 
+    @_typed_exhaustion
     def download(self, machine: str, path: str) -> bytes:
         """The whole file at ``path``: a regular file, at most 64 MiB (``PayloadTooLargeError`` past that)."""
         return self._machines._sync.files.download(self._machines._ready(machine), path)
@@ -115,6 +144,7 @@ class MachinesResource:
 
     # -- life ------------------------------------------------------------------------------------------------
 
+    @_typed_exhaustion
     def create(
         self,
         name: str | None = None,
@@ -165,6 +195,7 @@ class MachinesResource:
             self._client._spawners.allow(info.id, login.token)
         return self._record(info)
 
+    @_typed_exhaustion
     def wait_until_ready(self, machine: str, timeout: float = 180.0, poll_interval: float = 1.0) -> Machine:
         """Block until the machine runs commands (``poll_interval`` is accepted for boxd's signature: readiness
         here is a message from the machine's init, not a poll)."""
@@ -192,6 +223,7 @@ class MachinesResource:
                 kept.provisioned = True
         return info.id
 
+    @_typed_exhaustion
     def exec(
         self,
         machine: str,
@@ -214,6 +246,7 @@ class MachinesResource:
         raw = self._sync.exec(machine_id, command, timeout=timeout, env=merged, cwd=cwd, stdin=data)
         return ExecResult.of(raw)
 
+    @_typed_exhaustion
     def fork(self, machine: str, new_name: str | None = None) -> Machine:
         """A new machine whose disk starts as a copy of ``machine``'s (its own identity, not the source's)."""
         source = self._info(self._ready(machine))
@@ -262,6 +295,7 @@ class MachinesResource:
         """The CPU time the machine's processes have used so far, in microseconds (its cgroup's ``cpu.stat``)."""
         return pausing.cpu_usage_us(self._sync.backend, self._info(machine).id)
 
+    @_typed_exhaustion
     def delete(self, machine: str) -> None:
         """Kill everything in the machine, remove its disk and revoke its worker."""
         info = self._info(machine)
@@ -364,6 +398,7 @@ class SnapshotsResource:
         assert self._own.client is not None
         return self._own.client
 
+    @_typed_exhaustion
     def create(self, machine: str, name: str) -> Snapshot:
         """A new version of snapshot ``name`` from the machine's disk (re-saving bumps the version)."""
         machine_id = self._client._local._ready(machine)

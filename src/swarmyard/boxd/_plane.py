@@ -63,7 +63,9 @@ class Plane:
         #: whether this client serves the plane itself (only then can its machines make machines)
         self.embedded = embedded
         self._owned = owned
-        self._http = PlaneAddress(socket_path=str(socket_path)).client(operator_token, timeout_s=60.0)
+        # an embedded plane's own socket, which no machine has: machines that fill theirs leave the client room
+        own = owned.client_socket if owned is not None else socket_path
+        self._http = PlaneAddress(socket_path=str(own)).client(operator_token, timeout_s=60.0)
         self._machine_budget = machine_budget_micro_usd
         self._logins: dict[str, Login] = {}
         self._lock = threading.Lock()
@@ -151,15 +153,19 @@ class Plane:
 
 
 class _Embedded:
-    """A control plane and broker served from this process on a socket in a private temp folder."""
+    """A control plane and broker served from this process on two sockets in a private temp folder: the one bound
+    into machines (``socket``) and the client's own (``client_socket``). Each is served as ``swarmyard serve``
+    serves its listeners (see :mod:`swarmyard.plane.connections`): a deadline for a request's headers and one for
+    its body, a cap on the bytes of its headers, and its own cap on open connections, so machines holding
+    connections half-sent neither run this process out of file descriptors nor shut the client out."""
 
     def __init__(self, providers: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None,
                  lease_s: float, extra_routes: Sequence[BaseRoute] = ()) -> None:
-        import uvicorn
-
         from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
         from swarmyard.broker.providers.configured import CLI_SLOTS, configured_broker
         from swarmyard.plane.app import create_app
+        from swarmyard.plane.connections import ConnectionLimits
+        from swarmyard.plane.server import BackgroundServer, Listen
         from swarmyard.plane.settings import PlaneSettings
         from swarmyard.store import open_store
 
@@ -168,27 +174,29 @@ class _Embedded:
         self.folder = Path(tempfile.mkdtemp(prefix=_PREFIX))
         (self.folder / "owner").write_text(_owner())  # so a later client removes it if this process is killed
         self.socket = self.folder / "plane.sock"
+        self.client_socket = self.folder / "client.sock"
         self.store = open_store(f"sqlite:///{self.folder / 'store.db'}")
         self.broker: Any = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: BackgroundServer | None = None
         try:
             self.tokens = TokenAuthority(load_or_create_secret(self.folder / "token.secret"), self.store)
             # any agent CLI may run in a machine: slots its prompts fit in
             self.broker = configured_broker(self.store, self.tokens, providers, given=given, local_slots=CLI_SLOTS)
             app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
                              extra_routes=[*self.broker.routes(), *extra_routes])
-            if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
+            if len(os.fsencode(self.client_socket)) > _MAX_SOCKET_PATH:
                 raise ConfigError(f"the temp folder {self.folder} is too deep for a Unix socket", field="TMPDIR")
-            # bound and listening before the server's thread starts: a connection made now waits in the backlog
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(self.socket))
-            listener.listen(128)
-            os.chmod(self.socket, 0o600)
-            self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-            self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listener]}, daemon=True,
-                                            name="boxd-plane")
-            self._thread.start()
+            listeners = []
+            for path in (self.socket, self.client_socket):
+                # bound and listening before the server starts: a connection made now waits in the backlog
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listeners.append(listener)
+                listener.bind(str(path))
+                listener.listen(128)
+                os.chmod(path, 0o600)
+            self._server = BackgroundServer(app, Listen(self.socket), also=(Listen(self.client_socket),),
+                                            limits=ConnectionLimits(), bound=tuple(listeners))
+            self._server.start()
             self.operator_token = self.tokens.issue_operator(ttl_s=30 * 86400.0)
         except BaseException:
             self.stop()
@@ -200,9 +208,7 @@ class _Embedded:
             if self.broker is not None:
                 self.broker.wait_settled(30)
             if self._server is not None:
-                self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(10)
+                self._server.stop()
         finally:
             self.store.close()
             shutil.rmtree(self.folder, ignore_errors=True)

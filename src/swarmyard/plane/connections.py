@@ -1,10 +1,13 @@
 """Guards on the connections one listener of the plane holds: a deadline for a request's headers, one for its
-body, and a cap on how many connections the listener keeps open.
+body, a cap on the bytes a request's line and headers may take, and a cap on how many connections the listener
+keeps open.
 
 uvicorn waits without end for a request line or headers that never finish, and for a body shorter than its
 ``Content-Length``; a few thousand such connections (no token needed: ``POST /ui/login`` reads its body
 first) use up the process's file descriptors, and then the workers' Unix socket refuses them too. Each
 listener gets its own cap, a share of the open-files limit, so a flood on TCP leaves the Unix socket room.
+The parser keeps a header line whole however long it is (one of 300 MiB was read into memory and answered 200):
+past ``max_header_bytes`` before the headers end, the request is answered 431 and the connection closed.
 A request whose headers and body have arrived has no deadline: the dashboard's event streams last a run.
 """
 
@@ -28,18 +31,22 @@ _RESERVED_FDS = 256  # the store, log files, trajectories, an evaluator's socket
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """How long a request may take to send its headers and its body, and how many connections a listener holds
-    (``None``: an equal share of the open-files limit, less what the rest of the process needs)."""
+    """How long a request may take to send its headers and its body, how many bytes its request line and headers
+    may take, and how many connections a listener holds (``None``: an equal share of the open-files limit, less
+    what the rest of the process needs)."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int | None = None
+    max_header_bytes: int = 64 << 10
 
     def __post_init__(self) -> None:
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("the header and body timeouts must be positive")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        if self.max_header_bytes < 1024:
+            raise ValueError("max_header_bytes must be at least 1024")
 
     def cap(self, listeners: int) -> int:
         """The connections each of ``listeners`` listeners may hold at once."""
@@ -49,6 +56,11 @@ class ConnectionLimits:
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
         return max(16, (soft - _RESERVED_FDS) // max(1, listeners))
+
+    def burst(self, cap: int) -> int:
+        """How many connections a listener with ``cap`` accepts at once (its backlog): a connection over the cap
+        is closed only once the loop comes round to it, so a flood holds the cap and about two bursts at worst."""
+        return max(16, cap // 4)
 
 
 class _Closures:
@@ -87,6 +99,8 @@ class _GuardedProtocol(HttpToolsProtocol):
     cap: ClassVar[int]
     closures: ClassVar[_Closures]
     _deadline: TimerHandle | None = None
+    #: bytes received since the current request began, while its headers have not ended (``None``: they have)
+    _head_bytes: int | None = 0
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
         over = len(self.connections) >= self.cap
@@ -97,12 +111,35 @@ class _GuardedProtocol(HttpToolsProtocol):
             return
         self._arm(self.limits.header_timeout_s, "request line and headers")
 
+    def data_received(self, data: bytes) -> None:
+        counting = self._head_bytes is not None
+        if counting:
+            self._head_bytes = (self._head_bytes or 0) + len(data)
+        super().data_received(data)
+        # counted by whole reads, checked once the parser has had them: a read that ends the headers and
+        # carries a body is no header too large, and memory grows by one read past the cap at most
+        if counting and self._head_bytes is not None and self._head_bytes > self.limits.max_header_bytes:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        self._head_bytes = None
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        self.closures.note(f"request line and headers over {self.limits.max_header_bytes} bytes", self.loop)
+        body = (b'{"error": {"code": "headers_too_large", "message": "the request line and headers are over '
+                + str(self.limits.max_header_bytes).encode() + b' bytes"}}')
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        self.transport.close()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._deadline is None:  # a request after the first on a kept-alive connection
             self._arm(self.limits.header_timeout_s, "request line and headers")
 
     def on_headers_complete(self) -> None:
+        self._head_bytes = None
         self._disarm()
         super().on_headers_complete()
         # cancelled at once by on_message_complete when there is no body (a GET)
@@ -110,6 +147,7 @@ class _GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._head_bytes = 0  # the next request on a kept-alive connection
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -115,14 +115,22 @@ def _tls(listen: Listen) -> dict[str, Any]:
             "ssl_ca_certs": str(listen.tls.ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
 
 
+def _listeners(listen: Listen) -> int:
+    return (listen.socket_path is not None) + (listen.tcp_host is not None)
+
+
 def _servers(app: ASGIApp, listen: Listen, log_level: str,
              sockets: tuple[socket.socket | None, socket.socket | None] | None = None,
-             limits: ConnectionLimits | None = None) -> list[_Server]:
-    """One uvicorn server per address; with ``sockets`` (Unix, TCP) they serve those instead of binding."""
+             limits: ConnectionLimits | None = None, listeners: int | None = None) -> list[_Server]:
+    """One uvicorn server per address; with ``sockets`` (Unix, TCP) they serve those instead of binding.
+    ``listeners``: how many listeners of this process share the open-files limit (``listen``'s by default)."""
     check_listen(listen)
     common = _common(log_level)
     limits = limits or ConnectionLimits()
-    cap = limits.cap(listeners=(listen.socket_path is not None) + (listen.tcp_host is not None))
+    cap = limits.cap(listeners=listeners or _listeners(listen))
+    # asyncio accepts up to the backlog at once, and a connection over the cap holds its descriptor until the
+    # loop comes round to close it: a burst no larger than a share of the cap keeps a flood within the limit
+    common["backlog"] = min(common["backlog"], limits.burst(cap))
     servers = []
     if listen.socket_path is not None:
         if sockets is None:
@@ -319,13 +327,17 @@ class BackgroundServer:
 
     ``also``: more addresses for the same app on the same loop (a run's plane serves its socket, a loopback
     dashboard and a TLS listener for nodes of other hosts at once); ``tcp_ports`` holds each one's bound port.
+    ``bound``: the Unix sockets of ``listen`` and then of each of ``also``, bound and listening already (a
+    connection made before the thread starts waits in the backlog; ``None`` for one to bind here).
     """
 
     def __init__(self, app: ASGIApp, listen: Listen, *, log_level: str = "warning",
-                 limits: ConnectionLimits | None = None, also: tuple[Listen, ...] = ()) -> None:
+                 limits: ConnectionLimits | None = None, also: tuple[Listen, ...] = (),
+                 bound: tuple[socket.socket | None, ...] = ()) -> None:
         self._app = app
         self.listen = listen
         self.also = also
+        self._bound = bound
         self._log_level = log_level
         self._limits = limits
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -351,10 +363,16 @@ class BackgroundServer:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        main = _servers(self._app, self.listen, self._log_level, limits=self._limits)
-        extra = [_servers(self._app, listen, self._log_level, limits=self._limits) for listen in self.also]
+        bound = [*self._bound, *[None] * (1 + len(self.also) - len(self._bound))]
+        # every address shares this process's open files: each listener gets its share of all of them
+        listeners = sum(_listeners(listen) for listen in (self.listen, *self.also))
+        main = _servers(self._app, self.listen, self._log_level, limits=self._limits, listeners=listeners,
+                        sockets=None if bound[0] is None else (bound[0], None))
+        extra = [_servers(self._app, listen, self._log_level, limits=self._limits, listeners=listeners,
+                          sockets=None if unix is None else (unix, None))
+                 for listen, unix in zip(self.also, bound[1:], strict=True)]
         self._servers = main + [server for servers in extra for server in servers]
-        tasks = [asyncio.create_task(server.serve()) for server in self._servers]
+        tasks = [asyncio.create_task(server.serve(sockets=server.bound)) for server in self._servers]
         while not all(server.started for server in self._servers):
             if any(t.done() for t in tasks):
                 await asyncio.gather(*tasks)
