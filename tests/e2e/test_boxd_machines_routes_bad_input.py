@@ -3,8 +3,10 @@ HTTP on the real socket of a Boxd client's embedded plane, with a coordinator's 
 
 Found from outside: a 400-digit integer timeout on ``/exec`` and ``/wait`` (``OverflowError``, a 500), a 10 MiB
 argv (``exec failed: Broken pipe``, a 500), and a download of a missing file, a folder or ``/proc/self/mem`` (a
-500 ``sandbox_error``). The property test sends every route bodies and paths of every shape and checks that no
-answer is a 5xx and that a refused request leaves the client's machines and snapshots as they were.
+500 ``sandbox_error``); after ``kill -9 2`` inside a machine (its init), every route on it answered 500 "not
+reachable: Connection refused" and a fork named a host pid and path, while get said ``running``. The property
+test sends every route bodies and paths of every shape and checks that no answer is a 5xx and that a refused
+request leaves the client's machines and snapshots as they were.
 """
 
 from __future__ import annotations
@@ -248,3 +250,28 @@ def test_no_machines_route_answers_5xx_and_a_refusal_changes_nothing(
     assert answer.status_code < 500, (method, path, body, raw, answer.text[:2000])
     if answer.status_code >= 400:
         assert fresh_world.state() == before, (method, path, body, answer.text[:500])
+
+
+def test_a_machine_whose_init_was_killed_from_inside_is_failed_409_on_every_route_and_deletes(
+        fresh_world: World) -> None:
+    # the init runs as the same user as the commands, so a command may kill it
+    answers = {"kill": fresh_world.call("POST", "/v1/machines/kid/exec", {"command": "kill -9 2", "timeout": 60})}
+    for route, body in (("exec", {"command": "true"}), ("download", {"path": "file.txt"}),
+                        ("upload", {"path": "x", "data_b64": "aGk="}), ("fork", {"new_name": "copy"}),
+                        ("wait", {"timeout": 5})):
+        answers[route] = fresh_world.call("POST", f"/v1/machines/kid/{route}", body)
+    root = fresh_world.boxd._sync.backend.root
+    for route, answer in answers.items():
+        error = answer.json()["error"]
+        assert (route, answer.status_code, error["code"]) == (route, 409, "machine_not_running"), answer.text[:2000]
+        # no host path, host pid or errno text: the machine's id and what is left to do
+        assert "/" not in error["message"] and str(root) not in answer.text, answer.text[:2000]
+        assert error["machine_id"] == fresh_world.kid
+    seen = fresh_world.call("GET", "/v1/machines/kid")
+    assert seen.status_code == 200 and seen.json()["status"] == "failed", seen.text
+    assert fresh_world.boxd.machines.get("boss.kid").status == "failed"
+    assert fresh_world.call("GET", "/v1/machines").json()[0]["status"] == "failed"
+    assert fresh_world.call("DELETE", "/v1/machines/kid").status_code == 200
+    assert fresh_world.call("GET", "/v1/machines/kid").status_code == 404
+    assert sorted(m.name for m in fresh_world.boxd.machines.list()) == ["boss", "private"]
+    assert not (root / "m" / fresh_world.kid).exists()  # its folder went with it

@@ -26,7 +26,14 @@ from swarmyard.boxd._models import ExecResult, Machine, MachineSource, PauseResu
 from swarmyard.boxd._plane import Login, Plane, open_plane
 from swarmyard.boxd._remote import RemoteMachines
 from swarmyard.boxd._spawn import Spawners, routes
-from swarmyard.errors import ConflictError, InvalidInputError, NotFoundError, OutOfResourcesError, UserError
+from swarmyard.errors import (
+    ConflictError,
+    InvalidInputError,
+    MachineNotRunningError,
+    NotFoundError,
+    OutOfResourcesError,
+    UserError,
+)
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
 from swarmyard.machines.api import MAX_TIMEOUT_S, Machines, check_timeout
@@ -209,6 +216,9 @@ class MachinesResource:
         info = self._info(machine)
         if info.id in self._paused:
             raise ConflictError(f"machine {info.name} is paused: resume it first")
+        if info.state is MachineState.FAILED:  # its init ended: nothing runs in it any more
+            raise MachineNotRunningError(f"machine {info.name} is not running: its init has ended (a process in it "
+                                         "may kill it); only a delete is left to do", machine_id=info.id)
         kept = self._kept[info.id]
         with kept.lock:
             if not kept.provisioned:

@@ -29,6 +29,8 @@ from typing import Any
 import swarmyard
 from swarmyard.errors import (
     InsecureRootError,
+    MachineNotRunningError,
+    MachineRefusedError,
     NotFoundError,
     SandboxError,
     SandboxUnavailableError,
@@ -171,6 +173,11 @@ def _walk_root(path: Path, fix: str) -> tuple[Path, list[str]]:
             todo = [*target.parts[1:], *todo]
         else:
             todo = [*target.parts, *todo]
+
+
+def _not_running(machine_id: str) -> MachineNotRunningError:
+    return MachineNotRunningError(f"machine {machine_id} is not running: its init has ended (a process in it may "
+                                  "kill it); only a delete is left to do", machine_id=machine_id)
 
 
 def init_argv(python: str, config: Mapping[str, Any]) -> list[str]:
@@ -445,6 +452,13 @@ class SupervisedBackend:
     def fork(self, source_id: str, spec: MachineSpec) -> MachineInfo:
         """Start a machine on a copy-on-write snapshot of ``source_id``'s disk."""
         source = self._get(source_id)
+        if self._gone(source):
+            raise _not_running(source_id)
+        with self._on_init(source):
+            return self._fork(source, spec)
+
+    def _fork(self, source: Machine, spec: MachineSpec) -> MachineInfo:
+        source_id = source.info.id
         layer_id = new_id("layer")
         layer = self.root / "layers" / layer_id
         through = Path("/")
@@ -587,8 +601,10 @@ class SupervisedBackend:
         """Block until the init has reported ready (or failed)."""
         machine = self._get(machine_id)
         with machine.lock:
-            if machine.info.state is MachineState.READY:
+            if machine.info.state is MachineState.READY and not self._gone(machine):
                 return machine.info
+            if machine.info.state is MachineState.FAILED:
+                raise _not_running(machine_id)
             if machine.info.state is not MachineState.BOOTING or machine.ready_fd is None:
                 raise SandboxError(f"machine {machine_id} is {machine.info.state}", machine_id=machine_id)
             # poll, not select: a host process with hundreds of machines holds descriptors past select's 1024
@@ -650,6 +666,35 @@ class SupervisedBackend:
         self.wait_until_ready(machine_id, BOOT_TIMEOUT_S)
         return self._get(machine_id)
 
+    def _gone(self, machine: Machine, wait_s: float = 0.0) -> bool:
+        """Whether a machine that was ready has lost its init (a process inside may kill it: it runs as the same
+        user as the commands): its sandbox process has exited, or does within ``wait_s``. It is then ``failed``."""
+        if machine.info.state is MachineState.FAILED:
+            return True
+        if machine.info.state is not MachineState.READY or machine.proc is None:
+            return False
+        try:
+            machine.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        machine.move(MachineState.FAILED)
+        log.warning("machine %s: its init is gone (exit status %s)", machine.info.id, machine.proc.returncode)
+        return True
+
+    @contextlib.contextmanager
+    def _on_init(self, machine: Machine) -> Iterator[None]:
+        """Around a call that reaches the machine's init: a failure that its init's end explains is said as such
+        (a 409 with no host path or pid in it), not as a broken connection or a copy that found nothing."""
+        try:
+            yield
+        except MachineRefusedError:
+            raise
+        except SandboxError as exc:
+            # the init's socket refuses before the sandbox process has exited: give it a moment to
+            if self._gone(machine, wait_s=5.0):
+                raise _not_running(machine.info.id) from exc
+            raise
+
     def exec(
         self,
         machine_id: str,
@@ -661,7 +706,9 @@ class SupervisedBackend:
         stdin: bytes | None,
     ) -> ExecResult:
         """Run a command in the machine."""
-        return self._ready(machine_id).client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
+        machine = self._ready(machine_id)
+        with self._on_init(machine):
+            return machine.client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
 
     def stream_exec(
         self,
@@ -680,11 +727,15 @@ class SupervisedBackend:
 
     def upload(self, machine_id: str, path: str, data: bytes, mode: int) -> None:
         """Write a file inside the machine, as the machine."""
-        self._ready(machine_id).client.upload(path, data, mode)
+        machine = self._ready(machine_id)
+        with self._on_init(machine):
+            machine.client.upload(path, data, mode)
 
     def download(self, machine_id: str, path: str) -> bytes:
         """Read a file from inside the machine, as the machine."""
-        return self._ready(machine_id).client.download(path)
+        machine = self._ready(machine_id)
+        with self._on_init(machine):
+            return machine.client.download(path)
 
     def delete(self, machine_id: str) -> None:
         """Kill everything the machine runs, then remove its cgroups, mounts and disk."""
@@ -694,9 +745,12 @@ class SupervisedBackend:
         self._teardown(machine)
 
     def list(self) -> list[MachineInfo]:
-        """Every live machine of this backend."""
+        """Every live machine of this backend (one whose init is gone as ``failed``)."""
         with self._lock:
-            return [m.info for m in self._machines.values()]
+            machines = list(self._machines.values())
+        for machine in machines:
+            self._gone(machine)
+        return [m.info for m in machines]
 
     def prepare_baseline(self, name: str, source: Path) -> Baseline:
         """Copy ``source`` once (reflinks where possible) into a read-only baseline named ``name``."""
