@@ -146,9 +146,9 @@ def evaluator_of_another_goal() -> Iterator[Path]:
 
 def test_an_artifact_the_evaluator_refuses_or_of_a_split_workers_may_not_score_renews_nothing(
         evaluator_of_another_goal: Path) -> None:
-    """submit_artifact stores before it asks the evaluator: a refusal of the evaluator's (here it answers for
-    another goal) or a split other than search (refused before anything is stored) must not renew the lease.
-    Replayed three times each, with every call renewing (--renew-interval-s 0)."""
+    """A refusal of the evaluator's (here it answers for another goal) or a split other than search refuses the
+    whole call: no lease renewed, no artifact stored, no event written. Replayed three times each, with every
+    call renewing (--renew-interval-s 0)."""
     with served_with_claim("--renew-interval-s", "0", "--lease-s", "600", "--evaluator-socket",
                            str(evaluator_of_another_goal / "eval.sock")) as s:
         data = base64.b64encode(b"print(1)\n").decode()
@@ -166,8 +166,10 @@ def test_an_artifact_the_evaluator_refuses_or_of_a_split_workers_may_not_score_r
                     s, data_base64=data, media_type="text/x-python"))
                 assert refused.status_code == 403, refused.text
                 assert _lease(s) == lease, "an artifact the evaluator refused renewed the lease"
-            kinds = [kind for _, kind in _events(s)[len(events):]]
-            assert "task.renewed" not in kinds, kinds
+            # nothing of it is kept: no artifact row, no artifact.submitted (its replays would fill the quota)
+            assert _events(s) == events, [kind for _, kind in _events(s)[len(events):]]
+            with sqlite3.connect(f"file:{s.store}?mode=ro", uri=True) as db:
+                assert db.execute("SELECT count(*) FROM artifacts").fetchone()[0] == 0
             accepted = worker.post("/v1/tools/board_read", json=_fenced(s))
         assert accepted.status_code == 200, accepted.text
         assert _lease(s) > lease

@@ -295,50 +295,62 @@ class WorkerTools:
             findings=findings, cursor=findings[-1].id if findings else req.after, broadcasts=broadcasts,
             broadcast_cursor=broadcasts[-1].seq if broadcasts else req.broadcast_after)
 
-    def put_artifact(self, token: str, req: m.SubmitArtifactRequest, *, renew: bool = True) -> _Stored:
-        """Store the artifact; the app then asks the evaluator (an async call) for its score.
-
-        ``renew=False``: the call is not done yet (the evaluator may still refuse it), so the lease is renewed
-        only once the score is in (``submit_artifact``)."""
+    def _artifact_bytes(self, req: m.SubmitArtifactRequest) -> bytes:
+        """The artifact's bytes, or ``InvalidInputError`` before anything is checked or stored."""
         try:
             data = base64.b64decode(req.data_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidInputError("data_base64 is not valid base64", field="data_base64") from exc
-        if req.split != "search":  # before anything is stored: the holdout is the coordinator's, once per goal
+        if req.split != "search":  # the holdout is the coordinator's, answered once per goal
             raise InvalidInputError(f"split {req.split!r} cannot be scored by a worker; only 'search' (the "
                                     "holdout is answered once per goal, to the run)", field="split")
+        return data
+
+    def put_artifact(self, token: str, req: m.SubmitArtifactRequest) -> _Stored:
+        """Store the artifact (no evaluator: the whole call)."""
+        data = self._artifact_bytes(req)
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
                                             media_type=req.media_type)
-        if renew:
-            self._renew_after(req.task_id, req.fencing_token, wrote=True)
+        self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return who, data, m.ArtifactResult.model_construct(artifact=artifact, score=None)
 
     async def submit_artifact(self, token: str, req: m.SubmitArtifactRequest,
                               offload: Offload) -> m.ArtifactResult:
-        """Store the artifact and, with an evaluator, return its signed score."""
+        """Store the artifact and, with an evaluator, return its signed score.
+
+        With an evaluator the score comes first: the claim is checked (no write), the evaluator is asked, and
+        only a scored artifact is stored, with its score and the lease's renewal. An artifact the evaluator
+        refuses (another goal's evaluator, a bundle that cannot score it) leaves no row, no event and no lease
+        moved; a claim lost while it was scored refuses the store's write as any other stale write."""
         evaluator = self._evaluator
-        who, data, result = await offload(lambda: self.put_artifact(token, req, renew=evaluator is None))
         if evaluator is None:
-            return result
-        # A refusal of the evaluator's (a split it does not score, another goal's evaluator) refuses the call:
-        # the stored artifact stays, but the lease is renewed only below, once the score is in.
+            return (await offload(lambda: self.put_artifact(token, req)))[2]
+
+        def checked() -> tuple[WorkerIdentity, bytes]:
+            data = self._artifact_bytes(req)
+            return self._fenced(token, req.task_id, req.fencing_token), data
+
+        who, data = await offload(checked)
         score = jsonable(await evaluator.score(who.goal_id, data, req.split))
 
-        def record() -> m.DirectionMove | None:
+        def record() -> tuple[m.ArtifactResult, m.DirectionMove | None]:
+            artifact = self._store.put_artifact(req.task_id, req.fencing_token, data, author=who.worker_id,
+                                                media_type=req.media_type)
             self._renew_after(req.task_id, req.fencing_token, wrote=True)
             # A signed score is a state change of the run: it goes into the audit log like every other.
             self._store.record_event("score.issued", {"goal": who.goal_id, "task": req.task_id,
                                                       "worker": who.worker_id, "score": score})
+            stored = m.ArtifactResult.model_construct(artifact=artifact, score=score)
             value = score.get("score") if isinstance(score, dict) else None
             if isinstance(value, bool) or not isinstance(value, int):
-                return None
-            self._store.record_score(who.goal_id, result.artifact.sha256, value, split=req.split,
+                return stored, None
+            self._store.record_score(who.goal_id, artifact.sha256, value, split=req.split,
                                      task_id=req.task_id, worker_id=who.worker_id)
-            return self._explore_move(who, req.task_id, req.fencing_token) if req.split == "search" else None
+            return stored, self._explore_move(who, req.task_id, req.fencing_token)
 
-        move = await offload(record)
-        return m.ArtifactResult.model_construct(artifact=result.artifact, score=score, direction=move)
+        stored, move = await offload(record)
+        return m.ArtifactResult.model_construct(artifact=stored.artifact, score=score, direction=move)
 
     def _explore_move(self, who: WorkerIdentity, task_id: str, fencing_token: int) -> m.DirectionMove | None:
         """Under ``explore``: stay, switch or adopt after a scored attempt, taking the new direction for the
