@@ -39,7 +39,9 @@
     ├── SandboxError                    a machine could not be made, run or torn down as asked
     │   ├── SandboxUnavailableError     the host lacks what the requested isolation needs (with an install hint)
     │   ├── MachineNotRunningError (409) the machine's init is gone (killed from inside): only delete (``machine_id``)
+    │   ├── MachineNotRespondingError (409) the machine's init is stopped or did not answer in time (``machine_id``)
     │   ├── OutOfResourcesError (503)   this process ran out of open files or memory for a machine call; retryable
+    │   ├── MachinesBusyError (503)     the machine calls' bodies in memory are at their budget; retryable
     │   └── MachineRefusedError (400)   the machine refused what was asked of it: a file that is no regular file it may
     │                                   read, a command it cannot run (``field``, ``errno``)
     ├── ProviderError (502)             a model provider failed; ``retryable`` says whether a retry may help
@@ -599,6 +601,32 @@ class MachineNotRunningError(SandboxError):
     def __init__(self, message: str, *, machine_id: str) -> None:
         super().__init__(message, machine_id=machine_id)
         self.machine_id = machine_id
+
+
+class MachineNotRespondingError(SandboxError):
+    """A machine whose init does not answer: a process inside stopped it (``kill -STOP``), or it did not answer a
+    call within the call's bound. Nothing was done; a delete still works. Not retryable: a stopped init stays
+    stopped until something continues it."""
+
+    code = "machine_not_responding"
+    status = 409
+
+    def __init__(self, message: str, *, machine_id: str) -> None:
+        super().__init__(message, machine_id=machine_id)
+        self.machine_id = machine_id
+
+
+class MachinesBusyError(SandboxError):
+    """The request bodies the machines routes hold in memory at once are at their budget: this one was refused
+    unread. Retryable once the others are answered."""
+
+    code = "machines_busy"
+    status = 503
+    retryable = True
+
+    def __init__(self, message: str, *, budget_bytes: int) -> None:
+        super().__init__(message, budget_bytes=budget_bytes)
+        self.budget_bytes = budget_bytes
 
 
 class OutOfResourcesError(SandboxError):

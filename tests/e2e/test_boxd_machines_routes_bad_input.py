@@ -275,3 +275,26 @@ def test_a_machine_whose_init_was_killed_from_inside_is_failed_409_on_every_rout
     assert fresh_world.call("GET", "/v1/machines/kid").status_code == 404
     assert sorted(m.name for m in fresh_world.boxd.machines.list()) == ["boss", "private"]
     assert not (root / "m" / fresh_world.kid).exists()  # its folder went with it
+
+
+def test_a_machine_whose_init_was_stopped_from_inside_is_409_not_responding_on_every_route_and_deletes(
+        fresh_world: World) -> None:
+    # a command may stop the init as it may kill it: the init then takes requests and never answers them (an upload
+    # or download was a bare 500 after 60 s, an exec with no timeout never answered)
+    stopped = fresh_world.call("POST", "/v1/machines/kid/exec", {"command": "kill -STOP 2", "timeout": 1})
+    assert stopped.status_code == 200, stopped.text  # its exit status never comes back: it times out
+    answers = {}
+    for route, body in (("exec", {"command": "true"}), ("download", {"path": "file.txt"}),
+                        ("upload", {"path": "x", "data_b64": "aGk="}), ("fork", {"new_name": "copy"})):
+        answers[route] = fresh_world.call("POST", f"/v1/machines/kid/{route}", body)
+    root = fresh_world.boxd._sync.backend.root
+    for route, answer in answers.items():
+        error = answer.json()["error"]
+        assert (route, answer.status_code, error["code"]) == (route, 409, "machine_not_responding"), answer.text
+        assert "/" not in error["message"] and str(root) not in answer.text, answer.text
+        assert error["machine_id"] == fresh_world.kid and error["retryable"] is False
+    assert fresh_world.call("GET", "/v1/machines/kid").status_code == 200
+    assert fresh_world.call("DELETE", "/v1/machines/kid").status_code == 200
+    assert fresh_world.call("GET", "/v1/machines/kid").status_code == 404
+    assert sorted(m.name for m in fresh_world.boxd.machines.list()) == ["boss", "private"]
+    assert not (root / "m" / fresh_world.kid).exists()

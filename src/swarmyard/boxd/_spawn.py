@@ -10,7 +10,9 @@ client runs. They are deleted with it. Snapshots the same way: it starts machine
 client made the snapshot ``coordinator.NAME``; the client's others, the host operator's and other clients' are
 ``not_found`` (see :mod:`swarmyard.machines.snapshots`). Every route answers bad input with a 4xx and changes
 nothing: numbers are range-checked before use, an exec request is bounded, and what the machine refuses (a file
-that is not a regular one it may read, a command it cannot run) is the caller's error. Inside it,
+that is not a regular one it may read, a command it cannot run) is the caller's error. The routes hold at most
+``MAX_BODIES_BYTES`` of request bodies at once, over all coordinators: a request past that is refused unread, 503
+``machines_busy`` (retryable), so concurrent uploads cannot grow the client's process without bound. Inside it,
 ``Boxd()`` finds ``SWARMYARD_BOXD_URL`` (the relay) and its token in its environment and needs no configuration.
 """
 
@@ -27,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -35,6 +37,7 @@ from swarmyard.errors import (
     ForbiddenError,
     InvalidInputError,
     InvalidTokenError,
+    MachinesBusyError,
     NotFoundError,
     SwarmyardError,
 )
@@ -46,6 +49,40 @@ if TYPE_CHECKING:
 
 #: The largest body a coordinator may send (an upload): 64 MiB.
 MAX_BODY_BYTES = 64 << 20
+#: The most request body bytes the machines routes of one client hold at once, over all its coordinators: a body is
+#: read whole, parsed and decoded (about three times its size in memory), so this bounds what concurrent uploads
+#: cost the client's process whatever their number. Past it a request is refused unread, 503 ``machines_busy``.
+MAX_BODIES_BYTES = 2 * MAX_BODY_BYTES
+
+
+class BodyBudget:
+    """The request body bytes held at once, up to ``budget_bytes``: a request takes its declared length (the
+    largest body when it is chunked and so declares none) before it is read and gives it back when it is answered."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, declared: str | None, *, chunked: bool) -> Iterator[None]:
+        """Hold room for a body declared ``declared`` bytes long (a request with neither a length nor a chunked
+        body has none) while the request is served; refuse it (raise ``MachinesBusyError``) when the others hold
+        too much."""
+        if declared is not None and declared.isdigit():
+            size = min(int(declared), MAX_BODY_BYTES)
+        else:
+            size = MAX_BODY_BYTES if chunked or declared is not None else 0
+        with self._lock:
+            if self._held + size > self.budget_bytes:
+                raise MachinesBusyError(f"the machines calls hold {self.budget_bytes} bytes of request bodies "
+                                        "already: retry when some are answered", budget_bytes=self.budget_bytes)
+            self._held += size
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held -= size
 
 
 def _machine_json(record: Any, prefix: str) -> dict[str, Any]:
@@ -209,19 +246,28 @@ class Spawners:
             return True
 
 
-def routes(client: Boxd, spawners: Spawners) -> list[Route]:
-    """The ``/v1/machines`` routes, each run in a worker thread (the calls block)."""
+def routes(client: Boxd, spawners: Spawners, body_budget_bytes: int = MAX_BODIES_BYTES) -> list[Route]:
+    """The ``/v1/machines`` routes, each run in a worker thread (the calls block), holding at most
+    ``body_budget_bytes`` of request bodies at once."""
+    budget = BodyBudget(body_budget_bytes)
 
     def handler(work: Callable[[Request, str, Any], Any]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
                 owner = spawners.owner(request)
-                raw = await read_limited(request.stream(), request.headers.get("content-length"), MAX_BODY_BYTES)
-                check_nesting(raw)  # before the parser, which a deep body overflows (a 500)
-                body = json.loads(raw) if raw else {}
-                if not isinstance(body, dict):
-                    raise InvalidInputError("the body must be a JSON object", field="body")
-                answer = await asyncio.to_thread(work, request, owner, body)
+                declared = request.headers.get("content-length")
+                chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+                with budget.hold(declared, chunked=chunked):
+                    raw = await read_limited(request.stream(), declared, MAX_BODY_BYTES)
+                    check_nesting(raw)  # before the parser, which a deep body overflows (a 500)
+                    body = json.loads(raw) if raw else {}
+                    del raw  # the parsed body is all that is kept while the machine works
+                    if not isinstance(body, dict):
+                        raise InvalidInputError("the body must be a JSON object", field="body")
+                    answer = await asyncio.to_thread(work, request, owner, body)
+            except MachinesBusyError as exc:
+                await _drain(request)  # so the sender, still sending, reads the answer and not a reset
+                return JSONResponse(exc.to_dict(), status_code=exc.status)
             except SwarmyardError as exc:
                 return JSONResponse(exc.to_dict(), status_code=exc.status)
             except (ValueError, TypeError) as exc:
@@ -314,6 +360,17 @@ def routes(client: Boxd, spawners: Spawners) -> list[Route]:
         Route(f"{at}/upload", handler(upload), methods=["POST"]),
         Route(f"{at}/download", handler(download), methods=["POST"]),
     ]
+
+
+async def _drain(request: Request) -> None:
+    """Read a refused request's body without keeping it, up to the largest body (past that the connection is
+    dropped when the answer is sent, as starlette does with a body left unread)."""
+    size = 0
+    with contextlib.suppress(ClientDisconnect):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return
 
 
 def _networks(own: Mapping[str, str], body: dict[str, Any]) -> list[str] | None:

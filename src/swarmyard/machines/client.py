@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -11,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from swarmyard.errors import (
+    MachineNotRespondingError,
     MachineRefusedError,
     NotFoundError,
     PayloadTooLargeError,
@@ -22,6 +24,8 @@ from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
 #: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.
 GRACE_S = 5.0
+#: How long a file transfer waits on the init between two steps before it says the machine is not responding.
+TRANSFER_TIMEOUT_S = 60.0
 #: The most a download brings back: the whole file is held in this process, and a machine decides what its
 #: files are (a symlink to ``/dev/zero`` never ends; the init refuses files that are not regular, this counts).
 MAX_DOWNLOAD_BYTES = 64 << 20
@@ -162,17 +166,28 @@ class InitClient:
 
     def upload(self, path: str, data: bytes, mode: int) -> None:
         """Write ``data`` to ``path`` inside the machine."""
-        with self._request(wire.encode_request("put", path=path, mode=mode)) as sock:
+        with self._answering(), self._request(wire.encode_request("put", path=path, mode=mode)) as sock:
             for start in range(0, len(data), wire.MAX_FRAME):
                 wire.send_frame(sock, b"d", data[start : start + wire.MAX_FRAME])
             wire.send_frame(sock, b"d", b"")
             self._finish(sock, "path")
 
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Around a file transfer: an init that does not answer within ``TRANSFER_TIMEOUT_S`` (a process in the
+        machine may stop it) is said as such, naming only the machine, not as a bare ``TimeoutError``."""
+        try:
+            yield
+        except TimeoutError as exc:
+            raise MachineNotRespondingError(
+                f"machine {self.machine_id} did not answer within {TRANSFER_TIMEOUT_S:.0f} s: its init is stopped "
+                "or stuck; a delete still works", machine_id=self.machine_id) from exc
+
     def download(self, path: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> bytes:
         """Read ``path`` from inside the machine; more than ``max_bytes`` raises ``PayloadTooLargeError``."""
         chunks: list[bytes] = []
         size = 0
-        with self._request(wire.encode_request("get", path=path)) as sock:
+        with self._answering(), self._request(wire.encode_request("get", path=path)) as sock:
             while True:
                 frame = wire.recv_frame(sock)
                 if frame is None:
@@ -189,7 +204,7 @@ class InitClient:
                 raise self._error(frame[1], "path", path)
 
     def _request(self, request: bytes) -> socket.socket:
-        sock = self._connect(60.0)
+        sock = self._connect(TRANSFER_TIMEOUT_S)
         wire.send_frame(sock, b"q", request)
         return sock
 

@@ -29,6 +29,7 @@ from typing import Any
 import swarmyard
 from swarmyard.errors import (
     InsecureRootError,
+    MachineNotRespondingError,
     MachineNotRunningError,
     MachineRefusedError,
     NotFoundError,
@@ -681,13 +682,23 @@ class SupervisedBackend:
         log.warning("machine %s: its init is gone (exit status %s)", machine.info.id, machine.proc.returncode)
         return True
 
+    def _check_answering(self, machine: Machine) -> None:
+        """Refuse at once a call to a machine whose init a process inside has stopped (``kill -STOP``): the init
+        would take the request and never answer it (an exec with no timeout would wait for ever)."""
+        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
+        if inner is not None and _init_stopped(inner):
+            raise MachineNotRespondingError(f"machine {machine.info.id} is not responding: its init is stopped (a "
+                                            "process in it may stop it); a delete still works",
+                                            machine_id=machine.info.id)
+
     @contextlib.contextmanager
     def _on_init(self, machine: Machine) -> Iterator[None]:
         """Around a call that reaches the machine's init: a failure that its init's end explains is said as such
         (a 409 with no host path or pid in it), not as a broken connection or a copy that found nothing."""
+        self._check_answering(machine)
         try:
             yield
-        except MachineRefusedError:
+        except (MachineRefusedError, MachineNotRespondingError):
             raise
         except SandboxError as exc:
             # the init's socket refuses before the sandbox process has exited: give it a moment to
@@ -721,7 +732,9 @@ class SupervisedBackend:
         stdin: bytes | None,
     ) -> Iterator[ExecEvent]:
         """Run a command, yielding its output as it comes."""
-        return self._ready(machine_id).client.stream_exec(
+        machine = self._ready(machine_id)
+        self._check_answering(machine)
+        return machine.client.stream_exec(
             argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin
         )
 
@@ -929,6 +942,24 @@ def _inside(pid: int, namespace: str = "mnt") -> int | None:
             continue  # ended while we looked
         todo += [int(child) for child in children]
     return None
+
+
+def _init_stopped(inner: int) -> bool:
+    """Whether the sandbox's pid 1 (``inner``) or the init (its child that is pid 2 in the machine's namespace) is
+    stopped (state ``T`` or ``t``). Other children of pid 1 are orphans it reaped: theirs is not the init's state."""
+    try:
+        children = Path(f"/proc/{inner}/task/{inner}/children").read_text().split()
+    except OSError:
+        return False  # ended while we looked: the exit is seen elsewhere
+    for pid in (inner, *map(int, children)):
+        try:
+            status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        if status.get("NSpid", "").split()[-1:] in (["1"], ["2"]) and status.get("State", "")[:1] in ("T", "t"):
+            return True
+    return False
 
 
 def _tree(pid: int) -> list[int]:
