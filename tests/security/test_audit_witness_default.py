@@ -265,3 +265,35 @@ def test_a_run_folder_holding_another_runs_files_fails_verify(home: Path) -> Non
     assert sy(home, "audit", "verify", str(other)).returncode == 0
     named = sy(home, "audit", "verify", str(first), "--origin", f"swarmyard.local/{other.name}")
     assert named.returncode == 0 and named.stdout.startswith(f"OK swarmyard.local/{other.name} "), named.stdout
+
+
+def test_a_run_folder_swapped_for_a_symlink_to_another_run_fails_verify_by_path_and_by_id(home: Path) -> None:
+    """Run A's folder replaced by a symlink to run B's: the name the caller gave (the path as typed, or the run id)
+    fixes the origin, so the link is refused, not checked as B; a run kept under its own name elsewhere and linked
+    from its old place still verifies."""
+    first = _run(home)
+    second = sy(home, "run", str(home / "conf" / "swarm.toml"), "--quiet")
+    assert second.returncode == 0, second.stderr[-3000:]
+    [other] = [p for p in (home / "runs").iterdir() if p != first]
+    shutil.rmtree(first)
+    first.symlink_to(other.name)
+    refused = (f"is a symlink to a folder named {other.name!r}, not {first.name!r}: the run folder's name fixes the "
+               f"log it must hold (swarmyard.local/{first.name})")
+    for given in (str(first), first.name, f"runs/{first.name}/"):
+        done = sy(home, "audit", "verify", given)
+        _bad(done, "origin 0: ")
+        assert refused in done.stdout, done.stdout
+    as_json = json.loads(sy(home, "audit", "verify", first.name, "--json").stdout)
+    assert (as_json["ok"], as_json["what"]) == (False, "origin"), as_json
+    # B verifies where it is, and as what it is when the caller names it
+    assert sy(home, "audit", "verify", str(other)).returncode == 0
+    named = sy(home, "audit", "verify", str(first), "--origin", f"swarmyard.local/{other.name}")
+    assert named.returncode == 0 and named.stdout.startswith(f"OK swarmyard.local/{other.name} "), named.stdout
+    # a run moved elsewhere under its own name, linked from where it was, is still itself
+    archive = home / "archive"
+    archive.mkdir()
+    other.rename(archive / other.name)
+    other.symlink_to(archive / other.name)
+    for given in (str(other), other.name):
+        kept = sy(home, "audit", "verify", given)
+        assert kept.returncode == 0 and kept.stdout.startswith(f"OK swarmyard.local/{other.name} "), kept.stdout

@@ -5,6 +5,7 @@ default (what ``swarmyard run`` starts), else the witness, its checkpoint or a s
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -96,14 +97,30 @@ def _from_home(given: Path | None, origin: str) -> tuple[WitnessHome | None, str
 
 
 def _expected_origin(folder: Path, audit_dir: Path, given: str | None) -> str:
-    """The origin the log in this folder must have: given, else fixed by the folder (a run's id is its folder's
-    name; a serve's log is named after its folder's path), never read from the folder's own files, which whoever
-    holds the store can rewrite along with a fresh key."""
+    """The origin the log in this folder must have: given, else fixed by the folder (a run's id is the name the
+    caller gave its folder by; a serve's log is named after its folder's path), never read from the folder's own
+    files, which whoever holds the store can rewrite along with a fresh key."""
     from swarmyard.audit.log import run_origin, serve_origin
 
     if given is not None:
         return given
-    return serve_origin(audit_dir) if audit_dir == folder else run_origin(folder.resolve().name)
+    if audit_dir == folder:
+        return serve_origin(audit_dir)
+    # the name as given (made absolute without following links: "." names the folder one is in), not the
+    # resolved one: run A's folder swapped for a symlink to run B's would otherwise be checked as B, and pass
+    return run_origin(Path(os.path.abspath(folder)).name)
+
+
+def _symlinked_elsewhere(folder: Path) -> str | None:
+    """Why ``folder`` cannot be verified under its own name: its last component is a symlink to a folder of
+    another name (a run's id is its folder's name, so such a link stands one run in for another), else ``None``."""
+    given = Path(os.path.abspath(folder))
+    if not given.is_symlink():
+        return None
+    target = given.resolve()
+    if target.name == given.name:
+        return None  # a run kept elsewhere under its own name (an archive's), linked from where it was
+    return f"{folder} is a symlink to a folder named {target.name!r}, not {given.name!r}"
 
 
 def _describe(log_pinned: bool, witnessed: bool, witness_key: bool, fresh_size: int | None) -> str:
@@ -194,6 +211,10 @@ def verify(
             raise UserError(f"{run}: no store.db; give --store URL")
         store_url = f"sqlite:///{(folder / 'store.db').resolve()}"
     origin = _expected_origin(folder, audit_dir, origin_given)
+    swapped = _symlinked_elsewhere(folder) if origin_given is None and audit_dir != folder else None
+    if swapped is not None:
+        raise _bad(LogMismatchError("origin", 0, f"{swapped}: the run folder's name fixes the log it must hold "
+                                                 f"({origin}); give the folder itself, or --origin"), as_json)
     named = _origin(audit_dir, pinned_log)
     if named != origin:
         raise _bad(LogMismatchError("origin", 0, f"the log is {named!r}, not {origin!r}, which this folder must "
