@@ -1,7 +1,8 @@
 """Started as root, ``swarmyard serve`` hands the SQLite store and its ``blobs/`` tree to the plane's user before
 dropping to it; the plane's user already owns that tree (it wrote it on an earlier start), so it may swap any folder
-in it for a symlink while root walks it. The hand-over must then change nothing outside the tree: not the witness's
-key, whose folder a swapped symlink points to.
+in it for a symlink while root walks it, or hard-link into it any file it can read and write. The hand-over must
+then change nothing outside the tree: not the witness's key, whose folder a swapped symlink points to, nor a file
+of root's linked in.
 
 The swap is what a racing process of the plane's user does; here it is made deterministic by a hook on the standard
 library's walkers (``os.fwalk``, ``pathlib.Path.rglob``, whichever the hand-over lists the tree with), which swaps
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serving import child_env, serve, stop
 
 from swarmyard.identity import PLANE_USER, WITNESS_USER, ensure_system_user
 
@@ -100,3 +102,37 @@ def test_a_folder_of_blobs_swapped_for_a_symlink_during_the_hand_over_hands_over
         assert path.stat().st_uid == plane.uid, path
     blob = subprocess.run(["/bin/cat", str(store / "blobs" / "ab" / "blob")], **as_plane)  # type: ignore[call-overload]
     assert blob.returncode == 0 and blob.stdout == "x", blob
+
+
+def test_a_file_outside_the_store_hard_linked_into_it_keeps_its_owner_when_serve_starts_as_root(folder: Path) -> None:
+    """The plane's user links a file of root's it may read and write (0666, outside the store) into ``blobs/``;
+    the next ``swarmyard serve`` started as root leaves it root's, says so, hands over what root made in the store
+    and serves as the plane's user."""
+    plane = ensure_system_user(PLANE_USER)
+    store = folder / "plane"
+    store.mkdir()
+    os.chown(store, plane.uid, plane.gid)
+    url = f"sqlite:///{store / 'store.db'}"
+    stop(serve(folder, store=url))  # the first start as root: the store is made, and the plane's
+    assert (store / "store.db").stat().st_uid == plane.uid
+
+    victim = folder / "victim"
+    victim.write_text("outside\n")
+    victim.chmod(0o666)
+    as_plane = {"user": plane.uid, "group": plane.gid, "extra_groups": [], "capture_output": True, "text": True,
+                "timeout": 30}
+    linked = subprocess.run(["/bin/sh", "-c", f"mkdir -p {store}/blobs/ab && ln {victim} {store}/blobs/ab/hl"],
+                            **as_plane)  # type: ignore[call-overload]
+    assert linked.returncode == 0, linked.stderr
+    assert (store / "blobs" / "ab" / "hl").stat().st_ino == victim.stat().st_ino
+    (store / "blobs" / "cd").mkdir()
+    (store / "blobs" / "cd" / "blob").write_text("x")  # root's, one link: handed over as before
+
+    proc = serve(folder, store=url, env=child_env())
+    stop(proc)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert f"serving as {PLANE_USER} (uid {plane.uid})" in stderr, stderr
+    assert f"{store / 'blobs' / 'ab' / 'hl'} has 2 links" in stderr, stderr
+    assert (victim.stat().st_uid, victim.stat().st_gid, victim.read_text()) == (0, 0, "outside\n")
+    for path in (store / "blobs" / "cd", store / "blobs" / "cd" / "blob"):
+        assert path.stat().st_uid == plane.uid, path

@@ -108,6 +108,8 @@ def hand_over(runner: Identity, sqlite_file: Path | None) -> None:
     symlink while this runs (as root): a walk by path would then follow it and hand over whatever it points to
     (the witness's key). So the folder is opened once, everything is named relative to an open folder and never
     followed (``os.fwalk`` opens each folder and checks it is the one it listed), and each is changed in place.
+    It may also hard-link any file it can read and write into them: a file is changed only through an open
+    descriptor that shows it has one link, so a file of another's outside the store is left as it is.
     """
     if sqlite_file is None:
         return
@@ -117,38 +119,65 @@ def hand_over(runner: Identity, sqlite_file: Path | None) -> None:
         return
     try:
         for name in (sqlite_file.name, sqlite_file.name + "-wal", sqlite_file.name + "-shm"):
-            _give(runner, name, folder)
-        chown_tree(runner, "blobs", folder)
+            _give(runner, name, folder, sqlite_file.parent)
+        chown_tree(runner, "blobs", folder, sqlite_file.parent)
     finally:
         os.close(folder)
 
 
-def _give(runner: Identity, name: str, folder: int) -> None:
-    """``name`` in the open ``folder`` to ``runner``, unless it is missing, a symlink or already the runner's."""
+#: How a file is opened to be handed over: never through a symlink, never blocking (a FIFO put in its place),
+#: never becoming a terminal's.
+_OPEN_TO_GIVE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _give(runner: Identity, name: str, folder: int, where: Path) -> None:
+    """The regular file ``name`` in the open ``folder`` (``where``, for the log) to ``runner``, unless it is
+    missing, not a regular file (a symlink, a FIFO: root makes none in the store, and the plane needs none of
+    them to be its own), already the runner's, or linked from elsewhere too.
+
+    A file with more than one link is also a file outside the store (or may be): the plane's user can hard-link
+    into the store any file it can read and write, and changing its owner would hand it that file for good. The
+    link count is read on the descriptor that is then changed, so a name swapped in between changes nothing."""
     try:
         info = os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if not stat.S_ISLNK(info.st_mode) and (info.st_uid, info.st_gid) != (runner.uid, runner.gid):
-        os.chown(name, runner.uid, runner.gid, dir_fd=folder, follow_symlinks=False)
+    if not stat.S_ISREG(info.st_mode) or (info.st_uid, info.st_gid) == (runner.uid, runner.gid):
+        return
+    try:
+        fd = os.open(name, _OPEN_TO_GIVE, dir_fd=folder)
+    except OSError as exc:  # gone, or swapped for a symlink (ELOOP) or a socket (ENXIO)
+        log.warning("not handed to %s: %s (%s)", runner.name, where / name, exc.strerror)
+        return
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_uid, info.st_gid) == (runner.uid, runner.gid):
+            return
+        if info.st_nlink != 1:
+            log.warning("not handed to %s: %s has %d links, so it is also a file elsewhere (left owned by uid %d)",
+                        runner.name, where / name, info.st_nlink, info.st_uid)
+            return
+        os.fchown(fd, runner.uid, runner.gid)
+    finally:
+        os.close(fd)
 
 
-def chown_tree(runner: Identity, name: str, folder: int) -> None:
-    """The folder ``name`` in the open ``folder`` and all in it to ``runner``; a symlink is changed itself, never
-    followed, and a folder swapped for a symlink while walking is passed over (``os.fwalk`` without
-    ``follow_symlinks``)."""
+def chown_tree(runner: Identity, name: str, folder: int, where: Path) -> None:
+    """The folder ``name`` in the open ``folder`` (``where``, for the log) and all in it to ``runner``, as
+    ``_give`` hands over a file; a symlink is never followed, and a folder swapped for a symlink while walking is
+    passed over (``os.fwalk`` without ``follow_symlinks``)."""
     try:
         info = os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(info.st_mode):
         return  # a symlink (or a file) where blobs/ should be: nothing of the store's to hand over
-    for _, dirs, files, dir_fd in os.fwalk(name, dir_fd=folder, follow_symlinks=False):
-        here = os.fstat(dir_fd)
+    for path, _, files, dir_fd in os.fwalk(name, dir_fd=folder, follow_symlinks=False):
+        here = os.fstat(dir_fd)  # a folder has one name (no hard links to folders): it is the store's
         if (here.st_uid, here.st_gid) != (runner.uid, runner.gid):
             os.fchown(dir_fd, runner.uid, runner.gid)
-        for entry in [*dirs, *files]:
-            _give(runner, entry, dir_fd)
+        for entry in files:  # its folders are handed over as the walk opens them
+            _give(runner, entry, dir_fd, where / path)
 
 
 def peer_groups() -> list[int]:
