@@ -45,6 +45,8 @@ def _toml(value: object) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
     return str(value)
 
 
@@ -53,6 +55,7 @@ def smollm2_variant(folder: Path) -> Path:
     data = tomllib.loads(EXAMPLE.read_text())
     assert data["workers"]["model"] == data["lead"]["model"] == data["providers"]["local"]["models"][0]
     data["workers"].update(model=SMOLLM2, max_steps=2, exec_timeout_s=300)
+    data["workers"]["flow"] = data["workers"]["flow"][:2]  # search, then submit: a flow fits in its steps
     data["lead"].update(model=SMOLLM2, max_steps=2)
     data["providers"] = {"local": {"kind": "local", "models": [SMOLLM2]}}
     data["run"] = {"runs_dir": str(folder / "runs"), "sandbox": "local"}
