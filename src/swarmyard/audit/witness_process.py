@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import selectors
-import signal
 import stat
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from swarmyard import service_child
 from swarmyard.audit.witness import HttpWitnessClient
 from swarmyard.audit.witness_home import default_home
 from swarmyard.errors import AuditError
@@ -50,34 +49,19 @@ def socket_folder() -> Path:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.stdin is not None:
-        proc.stdin.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+    service_child.stop(proc, STOP_TIMEOUT_S)
 
 
 def _ready(proc: subprocess.Popen[bytes], log: Path) -> dict[str, object]:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        ready = selector.select(timeout=READY_TIMEOUT_S)
-    line = proc.stdout.readline() if ready else b""
+    line = service_child.ready_line(proc, READY_TIMEOUT_S)
     try:
         data = json.loads(line) if line else None
     except ValueError:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("vkey"), str):
         _stop(proc)
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        why = tail[0] if tail else f"exit {proc.returncode}"
-        raise AuditError(f"the run's witness did not start: {why} (see {log})")
+        raise AuditError(f"the run's witness did not start: {service_child.why_not_started(proc, log)} "
+                         f"(see {log})")
     return data
 
 

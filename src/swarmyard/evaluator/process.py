@@ -25,9 +25,7 @@ import binascii
 import contextlib
 import json
 import os
-import selectors
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -37,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from swarmyard import service_child
 from swarmyard.errors import EvaluatorError
 from swarmyard.evaluator.server import BUNDLE_COPY
 
@@ -73,16 +72,11 @@ def run_folder(run_id: str) -> Path:
 
 
 def _ready_line(proc: subprocess.Popen[bytes], log: Path) -> dict[str, object]:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        ready = selector.select(timeout=READY_TIMEOUT_S)
-    line = proc.stdout.readline() if ready else b""
+    line = service_child.ready_line(proc, READY_TIMEOUT_S)
     if not line:
         _stop(proc)
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        why = tail[0] if tail else f"exit {proc.returncode}"
-        raise EvaluatorError(f"the evaluator did not start: {why}", log=str(log))
+        raise EvaluatorError(f"the evaluator did not start: {service_child.why_not_started(proc, log)}",
+                             log=str(log))
     try:
         data = json.loads(line)
     except ValueError as exc:
@@ -95,17 +89,7 @@ def _ready_line(proc: subprocess.Popen[bytes], log: Path) -> dict[str, object]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.stdin is not None:
-        proc.stdin.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+    service_child.stop(proc, STOP_TIMEOUT_S)
 
 
 @dataclass(slots=True)
