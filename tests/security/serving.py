@@ -4,6 +4,7 @@ a task, a worker token and that worker's claim."""
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -107,3 +108,33 @@ def served_with_claim(*extra: str, env: dict[str, str] | None = None, budget_mic
     finally:
         stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def served_evaluator(bundle: Path, *extra: str) -> Iterator[Path]:
+    """``swarmyard evaluator serve`` on a copy of ``bundle`` in a fresh folder (its socket ``eval.sock``, its state
+    ``state/``), started through the console script and waited for, bounded, until it prints its ready line."""
+    root = Path(tempfile.mkdtemp(prefix="sy-ev-"))
+    root.chmod(0o755)  # searchable by the evaluator's own user; the bundle's modes protect the bundle
+    shutil.copytree(bundle, root / "bundle")
+    proc = subprocess.Popen([str(SWARMYARD), "evaluator", "serve", str(root / "bundle"), "--socket",
+                             str(root / "eval.sock"), "--state", str(root / "state"), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        ready = selector.select(timeout=60)
+    line = proc.stdout.readline() if ready else ""
+    assert line, f"evaluator serve did not start: {proc.stderr.read() if proc.stderr else ''}"
+    try:
+        yield root
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode is not None
+        shutil.rmtree(root, ignore_errors=True)

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
-import shutil
-import signal
 import sqlite3
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from serving import served_evaluator
 
 pytestmark = [pytest.mark.bwrap,
               pytest.mark.skipif(os.geteuid() != 0, reason="serve's user switch needs root")]
@@ -33,30 +29,8 @@ GOOD_SORT = b"import sys\nprint(' '.join(map(str, sorted(map(int, sys.stdin.read
 
 @pytest.fixture(scope="module")
 def evaluator() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="sy-ev-"))
-    root.chmod(0o755)  # searchable by the evaluator's own user; the bundle's modes protect the bundle
-    shutil.copytree(EXAMPLE, root / "bundle")
-    proc = subprocess.Popen([str(SWARMYARD), "evaluator", "serve", str(root / "bundle"), "--socket",
-                             str(root / "eval.sock"), "--state", str(root / "state")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        ready = selector.select(timeout=60)
-    line = proc.stdout.readline() if ready else ""
-    assert line, f"evaluator serve did not start: {proc.stderr.read() if proc.stderr else ''}"
-    try:
+    with served_evaluator(EXAMPLE) as root:
         yield root
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        assert proc.returncode is not None
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def ledger(root: Path) -> dict[str, list[Any]]:

@@ -11,20 +11,14 @@ larger than its parent's envelope, an artifact that is not base64, a claim of a 
 from __future__ import annotations
 
 import base64
-import os
-import selectors
-import shutil
-import signal
 import sqlite3
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serving import SWARMYARD, Served, served_with_claim
+from serving import Served, served_evaluator, served_with_claim
 
 SORT_NUMBERS = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 
@@ -119,29 +113,8 @@ def test_every_refused_worker_request_leaves_the_lease_and_the_log_alone(served:
 @pytest.fixture(scope="module")
 def evaluator_of_another_goal() -> Iterator[Path]:
     """``swarmyard evaluator serve`` that answers for another goal only: every score it is asked for is refused."""
-    root = Path(tempfile.mkdtemp(prefix="sy-ev-"))
-    root.chmod(0o755)  # searchable by the evaluator's own user; the bundle's modes protect the bundle
-    shutil.copytree(SORT_NUMBERS, root / "bundle")
-    proc = subprocess.Popen([str(SWARMYARD), "evaluator", "serve", str(root / "bundle"), "--socket",
-                             str(root / "eval.sock"), "--state", str(root / "state"), "--goal", "goal_another"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        ready = selector.select(timeout=60)
-    line = proc.stdout.readline() if ready else ""
-    assert line, f"evaluator serve did not start: {proc.stderr.read() if proc.stderr else ''}"
-    try:
+    with served_evaluator(SORT_NUMBERS, "--goal", "goal_another") as root:
         yield root
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_an_artifact_the_evaluator_refuses_or_of_a_split_workers_may_not_score_renews_nothing(
