@@ -1,5 +1,6 @@
-"""Shared fixtures: the fake clock, stores on both engines, a throwaway PostgreSQL, a live control plane, and a
-worker holding a claim (what the broker serves).
+"""Shared fixtures: the fake clock, stores on both engines, a throwaway PostgreSQL, a live control plane, a
+worker holding a claim (what the broker serves), and a short temporary folder; the ``bwrap`` mark's skip and the
+longer timeout of tests that load a model (the rest of the rig is in ``tests/rigs/``).
 
 PostgreSQL comes from ``SWARMYARD_TEST_PG_URL`` (``.ci/run`` starts one on a private port and socket
 folder); without it, the session starts its own with ``initdb`` + ``pg_ctl`` and stops it at the end.
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.folders import short_folder
 from swarmyard.audit.witness import HttpWitnessClient, Witness
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import Clock, FakeClock
@@ -31,6 +33,23 @@ from swarmyard.store.protocol import Store
 ROOT = Path(__file__).resolve().parents[1]
 #: Test vectors from other projects, kept unchanged beside the tests (tests/vectors/NOTICE names each source).
 VECTORS = ROOT / "tests" / "vectors"
+#: pytest-timeout's limit for a test marked ``model`` (the default, 600 s, is in pyproject.toml): loading and
+#: running the embedded model took 92-105 s in CI, and up to three times that on two cores that others share.
+MODEL_TIMEOUT_S = 1800
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``bwrap`` where bubblewrap is missing; give those marked ``model`` a longer timeout.
+
+    A ``timeout`` mark of a test's own wins over ``model``'s.
+    """
+    no_bwrap = pytest.mark.skip(reason="needs bubblewrap (scripts/test installs it)")
+    missing = shutil.which("bwrap") is None
+    for item in items:
+        if missing and item.get_closest_marker("bwrap") is not None:
+            item.add_marker(no_bwrap)
+        if item.get_closest_marker("model") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(MODEL_TIMEOUT_S))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -101,6 +120,13 @@ def pg_url(pg_server_url: str) -> Iterator[str]:
     yield f"{pg_server_url}{sep}options=-csearch_path%3D{schema}"
     with psycopg.connect(pg_server_url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh folder with a short path (a run's plane socket lives in the run folder), removed after the test."""
+    with short_folder() as path:
+        yield path
 
 
 @pytest.fixture

@@ -1,0 +1,10 @@
+"""The test rig: what many test modules need, written once.
+
+- ``folders``: short temporary folders (a run's plane socket lives in its folder, and a Unix socket path holds
+  at most 107 bytes); ``tests/conftest.py`` serves one as the ``short_tmp`` fixture.
+- ``scripted``: a reply of the scripted provider that calls one tool (``tool_call``).
+- ``network``: a free loopback port.
+
+The ``bwrap`` mark is the rig's too: ``tests/conftest.py`` skips a test that carries it where bubblewrap is not
+installed, so a module says ``pytest.mark.bwrap`` and nothing else.
+"""
