@@ -44,6 +44,10 @@ class Machine:
     enforced: tuple[str, ...] = ()
     #: its address on each private network it is on (``<name>.yard`` resolves to it there), once it is running
     addresses: dict[str, str] = field(default_factory=dict)
+    #: for a fork: whether its source's running processes and their memory came with it (``None``: not a fork)
+    fork_memory: bool | None = None
+    #: for a fork that kept the disk only: why
+    fork_memory_reason: str | None = None
 
     @classmethod
     def of(cls, info: MachineInfo, *, paused: bool = False, source: MachineSource | None = None) -> Machine:
@@ -52,7 +56,8 @@ class Machine:
         if source is None and info.forked_from is not None:
             source = MachineSource("fork", info.forked_from, id=info.forked_from)
         return cls(info.id, info.name, status, datetime.fromtimestamp(info.created_at).astimezone(), info.backend,
-                   info.group, source, info.enforced, dict(info.addresses))
+                   info.group, source, info.enforced, dict(info.addresses), info.fork_memory,
+                   info.fork_memory_reason)
 
 
 @dataclass(frozen=True, slots=True)

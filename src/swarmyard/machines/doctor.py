@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmyard.machines import cgroups, disks, landlock, native, seccomp
+from swarmyard.machines import cgroups, checkpoint, disks, landlock, native, seccomp
 
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 BWRAP_HINT = (
@@ -197,11 +197,12 @@ def _pause(hierarchy: cgroups.Hierarchy) -> Check:
 
 
 def _fork_memory() -> Check:
-    """What a fork carries: always the disk; memory only with CRIU, which swarmyard does not use (yet)."""
-    criu = shutil.which("criu")
-    found = f"criu is installed ({criu}), but swarmyard does not checkpoint with it" if criu else "no criu here"
-    return Check("fork keeps memory", False, f"no: a fork copies the disk, not running processes ({found}); "
-                 "pause keeps memory in place instead")
+    """What a fork carries: always the disk; its processes and memory where :mod:`checkpoint` says it can."""
+    memory = checkpoint.fork_memory("local")
+    if memory.kept:
+        return Check("fork keeps memory", True, "a fork restores its source's processes with their memory")
+    return Check("fork keeps memory", False, f"no: a fork copies the disk, not running processes ({memory.reason});"
+                 " pause keeps memory in place instead")
 
 
 def _private_networks() -> Check:

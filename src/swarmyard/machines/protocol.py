@@ -137,6 +137,10 @@ class MachineInfo:
     node: str | None = None
     #: (network, address) for each private network the machine is on
     addresses: tuple[tuple[str, str], ...] = ()
+    #: for a fork: whether it carries its source's running processes and their memory (``None``: not a fork)
+    fork_memory: bool | None = None
+    #: for a fork that kept the disk only: why (see :mod:`swarmyard.machines.checkpoint`)
+    fork_memory_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from swarmyard.errors import (
     UserError,
 )
 from swarmyard.ids import new_id
-from swarmyard.machines import live
+from swarmyard.machines import checkpoint, live
 from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
 from swarmyard.machines.disks import Disk, clone_tree, space_template, unmount
@@ -528,6 +528,9 @@ class SupervisedBackend:
             forked_from=forked_from,
             disk=str(disk.merged),
         )
+        if forked_from is not None:
+            memory = checkpoint.fork_memory(self.name)  # never silent: a fork of the disk only says why
+            info = replace(info, fork_memory=memory.kept, fork_memory_reason=memory.reason)
         machine = Machine(
             info=info,
             spec=spec,
