@@ -6,6 +6,7 @@ without the run's certificate; the client key's files are gone once the bridge h
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -14,9 +15,11 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -34,6 +37,17 @@ async def _hello(request: Request) -> Response:
     return Response(b"plane:" + await request.body())
 
 
+_HELD = threading.Event()  # the plane has the held request
+_RELEASE = threading.Event()  # the test lets it answer
+
+
+async def _held(request: Request) -> Response:
+    body = await request.body()
+    _HELD.set()
+    await anyio.to_thread.run_sync(_RELEASE.wait, 30)
+    return Response(b"plane:" + body)
+
+
 @pytest.fixture
 def folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-b-"))  # short: Unix socket paths are limited to 108 bytes
@@ -45,7 +59,7 @@ def folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture
 def plane(folder: Path) -> Iterator[tuple[PlaneListener, int]]:
     listener = plane_listener("run_bridge", "127.0.0.1")
-    app = Starlette(routes=[Route("/hello", _hello, methods=["POST"])])
+    app = Starlette(routes=[Route("/hello", _hello, methods=["POST"]), Route("/held", _held, methods=["POST"])])
     with BackgroundServer(app, Listen(folder / "plane.sock"), also=(listener.listen(),)) as server:
         port = server.tcp_ports[0]
         assert port is not None
@@ -188,4 +202,30 @@ def test_a_client_that_half_closes_gets_its_answer_through_the_bridge_as_on_the_
             answers.append((answer.split(b"\r\n")[0], answer.endswith(b"plane:hi")))
         assert answers == [(b"HTTP/1.1 200 OK", True)] * 2
     finally:
+        bridge.close()
+
+
+def test_a_half_closed_connection_waiting_for_its_answer_survives_a_garbage_collection(
+        folder: Path, plane: tuple[PlaneListener, int]) -> None:
+    # once the client has half-closed, nothing the event loop watches leads to the connection's task: a task kept
+    # only by the loop's weak set was collected mid-answer (the client read an empty answer)
+    listener, port = plane
+    bridge = PlaneBridge(folder / "node" / "plane.sock", listener.for_nodes(port)).start()
+    _HELD.clear()
+    _RELEASE.clear()
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(30)
+            conn.connect(str(bridge.path))
+            conn.sendall(b"POST /held HTTP/1.1\r\nHost: plane\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+            conn.shutdown(socket.SHUT_WR)
+            assert _HELD.wait(30)
+            gc.collect()
+            _RELEASE.set()
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        assert (answer.split(b"\r\n")[0], answer.endswith(b"plane:hi")) == (b"HTTP/1.1 200 OK", True)
+    finally:
+        _RELEASE.set()
         bridge.close()

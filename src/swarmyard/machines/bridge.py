@@ -74,6 +74,9 @@ class PlaneBridge:
         self.failed = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
+        #: each connection's task: the event loop holds tasks only weakly, and Python 3.11's stream server keeps
+        #: none, so a connection whose client has half-closed (its socket no longer watched) could be collected
+        self._connections: set[asyncio.Task[None]] = set()
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="swarmyard-bridge", daemon=True)
@@ -100,8 +103,13 @@ class PlaneBridge:
     async def _listen(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path.unlink(missing_ok=True)
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        self._server = await asyncio.start_unix_server(self._accept, path=str(self.path))
         os.chmod(self.path, 0o666)  # as the plane's own socket: sandboxed workers may run as other users
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = self._loop.create_task(self._serve(reader, writer))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
