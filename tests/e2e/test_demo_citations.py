@@ -58,7 +58,7 @@ def _scripted_variant(folder: Path, replies: dict[str, Any]) -> Path:
     text = EXAMPLE.read_text().split("# The same file on hosted models")[0]
     text = text.replace('files = ["three-scouts/sources"]', f'files = ["{SOURCES}"]')
     text = _replace(text, "concurrency = 3", "concurrency = 1")
-    text = _replace(text, f'max_steps = 4\nmodel = "{QWEN}"', 'max_steps = 4\nmodel = "scripted-scout"')
+    text = _replace(text, f'max_steps = 6\nmodel = "{QWEN}"', 'max_steps = 6\nmodel = "scripted-scout"')
     text = _replace(text, f'[lead]\nagent = "builtin"\nmodel = "{QWEN}"',
                     '[lead]\nagent = "builtin"\nmodel = "scripted-lead"')
     text = _replace(text, f'[providers.local]\nkind = "local"\nmodels = ["{QWEN}"]',

@@ -327,7 +327,7 @@ def test_work_cut_short_by_a_model_error_is_a_partial_finding_that_says_so(
     [partial] = setup.findings_by(setup.worker_id)
     assert partial.title == "risks (partial)"
     assert partial.body == ("No result was reached for 'risks': cut short by a model error at step 2 of 4 "
-                            "(provider_error): upstream answered 401")
+                            "(provider_error): upstream answered 401.")
 
 
 def test_a_step_cap_placeholder_names_the_limit(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
@@ -336,7 +336,7 @@ def test_a_step_cap_placeholder_names_the_limit(tmp_path: Path, live_plane: Call
     outcome = asyncio.run(_agent(tmp_path, ScriptedModel(calls), setup, max_steps=3).run())
     assert outcome.ending is Ending.STEP_CAP
     [partial] = setup.findings_by(setup.worker_id)
-    assert partial.body == "No result was reached for 'risks' within the limit of 3 steps."
+    assert partial.body == "No result was reached for 'risks': the step cap ran out (3 of 3 steps)."
 
 
 def test_the_leads_brief_gives_every_finding_an_equal_share(tmp_path: Path,

@@ -113,7 +113,7 @@ def test_the_step_cap_bounds_the_points(tmp_path: Path, live_plane: Callable[...
     outcome, model = _run(tmp_path, plane, token, [_say(POINT_1), ANSWER], max_steps=2)
     assert outcome.ending is Ending.SUBMITTED and len(model.seen) == 2
     body = plane.store.get_finding(outcome.finding_id).body
-    assert body == f"{ANSWER}\n\nFrom the findings:\n- {POINT_1} [{market}]"
+    assert body == f"{ANSWER} [{market}]\n\nFrom the findings:\n- {POINT_1} [{market}]"
 
 
 def test_a_model_error_keeps_the_points_already_written(tmp_path: Path,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,20 @@ ATTACHED_FINISH = ToolSpec(
     "call is cited). Give a short title.",
     _obj({"title": _STR}, ("title",)),
 )
+
+
+def citing(lines: Sequence[str]) -> ToolSpec:
+    """``submit_finding`` whose ``cite`` may only hold lines a search returned, as it returned them
+    (``path:line: text``): the model chooses which line its finding rests on, and a small model, left to copy a
+    line itself, renames the file (the demo's 0.5B scout cited ``broker_swap.md:4`` for ``keys.md:4``)."""
+    cite = {"type": "array", "items": {"type": "string", "enum": list(dict.fromkeys(lines))}, "minItems": 1,
+            "maxItems": 3}
+    return ToolSpec(
+        FINISH,
+        "Submit your result and finish: the body is one sentence of your own on what the lines mean for your "
+        "task, and cite holds the line or lines it rests on, each as the search returned it.",
+        _obj({"title": _STR, "body": _STR, "cite": cite}, ("title", "body", "cite")),
+    )
 
 
 def with_attached(tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:

@@ -23,11 +23,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import governed, history, instructions, originality
+from swarmyard.agents import governed, grounding, history, instructions, no_result, originality
 from swarmyard.agents.actions import (
     FINISH,
     TOOLS,
     Action,
+    ToolSpec,
+    citing,
     parse_reply,
     parse_tool_call,
     salvage_submission,
@@ -215,6 +217,8 @@ _REASK = instructions.REASK
 
 #: Where a lead with WASI tools finds the findings it was given, as a table (``_write_findings_table``).
 FINDINGS_TABLE = "findings.csv"
+#: The most recent search lines a finding may cite.
+_CITABLE = 12
 #: Characters of the tool call an attached finding posts as its evidence.
 _EVIDENCE_CHARS = 3000
 
@@ -256,14 +260,23 @@ def _clip(value: Any) -> str:
                 MAX_RESULT_CHARS)
 
 
-def _shown(result: Any) -> Any:
-    """A search's matches as ``path:line: text`` lines, the form a finding cites them in (a small model copies
-    a line it was shown; it does not put one together from JSON fields); any other result as it is."""
+def _source_lines(result: Any) -> list[str] | None:
+    """A search's matches as ``path:line: text`` lines, the form a finding cites them in; ``None`` for a result
+    that is not a search's."""
     matches = result.get("matches") if isinstance(result, dict) else None
     if not isinstance(matches, list) or not all(isinstance(m, dict) and {"path", "line", "text"} <= m.keys()
                                                 for m in matches):
+        return None
+    return [f"{str(m['path']).removeprefix('./')}:{m['line']}: {' '.join(str(m['text']).split())}"
+            for m in matches]
+
+
+def _shown(result: Any) -> Any:
+    """A search's matches as ``path:line: text`` lines (a small model copies a line it was shown; it does not put
+    one together from JSON fields); any other result as it is."""
+    lines = _source_lines(result)
+    if lines is None:
         return result
-    lines = [f"{str(m['path']).removeprefix('./')}:{m['line']}: {str(m['text']).strip()}" for m in matches]
     more = " (more matches were cut: search for something narrower)" if result.get("truncated") else ""
     return "\n".join(lines) + more if lines else "no line matches"
 
@@ -298,6 +311,8 @@ class BuiltinAgent:
             self._offered, self._known = with_attached(self._offered), with_attached(self._known)
         #: the last tool call carried out and its result: what an attached finding's body is
         self._last_call: tuple[Action, Any] | None = None
+        #: the lines the worker's searches returned (``path:line: text``): a finding submitted alone cites them
+        self._lines: list[str] = []
         self._settings = settings
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
@@ -312,6 +327,8 @@ class BuiltinAgent:
         #: what a finding may not merely restate (the task's prompt) or, for a lead, copy (the findings it read)
         self._prompt = ""
         self._read: dict[str, str] = {}
+        #: a lead's note on the tasks that reached no result, as its prompt gives it: its synthesis says it too
+        self._note = ""
         #: the group's scored attempts, read from its board, when the context is built from them
         self.attempts: list[history.Attempt] = []
         self._history = settings.history if settings.role is Role.WORKER else ""
@@ -346,6 +363,7 @@ class BuiltinAgent:
         ending = Ending.STEP_CAP
         steps = 0
         cut_short = ""  # the model error that ended the run, if one did
+        stopped = ""  # the limit the broker named when it refused a call, if it did
         shown = originality.findings_shown(task.prompt) if self._settings.role is Role.LEAD else []
         if self._settings.synthesis == DIGEST and shown and self._settings.max_steps >= 2:
             return await self._digest(task, shown)
@@ -379,12 +397,13 @@ class BuiltinAgent:
                         messages += [{"role": "assistant",
                                       "content": json.dumps({"action": {"tool": action.tool, "args": action.args}})},
                                      {"role": "user", "content": instructions.CITE_REASK.format(
-                                         ref=exc.ref, error=exc.reason)}]
+                                         ref=exc.ref, error=exc.reason) + self._lines_to_cite()}]
                         continue
                     await self._step_done(task, action, {"finding_id": finding_id})
                     return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, steps, self.malformed)
                 result = await self._run_tool(action)
                 self._last_call = (action, result)
+                self._lines += [line for line in _source_lines(result) or () if line not in self._lines]
                 await self._step_done(task, action, result)
                 self._tools_run += 1
                 if self._history and action.tool == "submit_artifact" and score_of(result) is not None:
@@ -401,6 +420,7 @@ class BuiltinAgent:
         except BudgetError as exc:
             log.info("budget stop: %s", exc.message)
             ending = Ending.BUDGET
+            stopped = no_result.stopped_by(exc, steps)
         except FencingError:
             return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
         except ProviderError as exc:
@@ -415,16 +435,12 @@ class BuiltinAgent:
             ending = Ending.MODEL_ERROR
             cut_short = f"cut short by a model error {where} ({exc.code}): {exc.message}"[:1000]
         partial = {"title": f"{task.title} (partial)",
-                   "body": self._partial_body(task.title, ending, steps, cut_short)}
+                   "body": self._partial_body(task.title, ending, stopped, cut_short)}
         try:
             finding_id = await self._submit(partial)
-        except UnoriginalFindingError:
-            partial["body"] = self._partial_body(task.title, ending, steps, cut_short, salvage=False)
-            finding_id = await self._submit(partial)
-        except UnverifiedCitationError:
-            # what the model said cites no line of its task's files: the run says it reached nothing
-            partial["body"] = (f"No result was reached for {task.title!r} within the limit of "
-                               f"{self._settings.max_steps} steps.")
+        except (UnoriginalFindingError, UnverifiedCitationError):
+            # a copy, or words that cite no line of the task's files: the run says it reached nothing, and why
+            partial["body"] = self._partial_body(task.title, ending, stopped, cut_short, salvage=False)
             finding_id = await self._submit(partial)
         await self._step_done(task, Action(FINISH, partial), {"finding_id": finding_id},
                               f"ended: {ending.value}" + (f"; {cut_short}" if cut_short else ""))
@@ -445,6 +461,7 @@ class BuiltinAgent:
         answer: str | None = None
         steps = 0
         stopped = ""
+        budget_stop = False
         try:
             for ref, heading, body in shown[: self._settings.max_steps - 1]:
                 steps += 1
@@ -461,7 +478,8 @@ class BuiltinAgent:
                 ask = instructions.DIGEST_ANSWER.format(objective=objective, points=listed)
                 answer = await self._digest_part(task, steps, [system, {"role": "user", "content": ask}], "answer")
         except BudgetError as exc:
-            stopped = f"cut short: the budget ran out at step {steps} ({exc.message})"
+            stopped = f"cut short: {no_result.stopped_by(exc, steps)}"
+            budget_stop = True
         except ProviderError as exc:
             if not points:
                 raise
@@ -469,20 +487,24 @@ class BuiltinAgent:
         except FencingError:
             return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
         reasons = "\n".join(f"- {point} [{ref}]" for ref, _, point in points)
-        parts = [answer or "No overall answer was reached; what each finding means:",
-                 f"From the findings:\n{reasons}" if answer and reasons else reasons,
+        # every claim names the findings it rests on: the answer, all the points it was written from
+        rests_on = " ".join(f"[{ref}]" for ref, _, _ in points)
+        parts = [f"{answer} {rests_on}" if answer else "",
+                 f"{'From the findings' if answer else 'No overall answer was reached; what each finding means'}:"
+                 f"\n{reasons}" if reasons else "",
+                 self._note,
                  f"({stopped})" if stopped else ""]
         body = "\n\n".join(p for p in parts if p)
         if not points:
-            body = f"No result was reached for {task.title!r}: no finding could be read into a point of its own."
+            body = no_result.placeholder(task.title, "no finding could be read into a point of its own")
         args: dict[str, Any] = {"title": "synthesis", "body": body, "cite": [ref for ref, _, _ in points]}
         try:
             finding_id = await self._submit(args)
         except UnoriginalFindingError:
             # the plane reads the findings whole: keep the answer, drop the points it found copied
-            args["body"] = answer or f"No result was reached for {task.title!r}: every point copied its finding."
+            args["body"] = answer or no_result.placeholder(task.title, "every point copied its finding")
             finding_id = await self._submit(args)
-        ending = Ending.SUBMITTED if answer and not stopped else (Ending.BUDGET if "budget" in stopped
+        ending = Ending.SUBMITTED if answer and not stopped else (Ending.BUDGET if budget_stop
                                                                   else Ending.MODEL_ERROR if stopped
                                                                   else Ending.STEP_CAP)
         self._draft = StepDraft(steps + 1)
@@ -522,10 +544,11 @@ class BuiltinAgent:
                                           action=(action.tool, action.args) if action else None,
                                           result=result, note=note)
 
-    def _partial_body(self, title: str, ending: Ending, steps: int, cut_short: str, *, salvage: bool = True) -> str:
+    def _partial_body(self, title: str, ending: Ending, stopped: str, cut_short: str, *, salvage: bool = True) -> str:
         """What a run that did not submit has: the model's last words (a submission it began and could not
         finish, or whatever it said), saying why it stopped when a model error stopped it; a worker whose context
-        is its scored attempts has its best one."""
+        is its scored attempts has its best one. With none of these, the placeholder naming the limit that ran
+        out: ``stopped`` (the broker's refusal, said by ``no_result.stopped_by``) or the step cap."""
         if salvage and self.attempts and not cut_short:
             top = history.best(self.attempts, 1)[0]
             return f"The best attempt found: [score {top.score}] {top.content}"
@@ -534,12 +557,12 @@ class BuiltinAgent:
         if said and originality.problem(said, prompt=self._prompt, read=self._read) is not None:
             said = ""  # a loop, the prompt said back or a copied finding is no result: say there is none
         if cut_short:
-            return f"{said}\n\n({cut_short})" if said else f"No result was reached for {title!r}: {cut_short}"
+            return f"{said}\n\n({cut_short})" if said else no_result.placeholder(title, cut_short)
         if said:
             return str(said)
-        if ending is Ending.BUDGET:
-            return f"No result was reached for {title!r}: the budget ran out at step {steps}."
-        return f"No result was reached for {title!r} within the limit of {self._settings.max_steps} steps."
+        if ending is Ending.BUDGET and stopped:
+            return no_result.placeholder(title, stopped)
+        return no_result.placeholder(title, no_result.step_cap(self._settings.max_steps))
 
     async def _brief(self, task: ClaimedTask) -> str:
         lead = self._settings.role is Role.LEAD
@@ -567,6 +590,7 @@ class BuiltinAgent:
             # the coordinator hands the lead the findings in its task; those ids count as seen, and only
             # findings the task does not hold yet are added
             self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
+            self._note = grounding.note_in(task.prompt) or ""
             found = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
             # what it may not copy: the findings its prompt shows (its group's own are none) and any it read
             self._read = {**originality.findings_in(task.prompt),
@@ -598,10 +622,13 @@ class BuiltinAgent:
         is re-asked after a growing wait; anything else (or more of the same) is raised."""
         keeper = asyncio.create_task(self._keep_claim())
         compacted = retries = 0
+        specs = self._specs(only)
         try:
             while True:
                 try:
                     asked = messages if not compacted else _compact(messages, _COMPACT_LIMITS[compacted - 1])
+                    if specs:
+                        return await self._model.reply(asked, only=only, specs=specs)
                     return await self._model.reply(asked, only=only)
                 except ContextLengthError as exc:
                     if compacted == len(_COMPACT_LIMITS):
@@ -779,6 +806,20 @@ class BuiltinAgent:
             return frozenset({self._settings.flow[step - 1]})
         return frozenset({FINISH}) if last else None
 
+    def _specs(self, only: frozenset[str] | None) -> dict[str, ToolSpec]:
+        """A worker's finding asked for alone, after searches that returned lines, may cite only those lines,
+        as they were returned (constrained decoding: the model chooses the lines, it cannot misspell them)."""
+        if (only != frozenset({FINISH}) or not self._lines or self._settings.role is not Role.WORKER
+                or self._settings.attach_result):
+            return {}
+        return {FINISH: citing(self._lines[-_CITABLE:])}
+
+    def _lines_to_cite(self) -> str:
+        """The lines the searches returned, for a re-ask after a refused citation."""
+        if not self._lines:
+            return ""
+        return " The lines your searches returned, to cite as they are:\n" + "\n".join(self._lines[-_CITABLE:])
+
     def _attached(self) -> str:
         """The last tool result as a finding's body: a list (or a tool's ``value`` list, or a query's rows) one
         item a line, anything else as JSON; no tool run is said."""
@@ -829,6 +870,8 @@ class BuiltinAgent:
     async def _submit(self, args: dict[str, Any]) -> str | None:
         title = str(args.get("title") or "finding")[:200]
         body = str(args.get("body") or "").strip() or title
+        if self._note and not no_result.is_placeholder(body) and grounding.note_in(body) is None:
+            body = f"{body}\n\n{self._note}"  # which tasks reached nothing, as the store says: never left out
         cite = list(args.get("cite") or []) if isinstance(args.get("cite"), list) else []
         if self._settings.attach_result and self._last_call is not None and self._evidence is None:
             await self._post_evidence()

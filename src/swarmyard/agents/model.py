@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -43,9 +44,11 @@ class Usage:
 class ChatModel(Protocol):
     """Anything that answers a conversation with one reply."""
 
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None,
+                    specs: Mapping[str, ToolSpec] | None = None) -> ModelReply:
         """One completion for ``messages``; ``only`` narrows the tools offered for this one call (an empty set:
-        none, and the answer is plain text)."""
+        none, and the answer is plain text), and ``specs`` narrows a tool's arguments for it (a finding that
+        may cite only the lines a search returned)."""
         ...
 
 
@@ -68,8 +71,10 @@ class BrokerChatModel:
         self._tools = tools
         self.usage = Usage()
 
-    def _body(self, messages: list[dict[str, Any]], only: frozenset[str] | None = None) -> dict[str, Any]:
-        tools = self._tools if only is None else {k: v for k, v in self._tools.items() if k in only}
+    def _body(self, messages: list[dict[str, Any]], only: frozenset[str] | None = None,
+              specs: Mapping[str, ToolSpec] | None = None) -> dict[str, Any]:
+        offered = {**self._tools, **{k: v for k, v in (specs or {}).items() if k in self._tools}}
+        tools = offered if only is None else {k: v for k, v in offered.items() if k in only}
         body: dict[str, Any] = {
             "model": self._model,
             "messages": messages,
@@ -85,12 +90,13 @@ class BrokerChatModel:
             body["response_format"] = response_format(tools)
         return body
 
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None,
+                    specs: Mapping[str, ToolSpec] | None = None) -> ModelReply:
         """Ask once. A budget refusal is a ``BudgetError`` (it ends the agent), a conversation too long for the
         model a ``ContextLengthError``; every other failure is a ``ProviderError`` whose ``retryable`` says
         whether asking again is safe (never once the request may have reached the model)."""
         try:
-            response = await self._client.post("/v1/chat/completions", json=self._body(messages, only))
+            response = await self._client.post("/v1/chat/completions", json=self._body(messages, only, specs))
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # nothing reached the broker: nothing can have been held or spent
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc

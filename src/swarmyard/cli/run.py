@@ -16,7 +16,7 @@ from swarmyard.domain import TaskState
 from swarmyard.money import format_usd, usd_to_micro
 from swarmyard.report.data import RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
-from swarmyard.swarm.coordinator import ProgressRow
+from swarmyard.swarm.coordinator import ProgressRow, why_no_synthesis
 
 
 class WorkerSpanPrinter:
@@ -221,5 +221,6 @@ def command(
                             f"{format_usd(data.spent_micro_usd)}; report {where}",
                             highlight=False)
     if data.synthesis is None:
-        render.stderr.print(f"run {result.run_id} ended without a synthesis (see {where})", highlight=False)
+        why = why_no_synthesis(data.tasks, data.findings)
+        render.stderr.print(f"run {result.run_id} ended without a synthesis: {why} (see {where})", highlight=False)
         raise typer.Exit(1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,10 +19,10 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from swarmyard.agents import originality
+from swarmyard.agents import grounding, no_result, originality
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
-from swarmyard.domain import LEAD_GROUP, Citation, CitationKind, Claim, PostKind, TaskSpec
+from swarmyard.domain import LEAD_GROUP, Citation, CitationKind, Claim, Finding, PostKind, TaskSpec
 from swarmyard.errors import (
     FencingError,
     ForbiddenError,
@@ -31,6 +30,7 @@ from swarmyard.errors import (
     PayloadTooLargeError,
     StaleFencingTokenError,
     UnoriginalFindingError,
+    UnverifiedCitationError,
 )
 from swarmyard.plane import models as m
 from swarmyard.plane.limits import RateLimiter, SharedRateLimiter
@@ -39,14 +39,12 @@ from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.sources import Sources
 from swarmyard.plane.sources import check as check_sources
 from swarmyard.store.protocol import Store
+from swarmyard.swarm.planning import PLANNER_GROUP
 from swarmyard.swarm.policies import explore_move, explore_order
 
 T = TypeVar("T")
 
 
-#: The built-in agent's placeholder for a task it ended without a result (builtin._partial_body's fixed forms).
-_NO_RESULT = re.compile(r"No result was reached for '[^'\n]{1,200}'(?: within the limit of \d+ steps|: the budget ran "
-                        r"out at step \d+)\.")
 
 class Offload(Protocol):
     """Runs a blocking store call off the event loop (the app's store threads)."""
@@ -256,33 +254,46 @@ class WorkerTools:
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
         """Record a finding under the worker's claim."""
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
-        if who.group == LEAD_GROUP:
-            self._check_synthesis(req.task_id, who.goal_id, req.body)
         citations = tuple(Citation(c.kind, c.ref, c.quote) for c in req.citations)
+        if who.group == LEAD_GROUP:
+            self._check_synthesis(req.task_id, who.goal_id, req.body, citations)
         if self._sources is not None or any(c.kind is CitationKind.SOURCE for c in citations):
             # checked before it is stored: a quote the task's files do not hold is refused with the reason
             check_sources(self._sources, self._store.get_task(req.task_id), citations,
-                          placeholder=bool(_NO_RESULT.fullmatch(req.body.strip())))
+                          placeholder=no_result.is_placeholder(req.body))
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
                                              title=req.title, body=req.body, citations=citations)
         self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.FindingResult.model_construct(finding=finding)
 
-    def _check_synthesis(self, task_id: str, goal_id: str, body: str) -> None:
+    def _check_synthesis(self, task_id: str, goal_id: str, body: str, citations: tuple[Citation, ...]) -> None:
         """The built-in agent's copy check, held here too: the lead's shell can read the agent's token and call
-        the plane itself, so what the lead submits is checked where it is stored."""
-        read: dict[str, str] = {}
+        the plane itself, so what the lead submits is checked where it is stored. Then its grounding: a finding
+        it names must be a real one that reached a result, and in a grounded run (``cite_files``) every claim
+        names one and the line on tasks that reached nothing says what the store says (``agents.grounding``)."""
+        findings: list[Finding] = []
         after: str | None = None
         while page := self._store.read_findings(goal_id, after=after, limit=500):
-            read.update((f.id, f.body) for f in page if f.group != LEAD_GROUP)
+            findings += [f for f in page if f.group != LEAD_GROUP]
             after = page[-1].id
-        if _NO_RESULT.fullmatch(body.strip()):
+        if no_result.is_placeholder(body):
             return  # the agent's own placeholder: it claims nothing, so it copies nothing
+        # a task's placeholder claims nothing, so the synthesis cannot copy it (and says which tasks left one)
+        read = {f.id: f.body for f in findings if not no_result.is_placeholder(f.body)}
         # Not the task's prompt: a lead's prompt holds every finding, so any synthesis that quotes one would
         # "restate" it; the copy checks against the findings themselves are the ones that hold here.
         why = originality.problem(body, read=read)
         if why is not None:
             raise UnoriginalFindingError(task_id, why)
+        note = None
+        if self._sources is not None:
+            tasks = [t for t in self._store.list_tasks(goal_id) if t.group != PLANNER_GROUP]
+            note = grounding.nothing_found(grounding.outcomes(tasks, findings, (LEAD_GROUP,)))
+        titles = {f.id: f.title for f in findings if f.id in read}
+        bad = grounding.problem(body, [c.ref for c in citations if c.kind is CitationKind.FINDING], titles,
+                                [f.id for f in findings if f.id not in read], note)
+        if bad is not None:
+            raise UnverifiedCitationError(task_id, *bad)
 
     def read_findings(self, token: str, req: m.ReadFindingsRequest) -> m.ReadFindingsResult:
         """The group's findings plus the consolidations broadcast to every group."""

@@ -20,11 +20,12 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarmyard.agents import grounding, no_result
 from swarmyard.agents.builtin import Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
@@ -157,6 +158,21 @@ class Streak:
         if self.tries >= 2 * limit:
             return f"{self.tries} tries failed in a row; the last: {self.reason}"
         return None
+
+
+def why_no_synthesis(tasks: Sequence[Task], findings: Sequence[Finding]) -> str:
+    """Why a run has no synthesis, from its store: the lead's task failed (and why), its lead reached no result
+    (the limit its placeholder names), or no lead ran."""
+    leads = [t for t in tasks if t.group == LEAD_GROUP]
+    if not leads:
+        return "no lead was run"
+    lead = leads[-1]
+    if lead.state is TaskState.FAILED:
+        return f"the lead's task failed: {lead.result or 'no reason was given'}"
+    said = [no_result.reason(f.body) for f in findings if f.task_id == lead.id]
+    if said and said[-1] is not None:
+        return f"the lead reached no result: {said[-1]}"
+    return f"the lead's task ended {lead.state.value} without a synthesis"
 
 
 class Coordinator:
@@ -414,7 +430,15 @@ class Coordinator:
             findings = [
                 f for f in self.store.read_findings(goal.id, limit=10_000) if f.group not in SIDE_GROUPS
             ]
-            task = create_lead_task(self.store, goal, self.config, findings)
+            # a task's no-result placeholder is no evidence: the lead reads the real findings, and is told how
+            # many tasks reached nothing and why (the limit each placeholder names, from the store)
+            evidence = [f for f in findings if not no_result.is_placeholder(f.body)]
+            note = grounding.nothing_found(grounding.outcomes(self.store.list_tasks(goal.id), findings, SIDE_GROUPS))
+            task = create_lead_task(self.store, goal, self.config, evidence, note)
+            if not evidence and self.config.tasks.cite_files:
+                # a grounded synthesis cites findings, and there is none: no lead is run to write one from nothing
+                self._fail(task, f"no synthesis: no task reached a result to cite. {note}".strip())
+                return None
         # a lead that failed leaves its task for the next one, up to max_failures tries in all
         for _ in range(self.config.workers.max_failures):
             if self._findings_for(goal.id, task.id) or self._past_deadline(goal):
@@ -434,6 +458,8 @@ class Coordinator:
             if streak is not None and not self._past_deadline(goal):
                 self._fail(task, f"{self.config.workers.max_failures} leads ended without a synthesis; the "
                                  f"last: {streak.reason}")
+        if synthesis and no_result.is_placeholder(synthesis[-1].body):
+            return None  # the lead reached no result: that is no synthesis, and the run says why
         return synthesis[-1] if synthesis else None
 
     # -- progress -------------------------------------------------------------------------------------------

@@ -92,28 +92,31 @@ def _formulation(text: str) -> str:
     return f"Your group's formulation: {text}" if text.strip() else ""
 
 
-def lead_prompt(goal: Goal, prompt: str, findings: list[Finding]) -> str:
-    """The lead's task: the objective, every finding with its id, then its instructions (a small model copies
-    what it read last, so the instructions end the prompt, with the shape of the answer)."""
+def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = "") -> str:
+    """The lead's task: the objective, every finding with its id, the note on the tasks that reached no result
+    (``grounding.nothing_found``: their placeholders are not findings to read), then its instructions (a small
+    model copies what it read last, so the instructions end the prompt, with the shape of the answer)."""
     block = findings_block([(f.id, f"{f.title} (by {f.author}, group {f.group})", f.body) for f in findings])
-    return "\n\n".join([
+    return "\n\n".join([p for p in (
         f"Objective: {goal.objective}",
+        note,  # before the findings: what follows a finding's heading is read as its body
         "Findings:\n" + block if block else "No finding was submitted.",
         f"{instructions.LEAD_INSTRUCTIONS_HEAD}\n{prompt}",
         "Write the synthesis in your own words: your answer to the objective first, then the reasons, each "
         "with the id of the finding it rests on in brackets.",
-    ])
+    ) if p])
 
 
-def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding]) -> Task:
-    """The synthesis task, with what is left of the budget."""
+def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
+    """The synthesis task, with what is left of the budget: ``findings`` are those it reads, ``note`` says
+    which tasks reached no result and why."""
     unallocated = goal.budget_micro_usd - sum(t.envelope.limit for t in store.list_tasks(goal.id))
     calls = max(1, goal.call_cap - sum(t.envelope.call_cap for t in store.list_tasks(goal.id)))
     return store.create_task(
         goal.id,
         TaskSpec(
             "synthesis",
-            lead_prompt(goal, config.lead.prompt, findings),
+            lead_prompt(goal, config.lead.prompt, findings, note),
             group=LEAD_GROUP,
             budget_micro_usd=max(0, unallocated),
             call_cap=calls,
