@@ -133,6 +133,19 @@ def variation(summary: CampaignSummary) -> str:
             "pair show how much of a difference is the seed and how much the cells.")
 
 
+def spreads(summary: CampaignSummary) -> list[str]:
+    """How much each cell's figures moved over its trials (sd, and [min, max]): what a rerun could move too."""
+    names = {"score": "score", "calls": "calls", "tokens": "tokens", "spend_micro_usd": "spend (micro-USD)",
+             "wall_s": "wall s"}
+    out = []
+    for c in summary.cells:
+        ranges = c.ranges()
+        if ranges:
+            out.append(f"{c.cell.name} over {len(c.trials)} trials: " + "; ".join(
+                f"{names[k]} sd {sd:,.1f} [{low:,.1f}, {high:,.1f}]" for k, (sd, low, high) in ranges.items()))
+    return out
+
+
 def failures(summary: CampaignSummary) -> list[str]:
     """Each failed trial with its reason (it counts as score 0 in its cell)."""
     return [f"{c.cell.name} seed {t.seed}: {t.error}" for c in summary.cells for t in c.failed]
@@ -154,7 +167,14 @@ def markdown(summary: CampaignSummary, plots: list[str]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in rows(summary)]
     lines += ["", f"A failed trial scores {FLOOR} in its cell (never dropped). Similarity: the mean pairwise "
               "similarity (0 to 1) of the submissions within a trial, averaged over the cell's trials; "
-              "communication makes attempts alike.", "", "## Conclusions", ""]
+              "communication makes attempts alike. The trials took "
+              f"{sum(t.wall_s for cell in summary.cells for t in cell.trials):,.1f} s in all.", ""]
+    if not c.reproducible:
+        lines += ["## What can vary, and by how much", "",
+                  "A rerun of these trials can move every figure below but the cap; over each cell's seeds "
+                  "they moved this much (sd [min, max]), which bounds what the pair tests can tell apart:", ""]
+        lines += [f"- {s}" for s in spreads(summary)] + [""]
+    lines += ["## Conclusions", ""]
     lines += [f"- {s}" for s in sentences(summary)] or ["(no sentence to test: no pair of cells scored)"]
     lines += ["", "## Every pair of cells, seed by seed", "",
               f"Differences are a - b on the seeds both ran; the interval is a percentile bootstrap over seeds of "

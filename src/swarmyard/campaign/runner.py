@@ -92,9 +92,14 @@ def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecor
 
 def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKind | None = None,
                  on_event: Callable[[TrialEvent], None] | None = None,
-                 on_start: Callable[[], None] | None = None) -> list[TrialRecord]:
+                 on_start: Callable[[], None] | None = None, limit: int | None = None,
+                 by_seed: bool = False) -> list[TrialRecord]:
     """Run every trial not yet in the record; the whole record, in the campaign's order. ``on_start`` is called
     once the folder is this process's and its record is read, before the first trial.
+
+    ``limit``: run at most that many trials now (a long campaign in pieces, each resumed); the record then
+    returned holds the trials finished so far. ``by_seed``: run seed by seed (every cell of a seed, then the
+    next seed), so a campaign stopped part way has whole seeds to pair.
 
     What the trials need from this host (a machines backend, bubblewrap, a baseline, provider keys) is checked
     before the campaign's folder is made, as ``swarmyard run`` checks it before a run folder."""
@@ -110,18 +115,26 @@ def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKi
     check_table(config.providers, env=os.environ)
     with hold(campaign.dir):  # one process runs a campaign's trials: two would run each twice
         return _run_trials(campaign, TrialLog(campaign.dir), resume=resume, sandbox=sandbox, on_event=on_event,
-                           on_start=on_start)
+                           on_start=on_start, limit=limit, by_seed=by_seed)
 
 
 def _run_trials(campaign: Campaign, record: TrialLog, *, resume: bool, sandbox: SandboxKind | None,
                 on_event: Callable[[TrialEvent], None] | None,
-                on_start: Callable[[], None] | None) -> list[TrialRecord]:
+                on_start: Callable[[], None] | None, limit: int | None = None,
+                by_seed: bool = False) -> list[TrialRecord]:
     finished = record.begin(campaign.name, campaign.digest, resume=resume)
     if on_start is not None:
         on_start()
     total = len(campaign.trials)
     done = sum(1 for t in campaign.trials if t.key in finished)
-    for trial in campaign.trials:
+    order = list(campaign.trials)
+    if by_seed:
+        seeds = {seed: index for index, seed in enumerate(campaign.seeds)}
+        order.sort(key=lambda t: seeds[t.seed])  # stable: the cells keep their order within a seed
+    ran = 0
+    for trial in order:
+        if trial.key not in finished and limit is not None and ran >= limit:
+            break
         if trial.key in finished:
             if on_event is not None:
                 on_event(TrialEvent(trial, done, total, finished[trial.key], skipped=True))
@@ -132,6 +145,7 @@ def _run_trials(campaign: Campaign, record: TrialLog, *, resume: bool, sandbox: 
         record.append(outcome)
         finished[trial.key] = outcome
         done += 1
+        ran += 1
         if on_event is not None:
             on_event(TrialEvent(trial, done, total, outcome))
-    return [finished[t.key] for t in campaign.trials]
+    return [finished[t.key] for t in campaign.trials if t.key in finished]

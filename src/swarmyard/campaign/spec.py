@@ -13,6 +13,10 @@ A campaign file (TOML)::
                  shares: team by default)
     [sweep]      best@n (independent) vs team@n for every n in ``n``; history (the workers' context);
                  tokens_per_agent = [...] with match = "tokens" (a cell of n workers gets n times as many)
+    [[cells]]    cells of your own: name, and ``workers``, ``lead`` and ``policy`` tables whose keys replace the
+                 swarm file's (``workers = { count = 1 }``, ``lead = { tools = [], flow = [...] }``): any contrast
+                 the swarm file can state (worker counts, tools, flows, models), under the same cap and tasks
+    [[claims]]   sentences the campaign tests: sentence, a, b (two cells by name; the sentence says a beats b)
 
 Under ``match = "tokens"`` every token costs one micro-USD (the broker's budget then holds and settles tokens
 exactly, worst case first), the goal's call cap is out of the way and a call's output is at most
@@ -32,6 +36,7 @@ bad campaign is refused (``ConfigError`` naming the field) before anything runs.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -155,17 +160,62 @@ class SweepTable(_Frozen):
         return tuple(sorted(value))
 
 
+#: The swarm file's tables a ``[[cells]]`` entry may set keys of: the rest (the goal, tasks, evaluator,
+#: providers) is what every cell shares.
+CELL_TABLES = ("workers", "lead", "policy")
+
+
+class CellTable(_Frozen):
+    """``[[cells]]``: a cell of the file's own, the swarm file with some keys of these tables replaced."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@/+-]*$")]
+    workers: dict[str, Any] = Field(default_factory=dict)
+    lead: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("workers")
+    @classmethod
+    def _not_matched(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "concurrency" in value:
+            # concurrency follows the count (at most the swarm file's), as in every other cell
+            raise ValueError("concurrency: a cell's concurrency follows its count; set it in the swarm file")
+        return value
+
+
+class ClaimTable(_Frozen):
+    """``[[claims]]``: a sentence that cell ``a`` beats cell ``b``, tested seed by seed."""
+
+    sentence: Annotated[str, Field(min_length=1, max_length=300)]
+    a: Annotated[str, Field(min_length=1)]
+    b: Annotated[str, Field(min_length=1)]
+
+
 class CampaignFile(_Frozen):
     """A whole campaign file."""
 
     campaign: CampaignTable
     grid: GridTable | None = None
     sweep: SweepTable | None = None
+    cells: tuple[CellTable, ...] = ()
+    claims: tuple[ClaimTable, ...] = ()
 
     @model_validator(mode="after")
     def _some_cells(self) -> Self:
-        if self.grid is None and self.sweep is None:
-            raise ValueError("campaign file: give a [grid] table, a [sweep] table, or both")
+        if self.grid is None and self.sweep is None and not self.cells:
+            raise ValueError("campaign file: give a [grid] table, a [sweep] table, [[cells]], or any of them")
+        names = [c.name for c in self.cells]
+        if len(set(names)) != len(names):
+            raise ValueError("cells: each cell's name once")
+        if self.cells and self.campaign.match is not Match.BUDGET:
+            raise ValueError('cells: [[cells]] run under match = "budget" (the goal\'s caps, the same for every '
+                             "cell)")
+        for index, claim in enumerate(self.claims):
+            for side in ("a", "b"):
+                if getattr(claim, side) not in names:
+                    raise ValueError(f"claims.{index}.{side}: {getattr(claim, side)!r} is not a cell of "
+                                     "[[cells]]")
+            if claim.a == claim.b:
+                raise ValueError(f"claims.{index}.b: a claim compares two different cells")
         tokens = self.campaign.match is Match.TOKENS
         if tokens and self.grid is not None and self.campaign.tokens is None:
             raise ValueError('campaign.tokens: match = "tokens" needs the workers\' tokens of every grid cell')
@@ -191,6 +241,8 @@ class Cell:
     allowance: int | None = None
     #: a token sweep's tokens per agent
     tokens_per_agent: int | None = None
+    #: a ``[[cells]]`` cell's keys that replace the swarm file's: (table, its keys as canonical JSON)
+    overrides: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +276,8 @@ class Campaign:
     match: Match = Match.BUDGET
     #: every model is the simulated provider's: a trial's figures are the same every time it runs
     reproducible: bool = False
+    #: the file's ``[[claims]]``: (sentence, a, b)
+    claims: tuple[tuple[str, str, str], ...] = ()
 
 
 def cells_of(spec: CampaignFile, base: SwarmConfig) -> list[Cell]:
@@ -249,7 +303,33 @@ def cells_of(spec: CampaignFile, base: SwarmConfig) -> list[Cell]:
                                   per_agent))
                 cells.append(Cell(f"team@{n}{suffix}", n, PolicyKind.TEAM, history, s.top_k, "sweep", total,
                                   per_agent))
+    for own in spec.cells:
+        cells.append(_own_cell(own, base))
+    names = [c.name for c in cells]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"{twice[0]!r} names two cells (a [[cells]] name may not be one the grid or sweep makes)",
+                          field="cells")
     return cells
+
+
+def _own_cell(own: CellTable, base: SwarmConfig) -> Cell:
+    """A ``[[cells]]`` cell: its workers, policy and history as the swarm file with its keys over them."""
+    workers = {**base.workers.model_dump(mode="json"), **own.workers}
+    policy = {**base.policy.model_dump(mode="json"), **own.policy}
+    # the keys' values are checked with the whole trial's swarm file, where a bad one names its field
+    n, history, top_k = workers.get("count"), workers.get("history"), workers.get("history_top_k")
+    try:
+        cell_policy = PolicyKind(str(policy.get("kind")))
+        cell_history = HistoryMode(str(history))
+    except ValueError as exc:
+        raise ConfigError(str(exc), field=f"cells.{own.name}") from None
+    for key, value in (("count", n), ("history_top_k", top_k)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"workers.{key} must be a positive integer, not {value!r}", field=f"cells.{own.name}")
+    assert isinstance(n, int) and isinstance(top_k, int)
+    overrides = tuple((table, json.dumps(getattr(own, table), sort_keys=True)) for table in CELL_TABLES
+                      if getattr(own, table))
+    return Cell(own.name, n, cell_policy, cell_history, top_k, "cells", overrides=overrides)
 
 
 #: What one token costs under ``match = "tokens"`` (1 USD a million: one micro-USD), so the goal's money cap is
@@ -291,6 +371,9 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
                 runs_dir: Path) -> dict[str, Any]:
     """The swarm file's tables with the cell and the campaign's cap written over them."""
     data = dict(raw)
+    own: dict[str, dict[str, Any]] = {table: json.loads(keys) for table, keys in cell.overrides}
+    if "lead" in own:
+        data["lead"] = {**dict(data.get("lead") or {}), **own["lead"]}
     goal = dict(data.get("goal") or {})
     for key in ("budget_usd", "call_cap", "deadline_s"):
         value = getattr(table, key)
@@ -302,8 +385,8 @@ def _trial_data(raw: dict[str, Any], base: SwarmConfig, cell: Cell, table: Campa
         lenses = [{**lenses[0], "title": f"{lenses[0]['title']} (attempt {i + 1} of {cell.n})"}
                   for i in range(cell.n)]
     data["tasks"] = {"lenses": lenses}
-    data["policy"] = {**base.policy.model_dump(mode="json"), "kind": cell.policy.value}
-    workers = dict(data.get("workers") or {})
+    data["policy"] = {**base.policy.model_dump(mode="json"), **own.get("policy", {}), "kind": cell.policy.value}
+    workers = {**dict(data.get("workers") or {}), **own.get("workers", {})}
     workers.update(count=cell.n, concurrency=min(cell.n, base.workers.concurrency), history=cell.history.value,
                    history_top_k=cell.top_k)
     if table.match is not Match.BUDGET:
@@ -421,4 +504,6 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     first = trials[0].config.goal
     digest = hashlib.sha256(text.encode() + b"\0" + swarm_text.encode()).hexdigest()
     return Campaign(table.name, where, seeds, tuple(cells), tuple(trials), digest,
-                    first.budget_micro_usd, first.call_cap, first.deadline_s, table.match, reproducible)
+                    first.budget_micro_usd, first.call_cap, first.deadline_s, table.match, reproducible,
+                    tuple((c.sentence, c.a, c.b) for c in spec.claims))
+

@@ -27,6 +27,8 @@ SENTENCE = "a single worker beats the cohort under the same cap"
 TEAM_SENTENCE = "team@{n} beats best@{n}"
 #: What each cell reports with an interval: the record's field and its name in the output.
 METRICS = ("score", "spend_micro_usd", "wall_s", "calls", "tokens")
+#: The figures whose spread over a cell's trials the report gives beside the score's.
+RANGED = ("calls", "tokens", "spend_micro_usd", "wall_s")
 #: The significance level of the tests.
 ALPHA = 0.05
 #: A failed trial's score: the least an evaluator gives.
@@ -73,6 +75,18 @@ class CellSummary:
             return None
         return (statistics.stdev(values) if len(values) > 1 else 0.0, min(values), max(values))
 
+    def ranges(self) -> dict[str, tuple[float, float, float]]:
+        """(standard deviation, min, max) over the cell's trials of each measured figure: its score as counted,
+        and the calls, tokens, spend and wall time of the trials that ran (a failed one measured only its time)."""
+        out: dict[str, tuple[float, float, float]] = {}
+        for name in ("score", *RANGED):
+            values = (list(self.scores.values()) if name == "score"
+                      else [v for t in self.trials if (not t.error or name == "wall_s")
+                            and (v := _value(t, name, True)) is not None])
+            if values:
+                out[name] = (statistics.stdev(values) if len(values) > 1 else 0.0, min(values), max(values))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The cell as ``--json`` prints it."""
         score = self.score
@@ -108,6 +122,7 @@ class CellSummary:
             "similarity": self.similarity,
             "intervals": {name: ({"mean": i.mean, "ci_low": i.low, "ci_high": i.high} if i else None)
                           for name, i in self.intervals.items()},
+            "ranges": {name: {"sd": sd, "min": low, "max": high} for name, (sd, low, high) in self.ranges().items()},
             "trials": [{"seed": t.seed, "run_id": t.run_id, "score": t.score,
                         "counted_score": self.scores.get(t.seed), "spend_micro_usd": t.spend_micro_usd,
                         "calls": t.calls, "tokens_in": t.tokens_in, "tokens_out": t.tokens_out, "wall_s": t.wall_s,
@@ -254,6 +269,16 @@ def claims(cells: Sequence[CellSummary], seed: int = 0) -> list[Claim]:
     return out
 
 
+def own_claims(cells: Sequence[CellSummary], stated: Sequence[tuple[str, str, str]], seed: int = 0) -> list[Claim]:
+    """The campaign file's ``[[claims]]``: each (sentence, a, b) tested as a - b on the seeds both scored."""
+    by_name = {c.cell.name: c for c in cells}
+    out = []
+    for sentence, a, b in stated:
+        if a in by_name and b in by_name and (found := compare(by_name[a], by_name[b], seed)) is not None:
+            out.append(Claim(sentence, found, verdict(found.test)))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Crossing:
     """Where team@n stops losing to best@n as tokens per agent grow, for one n."""
@@ -343,6 +368,6 @@ def summarise(campaign: Campaign, records: Sequence[TrialRecord]) -> CampaignSum
     cells = tuple(summarise_cell(cell, sorted(by_cell.get(cell.name, []), key=lambda r: r.seed), scored=scored)
                   for cell in campaign.cells)
     pairs = tuple(p for a, b in itertools.combinations(cells, 2) if (p := compare(a, b)) is not None)
-    tested = claims(cells)
+    tested = claims(cells) + own_claims(cells, campaign.claims)
     return CampaignSummary(campaign, cells, pairs, tuple(tested), tuple(crossings(tested)))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from swarmyard.bench import AREAS, BenchResult, run_area
@@ -53,3 +55,26 @@ def _make(area: str) -> None:
 
 for _area in AREAS:
     _make(_area)
+
+
+@app.command(name="campaign")
+def campaign(
+    campaign_file: Path | None = typer.Argument(None, help="The campaign file (default: "
+                                                "examples/campaigns/reconciliation-local-4x5.toml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON document."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the campaign in its folder."),
+    trials: int | None = typer.Option(None, "--trials", min=1, help="Run at most this many trials now."),
+) -> None:
+    """Run a campaign on a real model seed by seed and report its cells, pairs, wall time and host load."""
+    from swarmyard.bench.campaign import run
+    from swarmyard.cli.campaign import TrialProgress
+
+    done = run(campaign_file, resume=resume, trials=trials, progress=TrialProgress)
+    if as_json:
+        render.print_json(done.document)
+    else:
+        print(done.markdown, end="")
+        d = done.document
+        render.stderr.print(f"campaign {d['campaign']}: {d['trials_done']}/{d['trials_total']} trials, "
+                            f"{d['wall_s']:,.1f} s (load {d['host']['load_before']} -> {d['host']['load_after']} "
+                            f"on {d['host']['cpus']} CPUs); report {d['files']['markdown']}", highlight=False)
