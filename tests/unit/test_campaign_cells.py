@@ -136,7 +136,7 @@ def test_the_files_claims_are_tested_seed_by_seed(tmp_path: Path) -> None:
 
 
 def test_on_a_model_that_is_not_seeded_the_report_says_how_much_each_figure_moved(tmp_path: Path) -> None:
-    from swarmyard.campaign.files import markdown
+    from swarmyard.campaign.files import markdown, write_files
 
     local = SWARM.replace('model = "sim"', 'model = "qwen2.5-coder-0.5b-instruct"').split("[providers.sim]")[0]
     c = load_text(tmp_path, CELLS, local + '[providers.local]\nkind = "local"\nmodels = '
@@ -158,3 +158,9 @@ def test_on_a_model_that_is_not_seeded_the_report_says_how_much_each_figure_move
     assert "## What can vary, and by how much" in page
     assert "- pair/lead-2 over 2 trials: score sd 282.8 [500.0, 900.0]; calls sd 1.4 [8.0, 10.0]" in page
     assert "The trials took 155.0 s in all." in page
+    pytest.importorskip("matplotlib")
+    files = write_files(summary)
+    # on this model the wall time is a figure of its own: a plot of score against it, linked from the page
+    assert [p.name for p in files.plots] == ["score-vs-tokens.png", "score-vs-wall.png"]
+    assert all(p.stat().st_size > 0 for p in files.plots)
+    assert "![score-vs-wall.png](score-vs-wall.png)" in files.markdown.read_text()

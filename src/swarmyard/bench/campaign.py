@@ -67,7 +67,7 @@ def run(file: Path | None = None, *, resume: bool = False, trials: int | None = 
     with hold(campaign.dir):
         summary = summarise(campaign, records)
         files = write_files(summary)
-    plots = [p.name for p in (files.tokens_plot, files.n_plot) if p is not None]
+    plots = [p.name for p in files.plots]
     document = {
         "area": "campaign",
         "file": str(file),

@@ -19,6 +19,7 @@ from swarmyard.money import format_usd
 
 TOKENS_PLOT = "score-vs-tokens.png"
 N_PLOT = "score-vs-n.png"
+WALL_PLOT = "score-vs-wall.png"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,13 @@ class CampaignFiles:
     json: Path
     tokens_plot: Path | None
     n_plot: Path | None
+    #: on a model that is not seeded, where the wall time is a figure of its own: score against it, per trial
+    wall_plot: Path | None = None
+
+    @property
+    def plots(self) -> list[Path]:
+        """The plots made."""
+        return [p for p in (self.tokens_plot, self.n_plot, self.wall_plot) if p is not None]
 
 
 def _ci(i: Interval | None, fmt: str = "{:,.0f}") -> str:
@@ -219,14 +227,39 @@ def html_page(summary: CampaignSummary, plots: list[str]) -> str:
             "</body></html>\n")
 
 
-def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | None]:
+def _wall_plot(summary: CampaignSummary, folder: Path) -> Path | None:
+    """Each trial's score against its wall time, a colour per cell, with each cell's means."""
+    import matplotlib.pyplot as plt
+
+    cells = [c for c in summary.cells if c.trials]
+    if summary.campaign.reproducible or not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, c in enumerate(cells):
+        colour = f"C{index % 10}"
+        points = [(t.wall_s, c.scores[t.seed]) for t in c.trials if t.seed in c.scores]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.45, s=18, color=colour)
+        ax.scatter([mean([p[0] for p in points])], [mean([p[1] for p in points])], marker="D", s=60,
+                   color=colour, label=c.cell.name)
+    ax.set_xlabel("wall time per trial (s)")
+    ax.set_ylabel("score (failed trials at 0)")
+    ax.set_title("score vs wall time, per trial (diamond: the cell's mean)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = folder / WALL_PLOT
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | None, Path | None]:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return None, None
+        return None, None, None
     scored = [c for c in summary.cells if c.score is not None and c.intervals["tokens"] is not None]
     tokens_plot = n_plot = None
     if scored:
@@ -272,15 +305,15 @@ def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | 
         n_plot = folder / N_PLOT
         fig.savefig(n_plot, dpi=110)
         plt.close(fig)
-    return tokens_plot, n_plot
+    return tokens_plot, n_plot, _wall_plot(summary, folder)
 
 
 def write_files(summary: CampaignSummary) -> CampaignFiles:
     """Write the campaign's files into its folder (each replaced whole)."""
     folder = summary.campaign.dir
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tokens_plot, n_plot = _plots(summary, folder)
-    plots = [p.name for p in (tokens_plot, n_plot) if p is not None]
+    tokens_plot, n_plot, wall_plot = _plots(summary, folder)
+    plots = [p.name for p in (tokens_plot, n_plot, wall_plot) if p is not None]
     out = {"campaign.md": markdown(summary, plots), "campaign.html": html_page(summary, plots),
            "results.json": json.dumps(summary.to_dict(), indent=2) + "\n"}
     for name, text in out.items():
@@ -288,4 +321,4 @@ def write_files(summary: CampaignSummary) -> CampaignFiles:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)
     return CampaignFiles(folder / "campaign.md", folder / "campaign.html", folder / "results.json",
-                         tokens_plot, n_plot)
+                         tokens_plot, n_plot, wall_plot)
