@@ -93,7 +93,7 @@ def command(
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
-        plots = [p.name for p in (files.tokens_plot, files.n_plot) if p is not None]
+        plots = [p.name for p in files.plots]
         print(markdown(summary, plots), end="")
         render.stderr.print(f"campaign {campaign.name}: {files.markdown}, {files.html}, {files.json}",
                             highlight=False)
