@@ -37,6 +37,7 @@ from swarmyard.errors import (
 from swarmyard.ids import new_id
 from swarmyard.machines import pausing
 from swarmyard.machines.api import MAX_TIMEOUT_S, Machines, check_timeout
+from swarmyard.machines.idle import DEFAULT_IDLE_SUSPEND_S, check_idle_suspend_s
 from swarmyard.machines.protocol import Limits, MachineInfo, MachineState
 from swarmyard.machines.snapshots import IDENTITY_FILES, Snapshot, Snapshots, parse_ref
 from swarmyard.money import usd_to_micro
@@ -288,6 +289,7 @@ class MachinesResource:
     def pause(self, machine: str) -> PauseResult:
         """Freeze the machine (cgroup freezer): its processes keep their memory and use no CPU until ``resume``."""
         machine_id = self._ready(machine)
+        self._sync.idle.wake(machine_id)  # from now on its owner's pause, which only resume ends, not a call
         result = PauseResult(pausing.pause(self._sync.backend, machine_id))
         self._paused.add(machine_id)
         return result
@@ -482,6 +484,10 @@ class Boxd:
     alone (and the host operator's: ``swarmyard machines snapshot ... --client ID``). A later script that starts
     machines from them gives the same id (``boxd.snapshots.client``).
 
+    ``idle_suspend_s``: a machine with no call and no network traffic for that long is frozen (its ``suspension``
+    says ``frozen``), and the next exec, file call or fork of it wakes it where it stopped (``None``: never; see
+    :mod:`swarmyard.machines.idle`).
+
     ``max_machines`` caps the machines alive at once (a coordinator's count against it too); a ``create`` past it
     waits up to ``machine_wait_s`` seconds for one to be deleted, then raises a retryable ``SandboxError``
     (``None``: it waits as long as it takes).
@@ -504,6 +510,7 @@ class Boxd:
         spawn_cap: int = 8,
         machine_wait_s: float | None = 120.0,
         client: str | None = None,
+        idle_suspend_s: float | None = DEFAULT_IDLE_SUSPEND_S,
     ) -> None:
         configured = any(v is not None for v in (server, providers, provider_objects, model))
         inside = os.environ.get("SWARMYARD_BOXD_URL")
@@ -551,7 +558,8 @@ class Boxd:
             self.machines = self._remote
             return
         self._sync = Machines(backend, root=Path(root) if root is not None else None, max_concurrent=max_machines,
-                              queue_timeout_s=None if machine_wait_s is None else float(machine_wait_s))
+                              queue_timeout_s=None if machine_wait_s is None else float(machine_wait_s),
+                              idle_suspend_s=check_idle_suspend_s(idle_suspend_s))
         self._spawners = Spawners(self, spawn_cap)
         self.snapshots = SnapshotsResource(self, client if client is not None else new_id("c").lower())
         self._local = MachinesResource(self)

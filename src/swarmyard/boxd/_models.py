@@ -11,6 +11,8 @@ from swarmyard.machines.protocol import MachineInfo, MachineState
 
 #: A machine's status in boxd's words (``suspended`` is a paused machine).
 MachineStatus = Literal["starting", "running", "suspended", "failed", "destroyed"]
+#: Whether a machine's processes run or are suspended for being idle (see :mod:`swarmyard.machines.idle`).
+Suspension = Literal["running", "frozen", "hibernated"]
 _STATUS: dict[MachineState, MachineStatus] = {
     MachineState.BOOTING: "starting",
     MachineState.READY: "running",
@@ -48,6 +50,8 @@ class Machine:
     fork_memory: bool | None = None
     #: for a fork that kept the disk only: why
     fork_memory_reason: str | None = None
+    #: ``frozen`` once idle for the client's ``idle_suspend_s`` (the next call wakes it), else ``running``
+    suspension: Suspension = "running"
 
     @classmethod
     def of(cls, info: MachineInfo, *, paused: bool = False, source: MachineSource | None = None) -> Machine:
@@ -57,7 +61,7 @@ class Machine:
             source = MachineSource("fork", info.forked_from, id=info.forked_from)
         return cls(info.id, info.name, status, datetime.fromtimestamp(info.created_at).astimezone(), info.backend,
                    info.group, source, info.enforced, dict(info.addresses), info.fork_memory,
-                   info.fork_memory_reason)
+                   info.fork_memory_reason, info.suspension.value)
 
 
 @dataclass(frozen=True, slots=True)

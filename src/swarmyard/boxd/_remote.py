@@ -21,7 +21,7 @@ def _machine(data: dict[str, Any]) -> Machine:
     return Machine(data["id"], data["name"], data["status"], datetime.fromtimestamp(data["created_at"]).astimezone(),
                    data["backend"], data.get("group"), MachineSource(**source) if source else None,
                    tuple(data.get("enforced") or ()), dict(data.get("addresses") or {}),
-                   data.get("fork_memory"), data.get("fork_memory_reason"))
+                   data.get("fork_memory"), data.get("fork_memory_reason"), data.get("suspension", "running"))
 
 
 class RemoteFiles:

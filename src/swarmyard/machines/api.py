@@ -7,6 +7,7 @@ live at once; ``create`` and ``fork`` past the cap wait in a queue (up to ``queu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import re
 import threading
@@ -14,9 +15,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from swarmyard.clock import Clock
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import environment
+from swarmyard.machines.idle import DEFAULT_IDLE_SUSPEND_S, Suspender, check_idle_suspend_s
 from swarmyard.machines.networks import check_member_name, check_names
 from swarmyard.machines.protocol import (
     BOOT_TIMEOUT_S,
@@ -116,15 +119,23 @@ class Files:
         """Write ``data`` to ``path`` (relative paths are under the machine's home)."""
         if not isinstance(data, bytes | bytearray):
             raise InvalidInputError("upload data must be bytes", field="data")
-        self._machines.backend.upload(machine_id, self._machines.path(path), bytes(data), mode)
+        path = self._machines.path(path)
+        with self._machines.idle.active(machine_id):
+            self._machines.backend.upload(machine_id, path, bytes(data), mode)
 
     def download(self, machine_id: str, path: str) -> bytes:
         """Read ``path`` from the machine."""
-        return self._machines.backend.download(machine_id, self._machines.path(path))
+        path = self._machines.path(path)
+        with self._machines.idle.active(machine_id):
+            return self._machines.backend.download(machine_id, path)
 
 
 class Machines:
-    """The synchronous Machines API over one backend."""
+    """The synchronous Machines API over one backend.
+
+    ``idle_suspend_s``: a machine with no call and no network traffic for that long is frozen, and the next call
+    wakes it (see :mod:`swarmyard.machines.idle`; ``None``: never); idle time is read from ``clock``.
+    """
 
     def __init__(
         self,
@@ -135,11 +146,16 @@ class Machines:
         queue_timeout_s: float | None = None,
         isolation: Isolation | None = None,
         boot_timeout_s: float = BOOT_TIMEOUT_S,
+        idle_suspend_s: float | None = DEFAULT_IDLE_SUSPEND_S,
+        clock: Clock | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise InvalidInputError("max_concurrent must be at least 1", field="max_concurrent")
+        idle_suspend_s = check_idle_suspend_s(idle_suspend_s)  # before a backend is made for nothing
         self.backend: Backend = load_backend(backend, root) if isinstance(backend, str) else backend
         self.files = Files(self)
+        #: freezes idle machines and wakes them on the next call
+        self.idle = Suspender(self.backend, idle_suspend_s, clock=clock)
         self.isolation = isolation or Isolation()
         self.boot_timeout_s = boot_timeout_s
         self._slots = threading.BoundedSemaphore(max_concurrent)
@@ -255,10 +271,12 @@ class Machines:
         self._claim(name, spec.id)
         self._envs[spec.id] = spec.env
         try:
-            return boot()
+            info = boot()
         except BaseException:
             self._unclaim(name)
             raise
+        self.idle.started(info.id)
+        return info
 
     def fork(
         self,
@@ -279,7 +297,8 @@ class Machines:
             isolation=None,
             control_socket=control_socket,
         )
-        return self._start(name, spec, lambda: self.backend.fork(source, spec))
+        with self.idle.active(source):
+            return self._start(name, spec, lambda: self.backend.fork(source, spec))
 
     def host_view(self, machine_id: str) -> HostView | None:
         """The machine's files and processes as seen from outside it (``None``: this backend cannot see in)."""
@@ -291,7 +310,8 @@ class Machines:
 
     def wait_until_ready(self, machine_id: str, timeout_s: float | None = None) -> MachineInfo:
         """Block until the machine can run commands."""
-        return self.backend.wait_until_ready(machine_id, timeout_s or self.boot_timeout_s)
+        with self.idle.active(machine_id):
+            return self.idle.describe(self.backend.wait_until_ready(machine_id, timeout_s or self.boot_timeout_s))
 
     def exec(
         self,
@@ -305,7 +325,8 @@ class Machines:
     ) -> ExecResult:
         """Run ``cmd`` (a shell string or an argv list); a timeout kills the command's whole process tree."""
         argv, kwargs = self._exec_args(machine_id, cmd, timeout, env, cwd)
-        return self.backend.exec(machine_id, argv, stdin=stdin, **kwargs)
+        with self.idle.active(machine_id):
+            return self.backend.exec(machine_id, argv, stdin=stdin, **kwargs)
 
     def stream_exec(
         self,
@@ -319,7 +340,14 @@ class Machines:
     ) -> Iterator[ExecEvent]:
         """Run ``cmd``, yielding ``stdout``/``stderr`` events as they come and one ``exit`` event last."""
         argv, kwargs = self._exec_args(machine_id, cmd, timeout, env, cwd)
-        return self.backend.stream_exec(machine_id, argv, stdin=stdin, **kwargs)
+        awake = contextlib.ExitStack()
+        awake.enter_context(self.idle.active(machine_id))  # held until the last event is read
+        try:
+            events = self.backend.stream_exec(machine_id, argv, stdin=stdin, **kwargs)
+        except BaseException:
+            awake.close()
+            raise
+        return _held(events, awake)
 
     def _exec_kwargs(
         self, machine_id: str, timeout: float | None, env: Mapping[str, str] | None, cwd: str | None
@@ -351,6 +379,7 @@ class Machines:
         """Kill everything in the machine and remove its disk, mounts and cgroups."""
         with self._lock:
             name = next((n for n, held in self._names.items() if held == machine_id), None)
+        self.idle.forget(machine_id)
         try:
             self.backend.delete(machine_id)
         finally:
@@ -361,7 +390,7 @@ class Machines:
 
     def list(self) -> list[MachineInfo]:
         """Live machines."""
-        return self.backend.list()
+        return [self.idle.describe(info) for info in self.backend.list()]
 
     def prepare_baseline(self, name: str, source: Path) -> Baseline:
         """Freeze a folder (a checked-out repo with its dependencies) as a baseline for ``create(baseline=)``."""
@@ -373,9 +402,16 @@ class Machines:
 
     def close(self) -> None:
         """Delete every machine."""
+        self.idle.close()
         for info in self.list():
             self.delete(info.id)
         self.backend.close()
+
+
+def _held(events: Iterator[ExecEvent], awake: contextlib.ExitStack) -> Iterator[ExecEvent]:
+    """``events``, with ``awake`` closed once they end (or the reader stops reading them)."""
+    with awake:
+        yield from events
 
 
 class AsyncMachines:

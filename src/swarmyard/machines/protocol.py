@@ -18,6 +18,17 @@ class MachineState(StrEnum):
     DELETED = "deleted"
 
 
+class Suspension(StrEnum):
+    """Whether a ready machine's processes run, or were suspended for being idle (see
+    :mod:`swarmyard.machines.idle`); a call or a packet wakes it."""
+
+    RUNNING = "running"
+    #: cgroup freezer: its processes keep their memory and use no CPU
+    FROZEN = "frozen"
+    #: its memory written to disk and its processes ended, restored on wake (not built yet)
+    HIBERNATED = "hibernated"
+
+
 #: Allowed state changes; anything else is a bug in a backend.
 TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
     MachineState.BOOTING: frozenset({MachineState.READY, MachineState.FAILED, MachineState.DELETED}),
@@ -141,6 +152,8 @@ class MachineInfo:
     fork_memory: bool | None = None
     #: for a fork that kept the disk only: why (see :mod:`swarmyard.machines.checkpoint`)
     fork_memory_reason: str | None = None
+    #: whether its processes run or are suspended for being idle (see :mod:`swarmyard.machines.idle`)
+    suspension: Suspension = Suspension.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
