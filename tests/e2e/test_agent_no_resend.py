@@ -10,96 +10,40 @@ reservation, ``unknown``.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigs.upstream import Answer, RawUpstream, completion_calling
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 
-class DroppingUpstream:
-    """Reads each request whole; a worker's is dropped unanswered, the lead's gets a synthesis."""
-
-    def __init__(self) -> None:
-        self.posts: Counter[str] = Counter()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as reader:  # the socket closes only when its file is closed too
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = reader.readline()
-                    if not line:
-                        return
-                    head += line
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                body = json.loads(reader.read(length))
-                self.posts[body["model"]] += 1
-                if body["model"] != "up-lead":
-                    # the request arrived whole; the answer never will (RST, not a clean close)
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    return
-                answer = json.dumps(self._synthesis()).encode()
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                             + str(len(answer)).encode() + b"\r\n\r\n" + answer)
-
-    @staticmethod
-    def _synthesis() -> dict[str, Any]:
-        args = {"title": "synthesis", "body": "The worker's call was lost and not repeated."}
-        return {"id": "chatcmpl-lead", "object": "chat.completion", "created": 0, "model": "up-lead",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                    "role": "assistant", "content": None,
-                    "tool_calls": [{"id": "call_lead", "type": "function",
-                                    "function": {"name": "submit_finding", "arguments": json.dumps(args)}}]}}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
-
-    def close(self) -> None:
-        self._listener.close()
+def _drop_the_workers_calls(body: dict[str, Any]) -> Answer:
+    """A worker's request is dropped unanswered, the lead's gets a synthesis."""
+    if body["model"] != "up-lead":
+        return None
+    return b"200 OK", completion_calling("up-lead", "submit_finding", {
+        "title": "synthesis", "body": "The worker's call was lost and not repeated."})
 
 
 @pytest.fixture
-def upstream() -> Iterator[DroppingUpstream]:
-    server = DroppingUpstream()
+def upstream() -> Iterator[RawUpstream]:
+    server = RawUpstream(_drop_the_workers_calls)
     yield server
     server.close()
 
 
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-n-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def test_a_call_lost_after_it_left_is_not_asked_again(short_tmp: Path, upstream: DroppingUpstream) -> None:
+def test_a_call_lost_after_it_left_is_not_asked_again(short_tmp: Path, upstream: RawUpstream) -> None:
     swarm = short_tmp / "swarm.toml"
     swarm.write_text(f"""
 [goal]

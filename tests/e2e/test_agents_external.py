@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,12 +27,6 @@ from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-x-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 PLANTED = "sk-host-key-that-must-never-reach-a-sandbox-0123456789"
 FINDING = "Hello, team: the greeting is done."

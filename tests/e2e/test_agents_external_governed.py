@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,13 +28,6 @@ FINDING = "Hello, team: the governed greeting is done."
 #: each CLI's own shell tool as its model would call it, and what the CLI answered the model when it did
 SHELL = {"claude": ("Bash", "No such tool available: Bash"), "codex": ("shell", "unsupported call: shell"),
          "opencode": ("bash", "unavailable tool 'bash'")}
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-xg-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("agent", sorted(SHELL))

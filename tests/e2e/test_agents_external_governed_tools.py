@@ -6,9 +6,6 @@ and goals; its hosted web search the broker drops)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,13 +27,6 @@ MCP_PREFIX = {"claude": "mcp__swarmyard__", "codex": "mcp__swarmyard__", "openco
 MCP_READERS = {"claude": set(), "opencode": set(),
                "codex": {"list_mcp_resources", "list_mcp_resource_templates", "read_mcp_resource",
                          "request_user_input"}}
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-xt-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("agent", sorted(MCP_PREFIX))

@@ -18,9 +18,6 @@ the provider once and left one ``unknown`` hold.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,14 +33,6 @@ from swarmyard.swarm.machine_launcher import MachineLauncher
 from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-x-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
 
 
 def _lose_the_first_call(short_tmp: Path, agent: str) -> tuple[ScriptedProvider, list[ReservationState]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,6 @@ pytestmark = [
     pytest.mark.faults,
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from conftest import claimed_worker
+from rigs.network import free_port as _free_port
 from swarmyard.auth.tokens import load_or_create_secret
 from swarmyard.clock import SystemClock
 from swarmyard.domain import ReservationState
@@ -57,12 +57,6 @@ def upstream() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
     server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

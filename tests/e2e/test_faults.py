@@ -29,27 +29,16 @@ import httpx
 import pytest
 
 from invariants import MachineWatch, RunFacts, check_run, machine_processes, machines_root, store_url_of
+from rigs.scripted import tool_call as _tool
 
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 T = TypeVar("T")
 SYNTHESIS = "Go: the findings agree."
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-f-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _finding(n: int | str) -> dict[str, Any]:

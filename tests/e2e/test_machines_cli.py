@@ -28,7 +28,6 @@ import pytest
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SWARMYARD = Path(sys.executable).parent / "swarmyard"

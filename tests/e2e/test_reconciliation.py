@@ -17,8 +17,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,18 +26,10 @@ from swarmyard.families import reconciliation
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reconciliation"
 FIGURES = {"score", "wall_s", "calls", "tokens_in", "tokens_out", "spend_micro_usd", "leftover_holds", "keys_found"}
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-r-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _keyed(folder: Path) -> str:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,6 @@ pytestmark = [
     pytest.mark.model,
     pytest.mark.slow,
     pytest.mark.bwrap,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reconciliation"
@@ -36,13 +32,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reconciliation"
 SEED = 7
 #: The seed's reference run (a large hosted model): its model calls and tokens (in + out).
 SEED_CALLS, SEED_TOKENS = 22, 44_726
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-rl-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tmp: Path) -> None:

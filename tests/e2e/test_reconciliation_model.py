@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +21,9 @@ pytestmark = [
     pytest.mark.model,
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reconciliation"
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-rm-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 #: Shards of the shipped instance the CI run keeps: all ten took 34 min of a loaded 2-core host on SmolLM2.

@@ -21,7 +21,6 @@ from swarmyard.store import open_store
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 MARKET = "Clinicians dictate notes daily and pay for offline dictation; about 5M of them in Europe."

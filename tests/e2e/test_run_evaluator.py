@@ -18,12 +18,11 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from rigs.scripted import tool_call as _tool
 from swarmyard.errors import HoldoutUsedError
 from swarmyard.evaluator.client import EvaluatorClient
 from swarmyard.evaluator.process import EvaluatorProcess, run_folder
@@ -32,7 +31,6 @@ from swarmyard.evaluator.score import SignedScore, verify_score
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
@@ -52,17 +50,6 @@ PROBE = (
     "        pass\n"
     "print('PROBE ' + json.dumps({'found': found, 'connected': ok}))\""
 )
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-ev-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _swarm(folder: Path) -> Path:

@@ -14,28 +14,18 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rigs.scripted import tool_call as _tool
 
 pytestmark = [pytest.mark.slow]
 
 BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "hidden-code"
 DIRECTIONS = tuple(f"d{i:02d}" for i in range(1, 13))
 GUESS = "instance 1 code 0000000000000000"
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-x-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _swarm(folder: Path, *, workers: int, concurrency: int) -> Path:

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from rigs.scripted import tool_call as _tool
 
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 #: prints {"slept": false} when poll_oneoff (one clock subscription of an hour) answers an error, else sleeps it
@@ -44,17 +41,6 @@ _BAD_POINTER = """(module
  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
  (memory (export "memory") 1)
  (func (export "_start") (drop (call $write (i32.const 1) (i32.const 70000) (i32.const 1) (i32.const 64)))))"""
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-h-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _run(folder: Path, swarm: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rigs.scripted import tool_call as _tool
 
 pytestmark = [pytest.mark.slow]
 
@@ -36,17 +36,6 @@ SCORER = """import sys
 from pathlib import Path
 print(1 + 10 * Path(sys.argv[1]).read_text(errors="replace").count("(score "))
 """
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-gw-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _bundle(folder: Path) -> None:

@@ -26,7 +26,6 @@ from swarmyard.store import open_store
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 CLI = "from swarmyard.cli.main import main; main()"

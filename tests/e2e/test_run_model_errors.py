@@ -10,104 +10,44 @@ the run goes on to its lead and ends.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
-import threading
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigs.upstream import Answer, RawUpstream, completion_calling
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SYNTHESIS = "No worker could reach its model."
 
 
-class FailingUpstream:
-    """Reads each request whole; a worker's is dropped (``drop``) or answered 401 (``401``), the lead's gets
-    a synthesis."""
+def _failing_upstream(mode: str) -> RawUpstream:
+    """A worker's request is dropped (``drop``) or answered 401 (``401``), the lead's gets a synthesis."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.posts: Counter[str] = Counter()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+    def behaviour(body: dict[str, Any]) -> Answer:
+        if body["model"] == "up-lead":
+            return b"200 OK", completion_calling("up-lead", "submit_finding",
+                                                 {"title": "synthesis", "body": SYNTHESIS})
+        if mode == "drop":
+            return None
+        return b"401 Unauthorized", {"error": {"message": "Incorrect API key provided",
+                                               "type": "invalid_request_error", "code": "invalid_api_key"}}
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as reader:  # the socket closes only when its file is closed too
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = reader.readline()
-                    if not line:
-                        return
-                    head += line
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                body = json.loads(reader.read(length))
-                self.posts[body["model"]] += 1
-                if body["model"] == "up-lead":
-                    self._send(conn, b"200 OK", self._synthesis())
-                elif self.mode == "drop":
-                    # the request arrived whole; the answer never will (RST, not a clean close)
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    return
-                else:
-                    self._send(conn, b"401 Unauthorized", {"error": {"message": "Incorrect API key provided",
-                                                                     "type": "invalid_request_error",
-                                                                     "code": "invalid_api_key"}})
-
-    @staticmethod
-    def _send(conn: socket.socket, status: bytes, answer: dict[str, Any]) -> None:
-        data = json.dumps(answer).encode()
-        conn.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
-                     + str(len(data)).encode() + b"\r\n\r\n" + data)
-
-    @staticmethod
-    def _synthesis() -> dict[str, Any]:
-        args = {"title": "synthesis", "body": SYNTHESIS}
-        return {"id": "chatcmpl-lead", "object": "chat.completion", "created": 0, "model": "up-lead",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                    "role": "assistant", "content": None,
-                    "tool_calls": [{"id": "call_lead", "type": "function",
-                                    "function": {"name": "submit_finding", "arguments": json.dumps(args)}}]}}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
-
-    def close(self) -> None:
-        self._listener.close()
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-e-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return RawUpstream(behaviour)
 
 
 @pytest.mark.parametrize(("mode", "code"), [("drop", "upstream_unknown"), ("401", "provider_error")])
 def test_a_worker_whose_every_call_fails_fails_its_task_after_max_failures(short_tmp: Path, mode: str,
                                                                           code: str) -> None:
-    upstream = FailingUpstream(mode)
+    upstream = _failing_upstream(mode)
     swarm = short_tmp / "swarm.toml"
     swarm.write_text(f"""
 [goal]

@@ -18,17 +18,14 @@ from typing import Any
 
 import pytest
 
+from rigs.scripted import tool_call as _tool
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SYNTHESIS = "Go: the scout found a market."
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 class Collector:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +26,6 @@ import pytest
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 #: What the upstream reports for every call, and the swarm file's prices (USD per million tokens).
@@ -96,13 +93,6 @@ def upstream() -> Iterator[Upstream]:
     yield server
     server.server.shutdown()
     server.server.server_close()
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-p-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_spend_is_usage_times_price_and_the_fourth_call_is_refused(short_tmp: Path, upstream: Upstream) -> None:

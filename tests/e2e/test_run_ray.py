@@ -21,9 +21,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +73,6 @@ def in_cluster(folder: Path, *argv: str, env: dict[str, str]) -> subprocess.Comp
         logs = "".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(ray_tmp.glob("*.log")))
         done.stderr = f"{logs}--- stderr\n{done.stderr}"
     return done
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-r-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _env(folder: Path) -> dict[str, str]:

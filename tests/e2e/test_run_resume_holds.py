@@ -9,12 +9,9 @@ in flight: the test polls the run's store until a hold is ``held`` and kills the
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,17 +21,9 @@ pytestmark = [
     pytest.mark.faults,
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 LENSES = 6
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-rh-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _swarm(folder: Path) -> Path:

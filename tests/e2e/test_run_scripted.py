@@ -15,27 +15,19 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigs.scripted import tool_call as _tool
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SYNTHESIS = "Go: the scout found a market."
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-s-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _swarm(folder: Path, *, agent: str = "builtin", replies: str | None = "replies/answers.json",
@@ -78,10 +70,6 @@ sandbox = "local"
 def _replies(folder: Path, replies: dict[str, Any]) -> None:
     (folder / "conf" / "replies").mkdir(parents=True, exist_ok=True)
     (folder / "conf" / "replies" / "answers.json").write_text(json.dumps(replies))
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def _run(folder: Path, swarm: Path) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,18 +17,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.network import free_port as _free_port
+
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-sd-"))  # short: Unix socket paths are limited
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_serve_has_the_dashboard_and_keeps_trajectories(folder: Path) -> None:

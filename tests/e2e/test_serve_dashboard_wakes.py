@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,18 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.network import free_port as _free_port
+
 
 @pytest.fixture
 def folder() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-dw-"))  # short: Unix socket paths are limited
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wakes(http: httpx.Client, operator: dict[str, str]) -> float:

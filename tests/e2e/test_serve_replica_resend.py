@@ -25,13 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.network import free_port as _free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SilentUpstream:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import httpx
 import pytest
 from tests.invariants import check_run
 
+from rigs.network import free_port as _free_port
 from swarmyard.domain import ReservationState, TaskState
 from swarmyard.store import SqlStore, open_store
 
@@ -47,12 +47,6 @@ TASKS = 30
 SLOTS = 4
 REPLICAS = 3
 KILL_AFTER = 6  # tasks with a finding before the first replica is killed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(folder: Path) -> dict[str, str]:

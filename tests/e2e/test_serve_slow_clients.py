@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.network import free_port as _free_port
+
 _SAFETY_S = 60  # only so a regression fails instead of hanging: a closed connection reads b"" well before
 
 
@@ -28,12 +30,6 @@ def folder() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-sc-"))  # short: Unix socket paths are limited
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rigs.network import free_port as _free_port
 from swarmyard.plane.trajectory import MAX_FILE_BYTES
 
 
@@ -24,12 +24,6 @@ def folder() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-tf-"))  # short: Unix socket paths are limited
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_worker_cannot_hide_the_file_full_line(folder: Path) -> None:

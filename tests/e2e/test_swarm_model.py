@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,6 @@ pytestmark = [
     pytest.mark.model,
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "three-scouts.toml"
@@ -115,14 +111,6 @@ def run_while_progressing(argv: list[str], *, cwd: Path, env: dict[str, str],
                     proc.wait()
                     pytest.fail(f"the run made no progress for {idle_s:.0f} s: {err.read_text()[-3000:]}")
     return subprocess.CompletedProcess(argv, proc.returncode, out.read_text(), err.read_text())
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A folder with a short path: the plane's Unix socket lives in the run folder (at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="sy-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_three_scouts_on_smollm2_ends_with_a_synthesis(short_tmp: Path) -> None:

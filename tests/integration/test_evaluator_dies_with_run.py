@@ -26,7 +26,7 @@ print(evaluator.pid, flush=True)
 sys.stdin.read()  # until the test kills this process
 """
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = pytest.mark.bwrap
 
 
 def test_the_evaluator_stops_when_its_run_is_killed_and_the_run_resumes() -> None:

@@ -25,8 +25,7 @@ from swarmyard.evaluator.score import verify_score
 from swarmyard.evaluator.service import Evaluator
 from swarmyard.families import code, generate, polyomino, reconciliation
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap]
 
 FULL = 1_000_000
 

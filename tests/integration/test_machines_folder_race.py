@@ -4,7 +4,6 @@ next backend on the root can still tell is dead: it is made under a name saying 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,7 @@ import pytest
 from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.supervised import _start_time
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap]
 
 
 def test_a_folder_half_made_by_a_dead_process_is_reaped_and_a_live_ones_kept(tmp_path: Path) -> None:

@@ -19,8 +19,7 @@ from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.evaluator.process import run_folder
 from swarmyard.swarm.scoring import HOLDOUT_SCORED, RunEvaluator
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="scoring runs in bubblewrap")]
+pytestmark = [pytest.mark.bwrap]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 SORTER = b"import sys\nprint(' '.join(map(str, sorted(map(int, sys.stdin.read().split())))))\n"

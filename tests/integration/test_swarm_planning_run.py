@@ -23,7 +23,7 @@ from swarmyard.swarm.swarm import Swarm
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+    pytest.mark.bwrap,
 ]
 
 

@@ -4,6 +4,7 @@
   at most 107 bytes); ``tests/conftest.py`` serves one as the ``short_tmp`` fixture.
 - ``scripted``: a reply of the scripted provider that calls one tool (``tool_call``).
 - ``network``: a free loopback port.
+- ``upstream``: a model provider on loopback that answers or drops each call as the test says.
 
 The ``bwrap`` mark is the rig's too: ``tests/conftest.py`` skips a test that carries it where bubblewrap is not
 installed, so a module says ``pytest.mark.bwrap`` and nothing else.

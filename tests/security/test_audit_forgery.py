@@ -241,8 +241,6 @@ def test_event_columns_outside_the_hash_are_held_to_the_body(home: Path) -> None
 
 # -- real runs: a resume refuses forged events; a run its witness did not cosign exits 1 -----------------------
 
-bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")
-
 
 def _tool(name: str, **arguments: str) -> dict[str, object]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
@@ -288,7 +286,6 @@ sandbox = "local"
 
 @pytest.mark.bwrap
 @pytest.mark.slow
-@bwrap
 def test_a_resume_refuses_to_sign_events_written_after_the_run_closed(home: Path) -> None:
     swarm = _swarm(home)
     witness = Witness.from_files("witness.test", home / "w.key", home / "w.json")
@@ -319,7 +316,6 @@ def test_a_resume_refuses_to_sign_events_written_after_the_run_closed(home: Path
 
 @pytest.mark.bwrap
 @pytest.mark.slow
-@bwrap
 def test_a_run_whose_witness_did_not_cosign_the_last_checkpoint_exits_1(home: Path) -> None:
     swarm = _swarm(home)
     first = sy(home, "run", str(swarm), "--quiet", "--no-witness")  # the log's own checkpoints only

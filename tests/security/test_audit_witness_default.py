@@ -35,8 +35,7 @@ from swarmyard.audit.tree import MerkleTree
 
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
 
-pytestmark = [pytest.mark.bwrap, pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 
 def sy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +27,6 @@ from swarmyard.machines.local import RELAY_PORT
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
@@ -109,13 +106,6 @@ def model() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-m-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_million_bracket_body_from_inside_a_machine_does_not_kill_the_run(short_tmp: Path, model: str) -> None:

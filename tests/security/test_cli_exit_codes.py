@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import serving_witness
+from rigs.network import free_port as _free_port
 from swarmyard.audit.log import AuditLog, checkpoint_path
 from swarmyard.audit.note import COSIGNATURE_V1, Signer
 from swarmyard.audit.witness import Witness, WitnessState
@@ -89,12 +89,6 @@ def home() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-"))
     yield path
     subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- usage: 2, help: 0 ----------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from rigs.network import free_port as _free_port
 
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
 
@@ -42,12 +43,6 @@ class Dash:
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +158,6 @@ def test_a_cross_site_login_is_refused(dash: Dash) -> None:
 
 @pytest.mark.bwrap
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")
 def test_a_run_with_ui_serves_its_ui_host_and_refuses_others() -> None:
     """``swarmyard run --ui --ui-host dash.test``: the run's dashboard answers by that name and refuses another."""
     folder = Path(tempfile.mkdtemp(prefix="sy-dr-"))  # the run's socket lives in the run folder: keep it short

@@ -6,7 +6,6 @@ backend, which cannot enforce any of it, refuses such a machine.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,8 +19,7 @@ from swarmyard.machines.local import LocalBackend
 from swarmyard.machines.process import ProcessBackend
 from swarmyard.machines.protocol import MachineInfo
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap]
 
 PYTHON = sys.executable
 

@@ -28,8 +28,7 @@ from swarmyard.machines.execs import interpreter_of
 from swarmyard.machines.local import HOME, InitKind, LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap]
 
 LOADER = interpreter_of(sys.executable) or "/lib64/ld-linux-x86-64.so.2"
 

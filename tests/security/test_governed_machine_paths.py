@@ -7,7 +7,6 @@ its path (a slot's read-only module sent again for its next task; a symlink left
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,7 @@ from swarmyard.machines.local import HOME, InitKind, LocalBackend
 from swarmyard.machines.protocol import MachineInfo
 from swarmyard.swarm.machine_launcher import _LOCKED, _REMOVE_TREE
 
-pytestmark = [pytest.mark.bwrap,
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)")]
+pytestmark = [pytest.mark.bwrap]
 
 _PLANTED = b"import sys; sys.stderr.write('SHADOWED\\n'); raise SystemExit(7)\n"
 _USER_SITE = f".local/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"

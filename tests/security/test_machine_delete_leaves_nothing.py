@@ -31,7 +31,6 @@ from swarmyard.machines.protocol import Limits
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 _SCRIPT = r'''

@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from swarmyard.machines.protocol import MachineInfo
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 MiB = 1 << 20
@@ -174,13 +172,6 @@ models = ["sim-worker", "sim-lead"]
 runs_dir = "{runs}"
 sandbox = "local"
 """
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-d-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,

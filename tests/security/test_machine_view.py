@@ -33,7 +33,6 @@ from swarmyard.machines.local import PACKAGE_DIR, LocalBackend
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("swarmyard")

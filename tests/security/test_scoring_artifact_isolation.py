@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CODE = ROOT / "examples" / "code" / "seed-1" / "bundle"
 SORT = ROOT / "examples" / "bundles" / "sort-numbers"
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = pytest.mark.bwrap
 
 FORGE_REPORT = """
 import atexit
