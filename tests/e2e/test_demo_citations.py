@@ -4,8 +4,10 @@ quote a finding cites is checked by the plane against the cited file and line be
 Through the door a user uses: ``swarmyard run FILE --json`` in a subprocess, in real governed bubblewrap machines
 with the real textsearch WASI tool. Once on the scripted provider (the shipped double for a paid model), whose
 first scout makes a quote up: the plane refuses the finding with the reason, the scout is asked again with it and
-its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): the run reaches a synthesis
-and every quote of every stored finding is found, by this test, on the cited line of the cited file.
+its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): every scout stores a
+finding that cites its files (none ends with a no-result placeholder), every quote of every stored finding is
+found, by this test, on the cited line of the cited file, and the synthesis cites those findings and no other,
+each of its claims naming one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 from test_swarm_model import run_while_progressing
 
+from swarmyard.agents import grounding, no_result
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
 from swarmyard.store import open_store
@@ -192,9 +195,14 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert len(scouts) == 3 and synthesis.body.strip(), figures
-    # a scout's finding either cites lines of its files, every quote found there, or says it reached nothing
+    # every scout reached a finding that cites lines of its files, and every quote is found on its line, here
+    assert not any(no_result.is_placeholder(f.body) for f in scouts), [f.body for f in scouts]
     grounded = [f for f in scouts if any(c.kind is CitationKind.SOURCE for c in f.citations)]
-    for finding in scouts:
-        assert finding in grounded or finding.body.startswith("No result was reached for "), finding
-    assert _assert_quotes_on_their_lines(scouts) >= len(grounded) >= 1, [(f.body, f.citations) for f in scouts]
-    assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
+    assert len(grounded) == 3, [(f.body, f.citations) for f in scouts]
+    assert _assert_quotes_on_their_lines(scouts) >= 3
+    # the synthesis rests on those findings only: its citations and every id it names are real findings, and
+    # each of its claims names one
+    real = {f.id for f in scouts}
+    assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == real
+    assert set(grounding.FINDING_ID.findall(synthesis.body)) == real, synthesis.body
+    assert grounding.problem(synthesis.body, [], {f.id: f.title for f in scouts}, [], "") is None, synthesis.body
