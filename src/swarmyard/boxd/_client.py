@@ -32,6 +32,7 @@ from swarmyard.errors import (
     MachineNotRunningError,
     NotFoundError,
     OutOfResourcesError,
+    SwarmyardError,
     UserError,
 )
 from swarmyard.ids import new_id
@@ -191,13 +192,9 @@ class MachinesResource:
             raise UserError("a machine that makes machines needs this client's own plane: not with SWARMYARD_SERVER")
         name = name if name is not None else self.suggest_name()
         self._client._spawners.check_name(name, spawn=spawn)
-        login = plane.login(name, group or DEFAULT_GROUP)
-        try:
-            info = self._sync.create(name, baseline, login.group, env=env, limits=limits,
-                                     control_socket=plane.socket, networks=networks)
-        except BaseException:
-            plane.logout(login)
-            raise
+        info = self._sync.create(name, baseline, group or DEFAULT_GROUP, env=env, limits=limits,
+                                 control_socket=plane.socket, networks=networks)
+        login = self._log_in(plane, info, group or DEFAULT_GROUP)
         self._kept[info.id] = _Kept(login, source, spawn=spawn)
         if spawn:
             self._client._spawners.allow(info.id, login.token)
@@ -264,14 +261,21 @@ class MachinesResource:
         plane = self._client._plane_now()
         name = new_name if new_name is not None else self.suggest_name()
         self._client._spawners.check_name(name, spawn=False)
-        login = plane.login(name, source.group or DEFAULT_GROUP)
-        try:
-            info = self._sync.fork(source.id, name, control_socket=plane.socket)
-        except BaseException:
-            plane.logout(login)
-            raise
+        info = self._sync.fork(source.id, name, control_socket=plane.socket)
+        login = self._log_in(plane, info, source.group or DEFAULT_GROUP)
         self._kept[info.id] = _Kept(login, MachineSource("fork", source.name, id=source.id))
         return self._record(info)
+
+    def _log_in(self, plane: Plane, info: MachineInfo, group: str) -> Login:
+        """The machine's identity at the plane, asked for while the machine boots (the plane's calls and the
+        sandbox's start overlap; its agents' files are written once it is ready); a refusal (the goal's budget
+        spent) deletes the machine and is raised."""
+        try:
+            return plane.login(info.name, group)
+        except BaseException:
+            with contextlib.suppress(SwarmyardError):
+                self._sync.delete(info.id)
+            raise
 
     def disk_digest(self, machine: str) -> str:
         """The digest of the machine's disk as :func:`swarmyard.machines.snapshots.tree_digest` makes it, read
