@@ -202,6 +202,9 @@ class Suspender:
         return frozen
 
     def _sweep_one(self, machine_id: str, record: _Activity) -> bool:
+        group, folder = _group(self.backend, machine_id)
+        if group is None:
+            return False  # no freezer for this machine: nothing to watch it for
         now = self.clock.now()
         packets = self._packets(machine_id, record)
         moved = packets is not None and record.packets is not None and packets != record.packets
@@ -220,9 +223,8 @@ class Suspender:
         assert self.idle_suspend_s is not None
         if record.in_flight or now - record.last_s < self.idle_suspend_s:
             return False
-        group, folder = _group(self.backend, machine_id)
-        if group is None or (folder / live.PAUSED).exists():
-            return False  # no freezer here, or its owner paused it: its owner resumes it
+        if (folder / live.PAUSED).exists():
+            return False  # its owner paused it: its owner resumes it
         group.freeze(True)
         record.move(Suspension.FROZEN)
         # the counters as they stand frozen: a packet from now on is one that came to the frozen machine
