@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import scripted_swarm
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -33,38 +34,7 @@ SYNTHESIS = "Go: the scout found a market."
 def _swarm(folder: Path, *, agent: str = "builtin", replies: str | None = "replies/answers.json",
            extra: str = "") -> Path:
     """A swarm file in ``folder/conf`` (so a relative replies path is not the working folder's)."""
-    conf = folder / "conf"
-    conf.mkdir(exist_ok=True)
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-agent = "{agent}"
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-retry_backoff_s = 0.2
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-{f'replies = "{replies}"' if replies else ""}
-{extra}
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_swarm(folder, agent=agent, replies=replies, extra=extra)
 
 
 def _replies(folder: Path, replies: dict[str, Any]) -> None:

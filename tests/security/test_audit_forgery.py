@@ -24,6 +24,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import serving_witness
+from rigs.swarm_files import scripted_swarm
 from swarmyard.audit.checkpoint import Checkpoint
 from swarmyard.audit.log import RUN_CLOSED, AuditLog, list_checkpoints
 from swarmyard.audit.note import COSIGNATURE_V1, Signer, sign_note
@@ -254,34 +255,7 @@ def _swarm(folder: Path) -> Path:
         "scripted-worker": [tool("submit_finding", title="market", body="Large and growing.")],
         "scripted-lead": [tool("submit_finding", title="synthesis", body="Go.")],
     }))
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-retry_backoff_s = 0.2
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies/answers.json"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_swarm(folder)
 
 
 @pytest.mark.bwrap

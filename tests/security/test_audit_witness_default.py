@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from rigs.swarm_files import scripted_swarm
 from swarmyard.audit.checkpoint import Checkpoint, read_checkpoint
 from swarmyard.audit.log import checkpoint_path, list_checkpoints
 from swarmyard.audit.note import Signer, Verifier, sign_note
@@ -62,34 +63,7 @@ def _swarm(home: Path) -> Path:
 
     (conf / "replies" / "answers.json").write_text(json.dumps({
         "scripted-worker": [finding("market", "Large and growing.")], "scripted-lead": [finding("synthesis", "Go.")]}))
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-retry_backoff_s = 0.2
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies/answers.json"
-[run]
-runs_dir = "{home / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_swarm(home)
 
 
 def _run(home: Path, *flags: str) -> Path:
