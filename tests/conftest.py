@@ -45,10 +45,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     no_bwrap = pytest.mark.skip(reason="needs bubblewrap (scripts/test installs it)")
     missing = shutil.which("bwrap") is None
+    timeouts = config.pluginmanager.hasplugin("timeout")  # pytest-timeout, from the dev extra
     for item in items:
         if missing and item.get_closest_marker("bwrap") is not None:
             item.add_marker(no_bwrap)
-        if item.get_closest_marker("model") is not None and item.get_closest_marker("timeout") is None:
+        if timeouts and item.get_closest_marker("model") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(MODEL_TIMEOUT_S))
 
 
