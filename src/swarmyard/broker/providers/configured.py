@@ -124,7 +124,7 @@ def _local(name: str, cfg: ProviderConfig, cache_dir: Path,
     # A busy 2-core host makes a few tokens a second per slot, and reads a CLI's first prompt for minutes: wait
     # for it (it is on loopback).
     provider = local.LocalProvider(file, name=name, slot_tokens=slots.tokens, n_parallel=slots.count,
-                                   timeouts=Timeouts(read_s=1800.0))
+                                   timeouts=Timeouts(read_s=1800.0), prefix_folder=cache_dir / "prefixes")
     return provider, [_route(name, cfg, model, tokenizer=Tokenizer.PROVIDER, max_output=LOCAL_MAX_OUTPUT,
                              context_tokens=provider.context_tokens)]
 

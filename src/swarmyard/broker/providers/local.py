@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import tempfile
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
@@ -35,10 +36,11 @@ from swarmyard.broker.chat import (
 )
 from swarmyard.broker.formats import openai_chat
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
+from swarmyard.broker.providers.prefixes import MIN_PREFIX_CHARS, Slots, prefix_key
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.broker.tokencount import FunctionCounter, TokenCounter, file_sha256
-from swarmyard.errors import ConfigError, MissingExtraError
+from swarmyard.errors import ConfigError, MissingExtraError, UpstreamLostError
 from swarmyard.ids import new_id
 
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -162,16 +164,71 @@ def tool_schema(request: ChatRequest) -> dict[str, Any]:
     return {"anyOf": branches}
 
 
+#: A tool listing longer than this (characters) is shortened for the model (see ``tool_listing``).
+FULL_LISTING_CHARS = 6000
+#: Claude Code's first system line: a per-request hash for Anthropic's billing, meaningless to this model, and
+#: different in every request, so that nothing after it could be read from a slot's cache.
+_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:(?:\s*[\w.-]+=[^;\n]*;)*\s*")
+
+
+def _summary(description: str) -> str:
+    first = re.split(r"(?<=[.!?])\s|\n", description.strip(), maxsplit=1)[0]
+    return first if len(first) <= 160 else first[:157].rstrip() + "..."
+
+
+def _kind(spec: Any) -> str:
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in kind)
+    if isinstance(kind, str):
+        return kind
+    return "enum" if isinstance(spec, dict) and "enum" in spec else "any"
+
+
+def tool_listing(request: ChatRequest) -> str:
+    """The tools as the model reads them, in full (description and argument schema) while the listing is short.
+
+    An agent CLI's listing is not short: Claude Code's 24 tools are 64 KB of JSON (about 16,000 tokens, minutes
+    of reading on two cores, most of it one tool's manual). Past ``FULL_LISTING_CHARS`` each tool is one line:
+    its name, its arguments' names and types (``?`` when optional) and its description's first sentence. What is
+    cut is the rest of each description and the argument schemas' details; the answer is still constrained by
+    every tool's full argument schema (``tool_schema``), so each call the CLI gets back is valid for its tool.
+    """
+    full = "\n".join(f"- {t.name}: {t.description} arguments schema {json.dumps(t.parameters)}"
+                     for t in request.tools)
+    if len(full) <= FULL_LISTING_CHARS:
+        return full
+    lines = []
+    for t in request.tools:
+        properties = t.parameters.get("properties")
+        required = set(t.parameters.get("required") or ())
+        arguments = ", ".join(f"{name}{'' if name in required else '?'}: {_kind(spec)}"
+                              for name, spec in (properties.items() if isinstance(properties, dict) else ()))
+        lines.append(f"- {t.name}({arguments}): {_summary(t.description)}")
+    return "\n".join(lines)
+
+
 def _tool_prompt(request: ChatRequest) -> str:
-    listing = "\n".join(
-        f"- {t.name}: {t.description} arguments schema {json.dumps(t.parameters)}" for t in request.tools
-    )
     return (
         "You can call these tools:\n"
-        + listing
+        + tool_listing(request)
         + '\nAnswer with JSON only: {"tool": NAME, "arguments": {...}} '
         'to call a tool, or {"final": TEXT} to answer.'
     )
+
+
+def prompt_messages(request: ChatRequest, first: str | None = None) -> tuple[Message, ...]:
+    """The messages as the model reads them: ``first`` and every system text before the first answer joined
+    into one leading system message (Claude Code sends one after the user's prompt: its agents and skills), and
+    Claude Code's billing line dropped. What every request of a CLI shares then comes first, where a slot's
+    cache can serve it; what comes after the first answer stays in place, so a conversation only grows."""
+    answered = next((i for i, m in enumerate(request.messages) if m.role in (Role.ASSISTANT, Role.TOOL)),
+                    len(request.messages))
+    head = [first] if first else []
+    head += [_BILLING_LINE.sub("", m.content) for m in request.messages[:answered] if m.role is Role.SYSTEM]
+    rest = [m for i, m in enumerate(request.messages) if i >= answered or m.role is not Role.SYSTEM]
+    system = "\n\n".join(text for text in head if text)
+    return (Message(Role.SYSTEM, system), *rest) if system else tuple(rest)
 
 
 def decode_tool_answer(response: ChatResponse) -> ChatResponse:
@@ -201,6 +258,7 @@ class LocalProvider:
         n_parallel: int = 4,
         threads: int = 2,
         timeouts: Timeouts | None = None,
+        prefix_folder: Path | None = None,
     ) -> None:
         try:
             import xllamacpp
@@ -216,10 +274,15 @@ class LocalProvider:
         # first difference, and a request goes to the slot whose cached prompt is most like its own
         params.cache_prompt = True
         params.n_cache_reuse = 256
+        if prefix_folder is not None:
+            # long starts saved here outlive the process (see prefixes.py); llama.cpp joins path and name as is
+            prefix_folder.mkdir(parents=True, exist_ok=True)
+            params.slot_save_path = f"{prefix_folder}{os.sep}"
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
         params.use_jinja = True
         params.verbosity = -1
+        params.endpoint_metrics = True  # for prompt_tokens_read
         self.name = name
         self.model = model
         #: the context window one request has: input and answer together
@@ -229,11 +292,21 @@ class LocalProvider:
         self._http = OpenAICompatProvider(f"{self._base}/v1", None, name=name, timeouts=timeouts,
                                           extra_body=ANTI_LOOP)
         self._tokenize = httpx.Client(base_url=self._base, timeout=30)
+        self._slots = Slots(self._base, n_parallel, prefix_folder)
 
     @property
     def base_url(self) -> str:
         """The in-process llama.cpp server's loopback address (its own OpenAI-compatible API, ``/tokenize``...)."""
         return self._base
+
+    def prompt_tokens_read(self) -> int:
+        """Prompt tokens the model has read so far, not counting those a slot's cache served."""
+        response = self._tokenize.get("/metrics")
+        response.raise_for_status()
+        for line in response.text.splitlines():
+            if line.startswith("llamacpp:prompt_tokens_total "):
+                return int(float(line.split()[1]))
+        raise UpstreamLostError(f"{self.name}: llama.cpp's metrics have no prompt_tokens_total")
 
     def _count(self, text: str) -> int:
         response = self._tokenize.post("/tokenize", json={"content": text})
@@ -245,25 +318,29 @@ class LocalProvider:
         return FunctionCounter(f"llama.cpp:{self.model.name}:sha256={self.model.sha256[:16]}", self._count)
 
     def _with_tools(self, request: ChatRequest) -> dict[str, Any]:
-        hinted = replace(
-            request,
-            tools=(),
-            tool_choice=None,
-            stream=False,
-            messages=(Message(Role.SYSTEM, _tool_prompt(request)), *request.messages),
-        )
+        hinted = replace(request, tools=(), tool_choice=None, stream=False,
+                         messages=prompt_messages(request, _tool_prompt(request)))
         return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": tool_schema(request)}
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One answer; with tools, a schema-constrained one decoded into tool calls."""
-        if request.tools and request.tool_choice != "none":
-            return decode_tool_answer(await self._http.complete_body(self._with_tools(request), state))
-        return await self._http.complete(replace(request, tools=(), tool_choice=None), state)
+        if not (request.tools and request.tool_choice != "none"):
+            return await self._http.complete(
+                replace(request, tools=(), tool_choice=None, messages=prompt_messages(request)), state)
+        body = self._with_tools(request)
+        start = body["messages"][0]["content"] if body["messages"][0]["role"] == "system" else ""
+        if len(start) < MIN_PREFIX_CHARS:
+            return decode_tool_answer(await self._http.complete_body(body, state))
+        async with self._slots.lease(prefix_key(self.model.sha256, start)) as slot:
+            if slot is not None:
+                body["id_slot"] = slot
+            return decode_tool_answer(await self._http.complete_body(body, state))
 
     async def stream(self, request: ChatRequest, state: CallState) -> AsyncGenerator[StreamEvent, None]:
         """Streamed text; with tools, the decoded answer as events (a partial tool call is no use)."""
         if not (request.tools and request.tool_choice != "none"):
-            async for event in self._http.stream(replace(request, tools=(), tool_choice=None), state):
+            plain = replace(request, tools=(), tool_choice=None, messages=prompt_messages(request))
+            async for event in self._http.stream(plain, state):
                 yield event
             return
         answer = await self.complete(request, state)
@@ -277,6 +354,7 @@ class LocalProvider:
     async def aclose(self) -> None:
         """Close the loopback clients (the model is freed with the process)."""
         await self._http.aclose()
+        await self._slots.aclose()
         self._tokenize.close()
 
 

@@ -1,0 +1,58 @@
+"""What the embedded model reads of an agent CLI's request: a short tool listing, one leading system message
+that every request of the CLI shares, and no per-request billing line (so a slot's cache can serve the start)."""
+
+from __future__ import annotations
+
+import json
+
+from swarmyard.broker.chat import ChatRequest, Message, Role, Tool
+from swarmyard.broker.providers.local import FULL_LISTING_CHARS, prompt_messages, tool_listing, tool_schema
+
+MANUAL = "Run a workflow. " + "It has many steps, each described at length here. " * 400
+BIG = Tool("Workflow", MANUAL, {"type": "object", "properties": {
+    "name": {"type": "string", "description": "which"}, "steps": {"type": "array", "items": {"type": "string"}},
+    "mode": {"enum": ["a", "b"]}}, "required": ["name"]})
+SMALL = Tool("lookup", "Look a word up.\nSecond line.", {"type": "object", "properties": {"word": {"type": "string"}}})
+
+
+def _request(*messages: Message, tools: tuple[Tool, ...] = (BIG, SMALL)) -> ChatRequest:
+    return ChatRequest("m", messages, tools=tools)
+
+
+def test_a_short_listing_is_given_in_full() -> None:
+    listing = tool_listing(_request(Message(Role.USER, "hi"), tools=(SMALL,)))
+    assert listing == f"- lookup: {SMALL.description} arguments schema {json.dumps(SMALL.parameters)}"
+
+
+def test_a_long_listing_keeps_names_arguments_and_first_sentences_and_the_schema_keeps_the_rest() -> None:
+    request = _request(Message(Role.USER, "hi"))
+    listing = tool_listing(request)
+    assert listing.splitlines() == ["- Workflow(name: string, steps?: array, mode?: enum): Run a workflow.",
+                                    "- lookup(word?: string): Look a word up."]
+    assert len(listing) < FULL_LISTING_CHARS < len(MANUAL)
+    # the answer is still held to each tool's whole argument schema
+    branches = tool_schema(request)["anyOf"]
+    assert branches[0]["properties"]["arguments"] == BIG.parameters
+
+
+def test_claude_codes_billing_line_is_dropped_and_early_system_text_leads() -> None:
+    billing = "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;"
+    messages = prompt_messages(_request(
+        Message(Role.SYSTEM, billing + "You are a Claude agent."),
+        Message(Role.USER, "Today is Tuesday. Say hi."),
+        Message(Role.SYSTEM, "Agents you may start: none."),
+        Message(Role.ASSISTANT, "hi"),
+        Message(Role.SYSTEM, "A reminder after the answer stays in place."),
+        Message(Role.USER, "again")), "TOOLS")
+    assert [m.role for m in messages] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.SYSTEM, Role.USER]
+    assert messages[0].content == "TOOLS\n\nYou are a Claude agent.\n\nAgents you may start: none."
+    assert messages[3].content == "A reminder after the answer stays in place."
+
+
+def test_two_requests_that_differ_only_in_billing_line_and_prompt_share_their_start() -> None:
+    def start(version: str, prompt: str) -> str:
+        return prompt_messages(_request(
+            Message(Role.SYSTEM, f"x-anthropic-billing-header: cc_version={version}; cc_entrypoint=sdk-cli;Sys."),
+            Message(Role.USER, prompt)), "TOOLS")[0].content
+
+    assert start("2.1.197.123", "Say hi") == start("2.1.197.1c0", "Name three colours") == "TOOLS\n\nSys."
