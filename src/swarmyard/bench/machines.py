@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from swarmyard.bench.fork_memory import fork_memory_rows
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.machines import networks, pausing
 from swarmyard.machines.api import Machines
@@ -202,6 +203,7 @@ def run(quick: bool = False, **options: object) -> BenchResult:
             f"{many} x raw bwrap",
         )
     )
+    fork_memory_rows(result, n)
     result.add(BenchRow("raw bwrap --unshare-all true", raw_bwrap, "ms"))
     result.add(BenchRow("raw subprocess true", raw_sub, "ms"))
     result.summary.update(
