@@ -191,3 +191,20 @@ def test_a_packet_on_a_private_network_wakes_a_frozen_machine(machines: Machines
     machines.idle.sweep()
     assert _suspension(machines, quiet.id) is Suspension.RUNNING
     assert not _kernel_frozen(machines, quiet.id)
+
+
+def test_a_streamed_exec_keeps_its_machine_awake_while_it_is_read(machines: Machines, clock: FakeClock) -> None:
+    info = machines.create("stream")
+    machines.wait_until_ready(info.id)
+    unread = machines.stream_exec(info.id, "echo never read")  # a stream never read holds nothing
+    events = machines.stream_exec(info.id, "echo first; while [ ! -e go ]; do sleep 0.01; done; echo last")
+    assert next(events).data == b"first\n"
+    clock.advance(600.0)
+    machines.idle.sweep()
+    assert _suspension(machines, info.id) is Suspension.RUNNING  # being read: never frozen
+    machines.files.upload(info.id, "go", b"")
+    assert [e.kind for e in events][-1] == "exit"
+    clock.advance(61.0)
+    machines.idle.sweep()
+    assert _suspension(machines, info.id) is Suspension.FROZEN
+    del unread

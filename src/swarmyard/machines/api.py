@@ -7,11 +7,11 @@ live at once; ``create`` and ``fork`` past the cap wait in a queue (up to ``queu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -340,14 +340,9 @@ class Machines:
     ) -> Iterator[ExecEvent]:
         """Run ``cmd``, yielding ``stdout``/``stderr`` events as they come and one ``exit`` event last."""
         argv, kwargs = self._exec_args(machine_id, cmd, timeout, env, cwd)
-        awake = contextlib.ExitStack()
-        awake.enter_context(self.idle.active(machine_id))  # held until the last event is read
-        try:
-            events = self.backend.stream_exec(machine_id, argv, stdin=stdin, **kwargs)
-        except BaseException:
-            awake.close()
-            raise
-        return _held(events, awake)
+        self.idle.wake(machine_id)
+        events = self.backend.stream_exec(machine_id, argv, stdin=stdin, **kwargs)
+        return _held(events, self.idle.active(machine_id))
 
     def _exec_kwargs(
         self, machine_id: str, timeout: float | None, env: Mapping[str, str] | None, cwd: str | None
@@ -408,8 +403,9 @@ class Machines:
         self.backend.close()
 
 
-def _held(events: Iterator[ExecEvent], awake: contextlib.ExitStack) -> Iterator[ExecEvent]:
-    """``events``, with ``awake`` closed once they end (or the reader stops reading them)."""
+def _held(events: Iterator[ExecEvent], awake: AbstractContextManager[None]) -> Iterator[ExecEvent]:
+    """``events``, read inside ``awake``: entered at the first read (a stream never read holds nothing), left
+    once they end or the reader stops reading them."""
     with awake:
         yield from events
 
