@@ -26,6 +26,11 @@ def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
     sock.sendall(_HEADER.pack(kind, len(payload)) + payload)
 
 
+def send_frames(sock: socket.socket, frames: Sequence[tuple[bytes, bytes]]) -> None:
+    """Send several frames in one write."""
+    sock.sendall(b"".join(_HEADER.pack(kind, len(payload)) + payload for kind, payload in frames))
+
+
 def send_json(sock: socket.socket, kind: bytes, value: dict[str, Any]) -> None:
     """Send one frame holding JSON."""
     send_frame(sock, kind, json.dumps(value).encode())
