@@ -10,10 +10,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 from conftest import claimed_worker
 from rigs.network import free_port as _free_port
+from rigs.network import http_server
 from swarmyard.auth.tokens import load_or_create_secret
 from swarmyard.clock import SystemClock
 from swarmyard.domain import ReservationState
@@ -52,11 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def upstream() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with http_server(_Handler) as url:
+        yield f"{url}/v1"
 
 
 @pytest.mark.slow

@@ -8,10 +8,9 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from conftest import claimed_worker
 from loopback import serve_in_thread
+from rigs.network import http_server
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
@@ -205,16 +205,10 @@ class _Http10(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def http10(tmp_path: Path) -> Iterator[Rig]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Http10)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    provider = OpenAICompatProvider(f"http://127.0.0.1:{server.server_address[1]}/v1", None, name="oa",
-                                    timeouts=Timeouts(connect_s=5, read_s=10))
-    try:
+    with http_server(_Http10) as upstream:
+        provider = OpenAICompatProvider(f"{upstream}/v1", None, name="oa",
+                                        timeouts=Timeouts(connect_s=5, read_s=10))
         yield from _rig(tmp_path, provider)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_every_call_to_an_http10_upstream_settles(http10: Rig) -> None:

@@ -3,7 +3,7 @@
 - ``folders``: short temporary folders (a run's plane socket lives in its folder, and a Unix socket path holds
   at most 107 bytes); ``tests/conftest.py`` serves one as the ``short_tmp`` fixture.
 - ``scripted``: a reply of the scripted provider that calls one tool (``tool_call``).
-- ``network``: a free loopback port.
+- ``network``: a free loopback port; an ``http.server`` handler served on one (``http_server``).
 - ``upstream``: a model provider on loopback that answers or drops each call as the test says.
 - ``swarm_files``: the one-lens swarm file on the scripted provider (``scripted_swarm``).
 

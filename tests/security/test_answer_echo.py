@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
-import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import pytest
 from serving import Served, child_env, served_with_claim
 from test_key_echo import KEY, assert_no_key
+
+from rigs.folders import short_folder
+from rigs.network import http_server
 
 _SPLIT = 23  # where a streamed key is cut in two
 
@@ -138,26 +137,19 @@ MODELS = ["say", "say-b64", "say-tool", *ERRORS]
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    upstream = f"http://127.0.0.1:{server.server_address[1]}"
-    folder = Path(tempfile.mkdtemp(prefix="sy-answers-"))
-    text = ""
-    for provider, table in {"oa": f'kind = "openai_compatible"\nbase_url = "{upstream}/v1"',
-                            "an": f'kind = "anthropic"\nbase_url = "{upstream}"'}.items():
-        models = [f"{provider}-{m}" for m in MODELS]
-        text += f'[providers.{provider}]\n{table}\napi_key_env = "ECHO_KEY"\nmodels = {json.dumps(models)}\n'
-        text += "".join(f'[providers.{provider}.prices."{m}"]\ninput_usd_per_mtok = "1"\n'
-                        f'output_usd_per_mtok = "1"\n' for m in models)
-    (folder / "providers.toml").write_text(text)
-    try:
+    with http_server(_Upstream) as upstream, short_folder("sy-answers-") as folder:
+        text = ""
+        for provider, table in {"oa": f'kind = "openai_compatible"\nbase_url = "{upstream}/v1"',
+                                "an": f'kind = "anthropic"\nbase_url = "{upstream}"'}.items():
+            models = [f"{provider}-{m}" for m in MODELS]
+            text += (f'[providers.{provider}]\n{table}\napi_key_env = "ECHO_KEY"\n'
+                     f'models = {json.dumps(models)}\n')
+            text += "".join(f'[providers.{provider}.prices."{m}"]\ninput_usd_per_mtok = "1"\n'
+                            f'output_usd_per_mtok = "1"\n' for m in models)
+        (folder / "providers.toml").write_text(text)
         with served_with_claim("--providers", str(folder / "providers.toml"),
                                env={**child_env(), "ECHO_KEY": KEY}, budget_micro_usd=100_000_000) as running:
             yield running
-    finally:
-        server.shutdown()
-        server.server_close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _calls(model: str) -> list[tuple[str, dict[str, Any]]]:

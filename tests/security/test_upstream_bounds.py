@@ -11,17 +11,18 @@ the serving process's peak RSS grows by far less than what was sent.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
 import pytest
 from serving import Served, child_env, served_with_claim
+
+from rigs.folders import short_folder
+from rigs.network import http_server
 
 MIB = 1 << 20
 _BLOCK = b"x" * MIB
@@ -98,23 +99,16 @@ CASES = {"big-error": (False, "released"), "stream-big-error": (True, "released"
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    folder = Path(tempfile.mkdtemp(prefix="sy-bounds-"))
-    (folder / "providers.toml").write_text(
-        f'[providers.big]\nkind = "openai_compatible"\nbase_url = "http://127.0.0.1:{server.server_address[1]}/v1"'
-        f'\napi_key_env = "BIG_KEY"\nmodels = {json.dumps(list(CASES))}\n'
-        + "".join(f'[providers.big.prices."{m}"]\ninput_usd_per_mtok = "1"\noutput_usd_per_mtok = "1"\n'
-                  for m in CASES))
-    try:
+    with http_server(_Upstream) as upstream, short_folder("sy-bounds-") as folder:
+        (folder / "providers.toml").write_text(
+            f'[providers.big]\nkind = "openai_compatible"\nbase_url = "{upstream}/v1"'
+            f'\napi_key_env = "BIG_KEY"\nmodels = {json.dumps(list(CASES))}\n'
+            + "".join(f'[providers.big.prices."{m}"]\ninput_usd_per_mtok = "1"\noutput_usd_per_mtok = "1"\n'
+                      for m in CASES))
         with served_with_claim("--providers", str(folder / "providers.toml"),
                                env={**child_env(), "BIG_KEY": "sk-bounds-0123456789abcdef"},
                                budget_micro_usd=100_000_000) as running:
             yield running
-    finally:
-        server.shutdown()
-        server.server_close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _peak_rss_bytes(served: Served) -> int:
