@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from rigs.swarm_files import upstream_swarm
 from rigs.upstream import Answer, RawUpstream, completion_calling
 
 pytestmark = [
@@ -44,39 +45,8 @@ def upstream() -> Iterator[RawUpstream]:
 
 
 def test_a_call_lost_after_it_left_is_not_asked_again(short_tmp: Path, upstream: RawUpstream) -> None:
-    swarm = short_tmp / "swarm.toml"
-    swarm.write_text(f"""
-[goal]
-objective = "Say one thing."
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "one"
-prompt = "Say one thing."
-[workers]
-count = 1
-concurrency = 1
-max_steps = 4
-max_failures = 1
-exec_timeout_s = 120
-model = "up-worker"
-[lead]
-model = "up-lead"
-[providers.up]
-kind = "openai_compatible"
-base_url = "http://127.0.0.1:{upstream.port}/v1"
-models = ["up-worker", "up-lead"]
-[providers.up.prices.up-worker]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[providers.up.prices.up-lead]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[run]
-runs_dir = "{short_tmp / 'runs'}"
-sandbox = "local"
-""")
+    swarm = upstream_swarm(short_tmp, f"http://127.0.0.1:{upstream.port}/v1", objective="Say one thing.", lens=("one", "Say one thing."),
+                           workers={"max_steps": 4, "max_failures": 1})
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=short_tmp, env=env,
                           capture_output=True, text=True, timeout=600)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from rigs.swarm_files import upstream_swarm
 from rigs.upstream import Answer, RawUpstream, completion_calling
 
 pytestmark = [
@@ -48,40 +49,9 @@ def _failing_upstream(mode: str) -> RawUpstream:
 def test_a_worker_whose_every_call_fails_fails_its_task_after_max_failures(short_tmp: Path, mode: str,
                                                                           code: str) -> None:
     upstream = _failing_upstream(mode)
-    swarm = short_tmp / "swarm.toml"
-    swarm.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-count = 1
-concurrency = 1
-max_steps = 4
-max_failures = 2
-retry_backoff_s = 0
-exec_timeout_s = 120
-model = "up-worker"
-[lead]
-model = "up-lead"
-[providers.up]
-kind = "openai_compatible"
-base_url = "http://127.0.0.1:{upstream.port}/v1"
-models = ["up-worker", "up-lead"]
-[providers.up.prices.up-worker]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[providers.up.prices.up-lead]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[run]
-runs_dir = "{short_tmp / 'runs'}"
-sandbox = "local"
-""")
+    swarm = upstream_swarm(short_tmp, f"http://127.0.0.1:{upstream.port}/v1", objective="Should a small team build a speech app?",
+                           lens=("market", "Size the market."),
+                           workers={"max_steps": 4, "max_failures": 2, "retry_backoff_s": 0})
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
     try:
         done = subprocess.run([str(Path(sys.executable).with_name("swarmyard")), "run", str(swarm)],

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from rigs.swarm_files import upstream_swarm
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
@@ -96,38 +98,9 @@ def upstream() -> Iterator[Upstream]:
 
 
 def test_spend_is_usage_times_price_and_the_fourth_call_is_refused(short_tmp: Path, upstream: Upstream) -> None:
-    swarm = short_tmp / "swarm.toml"
-    swarm.write_text(f"""
-[goal]
-objective = "Post notes while the budget lasts."
-budget_usd = "{BUDGET_USD}"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "notes"
-prompt = "Post notes to the board."
-[workers]
-count = 1
-concurrency = 1
-max_steps = 6
-exec_timeout_s = 120
-model = "up-worker"
-[lead]
-model = "up-lead"
-[providers.up]
-kind = "openai_compatible"
-base_url = "{upstream.base_url}"
-models = ["up-worker", "up-lead"]
-[providers.up.prices.up-worker]
-input_usd_per_mtok = "{INPUT_USD}"
-output_usd_per_mtok = "{OUTPUT_USD}"
-[providers.up.prices.up-lead]
-input_usd_per_mtok = "{INPUT_USD}"
-output_usd_per_mtok = "{OUTPUT_USD}"
-[run]
-runs_dir = "{short_tmp / 'runs'}"
-sandbox = "local"
-""")
+    swarm = upstream_swarm(short_tmp, upstream.base_url, objective="Post notes while the budget lasts.",
+                           lens=("notes", "Post notes to the board."), workers={"max_steps": 6},
+                           budget_usd=BUDGET_USD, input_usd=INPUT_USD, output_usd=OUTPUT_USD)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=short_tmp, env=env,
                           capture_output=True, text=True, timeout=600)

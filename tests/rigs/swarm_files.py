@@ -1,4 +1,4 @@
-"""Swarm files for runs on the scripted provider."""
+"""Swarm files for one-lens runs: on the scripted provider, or on an OpenAI-compatible upstream."""
 
 from __future__ import annotations
 
@@ -42,6 +42,46 @@ models = ["scripted-worker", "scripted-lead"]
 {f'replies = "{replies}"' if replies else ""}
 {extra}
 [run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+def upstream_swarm(folder: Path, base_url: str, *, objective: str, lens: tuple[str, str],
+                   workers: dict[str, int | float], budget_usd: str = "1", input_usd: str = "1",
+                   output_usd: str = "2") -> Path:
+    """``folder/swarm.toml``: one lens for one worker (model ``up-worker``) and a lead (``up-lead``), both on an
+    OpenAI-compatible provider at ``base_url`` at the same prices (USD per million tokens), in local machines.
+
+    ``lens`` is the lens's title and prompt; ``workers`` holds the ``[workers]`` settings beside count = 1,
+    concurrency = 1, exec_timeout_s = 120 and the model.
+    """
+    settings = "".join(f"{key} = {value}\n" for key, value in workers.items())
+    prices = "".join(f'[providers.up.prices.{model}]\ninput_usd_per_mtok = "{input_usd}"\n'
+                     f'output_usd_per_mtok = "{output_usd}"\n' for model in ("up-worker", "up-lead"))
+    path = folder / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "{objective}"
+budget_usd = "{budget_usd}"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "{lens[0]}"
+prompt = "{lens[1]}"
+[workers]
+count = 1
+concurrency = 1
+exec_timeout_s = 120
+{settings}model = "up-worker"
+[lead]
+model = "up-lead"
+[providers.up]
+kind = "openai_compatible"
+base_url = "{base_url}"
+models = ["up-worker", "up-lead"]
+{prices}[run]
 runs_dir = "{folder / 'runs'}"
 sandbox = "local"
 """)
