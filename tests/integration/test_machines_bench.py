@@ -16,7 +16,10 @@ from swarmyard.cli.main import app
 def test_bench_quick_has_the_summary_keys() -> None:
     result = run(quick=True)
     for key in ("create_exec_ms_p50", "create_exec_unparked_ms_p50", "fork_ms_p50", "raw_bwrap_ms_p50", "exec_ms_p50",
-                "pause_resume_ms_p50", "create_exec_snapshot_ms_p50"):
+                "pause_resume_ms_p50", "create_exec_snapshot_ms_p50", "client_plane_start_s",
+                "client_create_ready_exec_ms_p50", "client_create_ratio", "client_fork_ready_ms_p50",
+                "client_delete_ms_p50", "client_create_loaded_ratio", "client_load_slowdown",
+                "backend_load_slowdown", "wake_exec_ms_p50", "wake_thaw_ms_p50"):
         assert result.summary[key] > 0
     assert any(row.baseline for row in result.rows)
 

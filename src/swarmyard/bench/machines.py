@@ -7,20 +7,31 @@ fresh cgroups with their machine folders made, so a cgroup move (an RCU grace pe
 pool refills in the background during the timed loops, as it would in use. The same figure with no launcher
 parked is reported beside it, and so are the Python init (the fallback without a C compiler) and machines
 without cgroup limits.
+
+The same operations are then measured the way a user's script makes them, through the ``Boxd`` client against
+its embedded plane (already up: its start, the first call of a script, is a row of its own), beside the backend's
+own figures taken in the same process and under the same load: create + wait_until_ready + first exec, fork +
+ready, delete; and both again with busy processes loading every core, to compare how each holds up. Last, the
+wake of a machine frozen for being idle (see :mod:`swarmyard.machines.idle`): an exec that finds it frozen.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from swarmyard.bench.fork_memory import fork_memory_rows
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.clock import FakeClock
 from swarmyard.machines import networks, pausing
 from swarmyard.machines.api import Machines
 from swarmyard.machines.local import LocalBackend
@@ -203,6 +214,8 @@ def run(quick: bool = False, **options: object) -> BenchResult:
             f"{many} x raw bwrap",
         )
     )
+    _client_rows(result, max(n, 15))  # a ratio of two medians: five samples each are too few to compare
+    _wake_rows(result, n, exec_ms)
     fork_memory_rows(result, n)
     result.add(BenchRow("raw bwrap --unshare-all true", raw_bwrap, "ms"))
     result.add(BenchRow("raw subprocess true", raw_sub, "ms"))
@@ -233,3 +246,136 @@ def run(quick: bool = False, **options: object) -> BenchResult:
         " (a cgroup move waits for an RCU grace period)"
     )
     return result
+
+
+@contextmanager
+def _load(busy: int) -> Iterator[None]:
+    """``busy`` processes spinning on the CPU for as long as the block lasts."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], env={"PATH": "/usr/bin:/bin"})
+                for _ in range(busy)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def _client_rows(result: BenchResult, n: int) -> None:
+    """The user's path: the ``Boxd`` client on its embedded plane, beside the backend's own figures."""
+    from swarmyard.boxd import Boxd
+
+    counter = iter(range(10**6))
+    busy = os.cpu_count() or 2
+    with tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp:
+        started = time.perf_counter()
+        # the default configuration: the embedded plane and broker on the default local model
+        boxd = Boxd(root=Path(tmp) / "client", budget_usd="1000000", idle_suspend_s=None)
+        assert boxd.goal_id  # the first call that needs the plane starts it
+        plane_start_s = time.perf_counter() - started
+        client = boxd.machines
+        backend = Machines("local", root=Path(tmp) / "backend", idle_suspend_s=None)
+        try:
+            def client_create() -> None:
+                made = client.create(f"c{next(counter)}")
+                client.wait_until_ready(made.id)
+                client.exec(made.id, ["true"])
+
+            def backend_create() -> None:
+                info = backend.create(f"b{next(counter)}")
+                backend.wait_until_ready(info.id)
+                backend.exec(info.id, ["true"])
+
+            def deleted(remove: Callable[[str], None], ids: list[str]) -> list[float]:
+                samples = []
+                for machine_id in ids:
+                    began = time.perf_counter()
+                    remove(machine_id)
+                    samples.append(time.perf_counter() - began)
+                return samples
+
+            client_create()  # each side's first machine pays for its host probe
+            backend_create()
+            quiet = {"client": _ms(_timed(client_create, n)), "backend": _ms(_timed(backend_create, n))}
+            client_delete = _ms(deleted(client.delete, [m.id for m in client.list()]))
+            backend_delete = _ms(deleted(backend.delete, [i.id for i in backend.list()]))
+            source = client.create("source")
+            client.wait_until_ready(source.id)
+            origin = backend.create("origin")
+            backend.wait_until_ready(origin.id)
+
+            def client_fork() -> None:
+                client.wait_until_ready(client.fork(source.id, f"cf{next(counter)}").id)
+
+            def backend_fork() -> None:
+                backend.wait_until_ready(backend.fork(origin.id, f"bf{next(counter)}").id)
+
+            fork = {"client": _ms(_timed(client_fork, n)), "backend": _ms(_timed(backend_fork, n))}
+            for machine in client.list():
+                client.delete(machine.id)
+            for info in backend.list():
+                backend.delete(info.id)
+            with _load(busy):
+                loaded = {"client": _ms(_timed(client_create, n)), "backend": _ms(_timed(backend_create, n))}
+        finally:
+            backend.close()
+            boxd.close()
+    create_ratio = quiet["client"] / quiet["backend"]
+    client_load, backend_load = loaded["client"] / quiet["client"], loaded["backend"] / quiet["backend"]
+    result.add(BenchRow("Boxd() first call: plane start (default model)", plane_start_s, "s", target="<= 5 s"))
+    result.add(BenchRow("Boxd create + wait_until_ready + first exec", quiet["client"], "ms", quiet["backend"],
+                        "the backend's", "<= 1.5x"))
+    result.add(BenchRow("Boxd fork + wait_until_ready", fork["client"], "ms", fork["backend"], "the backend's",
+                        "<= 50 ms"))
+    result.add(BenchRow("Boxd delete", client_delete, "ms", backend_delete, "the backend's"))
+    result.add(BenchRow(f"Boxd create + ready + first exec, {busy} cores busy", loaded["client"], "ms",
+                        loaded["backend"], "the backend's, as loaded", f"<= {create_ratio:.2f}x (quiet ratio)"))
+    result.summary.update(
+        client_plane_start_s=round(plane_start_s, 3),
+        client_create_ready_exec_ms_p50=round(quiet["client"], 2),
+        backend_create_ready_exec_ms_p50=round(quiet["backend"], 2),
+        client_create_ratio=round(create_ratio, 2),
+        client_fork_ready_ms_p50=round(fork["client"], 2),
+        backend_fork_ready_ms_p50=round(fork["backend"], 2),
+        client_fork_ratio=round(fork["client"] / fork["backend"], 2),
+        client_delete_ms_p50=round(client_delete, 2),
+        backend_delete_ms_p50=round(backend_delete, 2),
+        client_delete_ratio=round(client_delete / backend_delete, 2),
+        loaded_cores_busy=busy,
+        client_create_loaded_ms_p50=round(loaded["client"], 2),
+        backend_create_loaded_ms_p50=round(loaded["backend"], 2),
+        client_create_loaded_ratio=round(loaded["client"] / loaded["backend"], 2),
+        client_load_slowdown=round(client_load, 2),
+        backend_load_slowdown=round(backend_load, 2),
+    )
+    result.notes.append(
+        "Boxd rows: the client on its embedded plane (already started; its start is its own row), each figure "
+        "beside the backend's own taken in the same process; the loaded rows run with a spinning process per core, "
+        "and client_load_slowdown vs backend_load_slowdown says whether the client's path holds up as the backend's"
+    )
+
+
+def _wake_rows(result: BenchResult, n: int, exec_ms: float) -> None:
+    """An exec that finds its machine frozen for being idle: the wake (a thaw) plus the exec."""
+    clock = FakeClock()
+    with (
+        tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp,
+        Machines("local", root=Path(tmp), idle_suspend_s=60.0, clock=clock) as machines,
+    ):
+        info = machines.create("sleeper")
+        # something running in it, as in a real idle machine: a background process it keeps
+        machines.exec(info.id, "setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
+        samples, thaws = [], []
+        for _ in range(n):
+            clock.advance(61.0)
+            if info.id not in machines.idle.sweep():
+                raise RuntimeError("the bench's idle machine was not frozen")
+            began = time.perf_counter()
+            machines.exec(info.id, ["true"])
+            samples.append(time.perf_counter() - began)
+            thaws.append((machines.idle.last_wake_us or 0) / 1e6)
+    wake_ms, thaw_ms = _ms(samples), _ms(thaws)
+    result.add(BenchRow("exec on a machine frozen for being idle (wake + exec)", wake_ms, "ms", exec_ms,
+                        "exec on a ready machine", "wake <= 50 ms"))
+    result.add(BenchRow("wake from frozen (thaw alone)", thaw_ms, "ms", target="<= 50 ms"))
+    result.summary.update(wake_exec_ms_p50=round(wake_ms, 2), wake_thaw_ms_p50=round(thaw_ms, 3))
