@@ -322,13 +322,15 @@ class MachinesResource:
                 self.delete(child)
         self._client._spawners.disown(info.id)  # its coordinator no longer lists it
         kept = self._kept.pop(info.id)
+        plane = self._client._plane
+        # its worker is revoked while its sandbox is torn down: the plane's calls overlap the kernel's waits
+        revoking = None if plane is None else _Background(functools.partial(plane.logout, kept.login))
         try:
             if info.state is not MachineState.DELETED:
                 self._sync.delete(info.id)
         finally:
-            plane = self._client._plane
-            if plane is not None:
-                plane.logout(kept.login)
+            if revoking is not None:
+                revoking.result()
 
     def _close(self) -> None:
         for machine_id in list(self._kept):
@@ -336,6 +338,33 @@ class MachinesResource:
                 self.delete(machine_id)
             except NotFoundError:
                 self._kept.pop(machine_id, None)
+
+
+class _Background:
+    """A call run on a thread of its own; ``result`` waits for it and raises what it raised."""
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        self._call = call
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="boxd-background",
+                                                                 daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:  # no new thread at interpreter shutdown (an exit hook's close): run it here
+            self._thread = None
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self._call()
+        except BaseException as exc:  # handed to the caller's thread by result()
+            self._failed = exc
+
+    def result(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self._failed is not None:
+            raise self._failed
 
 
 def _terminated(signum: int, frame: object) -> None:
