@@ -132,6 +132,16 @@ _ENDED = (TaskState.DONE, TaskState.CANCELLED, TaskState.FAILED)
 _BAD_ENDINGS = frozenset({"error", "timeout"})
 
 
+@dataclass(frozen=True, slots=True)
+class _TasksRead:
+    """One read of a goal's tasks that worker slots share: when it started (the loop's clock) and after how many
+    ended agent runs."""
+
+    future: asyncio.Future[list[Task]]
+    at: float
+    generation: int
+
+
 @dataclass(slots=True)
 class Streak:
     """Failed tries in a row: the way the last failed (ending, exit code), how many in a row failed that way,
@@ -215,6 +225,8 @@ class Coordinator:
         self._slot_streaks: dict[str, Streak] = {}  # slot -> its agents' failures without a task, in a row
         self._slot_failed: dict[str, int] = {}  # slot -> failed runs in a row, any way (for the backoff)
         self._retired: dict[str, str] = {}  # slot -> why it launches no more agents
+        self._tasks_read: _TasksRead | None = None  # the worker slots' shared look at the tasks
+        self._runs_ended = 0  # agent runs whose end the coordinator has handled
 
     # -- claims the coordinator settles ---------------------------------------------------------------------
     def _findings_for(self, goal_id: str, task_id: str) -> list[Finding]:
@@ -245,11 +257,31 @@ class Coordinator:
             self.settle_task(task)
 
     # -- step 2-3: workers ----------------------------------------------------------------------------------
-    def _remaining(self, goal: Goal, group: str | None) -> tuple[int, int]:
+    async def _tasks_now(self, goal: Goal) -> list[Task]:
+        """The goal's tasks, read off the event loop at most ``POLL_S`` ago and since the last agent run ended.
+
+        Every worker slot looks at the tasks before each launch and while it waits. Each slot reading them itself,
+        on the loop, made the launches of a large run take turns: N slots read N tasks twice each before their
+        agents could start (N^2 rows decoded while holding the loop, and the GIL the in-process plane serves on).
+        One read is shared by every slot that looks within the same window; an agent run's end starts a new one,
+        so a task it finished is never seen open again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            read = self._tasks_read
+            if read is None or read.generation != self._runs_ended or (
+                    read.future.done() and loop.time() - read.at >= POLL_S):
+                future = asyncio.ensure_future(asyncio.to_thread(self.store.list_tasks, goal.id))
+                read = self._tasks_read = _TasksRead(future, loop.time(), self._runs_ended)
+            tasks = await asyncio.shield(read.future)
+            # an agent run that ended while the read was out may have settled a task it shows still open (a lapsed
+            # lease with a finding): read again rather than hand that task to another agent
+            if read.generation == self._runs_ended:
+                return tasks
+
+    def _remaining(self, tasks: Sequence[Task], group: str) -> tuple[int, int]:
         """(open, unfinished) tasks of ``group`` outside the lead's."""
         now = self.clock.now()
-        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group not in SIDE_GROUPS]
-        unfinished = [t for t in tasks if t.state not in _ENDED]
+        unfinished = [t for t in tasks if t.group == group and t.group not in SIDE_GROUPS and t.state not in _ENDED]
         return sum(1 for t in unfinished if _open(t, now)), len(unfinished)
 
     def _past_deadline(self, goal: Goal) -> bool:
@@ -287,6 +319,7 @@ class Coordinator:
             failed = True
             self._slot_streaks.setdefault(slot.name, Streak()).add(span)
         self._slot_failed[slot.name] = self._slot_failed.get(slot.name, 0) + 1 if failed else 0
+        self._runs_ended += 1  # the tasks it held have moved on: the next look reads them again
         return span
 
     def _fail(self, task: Task, reason: str) -> None:
@@ -329,7 +362,7 @@ class Coordinator:
                 self._retired[slot.name] = why
                 log.warning("%s launches no more agents: %s", slot.name, why)
                 return
-            open_now, unfinished = self._remaining(goal, slot.group)
+            open_now, unfinished = self._remaining(await self._tasks_now(goal), slot.group)
             if unfinished == 0:
                 return
             if open_now == 0:
@@ -338,31 +371,36 @@ class Coordinator:
                 continue
             await self._backoff(goal, slot.name)
             async with gate:
-                handed = self._handed(goal, slot)
+                tasks = await self._tasks_now(goal)
+                # from here to the launcher's run, nothing awaits: the next slot sees this one as running
+                handed = self._handed(tasks, slot)
                 if handed is not None:
                     await self._record(handed)
             if handed is None:
                 await asyncio.sleep(POLL_S)  # every open task is being handed to another slot's agent
 
-    def _handed(self, goal: Goal, slot: WorkerSlot) -> WorkerSlot | None:
+    def _handed(self, tasks: Sequence[Task], slot: WorkerSlot) -> WorkerSlot | None:
         """The slot as its agent gets it. Where tasks have input files, the coordinator hands each agent its
         task (so the launcher can put that task's files in the machine first), never one another slot holds:
         ``None`` when no such task is open. Without files, agents claim whichever task they get, and ``None`` when
         the agents already started will claim every open task."""
         if not any(lens.files for lens in self.config.tasks.lenses):
-            return slot if self._claimable(goal, slot.group) > 0 else None
+            return slot if self._claimable(tasks, slot.group) > 0 else None
         taken = set(self._running.values())
         now = self.clock.now()
-        for task in self.store.list_tasks(goal.id, group=slot.group):
-            if task.group not in SIDE_GROUPS and task.id not in taken and _open(task, now):
+        for task in tasks:
+            if task.group == slot.group and task.group not in SIDE_GROUPS and task.id not in taken \
+                    and _open(task, now):
                 return replace(slot, task_id=task.id)
         return None
 
-    def _claimable(self, goal: Goal, group: str) -> int:
+    def _claimable(self, tasks: Sequence[Task], group: str) -> int:
         """Open tasks of ``group`` that no agent already started for it will claim. An agent still booting holds
-        no claim yet: one more started for the same last task would boot a machine only to end ``no_task``."""
+        no claim yet: one more started for the same last task would boot a machine only to end ``no_task``.
+        (``tasks`` may be a moment old: a task claimed since is counted open, and its agent booting, so the
+        difference is the same.)"""
         now = self.clock.now()
-        tasks = [t for t in self.store.list_tasks(goal.id, group=group) if t.group not in SIDE_GROUPS]
+        tasks = [t for t in tasks if t.group == group and t.group not in SIDE_GROUPS]
         claimed_by = {t.worker_id for t in tasks if t.worker_id}
         booting = sum(1 for name, g in list(self._running_group.items())
                       if g == group and self.launcher.worker_of(name) not in claimed_by)
@@ -370,6 +408,7 @@ class Coordinator:
 
     async def _work_round(self, goal: Goal) -> None:
         gate = asyncio.Semaphore(self.config.workers.concurrency)
+        self._tasks_read = None  # the round's tasks were just made
         slots = [
             WorkerSlot(f"worker-{i}", self.policy.worker_group(i)) for i in range(self.config.workers.count)
         ]
