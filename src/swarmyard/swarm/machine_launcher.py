@@ -93,6 +93,16 @@ def _why(result: ExecResult) -> str:
     return f"exit {result.exit_code}"
 
 
+def machine_cap(config: SwarmConfig) -> int:
+    """The most machines the run keeps at once: ``workers.max_machines`` as the swarm file sets it; left unset,
+    its default or room for every concurrent worker plus the lead or the planner, whichever is more (a run of
+    200 concurrent workers under the default 128 would start its last 72 agents only as the first ones end)."""
+    workers = config.workers
+    if "max_machines" in workers.model_fields_set:
+        return workers.max_machines
+    return max(workers.max_machines, workers.concurrency + 2)
+
+
 class MachineLauncher:
     """Runs agents in ``swarmyard.machines`` machines against an in-process control plane."""
 
@@ -192,12 +202,13 @@ class MachineLauncher:
             routes = await asyncio.to_thread(self._ray.bridge_plane, self.socket, listener.for_nodes(port))
             self.store.record_event("machines.plane_routes", {"goal": goal.id, "nodes": routes})
         workers = self.config.workers
+        cap = machine_cap(self.config)
         # The launcher keeps within the cap itself (RunMachines); the API's own cap is the same number, and a
         # machine made outside the launcher that holds a place longer than an agent may run is an error there.
         self._machines = await asyncio.to_thread(Machines, self._ray or self.config.run.sandbox.value,
-                                                 max_concurrent=workers.max_machines,
+                                                 max_concurrent=cap,
                                                  queue_timeout_s=workers.exec_timeout_s + 60)
-        self._held = RunMachines(workers.max_machines, workers.machine, self._make, self._drop)
+        self._held = RunMachines(cap, workers.machine, self._make, self._drop)
         # the workers, plus the lead or the planner, which may start while the last workers end
         self._pool = ThreadPoolExecutor(max_workers=workers.concurrency + 2, thread_name_prefix="swarmyard-agent")
         self._baseline = await asyncio.to_thread(self._agent_baseline)
