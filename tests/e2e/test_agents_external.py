@@ -16,14 +16,13 @@ import json
 from pathlib import Path
 
 import pytest
-from external_agent_rig import MODEL, assert_installed, swarm_file
+from external_agent_rig import MODEL, assert_installed, run_one_worker, swarm_file
 
 from swarmyard.broker.providers.scripted import Say, ScriptedProvider
 from swarmyard.config import load_config
 from swarmyard.store import open_store
-from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.machine_launcher import MachineLauncher
-from swarmyard.swarm.setup import create_goal, create_round_tasks
+from swarmyard.swarm.setup import create_goal
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
@@ -49,21 +48,8 @@ def test_first_request_reaches_the_broker_with_the_worker_token(
     provider = ScriptedProvider({MODEL: [Say(answer)] * 20}, name="script")
     launcher = MachineLauncher(config, store, run_dir, {"script": provider})
 
-    async def one_worker() -> None:
-        from swarmyard.clock import SystemClock
-        from swarmyard.swarm.policies import make_policy
-
-        goal = create_goal(store, config, SystemClock())
-        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
-        # the coordinator lets a worker claim first; so does this test, under the worker's identity
-        await launcher.start(goal)
-        try:
-            await launcher.run(WorkerSlot("worker-0", "team"))
-        finally:
-            await launcher.close()
-
     try:
-        asyncio.run(one_worker())
+        run_one_worker(config, store, launcher)
         assert provider.requests, f"{agent}'s first model request never reached the broker"
         reservations = [r for g in store.list_goals() for r in store.list_reservations(g.id)]
         assert reservations, "the broker admitted no call"
@@ -133,21 +119,9 @@ def test_the_agent_works_its_task_to_a_submitted_finding(short_tmp: Path, agent:
     provider = ScriptedProvider({MODEL: [CallTools((SUBMIT[agent],)), Say("Submitted.")]}, name="script")
     launcher = MachineLauncher(config, store, run_dir, {"script": provider})
 
-    async def one_worker() -> None:
-        from swarmyard.clock import SystemClock
-        from swarmyard.swarm.policies import make_policy
-
-        goal = create_goal(store, config, SystemClock())
-        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
-        await launcher.start(goal)
-        try:
-            span = await launcher.run(WorkerSlot("worker-0", "team"))
-            assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
-        finally:
-            await launcher.close()
-
     try:
-        asyncio.run(one_worker())
+        span = run_one_worker(config, store, launcher)
+        assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
         assert len(provider.requests) == 2, [r.messages[-1].content[:200] for r in provider.requests]
         (finding,) = [f for g in store.list_goals() for f in store.read_findings(g.id)]
         workers = {w.id for g in store.list_goals() for w in store.list_workers(g.id)}

@@ -6,21 +6,18 @@ then for swarmyard's submit_finding over MCP, which lands in the store."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from external_agent_rig import MODEL, assert_installed, swarm_file
+from external_agent_rig import MODEL, assert_installed, run_one_worker, swarm_file
 
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.config import Profile, load_config
 from swarmyard.errors import SandboxError
 from swarmyard.store import open_store
-from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.machine_launcher import MachineLauncher
-from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
@@ -47,21 +44,9 @@ def test_a_governed_cli_has_no_shell_and_submits_over_mcp(short_tmp: Path, agent
     ]}, name="script")
     launcher = MachineLauncher(config, store, run_dir, {"script": provider})
 
-    async def one_worker() -> None:
-        from swarmyard.clock import SystemClock
-        from swarmyard.swarm.policies import make_policy
-
-        goal = create_goal(store, config, SystemClock())
-        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
-        await launcher.start(goal)
-        try:
-            span = await launcher.run(WorkerSlot("worker-0", "team"))
-            assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
-        finally:
-            await launcher.close()
-
     try:
-        asyncio.run(one_worker())
+        span = run_one_worker(config, store, launcher)
+        assert span.ending == "done", (span, [p.read_text()[-3000:] for p in (run_dir / "agents").iterdir()])
         (finding,) = [f for g in store.list_goals() for f in store.read_findings(g.id)]
         assert finding.body == FINDING
         # the shell call went back to the model as the CLI's own refusal: it has no such tool

@@ -17,20 +17,17 @@ the provider once and left one ``unknown`` hold.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
-from external_agent_rig import MODEL, assert_installed, swarm_file
+from external_agent_rig import MODEL, assert_installed, run_one_worker, swarm_file
 
 from swarmyard.broker.chat import ChatRequest
 from swarmyard.broker.providers.scripted import Fail, FailKind, Say, ScriptedProvider
 from swarmyard.config import load_config
 from swarmyard.domain import ReservationState
 from swarmyard.store import open_store
-from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.machine_launcher import MachineLauncher
-from swarmyard.swarm.setup import create_goal, create_round_tasks
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
@@ -47,20 +44,8 @@ def _lose_the_first_call(short_tmp: Path, agent: str) -> tuple[ScriptedProvider,
     provider = ScriptedProvider({MODEL: [Fail(FailKind.AFTER_SEND)] + [Say(answer)] * 20}, name="script")
     launcher = MachineLauncher(config, store, run_dir, {"script": provider})
 
-    async def one_worker() -> None:
-        from swarmyard.clock import SystemClock
-        from swarmyard.swarm.policies import make_policy
-
-        goal = create_goal(store, config, SystemClock())
-        create_round_tasks(store, goal, config, make_policy(config.policy), 0)
-        await launcher.start(goal)
-        try:
-            await launcher.run(WorkerSlot("worker-0", "team"))
-        finally:
-            await launcher.close()
-
     try:
-        asyncio.run(one_worker())
+        run_one_worker(config, store, launcher)
         states = [r.state for g in store.list_goals() for r in store.list_reservations(g.id)]
     finally:
         store.close()
