@@ -14,14 +14,14 @@ import os
 import sqlite3
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigs.network import http_server
 from swarmyard.machines.local import RELAY_PORT
 
 pytestmark = [
@@ -99,13 +99,8 @@ class _Model(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def model() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Model) as url:
+        yield f"{url}/v1"
 
 
 def test_the_million_bracket_body_from_inside_a_machine_does_not_kill_the_run(short_tmp: Path, model: str) -> None:
