@@ -31,6 +31,7 @@ def until(check, what, limit_s=120.0):
     while not (found := check()):
         if time.monotonic() > end:
             raise SystemExit(f"never: {what}")
+        time.sleep(0.05)  # a poll's pace, not a wait for something to happen: the loop ends on what it sees
     return found
 
 boxd = Boxd(providers=sys.argv[1], root=sys.argv[2], idle_suspend_s=2)
