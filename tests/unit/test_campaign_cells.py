@@ -156,7 +156,8 @@ def test_on_a_model_that_is_not_seeded_the_report_says_how_much_each_figure_move
                                         "wall_s": {"sd": 0.0, "min": 5.0, "max": 5.0}}
     page = markdown(summary, [])
     assert "## What can vary, and by how much" in page
-    assert "- pair/lead-2 over 2 trials: score sd 282.8 [500.0, 900.0]; calls sd 1.4 [8.0, 10.0]" in page
+    assert ("- pair/lead-2 over 2 trials: score sd 282.8 [500, 900]; calls sd 1.4 [8, 10]; tokens sd 777.8 "
+            "[3,200, 4,300]; spend (micro-USD) sd 0.0 [0, 0]; wall s sd 21.2 [60.0, 90.0]") in page
     assert "The trials took 155.0 s in all." in page
     pytest.importorskip("matplotlib")
     files = write_files(summary)

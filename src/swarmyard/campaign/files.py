@@ -150,8 +150,14 @@ def spreads(summary: CampaignSummary) -> list[str]:
         ranges = c.ranges()
         if ranges:
             out.append(f"{c.cell.name} over {len(c.trials)} trials: " + "; ".join(
-                f"{names[k]} sd {sd:,.1f} [{low:,.1f}, {high:,.1f}]" for k, (sd, low, high) in ranges.items()))
+                f"{names[k]} sd {sd:,.1f} [{_figure(low, k)}, {_figure(high, k)}]"
+                for k, (sd, low, high) in ranges.items()))
     return out
+
+
+def _figure(value: float, name: str) -> str:
+    # wall time in tenths of a second; calls, tokens, spend and scores are whole numbers
+    return f"{value:,.1f}" if name == "wall_s" else f"{value:,.0f}"
 
 
 def failures(summary: CampaignSummary) -> list[str]:
