@@ -89,3 +89,18 @@ def test_a_synthesis_claim_with_no_real_finding_behind_it_is_refused(body: str, 
 def test_outside_a_grounded_run_only_the_ids_are_checked() -> None:
     assert grounding.problem("We should build it.", [], REAL, EMPTY, None) is None
     assert grounding.problem("Build it [fnd_zzzzzzzz].", [], REAL, EMPTY, None) is not None
+
+
+def test_a_simulated_lead_reading_its_workers_reports_names_their_best_score_not_that_none_was_scored() -> None:
+    from swarmyard.broker.chat import ChatRequest, Message, Role, Tool
+    from swarmyard.broker.providers.attempts import attempt_answer
+
+    # what the simulated workers submit, as the lead's prompt shows their findings: no "[score N]" line in it
+    reports = [json.loads(attempt_answer(ChatRequest("sim", (Message(Role.USER, f"[score {s}] instance 4 code {c}"),),
+                                                     (Tool("submit_finding", "", {}),))))["action"]["args"]["body"]
+               for s, c in ((250_000, "11110000"), (750_000, "11111100"))]
+    prompt = "Findings:\n" + "\n\n".join(f"[fnd_{i}aaaaaaa] attempt\n{body}" for i, body in enumerate(reports))
+    lead = json.loads(attempt_answer(ChatRequest("sim", (Message(Role.USER, prompt),),
+                                                 (Tool("submit_finding", "", {}),))))["action"]["args"]["body"]
+    assert "No attempt was scored" not in lead
+    assert "750000" in lead and "11111100" in lead

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from swarmyard.broker.chat import ChatRequest
 
 _SCORED = re.compile(r"\[score (-?\d+)\] instance \d+ code (\d+)")
+#: A scored attempt as this model's own finding reports it (below): a lead that reads only findings sees these.
+_REPORTED = re.compile(r"the highest reached (-?\d+) points; that answer for instance \d+ is the code (\d+)")
 _INSTANCE = re.compile(r"\binstance (\d+)\b")
 _LENGTH = re.compile(r"\b(\d{1,3})-digit\b")
 DEFAULT_LENGTH = 16
@@ -61,7 +63,7 @@ def attempt_answer(request: ChatRequest, seed: int = 0, key: str | None = None) 
     without a key, from the request's text."""
     text = "\n".join(message.content for message in request.messages)
     rng = _rng(request, seed, key)
-    scored = [(int(score), code) for score, code in _SCORED.findall(text)]
+    scored = [(int(score), code) for pattern in (_SCORED, _REPORTED) for score, code in pattern.findall(text)]
     instance = (_INSTANCE.findall(text) or ["0"])[0]
     offered = {tool.name for tool in request.tools}
     if "submit_artifact" in offered:
