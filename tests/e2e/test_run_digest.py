@@ -90,7 +90,9 @@ def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -
         [synthesis] = store.read_findings(goal, group=LEAD_GROUP)
     finally:
         store.close()
-    expected = (f"{ANSWER}\n\nFrom the findings:\n- {POINTS[0]} [{scouts['market']}]\n"
+    # the answer names the findings it was written from, and each point the one it came from
+    expected = (f"{ANSWER} [{scouts['market']}] [{scouts['risks']}]\n\nFrom the findings:\n"
+                f"- {POINTS[0]} [{scouts['market']}]\n"
                 f"- {POINTS[1]} [{scouts['risks']}]")
     assert synthesis.body == expected
     assert out.stdout.strip() == expected  # what the user reads: the synthesis, whole

@@ -59,7 +59,9 @@ def test_a_worker_whose_every_call_fails_fails_its_task_after_max_failures(short
     finally:
         upstream.close()
     assert done.returncode == 0, done.stderr[-3000:]  # the run went on to its lead and ended
-    assert done.stdout.strip() == SYNTHESIS
+    answer, note = done.stdout.strip().split("\n\n", 1)
+    assert answer == SYNTHESIS
+    assert note.startswith("1 of 1 tasks reached no result") and f"({code})" in note, note
     [run_dir] = (short_tmp / "runs").iterdir()
     with sqlite3.connect(run_dir / "store.db") as db:
         tasks = {title: (state, attempts, result)

@@ -105,7 +105,10 @@ def test_spend_is_usage_times_price_and_the_fourth_call_is_refused(short_tmp: Pa
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=short_tmp, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "Three notes were posted in budget."
+    answer, note = done.stdout.strip().split("\n\n", 1)
+    assert answer == "Three notes were posted in budget."
+    # the worker's task ended on the budget, and the lead's output says so with the envelope's figures
+    assert note.startswith("1 of 1 tasks reached no result") and "'notes': the budget ran out at step 4" in note
 
     # the upstream saw three worker calls (the fourth was refused before it left) and the lead's one
     assert [r["model"] for r in upstream.requests] == ["up-worker"] * 3 + ["up-lead"]

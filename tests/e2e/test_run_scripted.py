@@ -80,7 +80,10 @@ def test_an_agent_that_fails_at_once_every_time_is_tried_three_times(short_tmp: 
     _replies(short_tmp, {"scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)]})
     done = _run(short_tmp, swarm)
     assert done.returncode == 0, done.stderr[-3000:]  # the run carried on to its lead and ended
-    assert done.stdout.strip() == SYNTHESIS
+    # the synthesis, then the store's line on the task that reached nothing and why
+    answer, note = done.stdout.strip().split("\n\n", 1)
+    assert answer == SYNTHESIS
+    assert note.startswith("1 of 1 tasks reached no result") and "'market': it failed: 3 tries" in note, note
     state, attempts, why = _tasks(short_tmp)["market"]
     assert (state, attempts) == ("failed", 3)
     assert why is not None and why.startswith("3 tries failed the same way: exit 1:") and "context window" in why

@@ -57,11 +57,20 @@ def note_in(text: str) -> str | None:
     return None
 
 
+def without_note(text: str) -> str:
+    """``text`` less its note on tasks that reached no result (the store's words, not the writer's)."""
+    note = note_in(text)
+    return text if note is None else "\n\n".join(b for b in _blocks(text) if b != note)
+
+
 def why_no_result(state: str, result: str | None, bodies: Iterable[str]) -> str | None:
-    """Why a worker task reached no result, or ``None`` when one of its findings (``bodies``) is a result: the
-    limit its placeholder names, else its failure reason, else its state (a task never finished)."""
+    """Why a worker task reached no result, or ``None`` when one of its findings (``bodies``) is a result, or it
+    ended done with none (its result is elsewhere: an artifact it submitted): the limit its placeholder names,
+    else its failure reason, else its state (a task never finished)."""
     bodies = list(bodies)
     if any(not no_result.is_placeholder(body) for body in bodies):
+        return None
+    if state == "done" and not bodies:
         return None
     for body in reversed(bodies):
         if (why := no_result.reason(body)) is not None:

@@ -25,7 +25,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
-from swarmyard.agents import instructions
+from swarmyard.agents import grounding, instructions
 
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
 SHINGLE = 4
@@ -130,7 +130,9 @@ def findings_shown(prompt: str) -> list[tuple[str, str, str]]:
 def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:
     """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt`` or the
     agent's own instructions, or (for a lead, ``read`` maps the ids of the findings it read to their bodies) it
-    copies what it read."""
+    copies what it read. A synthesis's note on the tasks that reached no result is the store's words, not the
+    writer's, and is left out (several tasks stopped by the same limit read alike)."""
+    body = grounding.without_note(body)
     looped = repeated_share(body)
     if looped >= REPEATED:
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
