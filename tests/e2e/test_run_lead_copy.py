@@ -102,7 +102,9 @@ def test_a_leads_shell_cannot_store_a_workers_finding(folder: Path) -> None:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     out = subprocess.run([sys.executable, "-c", CLI, "run", "swarm.toml", "--quiet"], cwd=folder, env=env,
                          capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
+    # both of the lead's submissions are refused, so it reaches no result: that is no synthesis, and the run says so
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "ended without a synthesis: the lead reached no result" in out.stderr
     (run_dir,) = (folder / "runs").iterdir()
     goal = json.loads((run_dir / "run.json").read_text())["goal_id"]
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
