@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import json
 
-from swarmyard.broker.chat import ChatRequest, Message, Role, Tool
-from swarmyard.broker.providers.local import FULL_LISTING_CHARS, prompt_messages, tool_listing, tool_schema
+from swarmyard.broker.chat import ChatRequest, Message, Role, Tool, ToolCall
+from swarmyard.broker.providers.local import (
+    CLI_TOOL_ROUNDS,
+    FINAL_ANSWER,
+    FULL_LISTING_CHARS,
+    answer_schema,
+    prompt_messages,
+    tool_listing,
+    tool_rounds,
+    tool_schema,
+)
 
 MANUAL = "Run a workflow. " + "It has many steps, each described at length here. " * 400
 BIG = Tool("Workflow", MANUAL, {"type": "object", "properties": {
@@ -56,3 +65,30 @@ def test_two_requests_that_differ_only_in_billing_line_and_prompt_share_their_st
             Message(Role.USER, prompt)), "TOOLS")[0].content
 
     assert start("2.1.197.123", "Say hi") == start("2.1.197.1c0", "Name three colours") == "TOOLS\n\nSys."
+
+
+def _rounds(n: int) -> tuple[Message, ...]:
+    out: list[Message] = []
+    for i in range(n):
+        out += [Message(Role.ASSISTANT, "", (ToolCall(f"c{i}", "lookup", "{}"),)),
+                Message(Role.TOOL, "found", tool_call_id=f"c{i}"),
+                Message(Role.USER, "<system-reminder>sent along with the result</system-reminder>")]
+    return tuple(out)
+
+
+def test_an_agent_cli_must_answer_after_its_rounds_of_tools_and_its_prompt_is_unchanged() -> None:
+    start = (Message(Role.SYSTEM, "Sys."), Message(Role.USER, "Say hi."))
+    before = _request(*start, *_rounds(CLI_TOOL_ROUNDS - 1))
+    after = _request(*start, *_rounds(CLI_TOOL_ROUNDS))
+    assert tool_rounds(before) == CLI_TOOL_ROUNDS - 1 and tool_rounds(after) == CLI_TOOL_ROUNDS
+    assert answer_schema(before) == tool_schema(before)
+    assert answer_schema(after) == {"anyOf": [FINAL_ANSWER]}
+    assert prompt_messages(after, "T")[0] == prompt_messages(before, "T")[0]
+    # the user speaking again starts the count again
+    again = _request(*start, *_rounds(CLI_TOOL_ROUNDS), Message(Role.ASSISTANT, "hi"), Message(Role.USER, "More."))
+    assert tool_rounds(again) == 0 and answer_schema(again) == tool_schema(again)
+
+
+def test_a_short_listing_such_as_the_built_in_agents_keeps_its_tools_however_many_rounds() -> None:
+    request = _request(Message(Role.USER, "Work."), *_rounds(CLI_TOOL_ROUNDS + 5), tools=(SMALL,))
+    assert answer_schema(request) == tool_schema(request)

@@ -146,6 +146,9 @@ def inline_refs(schema: Any, defs: dict[str, Any] | None = None, depth: int = 0)
     return {k: inline_refs(v, defs, depth) for k, v in schema.items() if k not in ("$defs", "definitions")}
 
 
+FINAL_ANSWER: dict[str, Any] = {"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"]}
+
+
 def tool_schema(request: ChatRequest) -> dict[str, Any]:
     """One ``anyOf`` branch per allowed tool, plus a final answer unless a tool is required."""
     tools = [t for t in request.tools if request.tool_choice in (None, "auto", "required", t.name)]
@@ -158,14 +161,14 @@ def tool_schema(request: ChatRequest) -> dict[str, Any]:
         for t in tools
     ]
     if request.tool_choice not in ("required",) and request.tool_choice not in {t.name for t in tools}:
-        branches.append(
-            {"type": "object", "properties": {"final": {"type": "string"}}, "required": ["final"]}
-        )
+        branches.append(FINAL_ANSWER)
     return {"anyOf": branches}
 
 
 #: A tool listing longer than this (characters) is shortened for the model (see ``tool_listing``).
 FULL_LISTING_CHARS = 6000
+#: Rounds of tool calls an agent CLI's model gets before it must answer (see ``answer_schema``).
+CLI_TOOL_ROUNDS = 2
 #: Claude Code's first system line: a per-request hash for Anthropic's billing, meaningless to this model, and
 #: different in every request, so that nothing after it could be read from a slot's cache.
 _BILLING_LINE = re.compile(r"^x-anthropic-billing-header:(?:\s*[\w.-]+=[^;\n]*;)*\s*")
@@ -185,6 +188,34 @@ def _kind(spec: Any) -> str:
     return "enum" if isinstance(spec, dict) and "enum" in spec else "any"
 
 
+def _full_listing(request: ChatRequest) -> str:
+    return "\n".join(f"- {t.name}: {t.description} arguments schema {json.dumps(t.parameters)}"
+                     for t in request.tools)
+
+
+def tool_rounds(request: ChatRequest) -> int:
+    """How many times the model has called tools since the user last spoke (a user message that is not the
+    text sent along with tool results)."""
+    rounds = 0
+    for before, message in zip((None, *request.messages), request.messages, strict=False):
+        if message.role is Role.USER and (before is None or before.role is not Role.TOOL):
+            rounds = 0
+        elif message.role is Role.ASSISTANT and message.tool_calls:
+            rounds += 1
+    return rounds
+
+
+def answer_schema(request: ChatRequest) -> dict[str, Any]:
+    """``tool_schema``, or only the final answer once an agent CLI (a request whose tool listing is shortened)
+    has had ``CLI_TOOL_ROUNDS`` rounds of tools since its user spoke. Left to itself the 0.5B model never stops
+    calling Claude Code's tools (one ``claude -p`` made 63 calls in 10 minutes and answered nothing); the prompt
+    is left as it was, so its start is still served from the slot's cache."""
+    if (request.tool_choice in (None, "auto") and tool_rounds(request) >= CLI_TOOL_ROUNDS
+            and len(_full_listing(request)) > FULL_LISTING_CHARS):
+        return {"anyOf": [FINAL_ANSWER]}
+    return tool_schema(request)
+
+
 def tool_listing(request: ChatRequest) -> str:
     """The tools as the model reads them, in full (description and argument schema) while the listing is short.
 
@@ -194,8 +225,7 @@ def tool_listing(request: ChatRequest) -> str:
     cut is the rest of each description and the argument schemas' details; the answer is still constrained by
     every tool's full argument schema (``tool_schema``), so each call the CLI gets back is valid for its tool.
     """
-    full = "\n".join(f"- {t.name}: {t.description} arguments schema {json.dumps(t.parameters)}"
-                     for t in request.tools)
+    full = _full_listing(request)
     if len(full) <= FULL_LISTING_CHARS:
         return full
     lines = []
@@ -320,7 +350,7 @@ class LocalProvider:
     def _with_tools(self, request: ChatRequest) -> dict[str, Any]:
         hinted = replace(request, tools=(), tool_choice=None, stream=False,
                          messages=prompt_messages(request, _tool_prompt(request)))
-        return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": tool_schema(request)}
+        return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": answer_schema(request)}
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One answer; with tools, a schema-constrained one decoded into tool calls."""
