@@ -4,7 +4,8 @@ Run as a user runs it: ``python script.py`` from an ordinary folder, in real ``l
 (installed by scripts/test) answering from the scripted provider through the broker. Once against a running
 ``swarmyard serve`` (``SWARMYARD_SERVER``), whose store then shows one worker per machine, each paying for its
 own calls and revoked at the machine's delete; once with no configuration beyond a providers file, on a plane
-the client starts itself and leaves nothing of behind.
+the client starts itself and leaves nothing of behind; and once with no configuration at all, on the embedded
+model with no key, where every ``claude -p`` must answer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from boxd_seed import SEED, ported
 
+from swarmyard.bench.agents import SCOUTS, cache_with_model, run_seed
 from swarmyard.boxd._plane import OBJECTIVE
 from swarmyard.domain import ReservationState
 from swarmyard.store import open_store
@@ -126,3 +128,15 @@ def test_the_seed_runs_on_a_plane_of_its_own_and_leaves_nothing(folder: Path) ->
     tmp = folder / "tmp"
     assert not list(tmp.glob("sy-boxd-*")), "the embedded plane's folder was left behind"
     assert not [p for root in tmp.glob("swarmyard-machines-*") for p in (root / "m").iterdir()]
+
+
+@pytest.mark.model
+def test_the_seed_runs_on_the_embedded_model_with_no_key_and_every_claude_answers(folder: Path) -> None:
+    # Bounded by progress: each of the script's four execs gives up after its own 600 s, and an exec that gave
+    # up answers nothing, which fails below. The prompt-start cache is this test's own and starts empty.
+    seed = run_seed(folder / "run", cache_with_model(folder), timeout_s=1700)
+    assert seed.exit_code == 0, seed.stderr_tail
+    assert sorted(seed.answers) == sorted([*SCOUTS, "lead"])
+    for name, answer in seed.answers.items():
+        assert answer.strip(), f"claude -p of {name} answered nothing: {seed.stderr_tail}"
+        assert "API Error" not in answer, (name, answer)

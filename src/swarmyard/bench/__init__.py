@@ -21,6 +21,7 @@ AREAS: dict[str, str] = {
     "swarm": "swarmyard.bench.swarm",
     "wasi": "swarmyard.bench.wasi",
     "faults": "swarmyard.bench.faults",
+    "agents": "swarmyard.bench.agents",
 }
 
 
