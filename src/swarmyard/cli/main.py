@@ -24,6 +24,7 @@ NOUNS: dict[str, str] = {
     "machines": "swarmyard.cli.machines",
     "run": "swarmyard.cli.run",
     "runs": "swarmyard.cli.runs",
+    "ui": "swarmyard.cli.ui",
     "campaign": "swarmyard.cli.campaign",
     "serve": "swarmyard.cli.serve",
     "worker": "swarmyard.cli.worker",

@@ -14,7 +14,7 @@ from swarmyard.cli import render
 from swarmyard.config import ReferenceConfig, SandboxKind, load_config
 from swarmyard.domain import TaskState
 from swarmyard.money import format_usd, usd_to_micro
-from swarmyard.report.data import RunScores, WorkerSpan
+from swarmyard.report.data import ReportData, RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
 from swarmyard.swarm.coordinator import ProgressRow, why_no_synthesis
 
@@ -90,7 +90,13 @@ def _figures_table(figures: RunFigures, reference: ReferenceConfig | None = None
     return table
 
 
-def _dashboard(host: str, port: int, names: tuple[str, ...] = ()) -> Any:
+class _Announced:
+    """Where the run's dashboard was served: its port is taken again for the finished run's."""
+
+    port: int | None = None
+
+
+def _dashboard(host: str, port: int, names: tuple[str, ...] = (), seen: _Announced | None = None) -> Any:
     """Where ``--ui`` serves the dashboard: checked before anything starts (loopback only, without TLS)."""
     from swarmyard.errors import UserError
     from swarmyard.plane.dashboard import UiListen
@@ -102,9 +108,19 @@ def _dashboard(host: str, port: int, names: tuple[str, ...] = ()) -> Any:
                         "--tls-ca ...` to reach it from elsewhere")
 
     def announce(url: str, token_file: Path) -> None:
+        if seen is not None:
+            seen.port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
         render.stderr.print(f"dashboard on {url} (operator token in {token_file})", highlight=False, markup=False)
 
     return UiListen(host, port, announce, names)
+
+
+def _serve_finished(run_dir: Path, host: str, seen: _Announced, names: tuple[str, ...]) -> None:
+    """``--ui`` after the run: its dashboard, read-only, until Ctrl-C or SIGTERM, on the live one's port when it
+    is free (a page left open carries on by itself: same address, same token secret, so its sign-in holds)."""
+    from swarmyard.cli.ui import serve_run
+
+    serve_run(run_dir, host, seen.port or 0, names, "the run has ended; its dashboard stays")
 
 
 def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
@@ -119,6 +135,32 @@ def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
         return
     if not quiet:
         render.stderr.print(f"trace: {sent} spans sent to {url}", highlight=False, markup=False)
+
+
+def holds_line(data: ReportData, store_url: str) -> str | None:
+    """What the run left held (a call whose answer never came, or whose broker is gone) and how to settle it; None
+    when nothing is left."""
+    from swarmyard.domain import ReservationState
+
+    left = [r for r in data.reservations if r.state in (ReservationState.HELD, ReservationState.UNKNOWN)]
+    if not left:
+        return None
+    unknown = sum(1 for r in left if r.state is ReservationState.UNKNOWN)
+    return (f"{len(left)} hold{'s' if len(left) != 1 else ''} ({format_usd(sum(r.amount for r in left))}) "
+            f"left open, {unknown} unknown (the answer never came: the provider's bill says what it cost): list "
+            f"them with `swarmyard budget show {data.goal.id} --store {store_url}`, then settle each with "
+            f"`swarmyard budget reconcile RESERVATION --actual MICRO_USD --store {store_url}` (or --release)")
+
+
+def totals_line(run_id: str, data: ReportData, where: Path | str) -> str:
+    """The run's last line: time, calls, tokens, settled spend and, apart, what is still held."""
+    from swarmyard.domain import ReservationState
+
+    held = sum(r.amount for r in data.reservations if r.state in (ReservationState.HELD, ReservationState.UNKNOWN))
+    settled = data.goal.envelope.settled
+    spend = f"{format_usd(settled)} settled" + (f", {format_usd(held)} held" if held else "")
+    return (f"run {run_id}: {data.wall_s:.1f} s, {data.calls} calls, {data.input_tokens + data.output_tokens} "
+            f"tokens, {spend}; report {where}")
 
 
 def scores_line(scores: RunScores) -> str:
@@ -151,7 +193,9 @@ def command(
         "--no-witness", help="Start no witness: the log is signed by its own key only, and `audit verify` cannot "
         "then tell a rollback or a log re-signed with that key.")] = False,
     ui: Annotated[bool, typer.Option(
-        "--ui", help="Serve the live dashboard (/ui) while the run goes; its URL and token file go to stderr.")] = False,
+        "--ui", help="Serve the live dashboard (/ui) while the run goes, and the finished run's (read-only, on "
+        "the same port when it is still free) once it has ended, until Ctrl-C or SIGTERM; its URL and token file go "
+        "to stderr. The exit status is then the run's.")] = False,
     host: Annotated[str, typer.Option(
         "--host", help="With --ui: the address to serve it on (loopback only; beyond it use swarmyard serve "
         "with mutual TLS).")] = "127.0.0.1",
@@ -178,7 +222,8 @@ def command(
 
         if (hint := missing()) is not None:
             raise UserError(hint)  # before any run folder or goal exists
-    dashboard = _dashboard(host, port, tuple(ui_host or ())) if ui else None
+    seen = _Announced()
+    dashboard = _dashboard(host, port, tuple(ui_host or ()), seen) if ui else None
     import os
 
     from swarmyard.telemetry import otlp_url
@@ -211,16 +256,21 @@ def command(
     if traces is not None:
         _export_trace(traces, data, Path(config.run.runs_dir) / result.run_id / "agents", quiet)
     where = result.report.html if result.report else "-"
+    run_dir = Path(config.run.runs_dir) / result.run_id
     if not quiet:
-        tokens = data.input_tokens + data.output_tokens
         render.stderr.print(_figures_table(figures, config.reference))
         if data.scores is not None:
             render.stderr.print(scores_line(data.scores), highlight=False, markup=False)
+        store_url = config.run.store or f"sqlite:///{(run_dir / 'store.db').resolve()}"
+        if (holds := holds_line(data, store_url)) is not None:
+            render.stderr.print(holds, highlight=False, markup=False)
         # the totals line stays the last one: scripts read it
-        render.stderr.print(f"run {result.run_id}: {data.wall_s:.1f} s, {data.calls} calls, {tokens} tokens, "
-                            f"{format_usd(data.spent_micro_usd)}; report {where}",
-                            highlight=False)
+        render.stderr.print(totals_line(result.run_id, data, where), highlight=False, markup=False)
     if data.synthesis is None:
         why = why_no_synthesis(data.tasks, data.findings)
-        render.stderr.print(f"run {result.run_id} ended without a synthesis: {why} (see {where})", highlight=False)
+        render.stderr.print(f"run {result.run_id} ended without a synthesis: {why} (see {where})", highlight=False,
+                            markup=False)
+    if ui:
+        _serve_finished(run_dir, host, seen, tuple(ui_host or ()))
+    if data.synthesis is None:
         raise typer.Exit(1)

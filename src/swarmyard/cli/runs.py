@@ -16,7 +16,7 @@ from swarmyard.money import format_usd
 
 app = typer.Typer(help="Runs in a runs folder: list them, show one.", no_args_is_help=True)
 
-_RunsDir = typer.Option(Path("runs"), "--runs-dir", help="The runs folder ([run] runs_dir of the swarm file).")
+_RunsDir = typer.Option(Path("runs"), "--runs-dir", help="The runs folder (\\[run] runs_dir of the swarm file).")
 
 
 def _state(run_dir: Path) -> dict[str, Any]:
@@ -42,7 +42,8 @@ def _audit_root(run_dir: Path) -> tuple[int, str] | None:
 
 def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     """What a run's store says about it (opened read-mostly: the run is over, or runs elsewhere)."""
-    from swarmyard.domain import TaskState
+    from swarmyard.domain import ReservationState, TaskState
+    from swarmyard.plane.run_view import closed_at
     from swarmyard.report.data import reservation_cost
     from swarmyard.store import open_store
 
@@ -57,15 +58,19 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
         reservations = store.list_reservations(goal.id)
         findings = store.read_findings(goal.id, limit=10_000) if detail else []
         workers = store.list_workers(goal.id) if detail else []
+        scores = store.list_scores(goal.id, split=None)
+        ended = closed_at(store, run_dir, str(state.get("run_id") or run_dir.name))
     finally:
         store.close()
     lead = [t for t in tasks if t.group == "lead"]
     if state.get("lead_done"):
         status = "done"
-    elif lead and lead[-1].state is TaskState.FAILED:
+    elif (lead and lead[-1].state is TaskState.FAILED) or ended is not None:
         status = "no synthesis"
     else:
         status = "running or stopped"
+    holdout = max((s.score for s in scores if s.split == "holdout"), default=None)
+    best = max((s.score for s in scores if s.split == "search"), default=None)
     out: dict[str, Any] = {
         "run": run_dir.name, "goal": goal.id, "status": status, "objective": goal.objective, "policy": goal.policy,
         "started_at": goal.created_at, "tasks": len(tasks),
@@ -74,7 +79,13 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
         "calls": sum(1 for r in reservations if r.state.value != "released"),
         "tokens": sum(r.input_tokens + r.output_tokens for r in reservations),
         "spent_micro_usd": sum(reservation_cost(r) for r in reservations),
+        "settled_micro_usd": goal.envelope.settled,
+        "held_micro_usd": sum(r.amount for r in reservations
+                              if r.state in (ReservationState.HELD, ReservationState.UNKNOWN)),
         "budget_micro_usd": goal.budget_micro_usd,
+        # the holdout score where the run had one, else its best search score
+        "score": holdout if holdout is not None else best, "holdout_score": holdout, "best_score": best,
+        "wall_s": None if ended is None else round(ended - goal.created_at, 3),
     }
     if not detail:
         return out
@@ -119,7 +130,8 @@ def _runs(runs_dir: Path) -> list[Path]:
 
 @app.command("list")
 def list_runs(runs_dir: Path = _RunsDir, as_json: bool = JsonOption) -> None:
-    """Every run in the runs folder, oldest first: status, tasks, calls, tokens and spend."""
+    """Every run in the runs folder, oldest first: state, score (holdout, else best search), wall time, tasks,
+    calls, tokens, settled spend and what is still held."""
     rows = []
     for run_dir in _runs(runs_dir):
         try:
@@ -131,15 +143,21 @@ def list_runs(runs_dir: Path = _RunsDir, as_json: bool = JsonOption) -> None:
     if as_json:
         render.print_json(rows)
         return
-    render.print_table(None, ["run", "status", "tasks", "calls", "tokens", "spend", "objective"], [
-        [r["run"], r["status"], f"{r['tasks_done']}/{r['tasks']}" if "tasks" in r else "-", r.get("calls", "-"),
-         r.get("tokens", "-"), format_usd(r["spent_micro_usd"]) if "spent_micro_usd" in r else "-",
+    render.print_table(None, ["run", "state", "score", "wall", "tasks", "calls", "tokens", "spend", "held",
+                              "objective"], [
+        [r["run"], r["status"], "-" if r.get("score") is None else f"{r['score']:,}",
+         "-" if r.get("wall_s") is None else f"{r['wall_s']:.1f} s",
+         f"{r['tasks_done']}/{r['tasks']}" if "tasks" in r else "-", r.get("calls", "-"), r.get("tokens", "-"),
+         format_usd(r["settled_micro_usd"]) if "settled_micro_usd" in r else "-",
+         format_usd(r["held_micro_usd"]) if r.get("held_micro_usd") else "-",
          str(r.get("objective", ""))[:60]] for r in rows])
 
 
 @app.command()
 def show(run: str = typer.Argument(help="The run id (a folder of the runs folder)."), runs_dir: Path = _RunsDir,
-         as_json: bool = JsonOption) -> None:
+         as_json: bool = JsonOption,
+         ui: bool = typer.Option(False, "--ui", help="Serve the run's dashboard instead, read-only, on loopback "
+                                 "until Ctrl-C (as `swarmyard ui RUN_FOLDER` does).")) -> None:
     """One run: its goal, tasks, workers with their trajectories, findings, synthesis and audit root."""
     if _RUN_ID.fullmatch(run) is None:  # fullmatch: "abc\n" is no id, nor is a name too long for a folder
         shown = run if len(run) <= 60 else run[:60] + "..."
@@ -147,6 +165,11 @@ def show(run: str = typer.Argument(help="The run id (a folder of the runs folder
     run_dir = runs_dir / run
     if not (run_dir / "run.json").is_file():
         raise UserError(f"no run {run} in {runs_dir}")
+    if ui:
+        from swarmyard.cli.ui import serve_run
+
+        serve_run(run_dir, "127.0.0.1", 0, (), f"run {run}: its dashboard")
+        return
     try:
         info = _summary(run_dir, detail=True)
     except StoreError as exc:

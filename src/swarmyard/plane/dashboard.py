@@ -39,7 +39,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Scope
 
 from swarmyard.auth.tokens import TokenAuthority
-from swarmyard.domain import Goal, ReservationState
+from swarmyard.domain import Goal, Reservation, ReservationState
 from swarmyard.errors import (
     CrossSiteError,
     ForbiddenError,
@@ -50,6 +50,7 @@ from swarmyard.errors import (
     PayloadTooLargeError,
     SwarmyardError,
 )
+from swarmyard.plane.agent_errors import AgentError, AgentLogs
 from swarmyard.plane.limits import read_limited
 from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
 from swarmyard.store.protocol import Store
@@ -58,6 +59,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
 MachinesView = Callable[[], list[dict[str, Any]]]
+UsageView = Callable[[], dict[str, dict[str, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What the page says of the run itself: whether it has ended, when, and how (a finished run's dashboard
+    is read-only, and its timeline ends with the run)."""
+
+    finished: bool = False
+    ended_at: float | None = None
+    #: ``synthesis``, ``no synthesis`` or ``stopped`` (interrupted before it closed); None while it runs
+    outcome: str | None = None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON values."""
+        return {"finished": self.finished, "ended_at": self.ended_at, "outcome": self.outcome, "id": self.run_id}
+
 
 @dataclass(frozen=True, slots=True)
 class UiListen:
@@ -194,8 +213,11 @@ def cross_site(request: Request, *, required: bool) -> str | None:
 
 
 def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
-               usage: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
-    """Everything the dashboard shows of one goal, as JSON values (read from the store, nothing written)."""
+               usage: dict[str, dict[str, int]] | None = None, facts: RunFacts | None = None,
+               errors: dict[str, AgentError] | None = None) -> dict[str, Any]:
+    """Everything the dashboard shows of one goal, as JSON values (read from the store, nothing written).
+
+    ``errors``: each worker's last error (from its agent log); ``facts``: how the run ended, if it has."""
     goal = store.get_goal(goal_id)
     tasks = store.list_tasks(goal_id)
     reservations = store.list_reservations(goal_id)
@@ -221,12 +243,15 @@ def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
     for w in store.list_workers(goal_id):
         spent = per_worker.get(w.id, {})
         claim = next((t for t in tasks if t.worker_id == w.id), None)
+        error = (errors or {}).get(w.id)
         workers.append({"id": w.id, "group": w.group, "revoked": w.revoked,
                         "task": claim.title if claim else None,
                         "task_state": claim.state.value if claim else None, **(usage or {}).get(w.id, {}),
-                        **spent})
+                        **spent, "error": error.to_dict() if error is not None else None})
     return {
         "goal": _goal(goal),
+        "run": (facts or RunFacts()).to_dict(),
+        "holds": _holds(store, goal, reservations, finished=facts is not None and facts.finished),
         "tasks": [{"id": t.id, "title": t.title, "group": t.group, "state": t.state.value, "depth": t.depth,
                    "worker": t.worker_id, "fencing_token": t.fencing_token, "lease_expires_at": t.lease_expires_at,
                    "attempts": t.attempts, "result": _cut(t.result or "", 500),
@@ -245,6 +270,22 @@ def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
         "scores": [{"finding": f.id, "author": f.author, "score": f.score, "at": f.created_at}
                    for f in findings if f.score is not None],
         "calls": calls[-2000:],
+    }
+
+
+def _holds(store: Store, goal: Goal, reservations: Sequence[Reservation], *, finished: bool) -> dict[str, Any]:
+    """The holds an operator must settle: ``unknown`` ones always (the answer never came: only the provider's
+    bill says what it cost), ``held`` ones once the run has ended (their broker is gone); and the commands."""
+    unknown = [r for r in reservations if r.state is ReservationState.UNKNOWN]
+    held = [r for r in reservations if r.state is ReservationState.HELD]
+    left = unknown + (held if finished else [])
+    url = store.url
+    return {
+        "unknown": len(unknown), "held": len(held), "open": len(left),
+        "open_micro_usd": sum(r.amount for r in left),
+        "ids": [r.id for r in left[:20]],
+        "show": f"swarmyard budget show {goal.id} --store {url}",
+        "reconcile": f"swarmyard budget reconcile RESERVATION (--actual MICRO_USD | --release) --store {url}",
     }
 
 
@@ -272,9 +313,19 @@ class Dashboard:
 
     def __init__(self, store: Store, tokens: TokenAuthority, offload: Offload[Any], *,
                  trajectories: TrajectoryFiles | None = None, machines: MachinesView | None = None,
-                 hosts: Sequence[str] = ()) -> None:
-        """``hosts``: names beside its listening address the dashboard answers to over TCP (``ui_hosts``)."""
+                 hosts: Sequence[str] = (), usage: UsageView | None = None, facts: RunFacts | None = None,
+                 agents: Path | None = None) -> None:
+        """``hosts``: names beside its listening address the dashboard answers to over TCP (``ui_hosts``).
+
+        ``usage``: each worker's CPU time and memory (default: what ``trajectories`` saw in this process);
+        ``agents``: the folder of the runner's agent logs, where each worker's last error is read (default: the
+        trajectories' folder, which a run shares with them); ``facts``: a finished run's (the page is then a
+        still picture: its stream sends the state once)."""
         self._hosts = tuple(hosts)
+        self._usage_view = usage
+        self._facts = facts
+        folder = agents if agents is not None else (trajectories.folder if trajectories is not None else None)
+        self._logs = AgentLogs(folder) if folder is not None else None
         self._store = store
         self._tokens = tokens
         self._offload = offload
@@ -298,11 +349,14 @@ class Dashboard:
         lock = self._locks.setdefault(goal_id, asyncio.Lock())
         async with lock:
             cached = self._built.get(goal_id)
-            if cached is not None and cached[1] == self._generation and loop.time() - cached[0] < POLL_S / 2:
+            # a finished run's state never changes: built once
+            frozen = self._facts is not None and self._facts.finished
+            fresh = cached is not None and cached[1] == self._generation and loop.time() - cached[0] < POLL_S / 2
+            if cached is not None and (frozen or fresh):
                 return cached[2]
             generation = self._generation
             try:
-                state = await asyncio.to_thread(goal_state, self._store, goal_id, self._machines, self._usage())
+                state = await asyncio.to_thread(self._state, goal_id)
                 text = json.dumps(state, separators=(",", ":"), default=str)
             except SwarmyardError as exc:
                 text = json.dumps(exc.to_dict())
@@ -312,7 +366,14 @@ class Dashboard:
             return text
 
     def _usage(self) -> dict[str, dict[str, int]]:
+        if self._usage_view is not None:
+            return self._usage_view()
         return self._trajectories.usage() if self._trajectories is not None else {}
+
+    def _state(self, goal_id: str) -> dict[str, Any]:
+        """``goal_state`` with everything this dashboard knows beside the store (blocking: call on a thread)."""
+        errors = self._logs.errors() if self._logs is not None else None
+        return goal_state(self._store, goal_id, self._machines, self._usage(), self._facts, errors)
 
     @property
     def wakes(self) -> int:
@@ -404,7 +465,7 @@ class Dashboard:
         try:
             self._check(request)
             goal_id = _id(request.query_params.get("goal"), "goal")
-            state = await self._offload(lambda: goal_state(self._store, goal_id, self._machines, self._usage()))
+            state = await self._offload(lambda: self._state(goal_id))
         except SwarmyardError as exc:
             return _error(exc)
         return JSONResponse(state, headers=_HEADERS)

@@ -93,6 +93,20 @@ def _why(result: ExecResult) -> str:
     return f"exit {result.exit_code}"
 
 
+def _tail_text(data: bytes, limit: int) -> str:
+    """The end of an agent's output for a log line: decoded text, its request log lines left out, at most
+    ``limit`` characters, cut at a word with an ellipsis where it was cut (``-`` when nothing is left)."""
+    text = " / ".join(line.strip() for line in data.decode("utf-8", "replace").splitlines()
+                      if line.strip() and "HTTP Request:" not in line)
+    if len(text) <= limit:
+        return text or "-"
+    tail = text[-(limit - 1):]
+    space = tail.find(" ")
+    if 0 <= space < limit // 2:
+        tail = tail[space + 1:]
+    return "…" + tail
+
+
 def machine_cap(config: SwarmConfig) -> int:
     """The most machines the run keeps at once: ``workers.max_machines`` as the swarm file sets it; left unset,
     its default or room for every concurrent worker plus the lead or the planner, whichever is more (a run of
@@ -395,8 +409,8 @@ class MachineLauncher:
             path, claimed, fencing_token, title = submit
             ending = self._submit_for(machine_id, path, token, claimed, fencing_token, title)
             if ending != "done":
-                log.warning("%s: agent exit %s: %s | %s", slot.name, result.exit_code, result.stderr[-500:],
-                            result.stdout[-1500:])
+                log.warning("%s: agent exit %s: %s | %s", slot.name, result.exit_code,
+                            _tail_text(result.stderr, 500), _tail_text(result.stdout, 1500))
             return WorkerSpan(who.worker_id, claimed, started, time.time(), ending, 1, slot.name,
                               result.exit_code, _why(result))
         ending, task_id, steps_done = "timeout" if result.timed_out else "error", None, 0
@@ -409,7 +423,7 @@ class MachineLauncher:
         if ending in ("error", "timeout"):
             # agent CLIs often report on stdout (codex --json): show the tail of both
             log.warning("%s: agent %s (exit %s): %s | %s", slot.name, ending, result.exit_code,
-                        result.stderr[-500:], result.stdout[-1500:])
+                        _tail_text(result.stderr, 500), _tail_text(result.stdout, 1500))
         return WorkerSpan(who.worker_id, task_id, started, time.time(), ending, steps_done, slot.name,
                           None if result.timed_out else result.exit_code, _why(result))
 

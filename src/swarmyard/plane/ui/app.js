@@ -54,17 +54,33 @@ function renderGoal(state) {
   $("bar-held").style.width = Math.min(100, 100 * g.held_micro_usd / ceiling) + "%";
 }
 
+// workers in slot order (worker-2 before worker-10, the lead last), each slot's runs in the order they began
+function bySlot(state) {
+  const slots = slotOf(state);
+  const order = new Map(state.workers.map((w, i) => [w.id, i]));
+  const rank = (w) => (slots.get(w.id) === undefined ? 2 : slots.get(w.id) === "lead" ? 1 : 0);
+  return state.workers.slice().sort((a, b) => rank(a) - rank(b) ||
+    (slots.get(a.id) || "").localeCompare(slots.get(b.id) || "", undefined, { numeric: true }) ||
+    order.get(a.id) - order.get(b.id));
+}
+
+function errorCell(error) {
+  if (!error) return el("td", {}, "-");
+  return el("td", { class: "error", title: error.message }, el("code", {}, error.code), " ", error.message);
+}
+
 function renderWorkers(state) {
   const machines = new Map(state.machines.map((m) => [m.worker, m]));
-  const rows = state.workers.map((w) => {
+  const rows = bySlot(state).map((w) => {
     const m = machines.get(w.id) || {};
-    const row = el("tr", { "data-worker": w.id, class: w.id === openWorker ? "selected" : "" },
+    const row = el("tr", { "data-worker": w.id, "data-slot": m.slot || "", class: (w.id === openWorker ? "selected" : "") + (w.error ? " failed" : "") },
       el("td", {}, m.slot ? m.slot + " " : "", el("code", {}, w.id)), el("td", {}, w.group),
-      el("td", {}, m.machine || "-"), el("td", {}, m.state || (w.revoked ? "revoked" : "-")),
+      el("td", {}, m.machine || "-"),
+      el("td", {}, w.error && m.state !== "running" ? "failed" : m.state || (w.revoked ? "revoked" : "-")),
       el("td", {}, w.task ? w.task + " (" + w.task_state + ")" : "-"), el("td", {}, w.calls || 0),
       el("td", {}, (w.input_tokens || 0) + (w.output_tokens || 0)), el("td", {}, usd(w.spent_micro_usd || 0)),
       el("td", {}, w.cpu_ms ? (w.cpu_ms / 1000).toFixed(1) + " s" : "-"),
-      el("td", {}, bytes((w.max_rss_kb || 0) * 1024)));
+      el("td", {}, bytes((w.max_rss_kb || 0) * 1024)), errorCell(w.error));
     row.addEventListener("click", () => showTrajectory(w.id));
     return row;
   });
@@ -75,7 +91,38 @@ function renderTasks(state) {
   replaceRows($("tasks").tBodies[0], state.tasks.map((t) => el("tr", { "data-task": t.id, class: "state-" + t.state },
     el("td", { title: t.result || "" }, t.title), el("td", {}, t.group), el("td", {}, t.state),
     el("td", {}, t.worker || "-"), el("td", {}, t.fencing_token ?? "-"), el("td", {}, clock(t.lease_expires_at)),
-    el("td", {}, t.attempts), el("td", {}, t.calls), el("td", {}, usd(t.spent_micro_usd)))));
+    el("td", {}, t.attempts), el("td", {}, t.calls), el("td", {}, usd(t.spent_micro_usd)),
+    el("td", { class: t.state === "failed" ? "error" : "" }, t.state === "failed" ? t.result || "(no reason given)" : ""))));
+}
+
+// what went wrong, where the eye lands first: the run's end, failed tasks, errors by code, holds to reconcile
+function renderBanner(state) {
+  const run = state.run, holds = state.holds, lines = [];
+  if (run.finished && run.outcome === "no synthesis") lines.push(el("p", { class: "headline" }, "The run ended without a synthesis."));
+  if (run.finished && run.outcome === "stopped") lines.push(el("p", { class: "headline" }, "The run stopped before it closed (interrupted, or it failed)."));
+  for (const t of state.tasks.filter((t) => t.state === "failed"))
+    lines.push(el("p", { "data-failed-task": t.id }, "Task ", el("b", {}, t.title), " failed after " + t.attempts + " tries: " + (t.result || "(no reason given)")));
+  const codes = new Map();
+  for (const w of state.workers) if (w.error) codes.set(w.error.code, (codes.get(w.error.code) || 0) + 1);
+  if (codes.size)
+    lines.push(el("p", { id: "error-codes" }, "Workers' last errors by code: ", ...[...codes].flatMap(([code, n], i) =>
+      [i ? ", " : "", el("code", {}, code), " × " + n])));
+  if (holds.open) {
+    const what = holds.open + " hold" + (holds.open === 1 ? "" : "s") + " (" + usd(holds.open_micro_usd) + ") still open" +
+      (holds.unknown ? ", " + holds.unknown + " unknown: the request left and its answer never came, so only the provider's bill says what it cost" : "") + ".";
+    lines.push(el("p", { id: "reconcile" }, what + " List them with ", el("code", {}, holds.show),
+      ", then settle each with ", el("code", {}, holds.reconcile), "."));
+  }
+  $("banner").hidden = lines.length === 0;
+  $("banner").className = run.finished && run.outcome !== "synthesis" ? "banner failure" : "banner";
+  $("banner").replaceChildren(...lines);
+}
+
+function renderRun(state) {
+  const run = state.run;
+  if (!run.finished) return;
+  $("live").textContent = "finished · read-only" + (run.outcome ? " · " + run.outcome : "");
+  $("live").className = "live finished";
 }
 
 function renderBoard(state) {
@@ -114,14 +161,16 @@ function who(slots, id) {
 
 function renderTimeline(state) {
   const slots = slotOf(state);
-  const lanes = state.workers.map((w) => w.id);
+  const lanes = bySlot(state).map((w) => w.id);
   const start = state.goal.created_at;
-  const times = state.calls.map((c) => c.end).concat(state.board.map((p) => p.at), state.findings.map((f) => f.at), [Date.now() / 1000]);
-  const end = Math.max(start + 1, ...times);
+  // a finished run's timeline ends with the run; a live one's now
+  const times = state.calls.map((c) => c.end).concat(state.board.map((p) => p.at), state.findings.map((f) => f.at),
+    state.run.finished ? [] : [Date.now() / 1000]);
+  const end = state.run.finished && state.run.ended_at ? Math.max(start + 1, state.run.ended_at) : Math.max(start + 1, ...times);
   const width = 900, left = 170, lane = 22, height = 30 + lane * Math.max(1, lanes.length);
   const x = (t) => left + (width - left - 10) * (t - start) / (end - start);
   const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "timeline", role: "img" });
-  chart.append(svg("text", { x: left, y: 12, class: "axis" }, "0 s"), svg("text", { x: width - 60, y: 12, class: "axis" }, (end - start).toFixed(1) + " s"));
+  chart.append(svg("text", { x: left, y: 12, class: "axis" }, "0 s"), svg("text", { x: width - 60, y: 12, class: "axis", "data-span": (end - start).toFixed(1) }, (end - start).toFixed(1) + " s"));
   lanes.forEach((id, i) => {
     const y = 20 + i * lane;
     chart.append(svg("text", { x: 4, y: y + 14, class: "lane" }, who(slots, id).slice(0, 24)));
@@ -164,6 +213,8 @@ function render(state) {
   lastState = state;
   if (state.error) { $("live").textContent = state.error.message; return; }
   renderGoal(state);
+  renderRun(state);
+  renderBanner(state);
   renderWorkers(state);
   renderTasks(state);
   renderTimeline(state);
@@ -201,7 +252,11 @@ function connect(goalId) {
   history.replaceState(null, "", url);
   source = new EventSource("/ui/events?goal=" + encodeURIComponent(goalId));
   source.addEventListener("state", (event) => { $("live").textContent = "live"; $("live").className = "live on"; render(JSON.parse(event.data)); });
-  source.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "live"; });
+  source.addEventListener("error", () => {
+    // a finished run's page keeps what it shows; a live one's server may be handing over to the finished view
+    if (lastState && lastState.run && lastState.run.finished) { $("live").textContent = "finished · read-only · server stopped"; return; }
+    $("live").textContent = "reconnecting"; $("live").className = "live";
+  });
 }
 
 async function start() {

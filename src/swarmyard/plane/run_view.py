@@ -1,0 +1,172 @@
+"""A finished run's dashboard: the live page at ``/ui``, read-only, over the run's folder.
+
+``swarmyard ui RUN_FOLDER`` (also ``runs show RUN --ui``, and ``swarmyard run --ui`` once its run has ended) serves
+the dashboard's routes and nothing else: no worker tool, no operator action, no broker, so nothing on the page
+can change the run. What the live page had from the running process comes from the run folder instead:
+
+- slot names: the runner names each agent run's log and trajectory ``agents/<slot>-<worker>.log`` and ``.jsonl``;
+- trajectories: those files, and each worker's CPU time and peak memory from the last step that says them;
+- the run's end: the time of its ``run.closed`` event (the last leaf of its last signed checkpoint), so that the
+  timeline ends with the run rather than at the time it is looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+
+from swarmyard.auth.tokens import TokenAuthority
+from swarmyard.domain import TaskState
+from swarmyard.errors import UserError
+from swarmyard.plane.agent_errors import slot_and_worker
+from swarmyard.plane.dashboard import Dashboard, RunFacts
+from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
+from swarmyard.store.protocol import Store
+
+#: How far back from its last checkpoint a run's ``run.closed`` event is looked for.
+_CLOSED_WITHIN = 50
+
+
+@dataclass
+class FinishedRun:
+    """A run folder opened for its dashboard: the store, the slot of each worker, and how and when it ended."""
+
+    run_dir: Path
+    run_id: str
+    goal_id: str
+    store: Store
+    slots: dict[str, str] = field(default_factory=dict)
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    ended_at: float | None = None
+    outcome: str = "stopped"
+
+    @classmethod
+    def open(cls, run_dir: Path) -> FinishedRun:
+        """Open ``run_dir`` (``UserError`` when it is no run folder or its store is gone)."""
+        from swarmyard.store import open_store
+
+        try:
+            state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{run_dir} is not a run folder (no readable run.json)") from exc
+        if not isinstance(state, dict) or not isinstance(state.get("goal_id"), str):
+            raise UserError(f"{run_dir}/run.json is not a run's state")
+        url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
+        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+            raise UserError(f"run {run_dir.name}: its store {url} is gone")
+        store = open_store(url)
+        run = cls(run_dir, str(state.get("run_id") or run_dir.name), state["goal_id"], store)
+        try:
+            store.get_goal(run.goal_id)  # NotFoundError when the store holds another run
+            run._read(bool(state.get("lead_done")))
+        except BaseException:
+            store.close()
+            raise
+        return run
+
+    def _read(self, lead_done: bool) -> None:
+        agents = self.run_dir / "agents"
+        for path in sorted(agents.glob("*.log")) + sorted(agents.glob("*.jsonl")) if agents.is_dir() else []:
+            if ".transcript." in path.name:
+                continue
+            named = slot_and_worker(path.stem)
+            if named is not None:
+                self.slots.setdefault(named[1], named[0])
+        for worker in self.slots:
+            for step in reversed(read_trajectory(agents / f"{self.slots[worker]}-{worker}.jsonl")):
+                if isinstance(step.get("cpu_ms"), int) and isinstance(step.get("max_rss_kb"), int):
+                    self.usage[worker] = {"cpu_ms": step["cpu_ms"], "max_rss_kb": step["max_rss_kb"],
+                                          "step": int(step.get("step") or 0)}
+                    break
+        self.ended_at = self._closed_at()
+        lead = [t for t in self.store.list_tasks(self.goal_id) if t.group == "lead"]
+        if lead_done:
+            self.outcome = "synthesis"
+        elif (lead and lead[-1].state is TaskState.FAILED) or self.ended_at is not None:
+            self.outcome = "no synthesis"
+        # else "stopped": it was interrupted (or runs still, elsewhere) before it closed
+
+    def _closed_at(self) -> float | None:
+        return closed_at(self.store, self.run_dir, self.run_id)
+
+    def machines(self) -> list[dict[str, Any]]:
+        """Every worker's slot, as the live page's machine rows (every machine is gone: the run has ended)."""
+        return [{"worker": worker, "slot": slot, "machine": "-", "state": "ended"}
+                for worker, slot in self.slots.items()]
+
+    def facts(self) -> RunFacts:
+        """How the run ended, for the page."""
+        return RunFacts(finished=True, ended_at=self.ended_at, outcome=self.outcome, run_id=self.run_id)
+
+    def trajectories(self) -> TrajectoryFiles:
+        """The run's trajectory files, each worker's under its slot's name."""
+        files = TrajectoryFiles(self.run_dir / "agents")
+        for worker, slot in self.slots.items():
+            files.label(worker, f"{slot}-{worker}")
+        return files
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+
+def closed_at(store: Store, run_dir: Path, run_id: str) -> float | None:
+    """When run ``run_id``'s ``run.closed`` event was written: the last leaves of its last signed checkpoint
+    (None: the run never closed, it was interrupted or runs still)."""
+    from swarmyard.audit.log import RUN_CLOSED
+
+    notes = sorted((run_dir / "audit" / "checkpoints").glob("*.note"))
+    if not notes:
+        return None
+    lines = notes[-1].read_text(encoding="utf-8", errors="replace").splitlines()
+    if len(lines) < 2 or not lines[1].isdigit():
+        return None
+    size = int(lines[1])
+    mark = f'"run":"{run_id}"'.encode()
+    for event in reversed(store.read_events(max(0, size - _CLOSED_WITHIN), size)):
+        if event.kind == RUN_CLOSED and mark in event.body:
+            return event.created_at
+    return None
+
+
+def finished_app(run: FinishedRun, tokens: TokenAuthority, hosts: tuple[str, ...] = ()) -> Starlette:
+    """The dashboard's routes over a finished run, and nothing else (read-only)."""
+
+    async def offload(fn: Callable[[], Any]) -> Any:
+        return await asyncio.to_thread(fn)
+
+    dashboard = Dashboard(run.store, tokens, offload, trajectories=run.trajectories(), machines=run.machines,
+                          hosts=hosts, usage=lambda: run.usage, facts=run.facts(),
+                          agents=run.run_dir / "agents")
+    app = Starlette(routes=dashboard.routes())
+    app.state.on_stop = [dashboard.close]
+    return app
+
+
+def bind_dashboard(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``: ``port`` if it is free, else any free one (the live run's port is
+    taken again when it can be, so a page left open reconnects to the finished run by itself)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError:
+        if port == 0:
+            raise
+        return socket.create_server((host, 0), family=family, backlog=128)
+
+
+def serve_finished(run: FinishedRun, tokens: TokenAuthority, host: str, tcp: socket.socket,
+                   hosts: tuple[str, ...] = ()) -> None:
+    """Serve the finished run's dashboard on ``tcp`` in the foreground until SIGINT (``KeyboardInterrupt``
+    after a clean stop) or SIGTERM (returns)."""
+    from swarmyard.plane.server import Listen, serve
+
+    port = int(tcp.getsockname()[1])
+    serve(finished_app(run, tokens, hosts), Listen(None, host, port), sockets=(None, tcp))
