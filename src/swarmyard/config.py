@@ -809,6 +809,35 @@ def check_flows(config: SwarmConfig) -> None:
         raise ValueError("lead.tools: WASI tools of the lead's own need profile = 'governed'")
 
 
+def _table_model(annotation: Any) -> type[BaseModel] | None:
+    """The config table a field holds: itself, or what a list, dict or optional of it holds."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _table_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for an unknown key at ``loc`` close to a known one of its table, else ``""``."""
+    import difflib
+
+    table: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        field = table.model_fields.get(part) if table is not None else None
+        if field is not None:  # else a list index or a dict key: the same table's items
+            table = _table_model(field.annotation)
+    if table is None or not loc:
+        return ""
+    known = [field.alias or name for name, field in table.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _field_of(error: dict[str, Any]) -> str:
     parts = [str(p) for p in error.get("loc", ()) if not str(p).startswith(("function-", "constrained-"))]
     # pydantic names union branches after their type ("str", "int"); they are not part of the field's path
@@ -827,7 +856,7 @@ def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> Swarm
         if first.get("type") == "missing":
             message = "is required"
         elif first.get("type") == "extra_forbidden":
-            message = "is not a known setting"
+            message = "is not a known setting" + _did_you_mean(SwarmConfig, [str(p) for p in first.get("loc", ())])
         field = _field_of(dict(first))
         if field == "swarm file" and ": " in message:
             # whole-file checks say which table they are about in front of the message

@@ -28,7 +28,7 @@ _SecretFile = typer.Option(None, "--secret-file",
                                 "$SWARMYARD_STATE_DIR, else ~/.local/state/swarmyard).")
 _KeyFile = typer.Option(None, "--key-file", help="Provider keys by provider name (JSON, mode 0600).")
 _Providers = typer.Option(None, "--providers",
-                          help="Serve this file's [providers] table (a swarm file works), prices included.")
+                          help="Serve this file's \\[providers] table (a swarm file works), prices included.")
 _Provider = typer.Option(None, "--provider",
                          help="Serve NAME=KIND:MODEL[,MODEL...] (repeatable), e.g. oa=openai:gpt-4o-mini.")
 _Local = typer.Option("qwen", "--local",

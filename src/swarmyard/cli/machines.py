@@ -187,7 +187,7 @@ def stop(root: Path | None = _Root) -> None:
 @app.command()
 def serve(
     root: Path | None = _Root,
-    providers: Path | None = typer.Option(None, "--providers", help="A file with a [providers] table for the "
+    providers: Path | None = typer.Option(None, "--providers", help="A file with a \\[providers] table for the "
                                           "machines' agents (default: the embedded local model)."),
     model: str | None = typer.Option(None, "--model", help="The model the machines' agents use."),
     idle_s: float = typer.Option(600.0, "--idle-s", help="Stop after this many seconds without a machine."),

@@ -46,7 +46,7 @@ _Renew = typer.Option(5.0, "--renew-interval-s", min=0.0,
                            "on every call.")
 _Evaluator = typer.Option(None, "--evaluator-socket", help="Score submitted artifacts with this evaluator.")
 _Providers = typer.Option(None, "--providers",
-                          help="Mount the model broker with this file's [providers] table (a swarm file works).")
+                          help="Mount the model broker with this file's \\[providers] table (a swarm file works).")
 _Provider = typer.Option(None, "--provider",
                          help="Mount the model broker with NAME=KIND:MODEL[,MODEL...] (repeatable), e.g. "
                               "sim=simulated:sim-1 or oa=openai:gpt-4.1-mini.")
