@@ -98,7 +98,7 @@ class _Activity:
 class Suspender:
     """Freezes idle machines of one backend and wakes them on the next call or packet (see the module docstring).
 
-    ``idle_suspend_s=None`` turns it off: nothing is frozen, calls pay nothing but a dictionary look-up.
+    ``idle_suspend_s=None`` turns it off: nothing is frozen or kept, and calls pay nothing.
     """
 
     def __init__(self, backend: Backend, idle_suspend_s: float | None = DEFAULT_IDLE_SUSPEND_S, *,
@@ -119,6 +119,8 @@ class Suspender:
 
     def started(self, machine_id: str) -> None:
         """A machine was made: its idle time starts now, and the sweeping thread if it is not running yet."""
+        if self.idle_suspend_s is None:
+            return
         self._record(machine_id)
         if self._sweeping and self._thread is None:
             with self._lock:
@@ -130,6 +132,9 @@ class Suspender:
     def active(self, machine_id: str) -> Iterator[None]:
         """Around a call to the machine: wakes it first if it is suspended, and keeps it from being frozen until
         the call ends; its idle time starts again then."""
+        if self.idle_suspend_s is None:  # off: nothing is ever frozen, nothing to keep
+            yield
+            return
         record = self._record(machine_id)
         with record.lock:
             self._wake(machine_id, record)
@@ -143,6 +148,8 @@ class Suspender:
 
     def wake(self, machine_id: str) -> bool:
         """Wake the machine if it is suspended (its idle time starts again); whether it was."""
+        if self.idle_suspend_s is None:
+            return False
         record = self._record(machine_id)
         with record.lock:
             woken = self._wake(machine_id, record)
