@@ -396,3 +396,64 @@ def test_a_run_whose_upstream_answers_are_all_dropped_shows_its_errors_and_the_r
     assert [c.strip() for c in header.strip("┃ ").split("┃")][:9] == [
         "run", "state", "score", "wall", "tasks", "calls", "tokens", "spend", "held"], table.stdout
     assert f"{row['wall_s']:.1f} s" in table.stdout and "no synthesis" in table.stdout
+
+
+def test_a_call_in_flight_grows_on_the_timeline_while_it_waits(short_tmp: Path) -> None:
+    """A model call that takes a while (the simulated provider's latency) is drawn from its start to now, and
+    its bar grows on the page between two states of the store (the page draws the timeline again every second)."""
+    from playwright.sync_api import sync_playwright
+
+    path = short_tmp / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "Wait for a slow model"
+budget_usd = "1"
+call_cap = 20
+deadline_s = 300
+[[tasks.lenses]]
+title = "slow"
+prompt = "Say one fact."
+[workers]
+count = 1
+concurrency = 1
+max_steps = 1
+model = "sim-1"
+[lead]
+model = "sim-1"
+max_steps = 2
+[providers.sim]
+kind = "simulated"
+models = ["sim-1"]
+latency_s = 8
+[providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+[run]
+runs_dir = "{short_tmp / 'runs'}"
+sandbox = "local"
+""")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
+           "XDG_STATE_HOME": str(short_tmp / "state")}
+    proc = subprocess.Popen([str(SWARMYARD), "run", str(path), "--ui", "--no-witness"], cwd=short_tmp, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = Lines(proc)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            line = err.wait_for("dashboard on ")
+            url, token_file = line.split()[2], Path(line.split("operator token in ", 1)[1].rstrip(")\n"))
+            page = _login(browser, url, token_file.read_text().strip())
+            page.wait_for_selector("#timeline rect.in-flight", timeout=120_000)
+            first = float(page.get_attribute("#timeline rect.in-flight", "width") or 0)
+            # progress: the same call, still held, is drawn wider as it waits
+            page.wait_for_function("(w) => { const r = document.querySelector('#timeline rect.in-flight');"
+                                   " return r !== null && Number(r.getAttribute('width')) > w + 2; }",
+                                   arg=first, timeout=60_000)
+            # once answered it is settled, and no longer drawn to now
+            _finished(page)
+            assert page.locator("#timeline rect.in-flight").count() == 0
+            assert page.locator("#timeline rect.call-settled").count() >= 2
+        finally:
+            _stop(proc)
+            browser.close()
+    assert proc.returncode in (0, 1) and "its dashboard stays on" in err.text()  # stopped by SIGTERM, not killed

@@ -176,7 +176,11 @@ function renderTimeline(state) {
     chart.append(svg("text", { x: 4, y: y + 14, class: "lane" }, who(slots, id).slice(0, 24)));
     chart.append(svg("line", { x1: left, x2: width - 10, y1: y + 10, y2: y + 10, class: "lane-line" }));
     for (const c of state.calls.filter((c) => c.worker === id)) {
-      const bar = svg("rect", { x: x(c.start), y: y + 3, width: Math.max(2, x(c.end) - x(c.start)), height: 14, class: "call call-" + c.state });
+      // a call still in flight (held, in a live run) runs to now: its bar grows while it waits
+      const flying = c.state === "held" && !state.run.finished;
+      const stop = flying ? Math.min(end, Date.now() / 1000) : c.end;
+      const bar = svg("rect", { x: x(c.start), y: y + 3, width: Math.max(2, x(stop) - x(c.start)), height: 14,
+        class: "call call-" + c.state + (flying ? " in-flight" : "") });
       bar.append(svg("title", {}, c.model + " · " + c.tokens + " tokens · " + c.state));
       chart.append(bar);
     }
@@ -244,6 +248,9 @@ async function showTrajectory(workerId, scroll = true) {
   }) : [el("li", {}, data.kept ? "No step reported yet." : "This plane keeps no trajectories.")]));
   if (scroll) $("trajectory").scrollIntoView({ block: "nearest" });
 }
+
+// a live run's timeline is drawn again every second, so that calls in flight grow with their elapsed time
+setInterval(() => { if (lastState && !lastState.error && !lastState.run.finished) renderTimeline(lastState); }, 1000);
 
 function connect(goalId) {
   if (source) source.close();
