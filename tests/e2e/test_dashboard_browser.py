@@ -289,6 +289,11 @@ def test_the_dashboard_shows_a_run_live_behind_the_operator_token_and_the_same_r
             later = _login(browser, again, operator)
             _finished(later)
             assert _workers(later) == ended
+            # filtered by state: the two agent runs have ended; the test's own worker never ran an agent
+            assert later.inner_text("#worker-filter option[value='ended']") == "ended (2)"
+            later.select_option("#worker-filter", "ended")
+            assert set(_workers(later).values()) == {"worker-0", "lead"}
+            later.select_option("#worker-filter", "all")
             assert later.eval_on_selector("#timeline [data-span]", "e => e.dataset.span") == span
             assert later.locator("#timeline rect.call").count() == bars
             later.click("#workers tbody tr[data-slot='worker-0']")
@@ -376,6 +381,12 @@ def test_a_run_whose_upstream_answers_are_all_dropped_shows_its_errors_and_the_r
             codes = page.eval_on_selector_all("#workers tbody tr[data-worker] td.error code",
                                               "cs => cs.map(c => c.textContent)")
             assert codes and set(codes) == {"upstream_unknown"}, codes
+            # the workers' filter counts them by state, and shows only the state chosen
+            failed = rows.count()
+            assert page.inner_text("#worker-filter option[value='failed']") == f"failed ({failed})"
+            assert page.inner_text("#worker-filter option[value='all']") == f"all ({failed})"
+            page.select_option("#worker-filter", "failed")
+            assert rows.count() == failed
             assert "b'" not in page.inner_text("#workers")
             page.screenshot(path=str(short_tmp / "dropped.png"), full_page=True)
         finally:

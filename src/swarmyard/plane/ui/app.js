@@ -69,14 +69,35 @@ function errorCell(error) {
   return el("td", { class: "error", title: error.message }, el("code", {}, error.code), " ", error.message);
 }
 
+// what the state column says of a worker
+function workerState(w, m) {
+  return w.error && m.state !== "running" ? "failed" : m.state || (w.revoked ? "revoked" : "-");
+}
+
+// the filter's choices, each with its count (the choice made is kept while states come in)
+function renderFilter(state, machines) {
+  const select = $("worker-filter"), chosen = select.value || "all";
+  const counts = new Map([["all", state.workers.length]]);
+  for (const w of state.workers) { const s = workerState(w, machines.get(w.id) || {}); counts.set(s, (counts.get(s) || 0) + 1); }
+  const labels = [...counts].map(([name, n]) => [name, name + " (" + n + ")"]);
+  const sig = labels.map(([, label]) => label).join("|");
+  if (select.dataset.sig !== sig) {  // rebuilt only when a count changed: an open list is left alone otherwise
+    select.replaceChildren(...labels.map(([name, label]) => el("option", { value: name }, label)));
+    select.dataset.sig = sig;
+  }
+  select.value = counts.has(chosen) ? chosen : "all";
+  return select.value;
+}
+
 function renderWorkers(state) {
   const machines = new Map(state.machines.map((m) => [m.worker, m]));
-  const rows = bySlot(state).map((w) => {
+  const shown = renderFilter(state, machines);
+  const rows = bySlot(state).filter((w) => shown === "all" || workerState(w, machines.get(w.id) || {}) === shown).map((w) => {
     const m = machines.get(w.id) || {};
     const row = el("tr", { "data-worker": w.id, "data-slot": m.slot || "", class: (w.id === openWorker ? "selected" : "") + (w.error ? " failed" : "") },
       el("td", {}, m.slot ? m.slot + " " : "", el("code", {}, w.id)), el("td", {}, w.group),
       el("td", {}, m.machine || "-"),
-      el("td", {}, w.error && m.state !== "running" ? "failed" : m.state || (w.revoked ? "revoked" : "-")),
+      el("td", {}, workerState(w, m)),
       el("td", {}, w.task ? w.task + " (" + w.task_state + ")" : "-"), el("td", {}, w.calls || 0),
       el("td", {}, (w.input_tokens || 0) + (w.output_tokens || 0)), el("td", {}, usd(w.spent_micro_usd || 0)),
       el("td", {}, w.cpu_ms ? (w.cpu_ms / 1000).toFixed(1) + " s" : "-"),
@@ -277,6 +298,7 @@ async function start() {
   if (!chosen) { $("objective").textContent = "No goal yet."; setTimeout(start, 1000); return; }
   select.value = chosen.id;
   select.addEventListener("change", () => connect(select.value));
+  $("worker-filter").addEventListener("change", () => { if (lastState && !lastState.error) renderWorkers(lastState); });
   connect(chosen.id);
 }
 
