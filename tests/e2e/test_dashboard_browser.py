@@ -408,6 +408,21 @@ def test_a_run_whose_upstream_answers_are_all_dropped_shows_its_errors_and_the_r
         "run", "state", "score", "wall", "tasks", "calls", "tokens", "spend", "held"], table.stdout
     assert f"{row['wall_s']:.1f} s" in table.stdout and "no synthesis" in table.stdout
 
+    # runs show RUN --ui: the same read-only dashboard, by run id
+    shower = subprocess.Popen([str(SWARMYARD), "runs", "show", row["run"], "--runs-dir", str(short_tmp / "runs"),
+                               "--ui"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = Lines(shower)
+    try:
+        url, token_file = _served(said.wait_for("its dashboard on "))
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        goals = httpx.get(url.replace("/ui", "/ui/api/goals"), headers=auth)
+        assert goals.status_code == 200 and [g["id"] for g in goals.json()["goals"]] == [row["goal"]]
+        state = httpx.get(url.replace("/ui", "/ui/api/state"), params={"goal": row["goal"]}, headers=auth).json()
+        assert state["run"]["finished"] and state["holds"]["unknown"] == row["calls"]
+    finally:
+        _stop(shower)
+    assert shower.returncode == 0, said.text()
+
 
 def test_a_call_in_flight_grows_on_the_timeline_while_it_waits(short_tmp: Path) -> None:
     """A model call that takes a while (the simulated provider's latency) is drawn from its start to now, and
