@@ -45,6 +45,10 @@ def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path:
                 "machine_boot_s_median", "server_cpu_ms_per_request", "host_cpu_s_per_agent", "last_agent_up_s"):
         assert isinstance(got[key], int | float) and got[key] > 0, key
     assert 1 <= got["most_alive"] <= 4 and got["cores"] >= 1
+    # where the time went before each agent's first call: every phase measured, none past the run's end
+    for phase in ("boot", "start", "to_call", "first_call"):
+        assert 0 < got[f"phase_{phase}_s_median"] <= got[f"phase_{phase}_s_p90"] < got["wall_s"], phase
+    assert got["phase_first_call_s_p90"] <= got["last_first_call_s"] < got["wall_s"]
     assert got["agents_started_per_ideal"] >= 0 and got["agents_fitting_in_memory"] >= 0
     assert any("real local machines" in note for note in got["notes"])
 

@@ -42,12 +42,15 @@ from swarmyard.machines.environment import MACHINE_PYTHON
 if TYPE_CHECKING:
     from swarmyard.machines.api import Machines
 
-#: Runs the agent as ``python -m swarmyard.agent`` does, and at its exit writes its own CPU and peak RSS on stderr.
+#: Runs the agent as ``python -m swarmyard.agent`` does, and at its exit writes its own CPU and peak RSS on stderr,
+#: with the wall time its interpreter was up (its first statement; the agent's imports come after).
 _AGENT = (
+    "import time\n"
+    "up = time.time()\n"
     "import atexit, resource, runpy, sys\n"
     "def _said():\n"
     "    u = resource.getrusage(resource.RUSAGE_SELF)\n"
-    "    sys.stderr.write(f'bench-rusage {u.ru_utime + u.ru_stime:.4f} {u.ru_maxrss}\\n')\n"
+    "    sys.stderr.write(f'bench-rusage {u.ru_utime + u.ru_stime:.4f} {u.ru_maxrss} {up:.4f}\\n')\n"
     "atexit.register(_said)\n"
     "runpy.run_module('swarmyard.agent', run_name='__main__', alter_sys=True)\n"
 )
@@ -57,13 +60,29 @@ _MARK = "SWARMYARD_BENCH_RUN"
 
 @dataclass(slots=True)
 class _Agent:
-    """What one worker did: when its machine was ready, its exit, its CPU and peak RSS (from the agent)."""
+    """What one worker did: when its machine was asked for and ready, when its agent's interpreter was up (wall
+    clock, as the store's), its exit, its CPU and peak RSS (from the agent)."""
 
     boot_s: float = 0.0
+    began_at: float = 0.0
+    ready_at: float = 0.0
+    up_at: float = 0.0
     exit_code: int | None = None
     cpu_s: float | None = None
     maxrss_kib: int | None = None
     error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """One agent's way to its first model call, in seconds: its machine's boot (create until ready), its start
+    (ready until its interpreter runs), then until the broker held its first call (its imports, its claim, the
+    board, its prompt); ``first_call_s`` is that moment counted from the start of the whole burst."""
+
+    boot_s: float
+    start_s: float
+    to_call_s: float
+    first_call_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +105,8 @@ class SandboxedRun:
     bench_cpu_s: float  # this process: the Machines API's threads (create, exec, delete)
     requests: int
     failures: tuple[str, ...] = field(default_factory=tuple)
+    #: where each agent's time went before its first model call, one :class:`Phases` per agent that made one
+    phases: tuple[Phases, ...] = field(default_factory=tuple)
 
     @property
     def ideal_s(self) -> float:
@@ -162,20 +183,22 @@ class _Sampler:
 def _worker(machines: Machines, index: int, sock: Path, token: str, env: dict[str, str], timeout_s: float,
             out: _Agent) -> None:
     began = time.perf_counter()
+    out.began_at = time.time()
     machine: str | None = None
     try:
         info = machines.create(f"bench-{index}", control_socket=sock)
         machine = info.id
         ready = machines.wait_until_ready(info.id)
         out.boot_s = time.perf_counter() - began
+        out.ready_at = time.time()
         agent_env = {**env, "SWARMYARD_PLANE_URL": f"http://127.0.0.1:{ready.relay_port}",
                      "SWARMYARD_TOKEN": token}
         result = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _AGENT], env=agent_env, timeout=timeout_s)
         out.exit_code = result.exit_code
         for line in result.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("bench-rusage "):
-                cpu, rss = line.split()[1:3]
-                out.cpu_s, out.maxrss_kib = float(cpu), int(rss)
+                cpu, rss, up = line.split()[1:4]
+                out.cpu_s, out.maxrss_kib, out.up_at = float(cpu), int(rss), float(up)
         if not result.ok:
             out.error = ("timed out" if result.timed_out else
                          f"exit {result.exit_code}: {result.stderr.decode('utf-8', 'replace')[-300:]}")
@@ -208,7 +231,8 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
     for i in range(workers):
         store.create_task(goal, TaskSpec(f"task {i}", budget_micro_usd=10**6))
     authority = TokenAuthority(load_or_create_secret(secret), store)
-    tokens = [authority.issue(goal, "main", ttl_s=24 * 3600)[0] for _ in range(workers)]
+    issued = [authority.issue(goal, "main", ttl_s=24 * 3600) for _ in range(workers)]
+    tokens = [token for token, _ in issued]
     server = mp.get_context("spawn").Process(target=_serve, args=(url, str(sock), str(secret), latency_s, 1))
     server.start()
     assert server.pid is not None  # started
@@ -234,8 +258,12 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
             machines.close()
         server_cpu, bench_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - bench_cpu
         calls: dict[str, int] = {}
+        first_hold: dict[str, float] = {}  # task -> when its first call was held
         for hold in store.list_reservations(goal):
             calls[hold.task_id] = calls.get(hold.task_id, 0) + 1
+            first_hold[hold.task_id] = min(hold.created_at, first_hold.get(hold.task_id, hold.created_at))
+        task_of = {t.worker_id: t.id for t in store.list_tasks(goal) if t.worker_id}
+        phases = _phases(agents, [who.worker_id for _, who in issued], task_of, first_hold)
         findings = len(store.read_findings(goal, limit=workers + 10))
     finally:
         server.terminate()
@@ -251,7 +279,20 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
         sampler.all_up_at if sampler.all_up_at is not None else wall, sampler.most_alive, sampler.drop_at_most,
         tuple(a.cpu_s for a in agents if a.cpu_s is not None),
         tuple(a.maxrss_kib for a in agents if a.maxrss_kib is not None),
-        tuple(a.boot_s for a in agents if a.boot_s), server_cpu, bench_cpu, requests, failures[:5])
+        tuple(a.boot_s for a in agents if a.boot_s), server_cpu, bench_cpu, requests, failures[:5], phases)
+
+
+def _phases(agents: list[_Agent], workers: list[str], task_of: dict[str, str],
+            first_hold: dict[str, float]) -> tuple[Phases, ...]:
+    """Each agent's phases up to its first held call (agents that made none, or said no times, are left out)."""
+    start = min((a.began_at for a in agents if a.began_at), default=0.0)
+    found = []
+    for agent, worker in zip(agents, workers, strict=True):
+        held = first_hold.get(task_of.get(worker, ""))
+        if held is None or not agent.up_at or not agent.ready_at:
+            continue
+        found.append(Phases(agent.boot_s, agent.up_at - agent.ready_at, held - agent.up_at, held - start))
+    return tuple(found)
 
 
 def _median(values: tuple[float, ...] | tuple[int, ...]) -> float:
@@ -259,11 +300,29 @@ def _median(values: tuple[float, ...] | tuple[int, ...]) -> float:
     return float(ordered[len(ordered) // 2]) if ordered else 0.0
 
 
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, (9 * len(ordered)) // 10)] if ordered else 0.0
+
+
+def phase_summary(phases: tuple[Phases, ...]) -> dict[str, float]:
+    """Where the agents' time went before their first model call: the median and p90 of each phase, and when the
+    last agent made its first call (from the start of the burst)."""
+    out: dict[str, float] = {}
+    for name in ("boot_s", "start_s", "to_call_s", "first_call_s"):
+        values = [getattr(p, name) for p in phases]
+        out[f"phase_{name[:-2]}_s_median"] = round(_median(tuple(values)), 3)
+        out[f"phase_{name[:-2]}_s_p90"] = round(_p90(values), 3)
+    out["last_first_call_s"] = round(max((p.first_call_s for p in phases), default=0.0), 3)
+    return out
+
+
 def summary_of(got: SandboxedRun, cores: int) -> dict[str, float | int | bool]:
     """The JSON summary of one run (the keys ``--json`` prints)."""
     agent_cpu = sum(got.agent_cpu_s)
     busy = agent_cpu + got.server_cpu_s + got.bench_cpu_s
     return {
+        **phase_summary(got.phases),
         "workers": got.workers,
         "sandboxed": True,
         "wall_s": round(got.wall_s, 3),
@@ -309,6 +368,11 @@ def run(quick: bool = False, workers: int = 0) -> BenchResult:
                                 ("agent CPU (median)", "agent_cpu_s_median", "s"),
                                 ("host CPU per agent (agents, plane, machines)", "host_cpu_s_per_agent", "s"),
                                 ("machine boot (median)", "machine_boot_s_median", "s"),
+                                ("machine boot (p90)", "phase_boot_s_p90", "s"),
+                                ("agent start: ready to interpreter up (median)", "phase_start_s_median", "s"),
+                                ("agent up to its first held call (median)", "phase_to_call_s_median", "s"),
+                                ("agent up to its first held call (p90)", "phase_to_call_s_p90", "s"),
+                                ("the last agent's first call, from the start", "last_first_call_s", "s"),
                                 ("server CPU per request", "server_cpu_ms_per_request", "ms")):
             result.add(BenchRow(f"{label}: {name}", float(summary[key]), unit))
         result.summary[f"overhead_ratio_sandboxed_{n}"] = summary["overhead_ratio"]
