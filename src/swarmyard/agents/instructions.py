@@ -40,11 +40,12 @@ DIGEST = (
 )
 DIGEST_POINT = (
     "Objective: {objective}\n\nA finding on {title!r}:\n{body}\n\nIn one sentence of your own words: what does "
-    "this finding mean for the objective, and how much does it tell us?"
+    "this finding show about the question of the objective? Say only what it shows, not what it does not."
 )
 DIGEST_ANSWER = (
-    "What the findings mean:\n{points}\n\nThe question: {objective}\nAnswer it in one or two sentences of your own "
-    "words. Start with your decision (\"We should ...\" or \"We should not ...\"), then give the main reason."
+    "What the findings show:\n{points}\n\nThe question: {objective}\nAnswer it from these points alone, in one or "
+    "two sentences of your own words. Start with your decision (\"We should ...\" or \"We should not ...\"), then "
+    "give the main reason."
 )
 DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
 

@@ -9,7 +9,7 @@ from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
 from swarmyard.config import PolicyKind, SwarmConfig
 from swarmyard.domain import LEAD_GROUP as LEAD_GROUP  # where the lead's group was first defined
-from swarmyard.domain import Finding, Goal, GoalSpec, Task, TaskSpec
+from swarmyard.domain import CitationKind, Finding, Goal, GoalSpec, Task, TaskSpec
 from swarmyard.store.protocol import Store
 from swarmyard.swarm.policies import Explore, Policy, group_prompt
 
@@ -96,7 +96,8 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = ""
     """The lead's task: the objective, every finding with its id, the note on the tasks that reached no result
     (``grounding.nothing_found``: their placeholders are not findings to read), then its instructions (a small
     model copies what it read last, so the instructions end the prompt, with the shape of the answer)."""
-    block = findings_block([(f.id, f"{f.title} (by {f.author}, group {f.group})", f.body) for f in findings])
+    block = findings_block([(f.id, f"{f.title} (by {f.author}, group {f.group})", _with_sources(f))
+                            for f in findings])
     return "\n\n".join([p for p in (
         f"Objective: {goal.objective}",
         note,  # before the findings: what follows a finding's heading is read as its body
@@ -105,6 +106,13 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = ""
         "Write the synthesis in your own words: your answer to the objective first, then the reasons, each "
         "with the id of the finding it rests on in brackets.",
     ) if p])
+
+
+def _with_sources(finding: Finding) -> str:
+    """A finding's body and the source lines it cites as the plane verified them: the lead reads the evidence,
+    not only a scout's sentence about it."""
+    quoted = [f"{c.ref}: {c.quote}" for c in finding.citations if c.kind is CitationKind.SOURCE and c.quote]
+    return "\n".join([finding.body, *(f"Cited line {line}" for line in quoted)])
 
 
 def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
