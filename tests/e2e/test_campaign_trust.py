@@ -70,6 +70,7 @@ def _table(result: dict[str, Any]) -> dict[str, Any]:
     for cell in result["cells"]:
         cell = {k: v for k, v in cell.items() if k != "wall_s"}
         cell["intervals"] = {k: v for k, v in cell["intervals"].items() if k != "wall_s"}
+        cell["ranges"] = {k: v for k, v in cell["ranges"].items() if k != "wall_s"}
         cell["trials"] = [{k: v for k, v in t.items() if k not in ("run_id", "wall_s", "report")}
                           for t in cell["trials"]]
         cells.append(cell)
