@@ -3,9 +3,11 @@
 After the run's last event (``run.closed``, once every machine is deleted) the process only checkpoints the audit
 log and writes the report; the report's charts drew an artist per worker, step and model call, so the time after
 the last event grew with the run (2.7 s of a 3.1 s tail at 120 workers on an idle host, far more on a busy one).
-The test runs many workers on the simulated provider in real machines and compares the run's own last event time
-with the process's exit as the test saw it (its monotonic clock around the subprocess, put on the wall clock the
-store's events use). The bound is on that tail alone, never on the run's length.
+The test runs 200 workers on the simulated provider in real machines (25 at a time: what grows with the run in its
+tail is the number of workers, machines, spans and calls, not how many ran at once, and CI hosts have two cores) and
+compares the run's own last event time with the process's exit as the test saw it (its monotonic clock around the
+subprocess, put on the wall clock the store's events use). The bound is on that tail alone, never on the run's
+length.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from rigs.outcomes import assert_simulated_lead_ended
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
@@ -29,7 +33,8 @@ pytestmark = [
 ]
 
 SWARMYARD = Path(sys.executable).parent / "swarmyard"
-WORKERS = 60
+WORKERS = 200
+CONCURRENCY = 25
 #: Seconds the process may take after the run's last event: checkpoint, report, exit. Not scaled by the run.
 TAIL_S = 5.0
 
@@ -49,13 +54,13 @@ def _swarm(folder: Path) -> Path:
     path.write_text(f"""
 [goal]
 objective = "Count things"
-budget_usd = "5"
-call_cap = 2000
+budget_usd = "20"
+call_cap = 4000
 deadline_s = 900
 {lenses}
 [workers]
 count = {WORKERS}
-concurrency = 20
+concurrency = {CONCURRENCY}
 max_steps = 2
 model = "sim-1"
 [lead]
@@ -81,7 +86,9 @@ def test_a_run_of_many_workers_exits_soon_after_its_last_event(folder: Path) -> 
     done = subprocess.run([str(SWARMYARD), "run", str(_swarm(folder)), "--quiet"], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=1800, check=False)
     exited = wall + (time.monotonic() - began)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # a simulated lead reaches no result, and the run says so with exit 1: it still ends as any run does, which is
+    # what is timed here
+    assert_simulated_lead_ended(done.returncode, done.stderr)
     (run_dir,) = (folder / "runs").iterdir()
     with sqlite3.connect(f"file:{run_dir / 'store.db'}?mode=ro", uri=True) as db:
         kind, last = db.execute("SELECT kind, created_at FROM events ORDER BY id DESC LIMIT 1").fetchone()
