@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from test_faults import _env, _finish, _rows, _run_dir, _start, _until
 
+from rigs.outcomes import assert_simulated_lead_ended
+
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.bwrap,
@@ -76,7 +78,7 @@ def test_the_holds_a_killed_run_left_held_are_unknown_after_resume(short_tmp: Pa
     assert {row[0] for row in held} <= left  # what was in flight at the kill is still held: no one ended it
     resumed = _start(short_tmp, swarm, "--resume", run_dir.name)
     code, _, err = _finish(resumed)
-    assert code == 0, err[-3000:]
+    assert_simulated_lead_ended(code, err)
     states = dict(_rows(short_tmp, "SELECT id, state FROM reservations"))
     assert "held" not in states.values(), [i for i, s in states.items() if s == "held"]
     assert {states[i] for i in left} == {"unknown"}  # the killed run's, each reconcilable now
