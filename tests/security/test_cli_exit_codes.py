@@ -37,7 +37,7 @@ from swarmyard.store import open_store
 
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
 ORIGIN = "swarmyard.test/run-1"
-GROUPS = sorted(n for n in NOUNS if n not in ("run", "serve", "mcp", "campaign"))  # nouns with verbs
+GROUPS = sorted(n for n in NOUNS if n not in ("run", "serve", "mcp", "campaign", "ui"))  # nouns with verbs
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
