@@ -20,43 +20,14 @@ from typing import Any
 import pytest
 
 from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import scripted_swarm
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 
 def _swarm(folder: Path, lenses: list[str], *, call_cap: int = 50, extra: str = "", tasks: str = "") -> Path:
-    (folder / "conf").mkdir(exist_ok=True)
-    path = folder / "conf" / "swarm.toml"
-    lens_tables = "".join(f'[[tasks.lenses]]\ntitle = "{title}"\nprompt = "Look at {title}."\n{tasks}\n'
-                          for title in lenses)
-    path.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = {call_cap}
-deadline_s = 300
-{"[tasks]" + chr(10) + "cite_files = true" if tasks else ""}
-{lens_tables}
-[workers]
-agent = "builtin"
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-retry_backoff_s = 0.2
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-{extra}
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_swarm(folder, agent="builtin", replies="replies.json", extra=extra, call_cap=call_cap,
+                          lenses=[(title, f"Look at {title}.") for title in lenses], lens_extra=tasks)
 
 
 def _run(folder: Path, swarm: Path, replies: dict[str, Any]) -> subprocess.CompletedProcess[str]:

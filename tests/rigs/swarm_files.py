@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
 def scripted_swarm(folder: Path, *, agent: str | None = None, replies: str | None = "replies/answers.json",
-                   extra: str = "") -> Path:
+                   extra: str = "", lenses: Sequence[tuple[str, str]] = (("market", "Size the market."),),
+                   call_cap: int = 50, lens_extra: str = "") -> Path:
     """``folder/conf/swarm.toml``: one lens ("market") for one scripted worker, then a scripted lead, in local
     machines, its runs under ``folder/runs``.
 
     ``replies`` is the replies file's path as the swarm file says it (relative to ``conf``, so not the working
     folder's; ``None`` leaves it out); ``agent`` names the workers' agent (the default one where ``None``);
-    ``extra`` is TOML added after the provider's table.
+    ``extra`` is TOML added after the provider's table; ``lenses`` are (title, prompt) pairs; ``lens_extra``
+    (the scouts' ``files = [...]``) is added to every lens and makes the run grounded (``cite_files``).
     """
+    lens_tables = "".join(f'[[tasks.lenses]]\ntitle = "{title}"\nprompt = "{prompt}"\n{lens_extra}\n'
+                          for title, prompt in lenses)
+    grounded = "[tasks]\ncite_files = true" if lens_extra else ""
     conf = folder / "conf"
     conf.mkdir(exist_ok=True)
     path = conf / "swarm.toml"
@@ -21,11 +27,10 @@ def scripted_swarm(folder: Path, *, agent: str | None = None, replies: str | Non
 [goal]
 objective = "Should a small team build a speech app?"
 budget_usd = "1"
-call_cap = 50
+call_cap = {call_cap}
 deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
+{grounded}
+{lens_tables}
 [workers]
 {f'agent = "{agent}"' if agent else ""}
 count = 1
