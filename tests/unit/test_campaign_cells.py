@@ -165,3 +165,17 @@ def test_on_a_model_that_is_not_seeded_the_report_says_how_much_each_figure_move
     assert [p.name for p in files.plots] == ["score-vs-tokens.png", "score-vs-wall.png"]
     assert all(p.stat().st_size > 0 for p in files.plots)
     assert "![score-vs-wall.png](score-vs-wall.png)" in files.markdown.read_text()
+
+
+def test_a_sweep_draws_score_against_n_beside_score_against_tokens(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from swarmyard.campaign.files import write_files
+
+    c = load_text(tmp_path, 'seeds = [1, 2]\n[sweep]\nn = [1, 2]\nhistory = "scored_history"\ntop_k = 3\n')
+    names = [cell.name for cell in c.cells]
+    assert sorted(names) == ["best@1", "best@2", "team@1", "team@2"]
+    records = [_rec(name, seed, 100 * (index + 1) + seed) for index, name in enumerate(names) for seed in (1, 2)]
+    files = write_files(summarise(c, records))
+    # the simulated model is seeded: no wall-time plot, and the sweep's own plot over n
+    assert [p.name for p in files.plots] == ["score-vs-tokens.png", "score-vs-n.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in files.plots)

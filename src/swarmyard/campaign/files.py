@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import assert_never
+from typing import Any, assert_never
 
 from swarmyard.campaign.spec import Match
 from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS, Interval, mean
@@ -233,29 +234,40 @@ def html_page(summary: CampaignSummary, plots: list[str]) -> str:
             "</body></html>\n")
 
 
-def _wall_plot(summary: CampaignSummary, folder: Path) -> Path | None:
-    """Each trial's score against its wall time, a colour per cell, with each cell's means."""
+def _save_figure(path: Path, draw: Callable[[Any], None], *, xlabel: str, ylabel: str, title: str,
+                 legend_size: int | None = None) -> Path:
+    """Draw one 7 x 4.5 in figure with `draw(ax)`, label it, give it a legend and save it to `path`."""
     import matplotlib.pyplot as plt
 
-    cells = [c for c in summary.cells if c.trials]
-    if summary.campaign.reproducible or not cells:
-        return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for index, c in enumerate(cells):
-        colour = f"C{index % 10}"
-        points = [(t.wall_s, c.scores[t.seed]) for t in c.trials if t.seed in c.scores]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.45, s=18, color=colour)
-        ax.scatter([mean([p[0] for p in points])], [mean([p[1] for p in points])], marker="D", s=60,
-                   color=colour, label=c.cell.name)
-    ax.set_xlabel("wall time per trial (s)")
-    ax.set_ylabel("score (failed trials at 0)")
-    ax.set_title("score vs wall time, per trial (diamond: the cell's mean)")
-    ax.legend(fontsize=7)
+    draw(ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    path = folder / WALL_PLOT
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _wall_plot(summary: CampaignSummary, folder: Path) -> Path | None:
+    """Each trial's score against its wall time, a colour per cell, with each cell's means."""
+    cells = [c for c in summary.cells if c.trials]
+    if summary.campaign.reproducible or not cells:
+        return None
+
+    def draw(ax: Any) -> None:
+        for index, c in enumerate(cells):
+            colour = f"C{index % 10}"
+            points = [(t.wall_s, c.scores[t.seed]) for t in c.trials if t.seed in c.scores]
+            ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.45, s=18, color=colour)
+            ax.scatter([mean([p[0] for p in points])], [mean([p[1] for p in points])], marker="D", s=60,
+                       color=colour, label=c.cell.name)
+
+    return _save_figure(folder / WALL_PLOT, draw, xlabel="wall time per trial (s)",
+                        ylabel="score (failed trials at 0)",
+                        title="score vs wall time, per trial (diamond: the cell's mean)", legend_size=7)
 
 
 def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | None, Path | None]:
@@ -263,54 +275,46 @@ def _plots(summary: CampaignSummary, folder: Path) -> tuple[Path | None, Path | 
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
         return None, None, None
     scored = [c for c in summary.cells if c.score is not None and c.intervals["tokens"] is not None]
     tokens_plot = n_plot = None
     if scored:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for index, c in enumerate(scored):
-            colour = f"C{index % 10}"
-            points = [(t.tokens_in + t.tokens_out, t.score) for t in c.trials if t.score is not None]
-            ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.35, s=14, color=colour)
-            score, tokens = c.score, c.intervals["tokens"]
-            assert score is not None and tokens is not None
-            ax.errorbar([tokens.mean], [score.mean], yerr=[[score.mean - score.low], [score.high - score.mean]],
-                        fmt="o", color=colour, capsize=3, label=c.cell.name)
-        ax.set_xlabel("total tokens per trial")
-        ax.set_ylabel("score")
-        ax.set_title("score vs total tokens, per cell (mean, 95% CI)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        tokens_plot = folder / TOKENS_PLOT
-        fig.savefig(tokens_plot, dpi=110)
-        plt.close(fig)
+        def draw_tokens(ax: Any) -> None:
+            for index, c in enumerate(scored):
+                colour = f"C{index % 10}"
+                points = [(t.tokens_in + t.tokens_out, t.score) for t in c.trials if t.score is not None]
+                ax.scatter([p[0] for p in points], [p[1] for p in points], alpha=0.35, s=14, color=colour)
+                score, tokens = c.score, c.intervals["tokens"]
+                assert score is not None and tokens is not None
+                ax.errorbar([tokens.mean], [score.mean], yerr=[[score.mean - score.low], [score.high - score.mean]],
+                            fmt="o", color=colour, capsize=3, label=c.cell.name)
+
+        tokens_plot = _save_figure(folder / TOKENS_PLOT, draw_tokens, xlabel="total tokens per trial",
+                                   ylabel="score", title="score vs total tokens, per cell (mean, 95% CI)",
+                                   legend_size=7)
     sweep = [c for c in scored if c.cell.family == "sweep"]
     if sweep:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
         by_tokens = any(c.cell.tokens_per_agent is not None for c in sweep)
-        # a token sweep: one line per arm and n, over tokens per agent; else one line per arm, over n
-        lines = sorted({(c.cell.name.split("@")[0], c.cell.n if by_tokens else 0) for c in sweep})
-        for arm_name, n in lines:
-            arm = sorted((c for c in sweep if c.cell.name.startswith(f"{arm_name}@") and (not by_tokens
-                                                                                          or c.cell.n == n)),
-                         key=lambda c: (c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n)
-            means = [c.score.mean for c in arm if c.score]
-            low = [c.score.mean - c.score.low for c in arm if c.score]
-            high = [c.score.high - c.score.mean for c in arm if c.score]
-            xs = [(c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n for c in arm if c.score]
-            label = f"{arm_name}@{n}" if by_tokens else f"{arm_name}@n"
-            ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=label)
-        ax.set_xlabel("tokens per agent" if by_tokens else "n (workers)")
-        ax.set_ylabel("score")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"score vs {'tokens per agent' if by_tokens else 'n'} (mean, 95% CI)")
-        ax.legend()
-        fig.tight_layout()
-        n_plot = folder / N_PLOT
-        fig.savefig(n_plot, dpi=110)
-        plt.close(fig)
+
+        def draw_sweep(ax: Any) -> None:
+            # a token sweep: one line per arm and n, over tokens per agent; else one line per arm, over n
+            lines = sorted({(c.cell.name.split("@")[0], c.cell.n if by_tokens else 0) for c in sweep})
+            for arm_name, n in lines:
+                arm = sorted((c for c in sweep if c.cell.name.startswith(f"{arm_name}@") and (not by_tokens
+                                                                                              or c.cell.n == n)),
+                             key=lambda c: (c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n)
+                means = [c.score.mean for c in arm if c.score]
+                low = [c.score.mean - c.score.low for c in arm if c.score]
+                high = [c.score.high - c.score.mean for c in arm if c.score]
+                xs = [(c.cell.tokens_per_agent or 0) if by_tokens else c.cell.n for c in arm if c.score]
+                label = f"{arm_name}@{n}" if by_tokens else f"{arm_name}@n"
+                ax.errorbar(xs, means, yerr=[low, high], marker="o", capsize=3, label=label)
+            ax.set_xscale("log", base=2)
+
+        axis = "tokens per agent" if by_tokens else "n"
+        n_plot = _save_figure(folder / N_PLOT, draw_sweep, xlabel="tokens per agent" if by_tokens else "n (workers)",
+                              ylabel="score", title=f"score vs {axis} (mean, 95% CI)")
     return tokens_plot, n_plot, _wall_plot(summary, folder)
 
 
