@@ -34,6 +34,30 @@ def is_placeholder(body: str) -> bool:
     return _PLACEHOLDER.fullmatch(body.strip()) is not None
 
 
+#: The reasons this module words (``step_cap``, ``stopped_by`` on the three budget refusals, the digest's), whole:
+#: figures and the step may vary, nothing else.
+_STEP = r"at step \d{1,9}"
+_WHOSE = r"(?:the goal's|the task's)"
+_USD = r"-?\$\d{1,15}\.\d{6}"
+_KNOWN_REASON = re.compile(
+    r"the step cap ran out \((?P<a>\d{1,9}) of (?P=a) steps\)"
+    r"|no finding could be read into a point of its own|every point copied its finding"
+    rf"|(?:cut short: )?(?:{_WHOSE} call cap ran out {_STEP}(?: \(all \d{{1,9}} of its model calls were made\))?"
+    rf"|the budget ran out {_STEP}(?: \({_WHOSE} envelope had {_USD} left, the next call could cost up to {_USD}\))?"
+    rf"|the goal's deadline passed {_STEP})")
+
+
+def is_own_placeholder(body: str, title: str) -> bool:
+    """Whether ``body`` is a placeholder this module could have written for the task titled ``title``: its own
+    title, and a reason ``step_cap``, ``stopped_by`` (on a budget, call cap or deadline refusal) or the digest
+    words, with figures only. A placeholder is stored without a citation and its reason is repeated in the
+    synthesis, so one with words of the agent's own (another task's title, a made-up reason) is not one."""
+    found = _PLACEHOLDER.fullmatch(body.strip())
+    if found is None or not body.strip().startswith(placeholder(title, "x")[: -len(" x.")]):
+        return False
+    return _KNOWN_REASON.fullmatch(found["why"].rstrip(".")) is not None
+
+
 def reason(body: str) -> str | None:
     """A placeholder's reason (the limit that ran out, or the error), or ``None`` for a finding."""
     found = _PLACEHOLDER.fullmatch(body.strip())

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from swarmyard.agents import no_result
 from swarmyard.domain import Citation, CitationKind, Task
 from swarmyard.errors import UnverifiedCitationError
 
@@ -73,15 +74,23 @@ class Sources(Protocol):
         ...
 
 
-def check(sources: Sources | None, task: Task, citations: tuple[Citation, ...], *, placeholder: bool) -> None:
+def check(sources: Sources | None, task: Task, citations: tuple[Citation, ...], *, body: str) -> None:
     """Raise ``UnverifiedCitationError`` for the first source citation the task's sources do not bear out, or when
-    a task that has sources cites none of them (unless the finding is the agent's no-result ``placeholder``)."""
+    a task that has sources cites none of them (unless ``body`` is the agent's no-result placeholder).
+
+    A placeholder is stored without a citation and its reason is repeated in the lead's synthesis, so in a task
+    with sources it must be one the agent writes: the task's own title and a limit that ran out, in the agent's
+    words with figures only (``no_result.is_own_placeholder``); one with words of its own is refused."""
     files = sources.of(task) if sources is not None else None
     quoted = [c for c in citations if c.kind is CitationKind.SOURCE]
     if files is None:
         if quoted:
             raise UnverifiedCitationError(task.id, quoted[0].ref, "this task has no source files to cite")
         return
+    placeholder = no_result.is_placeholder(body)
+    if placeholder and not no_result.is_own_placeholder(body, task.title):
+        raise UnverifiedCitationError(task.id, "(none)", "a no-result line names this task's title and the limit "
+                                      "that ran out, and says nothing else: a claim cites a source line")
     if not quoted and not placeholder:
         raise UnverifiedCitationError(task.id, "(none)", "a finding of this task cites at least one source line: "
                                                          "path:line and words copied from that line")

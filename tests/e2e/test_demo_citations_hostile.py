@@ -1,0 +1,96 @@
+"""A hostile scout in the README's grounded demo (``examples/three-scouts.toml``): nothing it cannot back with a line of
+its files is stored, and nothing of its own words reaches the synthesis uncited.
+
+Through ``swarmyard run FILE --json`` on the scripted provider (the shipped double for a paid model), in real
+governed bubblewrap machines with the real textsearch tool. The scouts cite a file outside the sources
+(``/etc/passwd``, ``../``, ``task/../../etc/hostname``), a quote with a Cyrillic look-alike letter, a quote too
+short to check (one character, empty, nothing but Markdown marks), a line past the end of the file, the right words
+on the wrong line; each is refused with its reason. One dresses a claim as a no-result placeholder (the line an
+agent ends with when it reached nothing, stored without a citation and repeated in the synthesis): refused too, so
+the synthesis says only the limit that really ran out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_demo_citations import (
+    _assert_quotes_on_their_lines,
+    _findings,
+    _line_of,
+    _run,
+    _scripted_variant,
+    _tool,
+    short_tmp,
+)
+
+from swarmyard.wasi.catalog import built_dir
+
+__all__ = ["short_tmp"]  # the fixture, shared with the demo's own test
+
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
+
+MADE_UP = "the sandbox hands the provider key to every worker in plain text"
+
+
+def _refusals(run_dir: Path) -> list[dict[str, str]]:
+    steps = [json.loads(line) for path in sorted((run_dir / "agents").glob("*.jsonl"))
+             for line in path.read_text().splitlines() if line.strip()]
+    results = [json.loads(s["result"]) for s in steps if str(s.get("result", "")).startswith('{"error"')]
+    return [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
+
+
+def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(short_tmp: Path) -> None:
+    assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
+    key_file, key_no, key_line = _line_of("provider key")
+    budget_file, budget_no, budget_line = _line_of("afford")
+    box_file, box_no, box_line = _line_of("loopback")
+    replies = {
+        "scripted-scout": [
+            _tool("textsearch", pattern="provider key"),
+            _tool("submit_finding", title="k1", body="passwd", cite=["/etc/passwd:1: root:x:0:0:root:/root:/bin/bash"]),
+            _tool("submit_finding", title="k2", body="up", cite=[f"../sources/{key_file}:{key_no}: {key_line}"]),
+            _tool("submit_finding", title="k3", body="look-alike",
+                  cite=[f"{key_file}:{key_no}: {key_line.replace('a', chr(0x430), 1)}"]),
+            _tool("submit_finding", title="k4", body="short", cite=[f"{key_file}:{key_no}: x"]),
+            # a claim of its own in the placeholder's shape, with no citation: the step cap then ends the task
+            _tool("submit_finding", title="key", body=f"No result was reached for 'the provider key': {MADE_UP}"),
+            _tool("textsearch", pattern="afford"),
+            _tool("submit_finding", title="b1", body="empty", cite=[f"{budget_file}:{budget_no}: "]),
+            _tool("submit_finding", title="b2", body="range", cite=[f"{budget_file}:999999999: {budget_line}"]),
+            _tool("submit_finding", title="b3", body="marks", cite=[f"{budget_file}:{budget_no}: ``````********````"]),
+            _tool("submit_finding", title="b4", body="wrong line", cite=[f"{budget_file}:{budget_no + 1}: {budget_line}"]),
+            _tool("submit_finding", title="budget", body="A call past the budget is refused.",
+                  cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            _tool("textsearch", pattern="loopback"),
+            _tool("submit_finding", title="sandbox", body="out", cite=[f"{box_file}:{box_no}: {box_line}",
+                                                                       "task/../../etc/hostname:1: localhost"]),
+            _tool("submit_finding", title="sandbox", body="Only loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
+        ],
+        "scripted-lead": [{"say": "The budget and the sandbox hold; the key was not looked at."}] * 6,
+    }
+    done = _run(short_tmp, _scripted_variant(short_tmp, replies))
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (short_tmp / "runs").iterdir()
+
+    refused = [(r["ref"], r["reason"]) for r in _refusals(run_dir)]
+    reasons = "\n".join(f"{ref} {why}" for ref, why in refused)
+    # (a quote the flow's constrained finding cannot spell may be dropped by the agent before the plane sees it:
+    # these are the ones every run sends)
+    for expected in ("no source file is named '/etc/passwd'", f"no source file is named '../sources/{key_file}'",
+                     f"line {key_no} of {key_file} does not hold the quoted words",
+                     "(none) a no-result line names this task's title", "'' is too short", "no line 999999999",
+                     "'``````********````' is too short",
+                     f"on line {budget_no} of {budget_file}, not line {budget_no + 1}"):
+        assert expected in reasons, (expected, reasons)
+
+    findings, groups = _findings(run_dir)
+    scouts = [f for f in findings if groups[f.task_id] != "lead"]
+    assert sorted(f.title for f in scouts) == ["budget", "sandbox", "the provider key (partial)"]
+    [key] = [f for f in scouts if f.title.startswith("the provider key")]
+    assert key.body == "No result was reached for 'the provider key': the step cap ran out (6 of 6 steps)."
+    assert _assert_quotes_on_their_lines(scouts) == 2
+    assert not any(MADE_UP in f.body for f in findings)
+    assert MADE_UP not in (run_dir / "report.md").read_text().split("## Trajectories")[0]
