@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from swarmyard.agents import no_result
-from swarmyard.domain import Finding, Task
+
+if TYPE_CHECKING:  # types only: the agent in every machine imports this module, and the domain's classes cost it
+    from swarmyard.domain import Finding, Task
 
 #: A finding's id as a synthesis names it.
 FINDING_ID = re.compile(r"\bfnd_[0-9a-z]{6,40}\b")

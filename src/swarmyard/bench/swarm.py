@@ -291,8 +291,14 @@ def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) ->
 
 def run(quick: bool = False, **options: Any) -> BenchResult:
     """Measure ``--workers N`` (default: 100 and 1,000; quick: 20); 500 or more also with two plane replicas.
-    With ``sandboxed``, real machines with the real agent in each (:mod:`swarmyard.bench.swarm_sandboxed`)."""
+    With ``sandboxed``, real machines with the real agent in each (:mod:`swarmyard.bench.swarm_sandboxed`); with
+    ``compare`` (worker counts) and ``upstream_latency``, real ``swarmyard run`` processes side by side
+    (:mod:`swarmyard.bench.swarm_run`)."""
     asked = int(options.get("workers") or 0)
+    if options.get("compare"):
+        from swarmyard.bench import swarm_run
+
+        return swarm_run.run(list(options["compare"]), float(options.get("upstream_latency") or 2.0))
     if options.get("sandboxed"):
         from swarmyard.bench import swarm_sandboxed
 

@@ -39,18 +39,43 @@ def _make(area: str) -> None:
         workers: int = typer.Option(0, "--workers", min=0, help="Worker count (areas that take one: swarm)."),
         sandboxed: bool = typer.Option(False, "--sandboxed", help="swarm: real machines with the real agent in "
                                        "each, instead of in-process clients."),
+        upstream_latency: float = typer.Option(0.0, "--upstream-latency", min=0.0,
+                                               help="swarm: with --compare, the seconds the upstream takes to "
+                                               "answer each call."),
+        compare: str = typer.Option("", "--compare", help="swarm: real `swarmyard run`s of these worker counts "
+                                    "(e.g. 10,200), all at once on the upstream, and the largest's wall time "
+                                    "over the smallest's."),
     ) -> None:
         if workers and area not in TAKES_WORKERS:
             raise UserError(f"bench {area} takes no --workers (only {', '.join(sorted(TAKES_WORKERS))} does)")
         if sandboxed and area != "swarm":
             raise UserError(f"bench {area} takes no --sandboxed (only swarm does)")
+        if (compare or upstream_latency) and area != "swarm":
+            raise UserError(f"bench {area} takes no --compare or --upstream-latency (only swarm does)")
         options: dict[str, object] = {"workers": workers} if workers else {}
+        if compare or upstream_latency:
+            if workers or sandboxed or quick:
+                raise UserError("bench swarm --compare runs its own sizes: it takes no --workers, --sandboxed or "
+                                "--quick")
+            options["compare"] = _sizes(compare)
+            options["upstream_latency"] = upstream_latency or 2.0
         if sandboxed:
             options["sandboxed"] = True
         show(run_area(area, quick=quick, **options), as_json)
 
     command.__doc__ = f"Benchmark the {area} area."
     app.command(name=area)(command)
+
+
+def _sizes(text: str) -> list[int]:
+    """``10,200`` as worker counts (at least two, each 1 to 2,000)."""
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise UserError(f"--compare takes worker counts such as 10,200, not {text!r}") from None
+    if len(sizes) < 2 or sizes[0] < 1 or sizes[-1] > 2000:
+        raise UserError(f"--compare takes two or more worker counts from 1 to 2,000, such as 10,200, not {text!r}")
+    return sizes
 
 
 for _area in AREAS:

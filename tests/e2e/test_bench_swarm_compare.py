@@ -1,0 +1,57 @@
+"""``swarmyard bench swarm --compare A,B --upstream-latency S --json`` through the console script, at small sizes:
+each size a real ``swarmyard run`` in real machines on the simulated upstream. Its figures are measurements and
+are not asserted; its shape, and that each figure is read from a run that went to its end, are."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+CLI = "from swarmyard.cli.main import main; main()"
+
+
+def bench(tmp_path: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-c", CLI, "bench", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_compare_runs_each_size_as_a_real_run_and_reports_the_ratio(tmp_path: Path) -> None:
+    done = bench(tmp_path, "swarm", "--compare", "3,1", "--upstream-latency", "0.2", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["area"] == "swarm" and got["compared"] == [1, 3] and got["upstream_latency_s"] == 0.2
+    for n in (1, 3):
+        # a simulated lead reaches no result: the run's exit 1 says it went through to its lead and ended
+        assert got[f"run_exit_code_{n}"] == 1
+        assert got[f"run_wall_s_{n}"] > 0 and got[f"run_tail_s_{n}"] >= 0
+        # its workers' first calls came after the run began and before it closed
+        assert 0 < got[f"run_last_first_call_s_{n}"] < got[f"run_wall_s_{n}"]
+    assert got["run_compare_ratio"] == pytest.approx(got["run_wall_s_3"] / got["run_wall_s_1"], rel=1e-2)
+    assert not any("machines made" in note for note in got["notes"])  # one machine per worker and the lead's
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("swarm", "--compare", "10"), "two or more worker counts"),
+    (("swarm", "--compare", "10,x"), "worker counts such as 10,200"),
+    (("swarm", "--compare", "0,10"), "two or more worker counts from 1"),
+    (("swarm", "--compare", "10,200", "--sandboxed"), "takes no --workers, --sandboxed or --quick"),
+    (("store", "--compare", "10,200"), "takes no --compare"),
+])
+def test_compare_refuses_what_it_cannot_run(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    done = bench(tmp_path, *args, timeout=120)
+    assert done.returncode == 1 and said in done.stderr, done.stderr[-2000:]
