@@ -16,8 +16,8 @@ from tests.conftest import claimed_worker
 
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import FakeClock
-from swarmyard.domain import ReservationState
-from swarmyard.errors import InvalidInputError, InvalidTokenError, RateLimitedError
+from swarmyard.domain import PostKind, ReservationState
+from swarmyard.errors import InvalidInputError, InvalidTokenError, RateLimitedError, StaleFencingTokenError
 from swarmyard.plane import models as m
 from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
@@ -178,3 +178,82 @@ def test_a_replica_sweeps_only_after_beating_for_a_whole_grace_period(replicas: 
         assert replicas[2].get_reservation(lost.id).state is ReservationState.UNKNOWN
     finally:
         asyncio.run(watch.aclose())
+
+
+class _CountedWrites:
+    """The store's engine, with its write transactions counted (committed or not)."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.n = 0
+        engine = store._e
+        inner = engine.write
+
+        def write() -> object:
+            self.n += 1
+            return inner()
+
+        engine.write = write  # type: ignore[method-assign]
+
+
+def test_a_rate_token_folded_into_a_write_is_taken_in_that_transaction(replicas: list[SqlStore],
+                                                                      clock: FakeClock) -> None:
+    store = replicas[0]
+    worker = claimed_worker(store, clock, secret=SECRET)
+    claim = store.current_claim(worker.worker_id)
+    assert claim is not None
+    writes = _CountedWrites(store)
+    with store.rate_token_folded("wrk_f", 1.0, 2):
+        store.post(claim.task.id, claim.token, PostKind.NOTE, "one", author=worker.worker_id)
+    assert writes.n == 1  # the post's transaction took the token: no transaction of its own
+    with store.rate_token_folded("wrk_f", 1.0, 2):
+        store.post(claim.task.id, claim.token, PostKind.NOTE, "two", author=worker.worker_id)
+    assert writes.n == 2
+    # the bucket is empty: the third call's write is refused with the take, and nothing of it is written
+    with pytest.raises(RateLimitedError) as refused, store.rate_token_folded("wrk_f", 1.0, 2):
+        store.post(claim.task.id, claim.token, PostKind.NOTE, "three", author=worker.worker_id)
+    assert refused.value.retry_after_s == pytest.approx(1.0)
+    assert [p.body for p in store.read_board(claim.task.goal_id)] == ["one", "two"]
+    assert writes.n == 3  # refused inside the post's transaction: no second try on its own
+    clock.advance(1.0)
+    assert replicas[1].take_rate_token("wrk_f", 1.0, 2) == 0.0  # the refill was one token: the refusal took none
+    assert replicas[1].take_rate_token("wrk_f", 1.0, 2) == pytest.approx(1.0)
+
+
+def test_a_call_that_commits_no_write_still_takes_its_token(replicas: list[SqlStore], clock: FakeClock) -> None:
+    store = replicas[0]
+    worker = claimed_worker(store, clock, secret=SECRET)
+    claim = store.current_claim(worker.worker_id)
+    assert claim is not None
+    with store.rate_token_folded("wrk_r", 1.0, 3):  # a read: the take is a write of its own, as the block ends
+        store.read_board(claim.task.goal_id)
+    # a refused write rolls its take back; the call is still counted
+    with pytest.raises(StaleFencingTokenError), store.rate_token_folded("wrk_r", 1.0, 3):
+        store.post(claim.task.id, claim.token + 1, PostKind.NOTE, "stale", author=worker.worker_id)
+    with store.rate_token_folded("wrk_r", 1.0, 3):
+        store.post(claim.task.id, claim.token, PostKind.NOTE, "third", author=worker.worker_id)
+    with pytest.raises(RateLimitedError), store.rate_token_folded("wrk_r", 1.0, 3):  # three calls: the burst
+        store.read_board(claim.task.goal_id)
+    assert [p.body for p in store.read_board(claim.task.goal_id)] == ["third"]
+
+
+def test_the_plane_makes_one_write_per_tool_call_with_shared_buckets(replicas: list[SqlStore],
+                                                                    clock: FakeClock) -> None:
+    """A board post through the plane makes as many write transactions as it writes audit events (the post,
+    and the lease's renewal when it is due): the shared bucket's take adds none (SQLite keeps its bucket in
+    memory: none either)."""
+    store = replicas[0]
+    worker = claimed_worker(store, clock, secret=SECRET)
+    claim = store.current_claim(worker.worker_id)
+    assert claim is not None
+    tools = _tools(store, clock, rate=1.0, burst=2)
+    writes = _CountedWrites(store)
+    post = m.BoardPostRequest(task_id=claim.task.id, fencing_token=claim.token, kind=PostKind.NOTE, body="hi")
+    for _ in range(2):
+        before, events = writes.n, len(store.unsequenced_events(10_000))
+        tools.call(lambda: tools.board_post(worker.token, post))
+        assert writes.n - before == len(store.unsequenced_events(10_000)) - events >= 1
+    before = writes.n
+    with pytest.raises(RateLimitedError):  # over its rate at this replica: refused before any store trip
+        tools.call(lambda: tools.board_post(worker.token, post))
+    assert writes.n == before
+    assert len(store.read_board(claim.task.goal_id)) == 2

@@ -188,6 +188,42 @@ def measure_takes(url: str, *, processes: int, takes: int, shared: bool) -> tupl
     return wall, sum(taken)
 
 
+def _tool_writer(url: str, goal_id: str, posts: int, folded: bool, ready: Any, start: Any, out: Any) -> None:
+    """Claim one task and make ``posts`` tool calls that write (a board post) with their rate token taken from the
+    worker's shared bucket: in the post's own transaction (``folded``), or in a transaction of its own before it."""
+    from swarmyard.domain import PostKind
+    from swarmyard.store import open_store
+
+    store = open_store(url, pool_size=2)
+    key = f"w{os.getpid()}"
+    claim = store.claim(goal_id, key, 600)
+    assert claim is not None
+    ready.put(os.getpid())
+    start.wait()
+    for i in range(posts):
+        if folded:
+            with store.rate_token_folded(key, 1e9, 10**9):
+                store.post(claim.task.id, claim.token, PostKind.NOTE, f"p{i}", author=key)
+        else:
+            assert store.take_rate_token(key, 1e9, 10**9) == 0.0
+            store.post(claim.task.id, claim.token, PostKind.NOTE, f"p{i}", author=key)
+    store.close()
+    out.put(posts)
+
+
+def measure_tool_writes(url: str, *, processes: int, posts: int, folded: bool) -> tuple[float, int]:
+    """``processes`` workers each make ``posts`` rate-limited writing tool calls; (wall_s, calls)."""
+    from swarmyard.store import open_store
+
+    store = open_store(url)
+    goal = store.create_goal(GoalSpec("bench", 0, 0)).id
+    for i in range(processes):
+        store.create_task(goal, TaskSpec(f"t{i}"))
+    store.close()
+    wall, done = _race(_tool_writer, [(url, goal, posts, folded)] * processes)
+    return wall, sum(done)
+
+
 def duplicates(claims: list[tuple[str, int]]) -> int:
     """Claims of a task beyond its first (there must be none: every lease here outlives the run)."""
     return sum(n - 1 for n in Counter(task for task, _ in claims).values() if n > 1)
@@ -266,6 +302,13 @@ def run(quick: bool = False, **options: object) -> BenchResult:
                                     "one key", per_s[True], "takes/s", per_s[False], "a key per process"))
                 result.summary["postgres.rate_takes_per_s"] = round(per_s[True], 1)
                 result.summary["postgres.rate_takes_per_s_key_each"] = round(per_s[False], 1)
+                calls = {folded: measure_tool_writes(url, processes=8, posts=50 if quick else 200, folded=folded)
+                         for folded in (True, False)}
+                call_s = {folded: n / wall for folded, (wall, n) in calls.items()}
+                result.add(BenchRow("postgres writing tool calls/s (board post + rate take in one transaction), "
+                                    "8 proc", call_s[True], "calls/s", call_s[False], "the take a transaction of its own"))
+                result.summary["postgres.tool_writes_per_s_folded"] = round(call_s[True], 1)
+                result.summary["postgres.tool_writes_per_s_separate"] = round(call_s[False], 1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result.summary["duplicates"] = total_dupes

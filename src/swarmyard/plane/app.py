@@ -186,7 +186,7 @@ class _ToolEndpoint:
             if spec.name == "submit_artifact":
                 result: BaseModel = await plane.tools.submit_artifact(token, req, plane.offload)
             else:
-                result = await plane.offload(partial(self._method, token, req))
+                result = await plane.offload(partial(plane.tools.call, partial(self._method, token, req)))
             body = self._serializer.to_json(result)
             status = 200
             plane.changed()

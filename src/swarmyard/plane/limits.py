@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, contextmanager
 
 from swarmyard.clock import Clock
 from swarmyard.errors import PayloadTooLargeError, RateLimitedError
@@ -70,20 +71,46 @@ class RateLimiter:
 class SharedRateLimiter:
     """The same token bucket per key, kept in the store (``Store.take_rate_token``), so every control-plane
     replica over one PostgreSQL store takes from one bucket: a worker spreading its calls over N replicas
-    gets ``rate_per_s``, not N times it. Time is the store's clock."""
+    gets ``rate_per_s``, not N times it. Time is the store's clock.
 
-    def __init__(self, store: Store, rate_per_s: float, burst: int) -> None:
+    Inside ``calls()`` (one tool call on this thread) the take is folded into the call's own first write
+    transaction (``Store.rate_token_folded``): one write per tool call, not two. A call that does its work
+    before its token is known to be free is refused at once, with no store trip, by an in-memory bucket of the
+    same rate in front: a worker within its rate at this replica never meets it (it refuses only a worker
+    over its rate here alone, whom the shared bucket refuses too), and a worker over it gets no work done.
+    """
+
+    def __init__(self, store: Store, rate_per_s: float, burst: int, clock: Clock) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("rate_per_s must be positive and burst at least 1")
         self._store = store
         self._rate = rate_per_s
         self._burst = burst
+        self._here = RateLimiter(rate_per_s, burst, clock)
+        self._call = threading.local()
 
     def acquire(self, key: str) -> None:
-        """Take one token for ``key`` or raise ``RateLimitedError`` saying how long until one is free."""
+        """Take one token for ``key`` or raise ``RateLimitedError`` saying how long until one is free; inside
+        ``calls()``, the take waits for the call's first write (or its end)."""
+        stack: ExitStack | None = getattr(self._call, "stack", None)
+        if stack is not None:
+            self._here.acquire(key)
+            stack.enter_context(self._store.rate_token_folded(key, self._rate, self._burst))
+            self._call.stack = None  # one take per call
+            return
         wait_s = self._store.take_rate_token(key, self._rate, self._burst)
         if wait_s > 0:
             raise RateLimitedError(f"{key} is over {self._rate:g} calls/s", retry_after_s=round(wait_s, 3))
+
+    @contextmanager
+    def calls(self) -> Iterator[None]:
+        """One tool call on this thread: its ``acquire`` is folded into its first write transaction."""
+        with ExitStack() as stack:
+            self._call.stack = stack
+            try:
+                yield
+            finally:
+                self._call.stack = None
 
 
 def retry_after_header(seconds: float) -> str:

@@ -126,7 +126,7 @@ class WorkerTools:
         # one shared bucket per worker where replicas share the store (see swarmyard.plane.limits)
         self._limiter: RateLimiter | SharedRateLimiter = (
             RateLimiter(settings.rate_per_s, settings.rate_burst, clock) if store.single_writer
-            else SharedRateLimiter(store, settings.rate_per_s, settings.rate_burst))
+            else SharedRateLimiter(store, settings.rate_per_s, settings.rate_burst, clock))
         # (task_id, fencing token) -> worker id. A fencing token is issued once, to one worker, for one task,
         # so this mapping never changes and may be cached without ever going stale.
         self._owners: dict[tuple[str, int], str] = {}
@@ -134,6 +134,14 @@ class WorkerTools:
         self._lock = threading.Lock()
 
     # -- shared checks ------------------------------------------------------------------------------------
+    def call(self, tool: Callable[[], T], /) -> T:
+        """Run one blocking tool call: with the store's shared buckets, its rate token is taken in its own first
+        write transaction (one write per call; see ``SharedRateLimiter``)."""
+        if isinstance(self._limiter, SharedRateLimiter):
+            with self._limiter.calls():
+                return tool()
+        return tool()
+
     def authenticate(self, token: str) -> WorkerIdentity:
         """Verify a worker token and take one rate-limit token for its worker."""
         who = self._tokens.verify(token)

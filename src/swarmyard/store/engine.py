@@ -6,7 +6,7 @@ import contextlib
 import select
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +47,66 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+    def fold(self, statement: Callable[[Any], None]) -> Folded:
+        """Run ``statement`` first in this thread's next write transaction (see :class:`Folded`)."""
+        ...
+
+    def unfold(self, folded: Folded) -> None:
+        """End ``fold``: this thread's writes no longer run its statement."""
+        ...
+
+    def folding(self) -> bool:
+        """Whether this thread's next write transaction runs a folded statement."""
+        ...
+
+
+class Folded:
+    """A statement folded into the first write transaction of this thread that commits after ``fold``.
+
+    Why: a rate bucket's take is one more write per tool call when it is a transaction of its own (on
+    PostgreSQL, a commit and a round trip); run as the first statement of the tool's own write, it costs one
+    statement. The statement may raise to refuse: that transaction then rolls back and does nothing, and
+    ``done`` stays False (as it does when the transaction fails for any other reason, which rolls the statement
+    back with it). ``done`` turns True when a transaction that ran it commits; later writes skip it.
+    """
+
+    __slots__ = ("done", "previous", "statement")
+
+    def __init__(self, statement: Callable[[Any], None], previous: Folded | None) -> None:
+        self.statement = statement
+        self.done = False
+        self.previous = previous
+
+
+class _Folding:
+    """``fold`` for both engines: one pending statement per thread."""
+
+    _folds: threading.local
+
+    def fold(self, statement: Callable[[Any], None]) -> Folded:
+        """Run ``statement`` first in this thread's next write transaction that commits (see :class:`Folded`)."""
+        folded = Folded(statement, getattr(self._folds, "folded", None))
+        self._folds.folded = folded
+        return folded
+
+    def unfold(self, folded: Folded) -> None:
+        """End ``fold``: this thread's writes no longer run its statement."""
+        if getattr(self._folds, "folded", None) is folded:
+            self._folds.folded = folded.previous
+
+    def folding(self) -> bool:
+        """Whether this thread's next write transaction runs a folded statement."""
+        folded: Folded | None = getattr(self._folds, "folded", None)
+        return folded is not None and not folded.done
+
+    def _run_folded(self, cur: Any) -> Folded | None:
+        """Inside a write transaction: run the pending folded statement, if any (it may raise to refuse)."""
+        folded: Folded | None = getattr(self._folds, "folded", None)
+        if folded is None or folded.done:
+            return None
+        folded.statement(cur)
+        return folded
 
 
 class _WalCheckpointer:
@@ -103,7 +163,7 @@ class _WalCheckpointer:
         self._thread.join()
 
 
-class SqliteEngine:
+class SqliteEngine(_Folding):
     """SQLite in WAL mode, one connection per thread; writes take the write lock up front (BEGIN IMMEDIATE).
 
     A thread inside ``nowait`` uses a second connection of its own that never waits for the lock. Keep one
@@ -129,6 +189,7 @@ class SqliteEngine:
         self._busy_timeout_ms = busy_timeout_ms
         self._checkpoint_every = checkpoint_every_commits
         self._local = threading.local()
+        self._folds = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._checkpointer: _WalCheckpointer | None = None
@@ -199,6 +260,7 @@ class SqliteEngine:
                 raise StoreBusyError("the store's write lock is taken") from exc
             raise StoreError(f"cannot start a write transaction: {exc}") from exc
         try:
+            folded = self._run_folded(cur)
             yield cur
         except sqlite3.OperationalError as exc:
             conn.rollback()
@@ -210,6 +272,8 @@ class SqliteEngine:
             raise
         else:
             conn.commit()
+            if folded is not None:
+                folded.done = True
             if self._checkpointer is not None:
                 self._checkpointer.wrote()
         finally:
@@ -244,7 +308,7 @@ class SqliteEngine:
 CONNECT_WAIT_S = 120.0
 
 
-class PostgresEngine:
+class PostgresEngine(_Folding):
     """PostgreSQL through a psycopg connection pool; SQL placeholders are translated from ``?`` to ``%s``."""
 
     postgres = True
@@ -258,6 +322,7 @@ class PostgresEngine:
         self._pool = ConnectionPool(url, min_size=1, max_size=max_size, kwargs={"autocommit": True}, open=True,
                                     check=_still_open, timeout=CONNECT_WAIT_S)
         self._sql: dict[str, str] = {}
+        self._folds = threading.local()
 
     def _tr(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -267,9 +332,14 @@ class PostgresEngine:
 
     @contextmanager
     def write(self) -> Iterator[_PgCursor]:
-        """One transaction on a pooled connection."""
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            yield _PgCursor(cur, self._tr)
+        """One transaction on a pooled connection (a folded statement first, if this thread has one)."""
+        with self._pool.connection() as conn:
+            with conn.transaction(), conn.cursor() as cur:
+                pg_cur = _PgCursor(cur, self._tr)
+                folded = self._run_folded(pg_cur)
+                yield pg_cur
+            if folded is not None:  # the transaction committed
+                folded.done = True
 
     @contextmanager
     def nowait(self) -> Iterator[bool]:

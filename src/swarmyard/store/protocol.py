@@ -282,6 +282,12 @@ class Store(Protocol):
         """Take one token from ``key``'s shared bucket: 0.0 when taken, else the seconds until one is free."""
         ...
 
+    def rate_token_folded(self, key: str, rate_per_s: float, burst: int) -> AbstractContextManager[None]:
+        """A block (one tool call) that takes one token from ``key``'s bucket as the first statement of its first
+        write transaction on this thread (``RateLimitedError`` there when none is free, and that write does
+        nothing); a block that commits no write takes it on its own as it ends."""
+        ...
+
     def register_plane(self, plane_id: str) -> None:
         """This store serves replica ``plane_id``: record it alive and tag the holds it makes with it."""
         ...

@@ -4,7 +4,8 @@ Rate buckets: a worker's token bucket is one row, taken from with one conditiona
 (``INSERT ... ON CONFLICT DO UPDATE ... WHERE the refilled bucket holds a token RETURNING``). Under PostgreSQL
 concurrent takes of one bucket queue on its row lock and each sees the last one's result, so replicas share
 one bucket exactly: a worker that spreads its calls over N replicas still gets ``rate`` calls a second, not
-N times that. ``updated_at`` only moves forward, so replicas whose clocks disagree cannot refill a bucket
+N times that. A tool call takes its token inside its own write transaction (``rate_token_folded``), so it makes
+one write, not two. ``updated_at`` only moves forward, so replicas whose clocks disagree cannot refill a bucket
 twice for the same interval: the refill is bounded by the fastest clock.
 
 Replicas: every serving process registers a row in ``planes`` and renews its ``seen_at``; every hold it makes
@@ -17,11 +18,12 @@ hold), so the envelopes move once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from swarmyard.domain import Reservation
-from swarmyard.errors import IllegalTransitionError, InvalidInputError
+from swarmyard.errors import IllegalTransitionError, InvalidInputError, RateLimitedError
 from swarmyard.store.engine import Cursor, Engine
 
 _KEY_LIMIT = 200
@@ -45,28 +47,65 @@ class ReplicaStore:
         raise NotImplementedError
 
     # -- rate buckets -------------------------------------------------------------------------------------
-    def take_rate_token(self, key: str, rate_per_s: float, burst: int) -> float:
-        """Take one token from ``key``'s bucket (``rate_per_s`` sustained, ``burst`` at once): 0.0 when taken,
-        else the seconds until one is free (nothing is taken)."""
+    @staticmethod
+    def _bucket_args(key: str, rate_per_s: float, burst: int) -> None:
         if not isinstance(key, str) or not key or len(key) > _KEY_LIMIT:
             raise InvalidInputError(f"a rate bucket key is 1 to {_KEY_LIMIT} characters", field="key")
         if not rate_per_s > 0 or burst < 1:
             raise InvalidInputError("rate_per_s must be positive and burst at least 1", field="rate_per_s")
+
+    def _take(self, cur: Cursor, key: str, rate_per_s: float, burst: int) -> float:
+        """The take, inside a write transaction: 0.0 when taken, else the seconds until a token is free."""
         least, greatest = ("LEAST", "GREATEST") if self._e.postgres else ("MIN", "MAX")
         now, cap, rate = self._now(), float(burst), float(rate_per_s)
         refilled = (f"{least}(?, rate_buckets.tokens + {greatest}(0.0, ? - rate_buckets.updated_at) * ?)")
-        with self._e.write() as cur:
-            taken = self._one(cur, "INSERT INTO rate_buckets (key, tokens, updated_at) VALUES (?, ?, ?) "
-                                   f"ON CONFLICT (key) DO UPDATE SET tokens = {refilled} - 1.0, "
-                                   f"updated_at = {greatest}(rate_buckets.updated_at, ?) "
-                                   f"WHERE {refilled} >= 1.0 RETURNING tokens",
-                              (key, cap - 1.0, now, cap, now, rate, now, cap, now, rate))
-            if taken is not None:
-                return 0.0
-            row = self._one(cur, f"SELECT {refilled.replace('rate_buckets.', '')} FROM rate_buckets WHERE key = ?",
-                            (cap, now, rate, key))
+        taken = self._one(cur, "INSERT INTO rate_buckets (key, tokens, updated_at) VALUES (?, ?, ?) "
+                               f"ON CONFLICT (key) DO UPDATE SET tokens = {refilled} - 1.0, "
+                               f"updated_at = {greatest}(rate_buckets.updated_at, ?) "
+                               f"WHERE {refilled} >= 1.0 RETURNING tokens",
+                          (key, cap - 1.0, now, cap, now, rate, now, cap, now, rate))
+        if taken is not None:
+            return 0.0
+        row = self._one(cur, f"SELECT {refilled.replace('rate_buckets.', '')} FROM rate_buckets WHERE key = ?",
+                        (cap, now, rate, key))
         tokens = float(row[0]) if row is not None else 0.0
         return max(0.0, (1.0 - tokens) / rate)
+
+    def take_rate_token(self, key: str, rate_per_s: float, burst: int) -> float:
+        """Take one token from ``key``'s bucket (``rate_per_s`` sustained, ``burst`` at once): 0.0 when taken,
+        else the seconds until one is free (nothing is taken)."""
+        self._bucket_args(key, rate_per_s, burst)
+        with self._e.write() as cur:
+            return self._take(cur, key, rate_per_s, burst)
+
+    @contextmanager
+    def rate_token_folded(self, key: str, rate_per_s: float, burst: int) -> Iterator[None]:
+        """A block (one tool call) that takes one token from ``key``'s bucket in its own first write transaction.
+
+        The take is that transaction's first statement, so a tool call that writes makes one write transaction,
+        not two. Refused, it raises ``RateLimitedError`` there and that transaction does nothing. A block that
+        commits no write on this thread (a read, or a write that failed) takes its token on its own as it
+        ends, and raises ``RateLimitedError`` then when none is free, so every call is counted either way.
+        """
+        self._bucket_args(key, rate_per_s, burst)
+        refused = False
+
+        def take(cur: Cursor) -> None:
+            nonlocal refused
+            wait_s = self._take(cur, key, rate_per_s, burst)
+            if wait_s > 0:
+                refused = True
+                raise RateLimitedError(f"{key} is over {rate_per_s:g} calls/s", retry_after_s=round(wait_s, 3))
+
+        folded = self._e.fold(take)
+        try:
+            yield
+        finally:
+            self._e.unfold(folded)
+            if not folded.done and not refused:
+                wait_s = self.take_rate_token(key, rate_per_s, burst)
+                if wait_s > 0:
+                    raise RateLimitedError(f"{key} is over {rate_per_s:g} calls/s", retry_after_s=round(wait_s, 3))
 
     # -- replicas -----------------------------------------------------------------------------------------
     def register_plane(self, plane_id: str) -> None:

@@ -403,7 +403,9 @@ class SqlStore(DirectionStore, ReplicaStore):
                f"e AS (INSERT INTO events (kind, body, created_at) SELECT 'task.claimed', "
                f"convert_to(?::text || c.id || '\",\"token\":' || c.fencing_token::text || ?::text, 'UTF8'), ? FROM c) "
                f"SELECT * FROM c")
-        with self._e.read() as cur:  # autocommit: the single statement is its own transaction
+        # autocommit: the single statement is its own transaction; a write transaction instead when a tool call
+        # folded its rate token's take into this thread's next write (see ReplicaStore.rate_token_folded)
+        with (self._e.write() if self._e.folding() else self._e.read()) as cur:
             cur.execute(sql, [worker_id, expires, *params, now, head, tail, now])
             row = cur.fetchone()
             if row is None:
