@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmyard.plane.folder_files import read_regular
+
 #: Characters of an error's message the dashboard shows.
 MESSAGE_CHARS = 300
 #: Bytes of a log read: the runner keeps the head and tail of each stream, so a log is bounded, and so is this.
@@ -116,11 +118,10 @@ class AgentLogs:
             cached = self._seen.get(path.name)
         if cached is not None and cached[0] == key:
             return cached[1]
-        try:
-            with path.open("rb") as f:
-                text = f.read(_MAX_LOG_BYTES).decode("utf-8", "replace")
-        except OSError:
+        data = read_regular(path, _MAX_LOG_BYTES)  # a link, pipe or device in its place is no log
+        if data is None:
             return None
+        text = data.decode("utf-8", "replace")
         error = parse_log(text, info.st_mtime)
         with self._lock:
             self._seen[path.name] = (key, error)

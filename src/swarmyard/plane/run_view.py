@@ -27,11 +27,14 @@ from swarmyard.domain import TaskState
 from swarmyard.errors import UserError
 from swarmyard.plane.agent_errors import slot_and_worker
 from swarmyard.plane.dashboard import Dashboard, RunFacts
+from swarmyard.plane.folder_files import read_regular
 from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
 from swarmyard.store.protocol import Store
 
 #: How far back from its last checkpoint a run's ``run.closed`` event is looked for.
 _CLOSED_WITHIN = 50
+#: Bytes of ``run.json`` and of a checkpoint note read (each is far smaller; a file in their place is bounded).
+_RUN_JSON_BYTES, _NOTE_BYTES = 1024 * 1024, 64 * 1024
 
 
 @dataclass
@@ -52,9 +55,10 @@ class FinishedRun:
         """Open ``run_dir`` (``UserError`` when it is no run folder or its store is gone)."""
         from swarmyard.store import open_store
 
+        raw = read_regular(run_dir / "run.json", _RUN_JSON_BYTES)
         try:
-            state = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            state = json.loads(raw if raw is not None else b"")
+        except (ValueError, RecursionError) as exc:
             raise UserError(f"{run_dir} is not a run folder (no readable run.json)") from exc
         if not isinstance(state, dict) or not isinstance(state.get("goal_id"), str):
             raise UserError(f"{run_dir}/run.json is not a run's state")
@@ -125,8 +129,11 @@ def closed_at(store: Store, run_dir: Path, run_id: str) -> float | None:
     notes = sorted((run_dir / "audit" / "checkpoints").glob("*.note"))
     if not notes:
         return None
-    lines = notes[-1].read_text(encoding="utf-8", errors="replace").splitlines()
-    if len(lines) < 2 or not lines[1].isdigit():
+    note = read_regular(notes[-1], _NOTE_BYTES)
+    if note is None:
+        return None
+    lines = note.decode("utf-8", "replace").splitlines()
+    if len(lines) < 2 or not (lines[1].isascii() and lines[1].isdigit() and len(lines[1]) <= 18):
         return None
     size = int(lines[1])
     mark = f'"run":"{run_id}"'.encode()

@@ -158,11 +158,12 @@ def _ends_with_line(path: Path, size: int, line: bytes) -> bool:
 
 
 def read_trajectory(path: Path, *, max_bytes: int = MAX_FILE_BYTES + 4096) -> list[dict[str, Any]]:
-    """The steps of a trajectory file (lines that do not parse are skipped; at most ``max_bytes`` read)."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(max_bytes)
-    except OSError:
+    """The steps of a trajectory file (lines that do not parse are skipped; at most ``max_bytes`` read; a link,
+    pipe or device in its place reads as no steps: ``folder_files.read_regular``)."""
+    from swarmyard.plane.folder_files import read_regular
+
+    data = read_regular(path, max_bytes)
+    if data is None:
         return []
     steps = []
     for raw in data.splitlines():

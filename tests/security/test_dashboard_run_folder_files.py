@@ -1,0 +1,158 @@
+"""``swarmyard ui RUN_FOLDER`` on a run folder made by someone else: its files are read only as the folder's own
+regular files, and a bounded part of each.
+
+One real run (``swarmyard run``, scripted provider, local machines), then copies of its folder in which one file
+is replaced: a worker's trajectory by a named pipe (its open waited for a writer: the command never served), the
+last checkpoint note by a link to ``/dev/zero`` (read whole: the process grew without bound), a trajectory by a
+link to a file outside the folder (served on the page), an agent log by a named pipe (every state request
+waited for ever), ``run.json`` by a deeply nested array and the note's size line by a digit ``int`` refuses. Each
+copy is served through the console script: the line that says where comes, the state and trajectory routes
+answer, nothing outside the folder is shown, and SIGTERM ends it with exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rigs.scripted import tool_call
+from rigs.swarm_files import scripted_swarm
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
+]
+
+SWARMYARD = Path(sys.executable).with_name("swarmyard")
+SECRET = "NOT-THIS-RUNS-FILE"
+
+
+@pytest.fixture(scope="module")
+def finished_run() -> Iterator[tuple[Path, dict[str, str]]]:
+    folder = Path(tempfile.mkdtemp(prefix="sy-uf-"))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    swarm = scripted_swarm(folder, agent="builtin", replies="replies.json")
+    (folder / "conf" / "replies.json").write_text(json.dumps({
+        "scripted-worker": [tool_call("board_post", body="a note"),
+                            tool_call("submit_finding", title="market", body="Large and growing.")],
+        "scripted-lead": [tool_call("submit_finding", title="synthesis", body="Go: the market is large.")],
+    }))
+    done = subprocess.run([str(SWARMYARD), "run", str(swarm)], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    (run_dir,) = (folder / "runs").iterdir()
+    yield run_dir, env
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy(run_dir: Path, name: str) -> Path:
+    copy = run_dir.parent / name
+    shutil.copytree(run_dir, copy, symlinks=True, ignore=shutil.ignore_patterns("*.sock"))
+    state = json.loads((copy / "run.json").read_text())
+    state.update(run_id=name, store_url=f"sqlite:///{copy / 'store.db'}")
+    (copy / "run.json").write_text(json.dumps(state))
+    return copy
+
+
+def _fifo_trajectory(folder: Path) -> None:
+    path = next((folder / "agents").glob("worker-0-*.jsonl"))
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _fifo_log(folder: Path) -> None:
+    path = next((folder / "agents").glob("worker-0-*.log"))
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _zero_note(folder: Path) -> None:
+    (folder / "audit" / "checkpoints" / "999999.note").symlink_to("/dev/zero")
+
+
+def _outside_trajectory(folder: Path) -> None:
+    outside = folder.parent / "outside.jsonl"
+    outside.write_text(json.dumps({"step": 1, "said": SECRET, "cpu_ms": 1, "max_rss_kb": 1}) + "\n")
+    path = next((folder / "agents").glob("worker-0-*.jsonl"))
+    path.unlink()
+    path.symlink_to(outside)
+
+
+def _odd_note(folder: Path) -> None:
+    (folder / "audit" / "checkpoints" / "999999.note").write_text("origin\n\u00b2\n")
+
+
+CRAFTED: dict[str, Callable[[Path], None]] = {
+    "fifo-trajectory": _fifo_trajectory, "fifo-log": _fifo_log, "zero-note": _zero_note,
+    "outside-trajectory": _outside_trajectory, "odd-note": _odd_note,
+}
+
+
+def _serve(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str, str]:
+    proc = subprocess.Popen([str(SWARMYARD), "ui", str(folder)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    # the line that says where; one that never comes fails the test (the process is killed) rather than hang it
+    ready, _, _ = select.select([proc.stderr], [], [], 300)
+    if not ready:
+        proc.kill()
+        proc.wait()
+    line = proc.stderr.readline() if ready else "(it never said where it serves)"
+    found = re.search(r"(http://\S+)/ui\b.*operator token in (.+?)\)", line)
+    assert found is not None, line
+    return proc, found[1], Path(found[2]).read_text().strip()
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9
+
+
+@pytest.mark.parametrize("crafted", sorted(CRAFTED))
+def test_a_crafted_run_folder_is_served_from_its_own_regular_files(
+        finished_run: tuple[Path, dict[str, str]], crafted: str) -> None:
+    run_dir, env = finished_run
+    folder = _copy(run_dir, crafted)
+    CRAFTED[crafted](folder)
+    proc, base, token = _serve(folder, env)
+    try:
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=base, headers=auth, timeout=60) as client:
+            (goal,) = client.get("/ui/api/goals").json()["goals"]
+            state = client.get("/ui/api/state", params={"goal": goal["id"]})
+            assert state.status_code == 200, state.text
+            workers = [w["id"] for w in state.json()["workers"]]
+            for worker in workers:
+                trajectory = client.get(f"/ui/api/trajectory/{worker}")
+                assert trajectory.status_code == 200 and SECRET not in trajectory.text, trajectory.text[:500]
+            assert SECRET not in state.text
+    finally:
+        code = _stop(proc)
+    assert code == 0
+
+
+def test_a_run_json_nested_past_the_parser_is_no_run_folder(finished_run: tuple[Path, dict[str, str]]) -> None:
+    run_dir, env = finished_run
+    folder = _copy(run_dir, "deep-run-json")
+    (folder / "run.json").write_text("[" * 200_000 + "]" * 200_000)
+    done = subprocess.run([str(SWARMYARD), "ui", str(folder)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 1 and "is not a run folder" in done.stderr and "Traceback" not in done.stderr, (
+        done.stderr[-2000:])
