@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from test_swarm_model import run_while_progressing
 
-from swarmyard.agents import grounding, no_result
+from swarmyard.agents import grounding, no_result, verdicts
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
 from swarmyard.store import open_store
@@ -92,6 +92,11 @@ def _tool(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
+def _verdict(said: str) -> dict[str, Any]:
+    """A lead's verdict on one finding, as the schema-constrained answer comes back: a tool call."""
+    return _tool("submit_finding", verdict=said)
+
+
 def _findings(run_dir: Path) -> tuple[list[Finding], dict[str, str]]:
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
     try:
@@ -141,10 +146,15 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
                   cite=[f"./{box_file}:{box_no}: {box_line.split(':')[0]}"]),
         ],
         "scripted-lead": [
+            _verdict("yes"),
             {"say": "The provider key is never handed to an agent, so a leak from a worker is ruled out."},
+            _verdict("yes"),
             {"say": "Spending is bounded in advance, and calls that would overshoot are stopped."},
+            _verdict("yes"),
             {"say": "Workers are boxed in with no way out except the control plane."},
-            {"say": "We should go ahead: the key, the money and the laptop are each protected by design."},
+            # a reason that turns the verdicts round is refused, and the one asked again is kept
+            {"say": "We should not go ahead: the key is exposed."},
+            {"say": "The key, the money and the laptop are each protected by design."},
         ],
     }
     done = _run(short_tmp, _scripted_variant(short_tmp, replies))
@@ -178,6 +188,10 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     # the lead's synthesis cites the scouts' findings
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
+    # its answer is the one the scripted verdicts make, with the reason that agrees with it
+    assert synthesis.body.startswith("Yes: all 3 findings say yes [fnd_"), synthesis.body
+    assert "The key, the money and the laptop are each protected by design." in synthesis.body
+    assert "We should not go ahead" not in synthesis.body and verdicts.check(synthesis.body) is None
 
 
 @pytest.mark.model
@@ -206,3 +220,5 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == real
     assert set(grounding.FINDING_ID.findall(synthesis.body)) == real, synthesis.body
     assert grounding.problem(synthesis.body, [], {f.id: f.title for f in scouts}, [], "") is None, synthesis.body
+    # its decision is the tally of the verdicts its points carry, read from the store
+    assert verdicts.check(synthesis.body) is None, synthesis.body

@@ -1,6 +1,7 @@
 """``[lead] synthesis = "digest"`` through ``swarmyard run``, in real machines, on the scripted provider: the lead
-asks what each finding means (one plain-text call each), then for its answer from those points, and the run
-prints the composed synthesis, citing each finding."""
+asks its verdict on each finding (constrained to yes, no or unclear) and what the finding means (plain text), and
+the run prints the composed synthesis: the answer the verdicts make, the model's reason for it, a point per finding,
+each citing its finding. Checked from the store: the opening is the one the stored points' verdicts make."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmyard.agents import verdicts
 from swarmyard.domain import LEAD_GROUP
 from swarmyard.store import open_store
 
@@ -27,7 +29,7 @@ MARKET = "Clinicians dictate notes daily and pay for offline dictation; about 5M
 RISKS = "The platforms may ship offline dictation for free within a year; a developer beta is the warning sign."
 POINTS = ["Paying buyers exist, which favours building, though the count is rough.",
           "A free platform feature could erase the market, so speed matters more than polish."]
-ANSWER = "We should build it for clinicians first: demand pays now, and a fast launch beats the platforms."
+REASON = "Demand pays now, but a free platform feature could take it away within a year."
 SWARM = """
 [goal]
 objective = "Should a small team build an offline dictation app?"
@@ -74,8 +76,11 @@ def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -
         return {"tool_calls": [{"name": "submit_finding", "arguments": {"title": title, "body": body}}]}
 
     # concurrency 1: the market lens is claimed first, so its finding is the first the lead reads
+    def verdict(said: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "submit_finding", "arguments": {"verdict": said}}]}
+
     replies = {"w": [finding("market", MARKET), finding("risks", RISKS)],
-               "l": [{"say": POINTS[0]}, {"say": POINTS[1]}, {"say": ANSWER}]}
+               "l": [verdict("yes"), {"say": POINTS[0]}, verdict("no"), {"say": POINTS[1]}, {"say": REASON}]}
     (folder / "replies.json").write_text(json.dumps(replies))
     (folder / "swarm.toml").write_text(SWARM)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
@@ -91,13 +96,15 @@ def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -
     finally:
         store.close()
     # the answer names the findings it was written from, and each point the one it came from
-    expected = (f"{ANSWER} [{scouts['market']}] [{scouts['risks']}]\n\nFrom the findings:\n"
-                f"- {POINTS[0]} [{scouts['market']}]\n"
-                f"- {POINTS[1]} [{scouts['risks']}]")
+    expected = (f"Mixed: 1 of 2 findings says yes [{scouts['market']}]; 1 of 2 findings says no "
+                f"[{scouts['risks']}]. {REASON}\n\nFrom the findings:\n"
+                f"- Yes: {POINTS[0]} [{scouts['market']}]\n"
+                f"- No: {POINTS[1]} [{scouts['risks']}]")
     assert synthesis.body == expected
+    assert verdicts.check(synthesis.body) is None
     assert out.stdout.strip() == expected  # what the user reads: the synthesis, whole
     assert {c.ref for c in synthesis.citations if c.kind == "finding"} == set(scouts.values())
     steps = [json.loads(line) for line in next((run_dir / "agents").glob("lead-*.jsonl")).read_text().splitlines()]
-    asked = [step for step in steps if step.get("replies")]
-    assert len(asked) == 3 and all(len(step["replies"]) == 1 for step in asked)  # a call a part, none re-asked
-    assert [json.loads(step["result"])["text"] for step in asked] == [*POINTS, ANSWER]
+    asked = [json.loads(step["result"]) for step in steps if step.get("replies")]
+    assert len(asked) == 5 and all(len(step["replies"]) == 1 for step in steps if step.get("replies"))
+    assert [part.get("verdict", part.get("text")) for part in asked] == ["yes", POINTS[0], "no", POINTS[1], REASON]

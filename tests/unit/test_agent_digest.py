@@ -1,5 +1,7 @@
-"""A digest lead (``[lead] synthesis = "digest"``) writes the synthesis in parts: one sentence of its own per
-finding, then its answer from those sentences, composed into one finding that cites each.
+"""A digest lead (``[lead] synthesis = "digest"``) writes the synthesis in parts: per finding a verdict on the
+objective's question (an enum: yes, no or unclear) and one sentence of its own, then the answer, whose decision is
+the verdicts' tally (the model only gives its reason, refused where it says the opposite), composed into one
+finding that cites each.
 
 Through the real plane over a Unix socket (``live_plane``) with a scripted ``ChatModel``, reading back what the
 store holds and what the model was shown.
@@ -18,6 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import LivePlane
+from swarmyard.agents import verdicts
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
@@ -32,22 +35,33 @@ RISKS = ("The platforms may ship offline dictation for free within a year; the e
          "in a developer release.")
 POINT_1 = "Buyers exist and pay, which favours building, though the count is rough."
 POINT_2 = "A free platform feature could erase the market, so speed matters more than polish."
-ANSWER = "Go, for clinicians first: paying demand is there, and a fast launch beats the platforms' free feature."
+REASON = "Paying demand is there for clinicians, and a fast launch beats the platforms' free feature."
 
 
 class ScriptedModel:
-    def __init__(self, replies: list[str | Exception]) -> None:
+    def __init__(self, replies: list[str | ModelReply | Exception]) -> None:
         self.replies = list(replies)
         self.seen: list[list[dict[str, Any]]] = []
         self.only: list[frozenset[str] | None] = []
+        self.specs: list[dict[str, Any] | None] = []
 
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
+    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None,
+                    specs: dict[str, Any] | None = None) -> ModelReply:
         self.seen.append([dict(m) for m in messages])
         self.only.append(only)
+        self.specs.append(specs)
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
-        return ModelReply(reply)
+        return reply if isinstance(reply, ModelReply) else ModelReply(reply)
+
+
+def _verdict(said: str) -> ModelReply:
+    """A verdict as a tool call, as the broker hands back a schema-constrained answer."""
+    return ModelReply("", (("submit_finding", json.dumps({"verdict": said})),))
+
+
+YES, NO = _verdict("yes"), _verdict("no")
 
 
 def _say(body: str) -> str:
@@ -72,7 +86,7 @@ def _lead(live_plane: Callable[..., LivePlane], bodies: list[tuple[str, str]]) -
     return plane, token, [f.id for f in found]
 
 
-def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str | Exception],
+def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str | ModelReply | Exception],
          max_steps: int = 4) -> tuple[Any, ScriptedModel]:
     model = ScriptedModel(replies)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
@@ -81,48 +95,103 @@ def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str | Excep
     return asyncio.run(agent.run()), model
 
 
-def test_a_digest_reads_one_finding_a_call_and_composes_its_own_answer(
+def test_a_digest_reads_one_finding_a_call_and_answers_from_the_verdicts(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     plane, token, (market, risks) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
-    outcome, model = _run(tmp_path, plane, token, [POINT_1, POINT_2, ANSWER])
+    outcome, model = _run(tmp_path, plane, token, [YES, POINT_1, YES, POINT_2, REASON])
     assert outcome.ending is Ending.SUBMITTED and outcome.steps == 3
-    assert model.only == [frozenset()] * 3  # every part asked as plain text: no tool offered
+    # a verdict is asked with submit_finding narrowed to the enum, every other part as plain text
+    assert model.only == [frozenset({"submit_finding"}), frozenset()] * 2 + [frozenset()]
+    verdict_spec = model.specs[0]["submit_finding"]  # type: ignore[index]
+    assert verdict_spec.parameters["properties"]["verdict"]["enum"] == ["yes", "no", "unclear"]
     finding = plane.store.get_finding(outcome.finding_id)
-    assert finding.body.startswith(ANSWER)
-    assert f"- {POINT_1} [{market}]" in finding.body and f"- {POINT_2} [{risks}]" in finding.body
+    assert finding.body.startswith(f"Yes: all 2 findings say yes [{market}] [{risks}]. {REASON}")
+    assert f"- Yes: {POINT_1} [{market}]" in finding.body and f"- Yes: {POINT_2} [{risks}]" in finding.body
+    assert verdicts.check(finding.body) is None  # the opening is the one the stored points' verdicts make
     assert {c.ref for c in finding.citations if c.kind == "finding"} == {market, risks}
-    first, second, last = (str(call[-1]["content"]) for call in model.seen)
-    assert MARKET in first and RISKS not in first  # one finding a call
+    first, point, second, _, last = (str(call[-1]["content"]) for call in model.seen)
+    assert "own words" in point
+    assert MARKET in first and RISKS not in first  # one finding at a time
+    assert model.seen[1][:2] == model.seen[0][:2]  # the point follows the verdict in the same conversation
     assert RISKS in second and MARKET not in second
     assert POINT_1 in last and POINT_2 in last and MARKET not in last and RISKS not in last  # its own points only
+    assert "answer: yes" in last
+
+
+def test_scripted_verdicts_make_the_answer(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, (market, risks) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
+    outcome, _ = _run(tmp_path, plane, token, [YES, POINT_1, NO, POINT_2, REASON])
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert body.startswith(f"Mixed: 1 of 2 findings says yes [{market}]; 1 of 2 findings says no [{risks}]. ")
+    assert f"- No: {POINT_2} [{risks}]" in body and verdicts.check(body) is None
+
+
+def test_a_reason_that_contradicts_the_tally_is_refused_then_left_out(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, (market, risks) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
+    against = "We should not build it: nobody would pay for offline dictation."
+    outcome, model = _run(tmp_path, plane, token, [YES, POINT_1, YES, POINT_2, against, against, against])
+    assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 3
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert body.startswith(f"Yes: all 2 findings say yes [{market}] [{risks}].\n\nFrom the findings:")
+    assert against not in body and verdicts.check(body) is None
+    assert "opposite of the findings' answer (yes)" in str(model.seen[-1][-1]["content"])  # the re-ask says why
+
+
+def test_a_reason_that_agrees_after_a_reask_is_kept(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, (market,) = _lead(live_plane, [("market", MARKET)])
+    outcome, _ = _run(tmp_path, plane, token, [NO, POINT_1, "Yes, the market is there.", REASON])
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert body.startswith(f"No: the one finding says no [{market}]. {REASON}")
+    assert outcome.malformed == 1
+
+
+def test_a_verdict_the_schema_does_not_allow_counts_as_unclear(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, (market,) = _lead(live_plane, [("market", MARKET)])
+    outcome, _ = _run(tmp_path, plane, token, [_verdict("maybe"), POINT_1, REASON])
+    assert outcome.malformed == 1
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert body.startswith(f"Unclear: the one finding is unclear [{market}], so the findings do not answer")
+    assert f"- Unclear: {POINT_1} [{market}]" in body and verdicts.check(body) is None
+
+
+def test_the_check_refuses_an_opening_the_verdicts_do_not_make() -> None:
+    body = "Yes: all 2 findings say yes [fnd_aaaaaaaa] [fnd_bbbbbbbb].\n\nFrom the findings:\n" \
+           "- Yes: One. [fnd_aaaaaaaa]\n- No: Two. [fnd_bbbbbbbb]"
+    assert "Mixed: 1 of 2" in str(verdicts.check(body))
+    assert verdicts.check("We should not do it.") is not None
+    assert verdicts.contradicts("We should not keep the key safe.", "yes")
+    assert verdicts.contradicts("Yes, it is safe.", "no") and verdicts.contradicts("No.", "mixed")
+    assert not verdicts.contradicts("The key never reaches an agent, so it is not exposed.", "yes")
 
 
 def test_a_point_that_copies_its_finding_is_asked_again(tmp_path: Path,
                                                         live_plane: Callable[..., LivePlane]) -> None:
     plane, token, (market,) = _lead(live_plane, [("market", MARKET)])
-    outcome, model = _run(tmp_path, plane, token, [MARKET, POINT_1, ANSWER])
+    outcome, model = _run(tmp_path, plane, token, [YES, MARKET, POINT_1, REASON])
     assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 1
     body = plane.store.get_finding(outcome.finding_id).body
-    assert MARKET not in body and f"- {POINT_1} [{market}]" in body
-    assert "your own words" in str(model.seen[1][-1]["content"])  # the re-ask says why
+    assert MARKET not in body and f"- Yes: {POINT_1} [{market}]" in body
+    assert "your own words" in str(model.seen[2][-1]["content"])  # the re-ask says why
 
 
 def test_the_step_cap_bounds_the_points(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     plane, token, (market, _) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
     # a model that answers with a submission all the same: its body is the part
-    outcome, model = _run(tmp_path, plane, token, [_say(POINT_1), ANSWER], max_steps=2)
-    assert outcome.ending is Ending.SUBMITTED and len(model.seen) == 2
+    outcome, model = _run(tmp_path, plane, token, [YES, _say(POINT_1), REASON], max_steps=2)
+    assert outcome.ending is Ending.SUBMITTED and len(model.seen) == 3
     body = plane.store.get_finding(outcome.finding_id).body
-    assert body == f"{ANSWER} [{market}]\n\nFrom the findings:\n- {POINT_1} [{market}]"
+    assert body == f"Yes: the one finding says yes [{market}]. {REASON}\n\nFrom the findings:\n- Yes: {POINT_1} [{market}]"
 
 
 def test_a_model_error_keeps_the_points_already_written(tmp_path: Path,
                                                         live_plane: Callable[..., LivePlane]) -> None:
     plane, token, (market, _) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
-    outcome, _ = _run(tmp_path, plane, token, [POINT_1, ProviderError("upstream answered 500")])
+    outcome, _ = _run(tmp_path, plane, token, [YES, POINT_1, ProviderError("upstream answered 500")])
     assert outcome.ending is Ending.MODEL_ERROR
     body = plane.store.get_finding(outcome.finding_id).body
-    assert f"- {POINT_1} [{market}]" in body and "cut short by a model error" in body
+    assert f"- Yes: {POINT_1} [{market}]" in body and "cut short by a model error" in body
     assert body.startswith("No overall answer was reached")
 
 

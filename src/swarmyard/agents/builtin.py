@@ -23,7 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import governed, grounding, history, instructions, no_result, originality
+from swarmyard.agents import governed, grounding, history, instructions, no_result, originality, verdicts
 from swarmyard.agents.actions import (
     FINISH,
     TOOLS,
@@ -447,18 +447,23 @@ class BuiltinAgent:
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
     async def _digest(self, task: ClaimedTask, shown: list[tuple[str, str, str]]) -> AgentOutcome:
-        """The synthesis in parts: one sentence of the lead's own per finding (up to ``max_steps - 1`` findings),
-        then its answer to the objective from those sentences alone, composed into one finding that cites each.
+        """The synthesis in parts: for each finding (up to ``max_steps - 1`` of them) the lead's verdict on the
+        objective's question (yes, no or unclear, constrained to those three) and one sentence of its own on what
+        the finding shows; then the answer, whose decision is the verdicts' tally (``verdicts.answer_sentence``,
+        naming the findings it rests on), and the model's reason for it, refused where it says the opposite.
 
-        Why: a small model asked for the whole synthesis at once copies the findings it was shown (the demo's
-        0.5B lead did, step after step, until the cap); asked what one finding means, or for an answer from
-        points it wrote itself, it writes its own words. Each part is one step, checked like a submission; a part
-        the model cannot give is left out, and a model or budget stop keeps the parts already written.
+        Why: a small model asked for the whole synthesis at once copies the findings it was shown, and asked for
+        its decision in its own words it often turns it round (the demo's 0.5B lead answered "We should not keep
+        ... safe" from three findings saying it is). Asked one finding at a time, and for a verdict it can only
+        choose, it is mostly right, and the answer cannot say more than its verdicts. Each finding is one step
+        (two calls sharing their start), the answer another; a part the model cannot give is left out, and a
+        model or budget stop keeps the parts already written.
         """
         objective = task.prompt.split("\n", 1)[0].removeprefix("Objective:").strip() or task.title
         system = {"role": "system", "content": instructions.DIGEST}
-        points: list[tuple[str, str, str]] = []  # (finding id, its title, the lead's sentence)
-        answer: str | None = None
+        points: list[tuple[str, str, str, str]] = []  # (finding id, its title, its verdict, the lead's sentence)
+        reason: str | None = None
+        answer = ""
         steps = 0
         stopped = ""
         budget_stop = False
@@ -466,17 +471,26 @@ class BuiltinAgent:
             for ref, heading, body in shown[: self._settings.max_steps - 1]:
                 steps += 1
                 title = heading.rsplit(" (by ", 1)[0]
-                ask = instructions.DIGEST_POINT.format(objective=objective, title=title,
-                                                       body=_cut(body, _DIGEST_BODY_CHARS))
-                point = await self._digest_part(task, steps, [system, {"role": "user", "content": ask}],
-                                                f"point of [{ref}]")
+                ask = [system, {"role": "user", "content": instructions.DIGEST_VERDICT.format(
+                    objective=objective, title=title, body=_cut(body, _DIGEST_BODY_CHARS))}]
+                verdict = await self._verdict(task, steps, ask, ref)
+                # the point is asked after the verdict, in the same conversation (its start is read once)
+                ask += [{"role": "assistant", "content": json.dumps({"verdict": verdict})},
+                        {"role": "user", "content": instructions.DIGEST_POINT}]
+                point = await self._digest_part(task, steps, ask, f"point of [{ref}]")
                 if point is not None:
-                    points.append((ref, title, point))
+                    points.append((ref, title, verdict, point))
             if points:
                 steps += 1
-                listed = "\n".join(f"{i}. {title}: {point}" for i, (_, title, point) in enumerate(points, 1))
-                ask = instructions.DIGEST_ANSWER.format(objective=objective, points=listed)
-                answer = await self._digest_part(task, steps, [system, {"role": "user", "content": ask}], "answer")
+                tally = verdicts.Tally(tuple((ref, verdict) for ref, _, verdict, _ in points))
+                answer = verdicts.answer_sentence(tally)
+                said = {verdicts.YES: "yes", verdicts.NO: "no", verdicts.MIXED: "mixed: some findings say yes, "
+                        "some no", verdicts.UNCLEAR: "unclear"}[tally.overall]
+                listed = "\n".join(f"{i}. {title} ({verdict}): {point}"
+                                    for i, (_, title, verdict, point) in enumerate(points, 1))
+                ask = [system, {"role": "user", "content": instructions.DIGEST_ANSWER.format(
+                    objective=objective, points=listed, answer=said)}]
+                reason = await self._digest_part(task, steps, ask, "reason", against=(tally.overall, said))
         except BudgetError as exc:
             stopped = f"cut short: {no_result.stopped_by(exc, steps)}"
             budget_stop = True
@@ -486,10 +500,8 @@ class BuiltinAgent:
             stopped = f"cut short by a model error at step {steps} ({exc.code}): {exc.message}"[:1000]
         except FencingError:
             return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, steps, self.malformed)
-        reasons = "\n".join(f"- {point} [{ref}]" for ref, _, point in points)
-        # every claim names the findings it rests on: the answer, all the points it was written from
-        rests_on = " ".join(f"[{ref}]" for ref, _, _ in points)
-        parts = [f"{answer} {rests_on}" if answer else "",
+        reasons = "\n".join(verdicts.point_line(ref, verdict, point) for ref, _, verdict, point in points)
+        parts = [f"{answer} {reason}" if answer and reason else answer,
                  f"{'From the findings' if answer else 'No overall answer was reached; what each finding means'}:"
                  f"\n{reasons}" if reasons else "",
                  self._note,
@@ -497,11 +509,11 @@ class BuiltinAgent:
         body = "\n\n".join(p for p in parts if p)
         if not points:
             body = no_result.placeholder(task.title, "no finding could be read into a point of its own")
-        args: dict[str, Any] = {"title": "synthesis", "body": body, "cite": [ref for ref, _, _ in points]}
+        args: dict[str, Any] = {"title": "synthesis", "body": body, "cite": [ref for ref, _, _, _ in points]}
         try:
             finding_id = await self._submit(args)
         except UnoriginalFindingError:
-            # the plane reads the findings whole: keep the answer, drop the points it found copied
+            # the plane reads the findings whole: keep the answer the verdicts make, drop the points it found copied
             args["body"] = answer or no_result.placeholder(task.title, "every point copied its finding")
             finding_id = await self._submit(args)
         ending = Ending.SUBMITTED if answer and not stopped else (Ending.BUDGET if budget_stop
@@ -510,12 +522,33 @@ class BuiltinAgent:
         self._draft = StepDraft(steps + 1)
         await self._step_done(task, Action(FINISH, args), {"finding_id": finding_id},
                               f"digest of {len(points)} of {len(shown)} findings"
-                              + ("" if answer else "; no answer") + (f"; {stopped}" if stopped else ""))
+                              + ("" if answer else "; no answer") + ("" if reason or not answer else "; no reason")
+                              + (f"; {stopped}" if stopped else ""))
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
-    async def _digest_part(self, task: ClaimedTask, step: int, messages: list[dict[str, Any]], what: str) -> str | None:
+    async def _verdict(self, task: ClaimedTask, step: int, messages: list[dict[str, Any]], ref: str) -> str:
+        """The lead's verdict on one finding, chosen from ``verdicts.VERDICTS`` (the answer's schema is that enum,
+        so a model that follows it cannot answer anything else); a reply that holds none, from a model that
+        ignores the schema, counts as unclear (and as a malformed reply)."""
+        self._draft = StepDraft(step)
+        asked_ms = now_ms()
+        reply = await self._reply(messages, frozenset({FINISH}), {FINISH: verdicts.spec()})
+        self._draft.reply(reply, now_ms() - asked_ms)
+        verdict = verdicts.read(reply.text, reply.tool_calls)
+        note = None
+        if verdict is None:
+            self.malformed += 1
+            self._draft.replies[-1]["malformed"] = "no verdict"
+            verdict, note = verdicts.UNCLEAR, "no verdict given: counted as unclear"
+        await self._step_done(task, None, {"part": f"verdict of [{ref}]", "verdict": verdict}, note)
+        return verdict
+
+    async def _digest_part(self, task: ClaimedTask, step: int, messages: list[dict[str, Any]], what: str,
+                           against: tuple[str, str] | None = None) -> str | None:
         """One part of a digest, asked as plain text (a small model made to answer in a tool's JSON echoes what it
-        read), checked as a submission is and asked again with the reason, at most ``max_reasks`` times."""
+        read), checked as a submission is and asked again with the reason, at most ``max_reasks`` times.
+        ``against`` (the tally's overall verdict and how the model was told it): a part that states the opposite
+        decision (``verdicts.contradicts``) is refused too, and left out if the model keeps saying it."""
         self._draft = StepDraft(step)
         extra: list[dict[str, Any]] = []
         said = ""
@@ -526,6 +559,13 @@ class BuiltinAgent:
             said = _said(reply)
             # not the prompt: an answer names the objective its prompt holds; the findings it read are the check
             why = originality.problem(said, read=self._read) if said else "the answer is empty"
+            if why is None and against is not None and verdicts.contradicts(said, against[0]):
+                why = f"it says the opposite of the findings' answer ({against[1]})"
+                self.malformed += 1
+                self._draft.replies[-1]["malformed"] = why[:1000]
+                extra = [{"role": "assistant", "content": said},
+                         {"role": "user", "content": instructions.DIGEST_AGAINST.format(answer=against[1])}]
+                continue
             if why is None:
                 await self._step_done(task, None, {"part": what, "text": said})
                 return said
@@ -617,12 +657,14 @@ class BuiltinAgent:
                 log.info("heartbeat failed: %s", exc.message)
                 return
 
-    async def _reply(self, messages: list[dict[str, Any]], only: frozenset[str] | None) -> ModelReply:
-        """One reply. A conversation too long for the model is compacted and re-asked; a failure in passing
-        is re-asked after a growing wait; anything else (or more of the same) is raised."""
+    async def _reply(self, messages: list[dict[str, Any]], only: frozenset[str] | None,
+                     specs: dict[str, ToolSpec] | None = None) -> ModelReply:
+        """One reply (``specs`` narrows the offered tools' arguments; by default, ``_specs``). A conversation too
+        long for the model is compacted and re-asked; a failure in passing is re-asked after a growing wait;
+        anything else (or more of the same) is raised."""
         keeper = asyncio.create_task(self._keep_claim())
         compacted = retries = 0
-        specs = self._specs(only)
+        specs = self._specs(only) if specs is None else specs
         try:
             while True:
                 try:

@@ -32,22 +32,31 @@ ATTACHED = ("Your finding's body is the result of your last tool call, attached 
 
 #: The line of a lead's task that ends the findings and starts its instructions (``swarm.setup.lead_prompt``).
 LEAD_INSTRUCTIONS_HEAD = "Instructions for the lead:"
-#: A digest lead (``[lead] synthesis = "digest"``) reads one finding a call, then answers from its own points.
+#: A digest lead (``[lead] synthesis = "digest"``) reads one finding at a time (its verdict on the objective's
+#: question, then a point of its own), then gives the reason for the answer the verdicts make (``verdicts``).
 #: (No bare "yes", "no" or "go" in these: a one-word answer would then count as saying them back.)
 DIGEST = (
     "You are the lead of a swarm, reading the findings one at a time. Answer in plain text, briefly, in your own "
     "words, never a copy of what you read."
 )
+DIGEST_VERDICT = (
+    "Objective: {objective}\n\nA finding on {title!r}:\n{body}\n\nAs far as this finding goes, how does it answer "
+    "the question of the objective? Give your verdict."
+)
 DIGEST_POINT = (
-    "Objective: {objective}\n\nA finding on {title!r}:\n{body}\n\nIn one sentence of your own words: what does "
-    "this finding show about the question of the objective? Say only what it shows, not what it does not."
+    "In one sentence of your own words: what does this finding show about the question of the objective? Say only "
+    "what it shows, not what it does not."
 )
 DIGEST_ANSWER = (
-    "What the findings show:\n{points}\n\nThe question: {objective}\nAnswer it from these points alone, in one or "
-    "two sentences of your own words. Start with your decision (\"We should ...\" or \"We should not ...\"), then "
-    "give the main reason."
+    "What the findings show:\n{points}\n\nThe question: {objective}\nThe findings' answer: {answer}\nIn one "
+    "sentence of your own words, give the main reason for that answer, from these points alone."
+)
+DIGEST_AGAINST = (
+    "That reason says the opposite of the findings' answer ({answer}). Give the main reason for that answer, in one "
+    "sentence of your own words."
 )
 DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
 
 #: Every instruction, as one text a finding may not restate.
-ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, FLOW, ATTACHED, CITE_REASK, DIGEST, DIGEST_POINT, DIGEST_ANSWER, DIGEST_REASK))
+ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, FLOW, ATTACHED, CITE_REASK, DIGEST, DIGEST_VERDICT, DIGEST_POINT, DIGEST_ANSWER,
+                DIGEST_AGAINST, DIGEST_REASK))
