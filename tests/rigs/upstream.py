@@ -1,5 +1,6 @@
 """A model provider on loopback, written on the bare socket so that a test decides, call by call, whether a request
-that arrived whole is answered or dropped (a reset, as a network loses an answer)."""
+that arrived whole is answered or dropped (a reset, as a network loses an answer), and when (a behaviour may wait
+for the test before it answers). A request with ``stream`` gets its answer as SSE chunks."""
 
 from __future__ import annotations
 
@@ -21,6 +22,25 @@ def completion_calling(model: str, tool: str, arguments: dict[str, Any]) -> dict
                 "role": "assistant", "content": None,
                 "tool_calls": [{"id": "call_lead", "type": "function",
                                 "function": {"name": tool, "arguments": json.dumps(arguments)}}]}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
+
+
+def streamed(completion: dict[str, Any]) -> bytes:
+    """A chat completion as the SSE chunks of a streamed one: its message's text, its finish, its usage."""
+    base = {k: completion[k] for k in ("id", "model", "created")} | {"object": "chat.completion.chunk"}
+    choice = completion["choices"][0]
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                          "content": choice["message"].get("content") or ""},
+                                    "finish_reason": None}]},
+              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+              {**base, "choices": [], "usage": completion["usage"]}]
+    return b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+
+
+def completion_saying(model: str, text: str) -> dict[str, Any]:
+    """An OpenAI chat completion whose one choice says ``text`` (usage: 100 in, 20 out)."""
+    return {"id": "chatcmpl-say", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
 
 
@@ -64,6 +84,11 @@ class RawUpstream:
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     return
                 status, payload = answer
+                if body.get("stream") and status.startswith(b"200"):
+                    data = streamed(payload)
+                    conn.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-type: text/event-stream\r\n"
+                                 b"content-length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+                    continue
                 data = json.dumps(payload).encode()
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
                              + str(len(data)).encode() + b"\r\n\r\n" + data)

@@ -16,6 +16,7 @@ from swarmyard.broker.providers.local import (
     tool_rounds,
     tool_schema,
 )
+from swarmyard.broker.providers.protocol import agent_cli
 
 MANUAL = "Run a workflow. " + "It has many steps, each described at length here. " * 400
 BIG = Tool("Workflow", MANUAL, {"type": "object", "properties": {
@@ -81,14 +82,26 @@ def test_an_agent_cli_must_answer_after_its_rounds_of_tools_and_its_prompt_is_un
     before = _request(*start, *_rounds(CLI_TOOL_ROUNDS - 1))
     after = _request(*start, *_rounds(CLI_TOOL_ROUNDS))
     assert tool_rounds(before) == CLI_TOOL_ROUNDS - 1 and tool_rounds(after) == CLI_TOOL_ROUNDS
-    assert answer_schema(before) == tool_schema(before)
-    assert answer_schema(after) == {"anyOf": [FINAL_ANSWER]}
+    assert answer_schema(before, "claude") == tool_schema(before)
+    assert answer_schema(after, "claude") == {"anyOf": [FINAL_ANSWER]}
     assert prompt_messages(after, "T")[0] == prompt_messages(before, "T")[0]
     # the user speaking again starts the count again
     again = _request(*start, *_rounds(CLI_TOOL_ROUNDS), Message(Role.ASSISTANT, "hi"), Message(Role.USER, "More."))
-    assert tool_rounds(again) == 0 and answer_schema(again) == tool_schema(again)
+    assert tool_rounds(again) == 0 and answer_schema(again, "claude") == tool_schema(again)
 
 
-def test_a_short_listing_such_as_the_built_in_agents_keeps_its_tools_however_many_rounds() -> None:
-    request = _request(Message(Role.USER, "Work."), *_rounds(CLI_TOOL_ROUNDS + 5), tools=(SMALL,))
-    assert answer_schema(request) == tool_schema(request)
+def test_the_cap_is_keyed_on_the_caller_not_on_the_listing() -> None:
+    # the built-in agent (no CLI) keeps its tools however many rounds, with a short listing or a long one
+    for tools in ((SMALL,), (Tool("manual", MANUAL, {"type": "object", "properties": {}}),)):
+        request = _request(Message(Role.USER, "Work."), *_rounds(CLI_TOOL_ROUNDS + 5), tools=tools)
+        assert answer_schema(request) == tool_schema(request)
+        # an agent CLI with the same request must answer, whatever the size of its listing
+        assert answer_schema(request, "codex") == {"anyOf": [FINAL_ANSWER]}
+
+
+def test_the_agent_cli_is_read_from_the_user_agent() -> None:
+    assert agent_cli("claude-cli/2.1.197 (external, cli)") == "claude"
+    assert agent_cli("codex_cli_rs/0.171.0 (Debian 12; x86_64) xterm") == "codex"
+    assert agent_cli("opencode/1.18.33") == "opencode"
+    for other in ("python-httpx/0.28.1", "OpenAI/Python 1.99.0", "", "claude", "curl/8.0 claude-cli/1"):
+        assert agent_cli(other) == ""

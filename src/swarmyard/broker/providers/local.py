@@ -205,13 +205,13 @@ def tool_rounds(request: ChatRequest) -> int:
     return rounds
 
 
-def answer_schema(request: ChatRequest) -> dict[str, Any]:
-    """``tool_schema``, or only the final answer once an agent CLI (a request whose tool listing is shortened)
-    has had ``CLI_TOOL_ROUNDS`` rounds of tools since its user spoke. Left to itself the 0.5B model never stops
-    calling Claude Code's tools (one ``claude -p`` made 63 calls in 10 minutes and answered nothing); the prompt
-    is left as it was, so its start is still served from the slot's cache."""
-    if (request.tool_choice in (None, "auto") and tool_rounds(request) >= CLI_TOOL_ROUNDS
-            and len(_full_listing(request)) > FULL_LISTING_CHARS):
+def answer_schema(request: ChatRequest, agent: str = "") -> dict[str, Any]:
+    """``tool_schema``, or only the final answer once an agent CLI (``agent``: the caller's, from its requests'
+    ``User-Agent``, see ``protocol.agent_cli``) has had ``CLI_TOOL_ROUNDS`` rounds of tools since its user spoke.
+    Left to itself the 0.5B model never stops calling Claude Code's tools (one ``claude -p`` made 63 calls in 10
+    minutes and answered nothing); the prompt is left as it was, so its start is still served from the slot's
+    cache. Any other caller (the built-in agent, which bounds its own steps) is never cut short here."""
+    if agent and request.tool_choice in (None, "auto") and tool_rounds(request) >= CLI_TOOL_ROUNDS:
         return {"anyOf": [FINAL_ANSWER]}
     return tool_schema(request)
 
@@ -347,17 +347,17 @@ class LocalProvider:
         """The model's own tokenizer (from the verified GGUF), through llama.cpp ``/tokenize``."""
         return FunctionCounter(f"llama.cpp:{self.model.name}:sha256={self.model.sha256[:16]}", self._count)
 
-    def _with_tools(self, request: ChatRequest) -> dict[str, Any]:
+    def _with_tools(self, request: ChatRequest, agent: str = "") -> dict[str, Any]:
         hinted = replace(request, tools=(), tool_choice=None, stream=False,
                          messages=prompt_messages(request, _tool_prompt(request)))
-        return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": answer_schema(request)}
+        return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": answer_schema(request, agent)}
 
     async def complete(self, request: ChatRequest, state: CallState) -> ChatResponse:
         """One answer; with tools, a schema-constrained one decoded into tool calls."""
         if not (request.tools and request.tool_choice != "none"):
             return await self._http.complete(
                 replace(request, tools=(), tool_choice=None, messages=prompt_messages(request)), state)
-        body = self._with_tools(request)
+        body = self._with_tools(request, state.agent)
         start = body["messages"][0]["content"] if body["messages"][0]["role"] == "system" else ""
         if len(start) < MIN_PREFIX_CHARS:
             return decode_tool_answer(await self._http.complete_body(body, state))

@@ -9,20 +9,38 @@ was cut or does not parse, a stream ended before its end (the broker marks the h
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from swarmyard.broker.chat import ChatRequest, ChatResponse, StreamEvent
 from swarmyard.broker.tokencount import TokenCounter
 
+#: An agent CLI's name by the product its requests' ``User-Agent`` starts with (Claude Code sends
+#: ``claude-cli/2.1.197 (external, cli)``, Codex ``codex_cli_rs/0.171.0 ...``, opencode ``opencode/1.18.33``).
+AGENT_CLIS = {"claude-cli": "claude", "claude-code": "claude", "codex_cli_rs": "codex", "codex_exec": "codex",
+              "opencode": "opencode"}
+#: The agent CLI making the call under way ("" for any other caller), set by the broker for each request.
+CALLING_AGENT: ContextVar[str] = ContextVar("swarmyard_calling_agent", default="")
+
+
+def agent_cli(user_agent: str) -> str:
+    """The agent CLI a ``User-Agent`` names (see :data:`AGENT_CLIS`), or "" for any other client (the built-in
+    agent, an SDK, a CLI this table does not know). Only how the model is asked depends on it (a CLI's long tool
+    listing shortened, its rounds of tools bounded), never what a caller may spend or see."""
+    product = user_agent.strip().split("/", 1)[0].split(" ", 1)[0].lower()
+    return AGENT_CLIS.get(product, "")
+
 
 @dataclass(slots=True)
 class CallState:
     """Mutable facts about one upstream call that the broker needs after it fails; ``caller`` is the worker
-    making it (a provider that answers each worker in turn tells them apart by it)."""
+    making it (a provider that answers each worker in turn tells them apart by it); ``agent`` the agent CLI that
+    sends it, if one does (:func:`agent_cli`, from the request the broker is serving)."""
 
     sent: bool = False
     caller: str = ""
+    agent: str = field(default_factory=CALLING_AGENT.get)
 
 
 class Provider(Protocol):
