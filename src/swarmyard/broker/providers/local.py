@@ -167,8 +167,10 @@ def tool_schema(request: ChatRequest) -> dict[str, Any]:
 
 #: A tool listing longer than this (characters) is shortened for the model (see ``tool_listing``).
 FULL_LISTING_CHARS = 6000
-#: Rounds of tool calls an agent CLI's model gets before it must answer (see ``answer_schema``).
-CLI_TOOL_ROUNDS = 2
+#: Rounds of tool calls an agent CLI's model gets before it must answer (see ``answer_schema``). One: the seed's
+#: ``claude -p`` prompts need at most one (the lead reads its reports file; a scout has nothing to look up), and
+#: each round is one more model call reading the CLI's whole suffix (two rounds: three calls a ``claude -p``).
+CLI_TOOL_ROUNDS = 1
 #: Claude Code's first system line: a per-request hash for Anthropic's billing, meaningless to this model, and
 #: different in every request, so that nothing after it could be read from a slot's cache.
 _BILLING_LINE = re.compile(r"^x-anthropic-billing-header:(?:\s*[\w.-]+=[^;\n]*;)*\s*")
