@@ -18,6 +18,7 @@ import re
 import select
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -156,3 +157,39 @@ def test_a_run_json_nested_past_the_parser_is_no_run_folder(finished_run: tuple[
                           timeout=120, check=False)
     assert done.returncode == 1 and "is not a run folder" in done.stderr and "Traceback" not in done.stderr, (
         done.stderr[-2000:])
+
+
+def _corrupt(folder: Path, sql: str) -> None:
+    with sqlite3.connect(folder / "store.db") as db:
+        assert db.execute(sql).rowcount == 1
+
+
+def test_a_store_row_this_version_cannot_read_is_a_typed_error(finished_run: tuple[Path, dict[str, str]]) -> None:
+    run_dir, env = finished_run
+    # read when the folder is opened: a user error, exit 1, and nothing served
+    folder = _copy(run_dir, "bad-task-state")
+    _corrupt(folder, "UPDATE tasks SET state = 'bogus' WHERE rowid = (SELECT MIN(rowid) FROM tasks)")
+    done = subprocess.run([str(SWARMYARD), "ui", str(folder)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 1 and "(user_error)" in done.stderr and "cannot read" in done.stderr, done.stderr
+    # read per request: the state route and the stream answer with a code and a message, the server stays up
+    for name, sql in (("bad-citations", "UPDATE findings SET citations = '{not json' "
+                                        "WHERE rowid = (SELECT MIN(rowid) FROM findings)"),
+                      ("bad-hold", "UPDATE reservations SET state = 'weird' "
+                                   "WHERE rowid = (SELECT MIN(rowid) FROM reservations)")):
+        folder = _copy(run_dir, name)
+        _corrupt(folder, sql)
+        proc, base, token = _serve(folder, env)
+        try:
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+                (goal,) = client.get("/ui/api/goals").json()["goals"]
+                state = client.get("/ui/api/state", params={"goal": goal["id"]})
+                assert state.status_code == 500 and state.json()["error"]["code"] == "store_error", state.text
+                assert "cannot read" in state.json()["error"]["message"]
+                with client.stream("GET", "/ui/events", params={"goal": goal["id"]}) as events:
+                    data = next(line for line in events.iter_lines() if line.startswith("data: "))
+                assert json.loads(data.removeprefix("data: "))["error"]["code"] == "store_error", data
+                assert client.get("/ui/api/goals").status_code == 200
+        finally:
+            code = _stop(proc)
+        assert code == 0

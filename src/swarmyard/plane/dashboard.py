@@ -48,6 +48,7 @@ from swarmyard.errors import (
     MisdirectedRequestError,
     NotFoundError,
     PayloadTooLargeError,
+    StoreError,
     SwarmyardError,
 )
 from swarmyard.plane.agent_errors import AgentError, AgentLogs
@@ -373,7 +374,13 @@ class Dashboard:
     def _state(self, goal_id: str) -> dict[str, Any]:
         """``goal_state`` with everything this dashboard knows beside the store (blocking: call on a thread)."""
         errors = self._logs.errors() if self._logs is not None else None
-        return goal_state(self._store, goal_id, self._machines, self._usage(), self._facts, errors)
+        try:
+            return goal_state(self._store, goal_id, self._machines, self._usage(), self._facts, errors)
+        except (KeyError, ValueError, TypeError) as exc:
+            # a row this version cannot read (a run folder's store made by hand, or by another version): the
+            # page says so with a code, where it got a bare 500 and its stream ended with no event
+            raise StoreError(f"the store holds a row the dashboard cannot read ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from exc
 
     @property
     def wakes(self) -> int:

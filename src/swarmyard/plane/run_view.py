@@ -70,6 +70,10 @@ class FinishedRun:
         try:
             store.get_goal(run.goal_id)  # NotFoundError when the store holds another run
             run._read(bool(state.get("lead_done")))
+        except (KeyError, ValueError, TypeError) as exc:
+            store.close()  # a row this version cannot read: a store made by hand, or by another version
+            raise UserError(f"run {run_dir.name}: its store holds a row this version cannot read "
+                            f"({type(exc).__name__}: {str(exc)[:200]})") from exc
         except BaseException:
             store.close()
             raise
