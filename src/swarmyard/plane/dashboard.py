@@ -96,7 +96,8 @@ POLL_S = 0.5
 #: A comment line this often keeps proxies and browsers from closing an idle stream.
 KEEPALIVE_S = 15.0
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
-_STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+_STATIC = {"app.js": "text/javascript; charset=utf-8", "charts.js": "text/javascript; charset=utf-8",
+           "app.css": "text/css; charset=utf-8"}
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -271,7 +272,24 @@ def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
         "scores": [{"finding": f.id, "author": f.author, "score": f.score, "at": f.created_at}
                    for f in findings if f.score is not None],
         "calls": calls[-2000:],
+        "series": _series(store, goal, reservations, findings, facts),
     }
+
+
+def _series(store: Store, goal: Goal, reservations: Sequence[Reservation], findings: Sequence[Any],
+            facts: RunFacts | None) -> dict[str, Any]:
+    """The charts' data (``swarmyard.report.series``): the evaluator's search scores, else the findings'."""
+    from swarmyard.report.series import run_series
+
+    start = goal.created_at
+    scored = store.list_scores(goal.id, split="search")
+    source = "evaluator"
+    points = [(s.created_at - start, s.score, s.worker_id) for s in scored]
+    if not points:
+        source = "findings"
+        points = [(f.created_at - start, f.score, f.author) for f in findings if f.score is not None]
+    end = facts.ended_at - start if facts is not None and facts.finished and facts.ended_at else None
+    return run_series(start, goal.budget_micro_usd, reservations, points, end_s=end, score_source=source)
 
 
 def _holds(store: Store, goal: Goal, reservations: Sequence[Reservation], *, finished: bool) -> dict[str, Any]:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from swarmyard.domain import Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
 from swarmyard.report.data import ReportData
+from swarmyard.report.series import run_series
 from swarmyard.report.steps import Steps, html_steps, load_steps, markdown_steps
 
 
@@ -187,6 +191,39 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
     return "\n".join(out)
 
 
+def report_series(data: ReportData) -> dict[str, Any]:
+    """The charts' data of a run (``swarmyard.report.series``): the evaluator's search scores, else the findings'."""
+    start = data.goal.created_at
+    points = [(p.at_s, p.score, p.worker) for p in data.scores.search] if data.scores is not None else []
+    source = "evaluator"
+    if not points:
+        source = "findings"
+        points = [(f.created_at - start, f.score, f.author) for f in data.findings if f.score is not None]
+    return run_series(start, data.goal.budget_micro_usd, data.reservations, points, end_s=data.wall_s,
+                      score_source=source)
+
+
+#: The charts' look in the report (the dashboard's app.css says the same for its page).
+_CHART_CSS = """#run-charts{display:grid;gap:.8rem} .chart-figure{margin:0} .chart-figure figcaption{font-weight:600}
+svg.chart{width:100%;height:auto;font-size:11px} svg.chart .axis-line{stroke:#9aa1ad} svg.chart .axis{fill:#687083}
+svg.chart .line{fill:none;stroke-width:2} .settled{stroke:#2f6fde;background:#2f6fde}
+.held{stroke:#e8a33d;background:#e8a33d} .ceiling{stroke:#c8433a;stroke-dasharray:6 4;background:#c8433a}
+.best{stroke:#2e9b5f;fill:none;background:#2e9b5f} svg.chart .dot.best{fill:#2e9b5f}
+.flight{stroke:#7b4fc4;background:#7b4fc4} .legend{display:flex;flex-wrap:wrap;gap:1em;font-size:.85em;color:#687083}
+.legend .key{display:inline-block;width:1.4em;height:3px;margin-right:.35em;vertical-align:middle}"""
+
+
+def _charts_section(data: ReportData) -> str:
+    """The run's charts, drawn in the page by the dashboard's own charts.js from the series embedded beside it
+    (nothing fetched: the report stays one self-contained file)."""
+    series = json.dumps(report_series(data), separators=(",", ":")).replace("</", "<\\/")
+    script = resources.files("swarmyard.plane").joinpath("ui", "charts.js").read_text(encoding="utf-8")
+    return (f'<section id="charts-over-time"><h2>Over time</h2><div id="run-charts">'
+            f"<noscript>These charts are drawn by the page's script.</noscript></div>"
+            f'<script type="application/json" id="series-data">{series}</script>'
+            f"<script>{script}</script></section>\n")
+
+
 def _img(png: bytes, alt: str, ident: str) -> str:
     return f'<img id="{ident}" alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
@@ -242,12 +279,13 @@ table{{border-collapse:collapse}}th,td{{text-align:left;padding:.2rem .8rem;vert
 #board td{{border-bottom:1px solid #e3e6ec}} .finding{{border-left:3px solid #1565c0;padding:.1rem 1rem;margin:1rem 0}}
 details{{margin:.4rem 0}} summary{{cursor:pointer;font-weight:600}} .malformed pre{{background:#fbeceb}}
 pre{{background:#f3f4f7;padding:.3rem .5rem}} code{{word-break:break-all}}
-.meta{{color:#555}}</style></head><body>
+.meta{{color:#555}}
+{_CHART_CSS}</style></head><body>
 <h1>Run {e(data.run_id)}</h1>
 <section id="objective"><h2>Objective</h2><p>{e(data.goal.objective)}</p></section>
 <section id="synthesis"><h2>Synthesis</h2><pre>{synthesis}</pre></section>
 <section id="totals"><h2>Totals</h2><table>{totals}</table></section>
-{scores_section}{cross_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
+{_charts_section(data)}{scores_section}{cross_section}{failed_section}<section id="workers"><h2>Per worker</h2><table>{per_worker}</table></section>
 <section id="charts"><h2>Charts</h2>{_img(timeline, "Worker timeline", "timeline")}
 {_img(spend, "Calls, tokens and spend per worker", "spend")}</section>
 <section id="findings"><h2>Findings</h2>{findings}</section>

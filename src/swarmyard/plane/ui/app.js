@@ -74,11 +74,11 @@ function workerState(w, m) {
   return w.error && m.state !== "running" ? "failed" : m.state || (w.revoked ? "revoked" : "-");
 }
 
-// the filter's choices, each with its count (the choice made is kept while states come in)
-function renderFilter(state, machines) {
-  const select = $("worker-filter"), chosen = select.value || "all";
-  const counts = new Map([["all", state.workers.length]]);
-  for (const w of state.workers) { const s = workerState(w, machines.get(w.id) || {}); counts.set(s, (counts.get(s) || 0) + 1); }
+// a filter's choices, each with its count (the choice made is kept while states come in)
+function renderFilter(select, states) {
+  const chosen = select.value || "all";
+  const counts = new Map([["all", states.length]]);
+  for (const s of states) counts.set(s, (counts.get(s) || 0) + 1);
   const labels = [...counts].map(([name, n]) => [name, name + " (" + n + ")"]);
   const sig = labels.map(([, label]) => label).join("|");
   if (select.dataset.sig !== sig) {  // rebuilt only when a count changed: an open list is left alone otherwise
@@ -89,15 +89,58 @@ function renderFilter(state, machines) {
   return select.value;
 }
 
+// each table's sort: a column's key and its direction (1 or -1); none: the table's own order (workers by slot)
+const sorts = { workers: null, tasks: null };
+
+function sortRows(table, items, keys) {
+  const by = sorts[table];
+  if (!by || !keys[by.key]) return items;
+  const value = keys[by.key];
+  return items.map((item, i) => [item, i]).sort(([a, i], [b, j]) => {
+    const va = value(a), vb = value(b);
+    const c = typeof va === "number" && typeof vb === "number" ? va - vb
+      : String(va ?? "").localeCompare(String(vb ?? ""), undefined, { numeric: true });
+    return by.dir * c || i - j;
+  }).map(([item]) => item);
+}
+
+// the heads show the sort in force (aria-sort), and a click on one sorts by it, then the other way
+function sortHeads(table) {
+  for (const th of $(table).tHead.querySelectorAll("th[data-sort]")) {
+    const by = sorts[table];
+    th.setAttribute("aria-sort", by && by.key === th.dataset.sort ? (by.dir > 0 ? "ascending" : "descending") : "none");
+  }
+}
+
+function onSort(table, render) {
+  $(table).tHead.addEventListener("click", (event) => {
+    const th = event.target.closest("th[data-sort]");
+    if (!th) return;
+    const by = sorts[table];
+    sorts[table] = by && by.key === th.dataset.sort ? (by.dir > 0 ? { key: by.key, dir: -1 } : null) : { key: th.dataset.sort, dir: 1 };
+    if (lastState && !lastState.error) render(lastState);
+  });
+}
+
 function renderWorkers(state) {
   const machines = new Map(state.machines.map((m) => [m.worker, m]));
-  const shown = renderFilter(state, machines);
-  const rows = bySlot(state).filter((w) => shown === "all" || workerState(w, machines.get(w.id) || {}) === shown).map((w) => {
+  const stateOf = (w) => workerState(w, machines.get(w.id) || {});
+  const shown = renderFilter($("worker-filter"), state.workers.map(stateOf));
+  const slots = slotOf(state), ordered = bySlot(state), rank = new Map(ordered.map((w, i) => [w.id, i]));
+  const listed = sortRows("workers", ordered.filter((w) => shown === "all" || stateOf(w) === shown), {
+    slot: (w) => rank.get(w.id), group: (w) => w.group, machine: (w) => (machines.get(w.id) || {}).machine,
+    state: stateOf, task: (w) => w.task, calls: (w) => w.calls || 0,
+    tokens: (w) => (w.input_tokens || 0) + (w.output_tokens || 0), spend: (w) => w.spent_micro_usd || 0,
+    cpu: (w) => w.cpu_ms || 0, memory: (w) => w.max_rss_kb || 0, error: (w) => (w.error ? w.error.code : ""),
+  });
+  $("workers-count").textContent = "(" + listed.length + " of " + state.workers.length + ")";
+  sortHeads("workers");
+  const rows = listed.map((w) => {
     const m = machines.get(w.id) || {};
-    const row = el("tr", { "data-worker": w.id, "data-slot": m.slot || "", class: (w.id === openWorker ? "selected" : "") + (w.error ? " failed" : "") },
+    const row = el("tr", { "data-worker": w.id, "data-slot": slots.get(w.id) || "", class: (w.id === openWorker ? "selected" : "") + (w.error ? " failed" : "") },
       el("td", {}, m.slot ? m.slot + " " : "", el("code", {}, w.id)), el("td", {}, w.group),
       el("td", {}, m.machine || "-"),
-      el("td", {}, workerState(w, m)),
+      el("td", {}, stateOf(w)),
       el("td", {}, w.task ? w.task + " (" + w.task_state + ")" : "-"), el("td", {}, w.calls || 0),
       el("td", {}, (w.input_tokens || 0) + (w.output_tokens || 0)), el("td", {}, usd(w.spent_micro_usd || 0)),
       el("td", {}, w.cpu_ms ? (w.cpu_ms / 1000).toFixed(1) + " s" : "-"),
@@ -109,11 +152,26 @@ function renderWorkers(state) {
 }
 
 function renderTasks(state) {
-  replaceRows($("tasks").tBodies[0], state.tasks.map((t) => el("tr", { "data-task": t.id, class: "state-" + t.state },
+  const shown = renderFilter($("task-filter"), state.tasks.map((t) => t.state));
+  const listed = sortRows("tasks", state.tasks.filter((t) => shown === "all" || t.state === shown), {
+    title: (t) => t.title, group: (t) => t.group, state: (t) => t.state, worker: (t) => t.worker,
+    fencing: (t) => t.fencing_token ?? -1, lease: (t) => t.lease_expires_at || 0, tries: (t) => t.attempts,
+    calls: (t) => t.calls, spend: (t) => t.spent_micro_usd, reason: (t) => (t.state === "failed" ? t.result : ""),
+  });
+  $("tasks-count").textContent = "(" + listed.length + " of " + state.tasks.length + ")";
+  sortHeads("tasks");
+  replaceRows($("tasks").tBodies[0], listed.map((t) => el("tr", { "data-task": t.id, "data-state": t.state, class: "state-" + t.state },
     el("td", { title: t.result || "" }, t.title), el("td", {}, t.group), el("td", {}, t.state),
     el("td", {}, t.worker || "-"), el("td", {}, t.fencing_token ?? "-"), el("td", {}, clock(t.lease_expires_at)),
     el("td", {}, t.attempts), el("td", {}, t.calls), el("td", {}, usd(t.spent_micro_usd)),
     el("td", { class: t.state === "failed" ? "error" : "" }, t.state === "failed" ? t.result || "(no reason given)" : ""))));
+}
+
+// the run's charts (charts.js), to now while it runs
+function renderCharts(state) {
+  const box = $("charts");
+  box.dataset.series = JSON.stringify(state.series);
+  SwarmCharts.draw(box, state.series, Date.now() / 1000 - state.goal.created_at);
 }
 
 // what went wrong, where the eye lands first: the run's end, failed tasks, errors by code, holds to reconcile
@@ -243,6 +301,7 @@ function render(state) {
   renderWorkers(state);
   renderTasks(state);
   renderTimeline(state);
+  renderCharts(state);
   renderScores(state);
   renderBoard(state);
   renderFindings(state);
@@ -271,7 +330,9 @@ async function showTrajectory(workerId, scroll = true) {
 }
 
 // a live run's timeline is drawn again every second, so that calls in flight grow with their elapsed time
-setInterval(() => { if (lastState && !lastState.error && !lastState.run.finished) renderTimeline(lastState); }, 1000);
+setInterval(() => {
+  if (lastState && !lastState.error && !lastState.run.finished) { renderTimeline(lastState); renderCharts(lastState); }
+}, 1000);
 
 function connect(goalId) {
   if (source) source.close();
@@ -299,6 +360,9 @@ async function start() {
   select.value = chosen.id;
   select.addEventListener("change", () => connect(select.value));
   $("worker-filter").addEventListener("change", () => { if (lastState && !lastState.error) renderWorkers(lastState); });
+  $("task-filter").addEventListener("change", () => { if (lastState && !lastState.error) renderTasks(lastState); });
+  onSort("workers", renderWorkers);
+  onSort("tasks", renderTasks);
   connect(chosen.id);
 }
 
