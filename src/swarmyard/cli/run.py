@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,26 +19,45 @@ from swarmyard.domain import TaskState
 from swarmyard.money import format_usd, usd_to_micro
 from swarmyard.report.data import ReportData, RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
-from swarmyard.swarm.coordinator import ProgressRow, why_no_synthesis
+from swarmyard.swarm.coordinator import ProgressRow, ProgressRows, ProgressSummary, why_no_synthesis
+
+
+def summary_line(summary: ProgressSummary) -> str:
+    """The run so far in one line: tasks, calls, spend, elapsed time and the workers' current errors."""
+    elapsed = int(summary.elapsed_s)
+    failed = f", {summary.tasks_failed} failed" if summary.tasks_failed else ""
+    held = f" + {format_usd(summary.held_micro_usd)} held" if summary.held_micro_usd else ""
+    line = (f"tasks {summary.tasks_done}/{summary.tasks_total} done{failed}, {summary.calls} calls, "
+            f"{format_usd(summary.settled_micro_usd)} settled{held}, {elapsed // 60}:{elapsed % 60:02d} elapsed")
+    if summary.errors:
+        line += "; errors: " + "; ".join(f"{slot} {code}: {message[:80]}" for slot, code, message in summary.errors)
+    return line
 
 
 class WorkerSpanPrinter:
-    """Progress on stderr: a rich live table on a terminal, else plain lines; nothing with ``--quiet``.
+    """Progress on stderr: a rich live view on a terminal, else plain lines; nothing with ``--quiet``.
 
-    The table (worker, task, state, steps, tokens, spend, last board post) is refreshed from the coordinator's
-    progress rows; plain lines report each finished agent run.
+    The live view is the run's summary line (tasks done of all, calls, spend, elapsed, current errors) over a
+    table (worker, task, state, steps, tokens, spend, last board post), refreshed from the coordinator's progress
+    rows. Off a terminal, plain lines: each finished agent run, and the summary line when it changed, at most
+    every ``every_s`` seconds (``clock``: when that is).
     """
 
     COLUMNS = ("worker", "task", "state", "steps", "tokens", "spend", "last board post")
 
-    def __init__(self, quiet: bool, *, live: bool | None = None) -> None:
+    def __init__(self, quiet: bool, *, live: bool | None = None, every_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet = quiet
         self.rows: list[ProgressRow] = []
+        self.summary: ProgressSummary | None = None
         self.live: Any = None
+        self._every_s = every_s
+        self._clock = clock
+        self._said: tuple[ProgressSummary, float] | None = None  # the last summary said (elapsed left out), and when
         if not quiet and (sys.stderr.isatty() if live is None else live):
             from rich.live import Live
 
-            self.live = Live(self.table(), console=render.stderr, refresh_per_second=4)
+            self.live = Live(self.view(), console=render.stderr, refresh_per_second=4)
 
     def table(self) -> Any:
         """The live table as a rich ``Table``."""
@@ -49,18 +71,49 @@ class WorkerSpanPrinter:
                           r.last_post)
         return table
 
+    def view(self) -> Any:
+        """The live view: the summary line (once there is one) over the table."""
+        from rich.console import Group
+        from rich.text import Text
+
+        if self.summary is None:
+            return self.table()
+        line = Text(summary_line(self.summary), style="bold red" if self.summary.errors else "bold")
+        return Group(line, self.table())
+
+    @property
+    def wants_progress(self) -> bool:
+        """Whether the run should hand this printer its progress rows (not with ``--quiet``)."""
+        return not self.quiet
+
     def progress(self, rows: list[ProgressRow]) -> None:
-        """New rows for the live table."""
+        """New rows (and summary) for the live view, or a plain summary line off a terminal."""
         self.rows = rows
+        if isinstance(rows, ProgressRows) and rows.summary is not None:
+            self.summary = rows.summary
         if self.live is not None:
-            self.live.update(self.table())
+            self.live.update(self.view())
+            return
+        if self.quiet or self.summary is None:
+            return
+        # the elapsed time alone changes every second: a line is said when anything else changed, or once a
+        # while otherwise, so that a log shows the run is alive
+        line = summary_line(self.summary)
+        what = replace(self.summary, elapsed_s=0.0)
+        now = self._clock()
+        if self._said is not None:
+            before, at = self._said
+            if now - at < self._every_s and (before == what or now - at < 1.0):
+                return
+        self._said = (what, now)
+        render.stderr.print(f"progress: {line}", highlight=False, markup=False)
 
     def __call__(self, span: WorkerSpan) -> None:
         """Show one finished agent run (as a line when there is no live table)."""
         if self.quiet or self.live is not None:
             return
         render.stderr.print(f"{span.row} {span.ending} task={span.task_id or '-'} steps={span.steps} "
-                            f"({span.ended_at - span.started_at:.1f} s)", highlight=False)
+                            f"({span.ended_at - span.started_at:.1f} s)", highlight=False, markup=False)
 
 
 def _figures_table(figures: RunFigures, reference: ReferenceConfig | None = None) -> Any:
@@ -238,7 +291,7 @@ def command(
         live.start()
     try:
         result = Swarm(config, sandbox=sandbox, witness=witness, ray_address=ray_address, no_witness=no_witness).run(
-            resume=resume, on_span=printer, on_progress=printer.progress if live is not None else None,
+            resume=resume, on_span=printer, on_progress=printer.progress if printer.wants_progress else None,
             ui=dashboard)
     finally:
         if live is not None:

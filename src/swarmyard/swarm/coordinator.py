@@ -106,6 +106,27 @@ class ProgressRow:
     last_post: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProgressSummary:
+    """The run so far in a line: tasks done (and failed) of all, model calls, settled and held spend, seconds
+    since the goal began, and the workers' current errors (their last error each, by code, newest last)."""
+
+    tasks_done: int
+    tasks_failed: int
+    tasks_total: int
+    calls: int
+    settled_micro_usd: int
+    held_micro_usd: int
+    elapsed_s: float
+    errors: tuple[tuple[str, str, str], ...] = ()  # (slot, code, message)
+
+
+class ProgressRows(list[ProgressRow]):
+    """The live table's rows, with the run's summary beside them."""
+
+    summary: ProgressSummary | None = None
+
+
 @dataclass(slots=True)
 class RunResult:
     """The end of a run."""
@@ -517,7 +538,8 @@ class Coordinator:
         for post in self.store.read_board(self._goal_id, limit=10_000):
             last_post[rows.get(post.author, post.author)] = post.body
         last_span = {s.row: s for s in self.spans}
-        out = []
+        out = ProgressRows()
+        out.summary = self._summary(list(tasks.values()))
         for slot in sorted(set(last_span) | set(self._running)):
             worker = next((w for w, r in rows.items() if r == slot and r in self._running), None)
             task = next((t for t in tasks.values() if worker and t.worker_id == worker), None)
@@ -533,6 +555,18 @@ class Coordinator:
             out.append(ProgressRow(slot, title, state, steps, used.tokens if used else 0,
                                    used.spent_micro_usd if used else 0, last_post.get(slot, "")[:60]))
         return out
+
+    def _summary(self, tasks: list[Task]) -> ProgressSummary:
+        """The run's totals for the progress line, from the goal's envelope and the agents' logs."""
+        from swarmyard.plane.agent_errors import AgentLogs
+
+        goal = self.store.get_goal(self._goal_id)
+        errors = sorted(AgentLogs(self.run_dir / "agents").errors().values(), key=lambda e: e.at)
+        return ProgressSummary(
+            sum(1 for t in tasks if t.state is TaskState.DONE), sum(1 for t in tasks if t.state is TaskState.FAILED),
+            len(tasks), goal.envelope.calls, goal.envelope.settled, goal.envelope.reserved,
+            max(0.0, self.clock.now() - goal.created_at),
+            tuple((e.slot, e.code, e.message) for e in errors[-3:]))
 
     async def _report_progress(self) -> None:
         """Every second, hand the live table a fresh set of rows (read off the event loop)."""
