@@ -53,9 +53,6 @@ def test_off_a_terminal_progress_is_plain_summary_lines_and_quiet_says_nothing(s
     assert progress and all(SUMMARY.search(line) for line in progress), done.stderr
     assert "\x1b[" not in done.stderr  # plain lines: no cursor moves, no colours
     assert re.search(r"^worker-0 submitted task=\S+ steps=\d+", done.stderr, re.M), done.stderr
-    # a line is said when something but the clock changed: never twice the same but for the elapsed time
-    bare = [re.sub(r"\d+:\d\d elapsed", "", line) for line in progress]
-    assert all(a != b for a, b in zip(bare, bare[1:], strict=False)) or len(progress) == 1
 
     quiet = subprocess.run([str(SWARMYARD), "run", str(swarm), "--sandbox", "process", "--no-witness", "--quiet"],
                            cwd=short_tmp, env=_env(short_tmp), capture_output=True, text=True, timeout=600)

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,17 +20,47 @@ if TYPE_CHECKING:
 
 class TrialProgress:
     """One line on stderr as each trial starts and ends: trials done of all (cells x seeds), the trial, the time
-    since the campaign started and what it spent so far. Plain lines, on a terminal or not, so that a log of a
-    long campaign shows where it is; stdout keeps the results alone."""
+    since the campaign started and what it spent so far; stdout keeps the results alone.
 
-    def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    Off a terminal (or with ``live=False``) these are plain lines, so that a log of a long campaign shows where it
+    is. On one, each trial's ending is a line above a rich progress bar: trials done of all, the trial running now,
+    elapsed time and spend; ``close`` takes the bar down. ``quiet``: nothing at all."""
+
+    def __init__(self, total: int, *, clock: Callable[[], float] = time.monotonic, live: bool | None = None,
+                 quiet: bool = False) -> None:
         self.total = total
         self._clock = clock
         self._started = clock()
         self.spent = 0
+        self.quiet = quiet
+        self.bar: Any = None
+        self._task: Any = None
+        if not quiet and (render.stderr.is_terminal if live is None else live):
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[spent]} spent · {task.description}"),
+                                console=render.stderr, transient=True)
+            self._task = self.bar.add_task("starting", total=total, spent=format_usd(0))
+            self.bar.start()
+
+    def close(self) -> None:
+        """Take the live bar down (nothing to do for plain lines)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
     def _say(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            return
         render.stderr.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def _show(self, done: int, what: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self._task, completed=done, description=what, spent=format_usd(self.spent))
 
     def _where(self, done: int) -> str:
         elapsed = int(self._clock() - self._started)
@@ -43,9 +73,12 @@ class TrialProgress:
         what = f"{t.cell.name} seed {t.seed}"
         record = event.record
         if record is None:
-            self._say(f"{self._where(event.done)}: running {what}")
+            self._show(event.done, f"running {what}")
+            if self.bar is None:
+                self._say(f"{self._where(event.done)}: running {what}")
             return
         self.spent += record.spend_micro_usd
+        self._show(event.done, f"{what} ended")
         if event.skipped:
             self._say(f"{self._where(event.done)}: kept {what} (finished before)")
         elif record.error:
@@ -54,6 +87,8 @@ class TrialProgress:
             score = "-" if record.score is None else f"{record.score:,}"
             self._say(f"{self._where(event.done)}: {what} scored {score} ({record.calls} calls, "
                       f"{record.tokens_in + record.tokens_out:,} tokens, {record.wall_s:.1f} s)")
+        if event.done >= event.total:
+            self.close()  # the last trial has ended: its line stays, the bar goes
 
 
 def command(
@@ -63,6 +98,8 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON document.")] = False,
     sandbox: Annotated[SandboxKind | None, typer.Option(
         "--sandbox", help="Machine backend of every trial: local (default) or process (no isolation).")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress on stderr (the folder's line at the start and the results stay).")] = False,
 ) -> None:
     """Run every cell of a campaign on every seed, matched on budget, tokens or calls; print each cell's mean
     score, spread and failures, every pair of cells compared seed by seed (mean difference, interval, wins, exact
@@ -79,14 +116,17 @@ def command(
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
-    progress = TrialProgress(len(campaign.trials))
+    progress = TrialProgress(len(campaign.trials), quiet=quiet)
 
     def announce() -> None:  # once the folder is this process's: a busy or refused folder is one line of error
         render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds "
                             f"= {len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
                             highlight=False, markup=False, soft_wrap=True)
 
-    records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress, on_start=announce)
+    try:
+        records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress, on_start=announce)
+    finally:
+        progress.close()
     with hold(campaign.dir):  # the folder's files are this process's to write until they are written
         summary = summarise(campaign, records)
         files = write_files(summary)
