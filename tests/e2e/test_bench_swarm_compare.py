@@ -51,6 +51,7 @@ def test_compare_runs_each_size_as_a_real_run_and_reports_the_ratio(tmp_path: Pa
     (("swarm", "--compare", "0,10"), "two or more worker counts from 1"),
     (("swarm", "--compare", "10,200", "--sandboxed"), "takes no --workers, --sandboxed or --quick"),
     (("store", "--compare", "10,200"), "takes no --compare"),
+    (("swarm", "--upstream-latency", "2"), "goes with --compare"),
 ])
 def test_compare_refuses_what_it_cannot_run(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
     done = bench(tmp_path, *args, timeout=120)

@@ -57,6 +57,8 @@ def _make(area: str) -> None:
             if workers or sandboxed or quick:
                 raise UserError("bench swarm --compare runs its own sizes: it takes no --workers, --sandboxed or "
                                 "--quick")
+            if not compare:
+                raise UserError("--upstream-latency goes with --compare (the worker counts to run on it)")
             options["compare"] = _sizes(compare)
             options["upstream_latency"] = upstream_latency or 2.0
         if sandboxed:
