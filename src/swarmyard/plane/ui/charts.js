@@ -14,6 +14,9 @@ const SwarmCharts = (() => {
     return n;
   }
 
+  // an integer scale's top: a multiple of 4, so that its four ticks are whole numbers
+  function whole(v) { return Math.max(4, Math.ceil(v / 4) * 4); }
+
   function usd(micro) { return "$" + (micro / 1e6).toFixed(micro >= 1e5 ? 2 : 6); }
 
   // a chart's frame: axes, the x ticks in seconds, y labels from fmt, and x(t), y(v) for its marks
@@ -74,22 +77,23 @@ const SwarmCharts = (() => {
   }
 
   function best(s, end) {
-    const top = Math.max(1, ...s.best.map((p) => p[1]));
+    const top = whole(Math.max(1, ...s.best.map((p) => p[1])));
     const { svg, x, y } = frame("best", "Best score over time", end, top, (v) => String(Math.round(v)));
-    svg.append(steps(s.best.map(([t, v]) => [t, v]), end, x, y, "line best"));
+    if (s.best.length) svg.append(steps(s.best.map(([t, v]) => [t, v]), end, x, y, "line best"));
     for (const [t, v, who] of s.best) {
       const dot = node("circle", { cx: x(t), cy: y(v), r: 4, class: "dot best", "data-t": t, "data-score": v });
       dot.append(node("title", {}, who + ": " + v + " at " + t.toFixed(1) + " s"));
       svg.append(dot);
     }
     if (!s.best.length) svg.append(node("text", { x: W / 2, y: H / 2, class: "axis", "text-anchor": "middle" }, "no score yet"));
-    const source = s.score_source === "findings" ? "scores carried by findings" : "the evaluator's search scores";
+    const source = s.score_source === "findings" ? "scores carried by findings"
+      : s.score_source === "evaluator" ? "the evaluator's search scores" : "none yet";
     return figure("best", "Best score over time", svg, [["best", "best so far (" + source + ")"]], s.best);
   }
 
   function flight(s, end) {
     const lanes = s.open_calls.length;
-    const top = Math.max(1, ...s.in_flight.map((p) => p[1]));
+    const top = whole(Math.max(1, ...s.in_flight.map((p) => p[1])));
     const { svg, x, y } = frame("flight", "Calls in flight", end, top, (v) => String(Math.round(v)));
     svg.append(steps(s.in_flight, end, x, y, "line flight"));
     const list = document.createElement("ul");
