@@ -11,6 +11,7 @@ from swarmyard.broker.providers.local import (
     FINAL_ANSWER,
     FULL_LISTING_CHARS,
     answer_schema,
+    cli_tools,
     prompt_messages,
     tool_listing,
     tool_rounds,
@@ -105,3 +106,12 @@ def test_the_agent_cli_is_read_from_the_user_agent() -> None:
     assert agent_cli("opencode/1.18.33") == "opencode"
     for other in ("python-httpx/0.28.1", "OpenAI/Python 1.99.0", "", "claude", "curl/8.0 claude-cli/1"):
         assert agent_cli(other) == ""
+
+
+def test_an_agent_cli_is_not_offered_a_sub_agent() -> None:
+    agent = Tool("Agent", "Start a sub-agent.", {"type": "object", "properties": {"prompt": {"type": "string"}}})
+    request = _request(Message(Role.USER, "Work."), tools=(BIG, agent, SMALL))
+    assert [t.name for t in cli_tools(request, "claude").tools] == ["Workflow", "lookup"]
+    assert "Agent" not in tool_listing(cli_tools(request, "claude"))
+    # any other caller keeps every tool it sent
+    assert cli_tools(request, "") == request and cli_tools(request, "codex") == request

@@ -36,7 +36,7 @@ from swarmyard.broker.chat import (
 )
 from swarmyard.broker.formats import openai_chat
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
-from swarmyard.broker.providers.prefixes import MIN_PREFIX_CHARS, Slots, prefix_key
+from swarmyard.broker.providers.prefixes import MIN_PREFIX_CHARS, Slots, prefix_key, private_folder
 from swarmyard.broker.providers.protocol import CallState
 from swarmyard.broker.providers.upstream import Timeouts
 from swarmyard.broker.tokencount import FunctionCounter, TokenCounter, file_sha256
@@ -178,6 +178,8 @@ FULL_LISTING_CHARS = 6000
 #: ``claude -p`` prompts need at most one (the lead reads its reports file; a scout has nothing to look up), and
 #: each round is one more model call reading the CLI's whole suffix (two rounds: three calls a ``claude -p``).
 CLI_TOOL_ROUNDS = 1
+#: Tools that start a sub-agent, by agent CLI: not offered to a CLI on this model (see ``cli_tools``).
+SUBAGENT_TOOLS: dict[str, frozenset[str]] = {"claude": frozenset({"Agent", "Task"}), "opencode": frozenset({"task"})}
 #: Claude Code's first system line: a per-request hash for Anthropic's billing, meaningless to this model, and
 #: different in every request, so that nothing after it could be read from a slot's cache.
 _BILLING_LINE = re.compile(r"^x-anthropic-billing-header:(?:\s*[\w.-]+=[^;\n]*;)*\s*")
@@ -223,6 +225,21 @@ def answer_schema(request: ChatRequest, agent: str = "") -> dict[str, Any]:
     if agent and request.tool_choice in (None, "auto") and tool_rounds(request) >= CLI_TOOL_ROUNDS:
         return {"anyOf": [FINAL_ANSWER]}
     return tool_schema(request)
+
+
+def cli_tools(request: ChatRequest, agent: str) -> ChatRequest:
+    """The request without the tools that start a sub-agent (:data:`SUBAGENT_TOOLS`) when an agent CLI sends it.
+
+    A sub-agent is this same small model reading another long prompt of its own (a conversation whose rounds of
+    tools count from nothing): in the seed's boxd script a ``claude -p`` scout's second model call was such a
+    prompt, 2,885 tokens read from scratch (124 s on a loaded 2-core host). The CLI is not told; its model is only
+    never offered the tool, and every call it does get back is still valid for its tool."""
+    dropped = SUBAGENT_TOOLS.get(agent, frozenset())
+    if not dropped or not any(t.name in dropped for t in request.tools):
+        return request
+    kept = tuple(t for t in request.tools if t.name not in dropped)
+    choice = request.tool_choice if request.tool_choice not in dropped else "auto"
+    return replace(request, tools=kept, tool_choice=choice)
 
 
 def tool_listing(request: ChatRequest) -> str:
@@ -314,8 +331,10 @@ class LocalProvider:
         params.cache_prompt = True
         params.n_cache_reuse = 256
         if prefix_folder is not None:
-            # long starts saved here outlive the process (see prefixes.py); llama.cpp joins path and name as is
-            prefix_folder.mkdir(parents=True, exist_ok=True)
+            # long starts saved here outlive the process (see prefixes.py), in a folder only this user opens
+            prefix_folder = private_folder(prefix_folder)
+        if prefix_folder is not None:
+            # llama.cpp joins path and name as is
             params.slot_save_path = f"{prefix_folder}{os.sep}"
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
@@ -357,6 +376,7 @@ class LocalProvider:
         return FunctionCounter(f"llama.cpp:{self.model.name}:sha256={self.model.sha256[:16]}", self._count)
 
     def _with_tools(self, request: ChatRequest, agent: str = "") -> dict[str, Any]:
+        request = cli_tools(request, agent)
         hinted = replace(request, tools=(), tool_choice=None, stream=False,
                          messages=prompt_messages(request, _tool_prompt(request)))
         return {**openai_chat.upstream_body(hinted), **ANTI_LOOP, "json_schema": answer_schema(request, agent)}
