@@ -7,7 +7,11 @@ machine's model calls (it serves only a worker holding a live claim) and charges
 renews the claims while the client is open; a deleted machine's worker is revoked.
 
 With no configuration the plane is embedded: SQLite in a private temp folder, the broker on the default local
-model (or the ``[providers]`` table given), served on a socket in that folder, stopped on ``close``.
+model (or the ``[providers]`` table given), served on a socket in that folder, stopped on ``close``. The client's
+own calls to an embedded plane (a machine's login and logout, the claims' renewal) are made in this process through
+the same handlers the HTTP routes call (the operator API and the worker tools, with their validation, token checks
+and rate limits), not over its socket: three HTTP round trips per machine were most of what the client added to a
+machine's create, and under load each cost a scheduling wait of the server's threads. Machines reach it over HTTP.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,8 @@ class Plane:
         #: whether this client serves the plane itself (only then can its machines make machines)
         self.embedded = embedded
         self._owned = owned
+        #: the embedded plane's handlers, called in this process (``None``: a `swarmyard serve`, over its socket)
+        self._here: Any = owned.core if owned is not None else None
         # an embedded plane's own socket, which no machine has: machines that fill theirs leave the client room
         own = owned.client_socket if owned is not None else socket_path
         self._http = PlaneAddress(socket_path=str(own)).client(operator_token, timeout_s=60.0)
@@ -96,6 +103,8 @@ class Plane:
 
     def login(self, machine_name: str, group: str) -> Login:
         """A task for the machine, a worker in ``group`` and its claim on that task."""
+        if self._here is not None:
+            return self._login_here(machine_name, group)
         task = self._call("POST", f"/v1/operator/goals/{self.goal_id}/tasks", {
             "title": f"machine {machine_name}", "prompt": f"the work of machine {machine_name}", "group": group,
             "budget_micro_usd": self._machine_budget})["task"]
@@ -109,7 +118,32 @@ class Plane:
         except BaseException:
             self._end(worker_id, task["id"])
             raise
-        login = Login(issued["worker"]["id"], token, task["id"], int(claim["fencing_token"]), group)
+        return self._keep(Login(issued["worker"]["id"], token, task["id"], int(claim["fencing_token"]), group))
+
+    def _login_here(self, machine_name: str, group: str) -> Login:
+        """``login`` through the embedded plane's own handlers (the same calls as its three routes)."""
+        from swarmyard.plane import models as m
+        from swarmyard.plane.operator import Call
+
+        here = self._here
+        goal = {"goal_id": self.goal_id}
+        task = here.operator.create_task(Call(goal, None, m.CreateTaskRequest(
+            title=f"machine {machine_name}", prompt=f"the work of machine {machine_name}", group=group,
+            budget_micro_usd=self._machine_budget))).task
+        worker_id: str | None = None
+        try:
+            issued = here.operator.issue_worker(Call(goal, None, m.IssueWorkerRequest(group=group)))
+            worker_id = issued.worker.id
+            claim = here.tools.call(partial(here.tools.claim_task, issued.token, m.ClaimTaskRequest(task_id=task.id)))
+            if claim.fencing_token is None:
+                raise UserError(f"the plane gave machine {machine_name} no claim on its own task {task.id}")
+        except BaseException:
+            self._end(worker_id, task.id)
+            raise
+        here.changed()
+        return self._keep(Login(issued.worker.id, issued.token, task.id, int(claim.fencing_token), group))
+
+    def _keep(self, login: Login) -> Login:
         with self._lock:
             self._logins[login.worker_id] = login
         return login
@@ -122,11 +156,26 @@ class Plane:
         self._end(login.worker_id, login.task_id)
 
     def _end(self, worker_id: str | None, task_id: str) -> None:
+        if self._here is not None:
+            self._end_here(worker_id, task_id)
+            return
         if worker_id is not None:  # first: a worker revoked reserves nothing more from the task
             with contextlib.suppress(SwarmyardError):
                 self._call("POST", f"/v1/operator/workers/{worker_id}/revoke")
         with contextlib.suppress(SwarmyardError):
             self._call("POST", f"/v1/operator/tasks/{task_id}/cancel", {"reason": "its machine was deleted"})
+
+    def _end_here(self, worker_id: str | None, task_id: str) -> None:
+        from swarmyard.plane import models as m
+        from swarmyard.plane.operator import Call
+
+        operator = self._here.operator
+        if worker_id is not None:
+            with contextlib.suppress(SwarmyardError):
+                operator.revoke_worker(Call({"worker_id": worker_id}, None, None))
+        with contextlib.suppress(SwarmyardError):
+            operator.cancel_task(Call({"task_id": task_id}, None, m.CancelTaskRequest(reason="its machine was deleted")))
+        self._here.changed()
 
     def _renew_loop(self) -> None:
         # A machine's agent may think for longer than a lease; the claim must outlive it while the client is open.
@@ -135,10 +184,20 @@ class Plane:
                 logins = list(self._logins.values())
             for login in logins:
                 try:
-                    self._call("POST", "/v1/tools/heartbeat",
-                               {"task_id": login.task_id, "fencing_token": login.fencing_token}, token=login.token)
+                    self._heartbeat(login)
                 except SwarmyardError as exc:
                     log.warning("the claim of worker %s was not renewed: %s", login.worker_id, exc)
+
+    def _heartbeat(self, login: Login) -> None:
+        if self._here is None:
+            self._call("POST", "/v1/tools/heartbeat",
+                       {"task_id": login.task_id, "fencing_token": login.fencing_token}, token=login.token)
+            return
+        from swarmyard.plane import models as m
+
+        tools = self._here.tools
+        tools.call(partial(tools.heartbeat, login.token,
+                           m.HeartbeatRequest(task_id=login.task_id, fencing_token=login.fencing_token)))
 
     def close(self) -> None:
         """Stop renewing; revoke what is left; stop the embedded plane if this client started it."""
@@ -184,6 +243,8 @@ class _Embedded:
             self.broker = configured_broker(self.store, self.tokens, providers, given=given, local_slots=CLI_SLOTS)
             app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
                              extra_routes=[*self.broker.routes(), *extra_routes])
+            #: the plane's handlers (operator API, worker tools), which this client calls in-process
+            self.core: Any = app.state.plane
             if len(os.fsencode(self.client_socket)) > _MAX_SOCKET_PATH:
                 raise ConfigError(f"the temp folder {self.folder} is too deep for a Unix socket", field="TMPDIR")
             listeners = []
