@@ -18,7 +18,7 @@ from swarmyard.clock import FakeClock
 from swarmyard.errors import InvalidInputError
 from swarmyard.machines import Machines
 from swarmyard.machines.cgroups import discover
-from swarmyard.machines.idle import Suspender
+from swarmyard.machines.idle import Suspender, host_swap_reason
 from swarmyard.machines.protocol import MachineState, Suspension
 
 pytestmark = pytest.mark.bwrap
@@ -208,3 +208,46 @@ def test_a_streamed_exec_keeps_its_machine_awake_while_it_is_read(machines: Mach
     machines.idle.sweep()
     assert _suspension(machines, info.id) is Suspension.FROZEN
     del unread
+
+
+def test_hibernate_s_is_checked_and_not_less_than_idle_suspend_s(tmp_path: Path) -> None:
+    for bad in (0, -1.0, True, "600"):
+        with pytest.raises(InvalidInputError) as caught:
+            Machines("local", root=tmp_path / "a", hibernate_s=bad)  # type: ignore[arg-type]
+        assert caught.value.details.get("field") == "hibernate_s"
+    api = Machines("local", root=tmp_path / "b", idle_suspend_s=60.0, hibernate_s=None)
+    assert api.idle.hibernate_s is None
+    api.close()
+    with pytest.raises(InvalidInputError):
+        Suspender(api.backend, 60.0, hibernate_s=30.0, sweeping=False)
+    # the default follows an idle_suspend_s longer than it
+    assert Suspender(api.backend, 3600.0, sweeping=False).hibernate_s == 3600.0
+
+
+def test_a_machine_due_to_hibernate_is_hibernated_or_stays_frozen_and_says_why(machines: Machines,
+                                                                                clock: FakeClock) -> None:
+    machines.idle = Suspender(machines.backend, 60.0, clock=clock, sweeping=False, hibernate_s=600.0)
+    info = machines.create("sleeper")
+    pid = machines.exec(info.id, f"({_COUNTER}) </dev/null >/dev/null 2>&1 & echo $!").stdout.decode().strip()
+    _until(lambda: _count(machines, info.id) > 0, "the counter counts")
+    clock.advance(61.0)
+    machines.idle.sweep()
+    assert _suspension(machines, info.id) is Suspension.FROZEN
+    clock.advance(600.0)
+    machines.idle.sweep()
+    reason = host_swap_reason()
+    described = next(i for i in machines.list() if i.id == info.id)
+    if reason is None:  # the host has swap: its memory was pushed out of RAM, the processes kept
+        assert described.suspension is Suspension.HIBERNATED and described.hibernate_reason is None
+        assert machines.idle.last_hibernate is not None
+        before, after = machines.idle.last_hibernate
+        assert after < before
+    else:  # no swap: it stays frozen, and says why
+        assert described.suspension is Suspension.FROZEN
+        assert described.hibernate_reason == reason
+        assert "no swap" in reason or "swap is full" in reason
+    assert _kernel_frozen(machines, info.id)
+    at_wake = _count(machines, info.id)  # the exec wakes it
+    assert _suspension(machines, info.id) is Suspension.RUNNING
+    assert machines.exec(info.id, f"kill -0 {pid}").exit_code == 0  # the same process lived through it
+    _until(lambda: _count(machines, info.id) > at_wake, "the counter goes on")

@@ -379,3 +379,77 @@ def _wake_rows(result: BenchResult, n: int, exec_ms: float) -> None:
                         "exec on a ready machine", "wake <= 50 ms"))
     result.add(BenchRow("wake from frozen (thaw alone)", thaw_ms, "ms", target="<= 50 ms"))
     result.summary.update(wake_exec_ms_p50=round(wake_ms, 2), wake_thaw_ms_p50=round(thaw_ms, 3))
+    _hibernate_rows(result, n)
+
+
+#: What the hibernated machine's process holds (its pages go to swap and come back when it reads them).
+_HIBERNATE_STATE_BYTES = 100 << 20
+_HOLDER = f"""
+import secrets, socket
+state = bytearray(secrets.token_bytes({_HIBERNATE_STATE_BYTES}))
+token = secrets.token_hex(16)
+server = socket.socket()
+server.bind(("127.0.0.1", 7360))
+server.listen()
+open("/home/boxd/holder.ready", "w").write("up")
+while True:
+    conn, _ = server.accept()
+    conn.sendall(f"{{token}} {{sum(state[::4096])}}".encode())  # reads one byte of every page
+    conn.close()
+"""
+_ASK = ("import socket\n"
+        "with socket.create_connection(('127.0.0.1', 7360), timeout=60) as c: print(c.recv(200).decode())")
+
+
+def _hibernate_rows(result: BenchResult, n: int) -> None:
+    """A machine whose process holds 100 MB, hibernated (its memory pushed to the host's swap while frozen): the
+    memory it gives back, an exec that wakes it, and its process answering from all its pages (which reads them
+    back from swap). Where the host has no swap, the row says hibernation is not possible and why."""
+    from swarmyard.machines.idle import host_swap_reason
+
+    reason = host_swap_reason()
+    if reason is not None:
+        result.add(BenchRow("wake from hibernated: not possible here (summary: hibernate_reason)", 0.0, "ms", target="<= 500 ms"))
+        result.summary.update(hibernate_possible=False, hibernate_reason=reason)
+        return
+    clock = FakeClock()
+    with (
+        tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp,
+        Machines("local", root=Path(tmp), idle_suspend_s=60.0, hibernate_s=600.0, clock=clock) as machines,
+    ):
+        info = machines.create("holder")
+        machines.wait_until_ready(info.id)
+        machines.files.upload(info.id, "/home/boxd/holder.py", _HOLDER.encode())
+        machines.exec(info.id, ["sh", "-c", "setsid python3 /home/boxd/holder.py </dev/null >/dev/null 2>&1 &"])
+        machines.exec(info.id, ["sh", "-c", "while [ ! -e /home/boxd/holder.ready ]; do sleep 0.05; done"],
+                      timeout=120)
+        held = machines.exec(info.id, ["python3", "-c", _ASK]).stdout
+        asked_running = _ms(_timed(lambda: machines.exec(info.id, ["python3", "-c", _ASK]), n))
+        wakes, answers, released, intact = [], [], [], 0
+        for i in range(2 * n):
+            clock.advance(61.0)
+            machines.idle.sweep()  # frozen
+            clock.advance(600.0)
+            machines.idle.sweep()  # hibernated
+            if machines.idle.suspension(info.id).value != "hibernated":
+                raise RuntimeError(f"the bench's idle machine was not hibernated: {machines.idle.suspension(info.id)}")
+            before, after = machines.idle.last_hibernate or (0, 0)
+            released.append(before - after)
+            began = time.perf_counter()
+            if i % 2 == 0:  # the wake alone: a thaw, and an exec that touches none of the holder's pages
+                machines.exec(info.id, ["true"])
+                wakes.append(time.perf_counter() - began)
+            else:  # the wake and the holder's 100 MB read back from swap
+                answer = machines.exec(info.id, ["python3", "-c", _ASK]).stdout
+                answers.append(time.perf_counter() - began)
+                intact += answer == held
+    wake_ms, answer_ms = _ms(wakes), _ms(answers)
+    released_mb = statistics.median(released) / (1 << 20)
+    result.add(BenchRow("memory released by hibernating a machine holding 100 MB", released_mb, "MB"))
+    result.add(BenchRow("exec on a hibernated machine (wake + exec)", wake_ms, "ms", target="wake <= 500 ms"))
+    result.add(BenchRow("hibernated machine's process answers from all its 100 MB (wake + page-in + exec)",
+                        answer_ms, "ms", asked_running, "the same on a running machine", "<= 500 ms"))
+    result.summary.update(hibernate_possible=True, hibernate_released_mb_p50=round(released_mb, 1),
+                          hibernate_wake_exec_ms_p50=round(wake_ms, 2),
+                          hibernate_answer_ms_p50=round(answer_ms, 2), hibernate_answer_running_ms_p50=round(
+                              asked_running, 2), hibernate_state_intact=f"{intact}/{n}")

@@ -52,6 +52,9 @@ class Machine:
     fork_memory_reason: str | None = None
     #: ``frozen`` once idle for the client's ``idle_suspend_s`` (the next call wakes it), else ``running``
     suspension: Suspension = "running"
+    #: when it was due to hibernate (its memory released after the client's ``hibernate_s``) and stays frozen
+    #: instead: why (the host has no swap, say)
+    hibernate_reason: str | None = None
 
     @classmethod
     def of(cls, info: MachineInfo, *, paused: bool = False, source: MachineSource | None = None) -> Machine:
@@ -61,7 +64,7 @@ class Machine:
             source = MachineSource("fork", info.forked_from, id=info.forked_from)
         return cls(info.id, info.name, status, datetime.fromtimestamp(info.created_at).astimezone(), info.backend,
                    info.group, source, info.enforced, dict(info.addresses), info.fork_memory,
-                   info.fork_memory_reason, info.suspension.value)
+                   info.fork_memory_reason, info.suspension.value, info.hibernate_reason)
 
 
 @dataclass(frozen=True, slots=True)

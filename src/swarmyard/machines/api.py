@@ -19,7 +19,13 @@ from swarmyard.clock import Clock
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError, UserError
 from swarmyard.ids import new_id
 from swarmyard.machines import environment
-from swarmyard.machines.idle import DEFAULT_IDLE_SUSPEND_S, Suspender, check_idle_suspend_s
+from swarmyard.machines.idle import (
+    DEFAULT_HIBERNATE_S,
+    DEFAULT_IDLE_SUSPEND_S,
+    Suspender,
+    check_hibernate_s,
+    check_idle_suspend_s,
+)
 from swarmyard.machines.networks import check_member_name, check_names
 from swarmyard.machines.protocol import (
     BOOT_TIMEOUT_S,
@@ -135,6 +141,8 @@ class Machines:
 
     ``idle_suspend_s``: a machine with no call and no network traffic for that long is frozen, and the next call
     wakes it (see :mod:`swarmyard.machines.idle`; ``None``: never); idle time is read from ``clock``.
+    ``hibernate_s``: idle that long, its memory is released too (pushed to the host's swap; where the host has
+    none the machine stays frozen and its ``hibernate_reason`` says so).
     """
 
     def __init__(
@@ -148,14 +156,16 @@ class Machines:
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         idle_suspend_s: float | None = DEFAULT_IDLE_SUSPEND_S,
         clock: Clock | None = None,
+        hibernate_s: float | None = DEFAULT_HIBERNATE_S,
     ) -> None:
         if max_concurrent < 1:
             raise InvalidInputError("max_concurrent must be at least 1", field="max_concurrent")
         idle_suspend_s = check_idle_suspend_s(idle_suspend_s)  # before a backend is made for nothing
+        check_hibernate_s(hibernate_s, None)
         self.backend: Backend = load_backend(backend, root) if isinstance(backend, str) else backend
         self.files = Files(self)
         #: freezes idle machines and wakes them on the next call
-        self.idle = Suspender(self.backend, idle_suspend_s, clock=clock)
+        self.idle = Suspender(self.backend, idle_suspend_s, clock=clock, hibernate_s=hibernate_s)
         self.isolation = isolation or Isolation()
         self.boot_timeout_s = boot_timeout_s
         self._slots = threading.BoundedSemaphore(max_concurrent)

@@ -280,6 +280,53 @@ class MachineCgroups:
         if not _wait_events(group, "frozen", "1" if frozen else "0", time.monotonic() + deadline_s, strict=False):
             raise SandboxError(f"machine {self.name} did not {'freeze' if frozen else 'thaw'} in {deadline_s} s")
 
+    @property
+    def has_memory(self) -> bool:
+        """Whether the machine has a memory group (one with a limit, or a parked launcher's)."""
+        return "memory" in self._groups
+
+    def memory_bytes(self) -> int:
+        """The memory charged to the machine now: its processes' pages in RAM (v2 ``memory.current``, v1
+        ``memory.usage_in_bytes``), not what it has in swap."""
+        if "memory" not in self._groups:
+            raise SandboxError(f"machine {self.name} has no memory group")
+        version, group = self._groups["memory"]
+        return int((group / ("memory.current" if version == 2 else "memory.usage_in_bytes")).read_text())
+
+    def reclaim(self) -> None:
+        """Push the machine's pages out of RAM as far as the kernel can: file pages dropped (clean ones) or
+        written back, anonymous pages written to swap where the host has swap (else they stay). Meant for a
+        frozen machine, whose processes touch nothing meanwhile: they fault the pages back in when thawed.
+
+        v2: ``memory.reclaim`` with the whole usage asked (after lifting ``memory.swap.max``, which a memory limit
+        sets to 0 so the limit binds RAM and swap together; see :meth:`swap_back`); v1: ``memory.force_empty``,
+        which reclaims until nothing more goes (with the machine's processes still in it, it returns then)."""
+        if "memory" not in self._groups:
+            raise SandboxError(f"machine {self.name} has no memory group")
+        version, group = self._groups["memory"]
+        try:
+            if version == 2:
+                with contextlib.suppress(OSError):
+                    (group / "memory.swap.max").write_text("max")
+                try:
+                    (group / "memory.reclaim").write_text(str(self.memory_bytes()))
+                except OSError as exc:
+                    if exc.errno != errno.EAGAIN:  # EAGAIN: less than asked could go, which is expected
+                        raise
+            else:
+                (group / "memory.force_empty").write_text("0")
+        except OSError as exc:
+            raise SandboxError(f"machine {self.name}: cannot reclaim its memory: {exc}") from exc
+
+    def swap_back(self) -> None:
+        """After a thaw: a v2 group's ``memory.swap.max`` as its memory limit has it again (pages already in swap
+        stay there until touched; the machine cannot put more there). Nothing to do on v1 (``memsw`` binds both)."""
+        if "memory" not in self._groups or self._groups["memory"][0] != 2 or self.limits is None:
+            return
+        if self.limits.memory_bytes is not None:
+            with contextlib.suppress(OSError):
+                (self._groups["memory"][1] / "memory.swap.max").write_text("0")
+
     def cpu_usage_us(self) -> int:
         """CPU time every process of the machine has used so far, in microseconds (cgroup v2 ``cpu.stat``)."""
         group = self._v2_group()

@@ -22,10 +22,20 @@ Idle time is read from an injected clock, so tests advance it instead of sleepin
 of the backend a few times per ``idle_suspend_s`` (at most every second) and freezes those idle long enough; tests
 call :meth:`Suspender.sweep` themselves after moving their clock.
 
-States (:class:`~swarmyard.machines.protocol.Suspension`): ``running`` -> ``frozen`` -> ``running``. A later step
-moves a machine frozen for long to ``hibernated`` (its memory written to disk, then its processes ended; restored
-by the next wake): that step hooks in at :meth:`Suspender.hibernate`, which is where the checkpoint code is called;
-until it is built a frozen machine stays frozen.
+States (:class:`~swarmyard.machines.protocol.Suspension`): ``running`` -> ``frozen`` -> ``hibernated`` ->
+``running``. A machine idle for ``hibernate_s`` (default 600 s; ``None``: never) is hibernated: frozen still, its
+memory pushed out of RAM through its memory cgroup (``memory.reclaim`` on cgroup v2, ``memory.force_empty`` on v1):
+its file pages dropped or written back, its processes' anonymous pages written to the host's swap. Its processes
+are not ended: the next wake is a thaw like any other, and the pages come back as they are touched (from swap, or
+the file they were read from). A checkpoint to disk with CRIU, which would end the processes and free their
+kernel memory too, is not possible on the hosts this was built on (see :mod:`swarmyard.machines.checkpoint`).
+
+What hibernation needs, and what a machine reports when it is missing (``MachineInfo.hibernate_reason``, where
+it stays frozen instead): a memory cgroup of its own (every machine with a memory limit, the default, has one) and
+swap on the host with room in it. Without swap a frozen machine's anonymous memory (almost all of an idle
+process's) has nowhere to go. swarmyard does not add swap to a host: swap is the whole host's (every process on it
+becomes swappable, not only machines), it needs root, and a swap file takes the disk's space for good; it is the
+operator's choice (``swapon`` a swap file or a zram device), after which hibernation works with no setting here.
 
 Only backends whose machines have a cgroup v2 group (``local`` on a host with cgroup v2 mounted, also in a hybrid
 hierarchy) can freeze; with others the suspender records activity and freezes nothing. A machine its owner paused
@@ -54,6 +64,10 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_SUSPEND_S = 60.0
 #: How often a frozen machine on a private network has its packet counters read (the most a packet waits).
 WAKE_POLL_S = 0.02
+#: How long a machine may go idle before its memory is released (it is frozen first), unless told otherwise.
+DEFAULT_HIBERNATE_S = 600.0
+#: How long the host's swap figures are trusted before they are read again.
+_SWAP_CHECK_S = 5.0
 #: The longest a sweep waits for the next (a machine is frozen at most this late).
 _MAX_TICK_S = 1.0
 
@@ -75,6 +89,22 @@ def check_idle_suspend_s(value: object, *, field: str = "idle_suspend_s") -> flo
     return float(value)
 
 
+def host_swap_reason(meminfo: Path = Path("/proc/meminfo")) -> str | None:
+    """Why this host cannot take a hibernated machine's memory (``None``: it has swap with room in it)."""
+    try:
+        fields = {k: v.split() for k, _, v in (line.partition(":") for line in meminfo.read_text().splitlines())}
+        total, free = int(fields["SwapTotal"][0]), int(fields["SwapFree"][0])
+    except (OSError, KeyError, ValueError, IndexError):
+        return "the host's swap figures cannot be read (/proc/meminfo)"
+    if total == 0:
+        return ("the host has no swap: a frozen machine's anonymous memory has nowhere to go, so it stays frozen in "
+                "RAM (swarmyard does not add swap to a host; an operator who accepts swapping can swapon a swap "
+                "file or zram device); CRIU checkpoints are not possible here either")
+    if free == 0:
+        return "the host's swap is full: a frozen machine's memory has nowhere to go, so it stays frozen in RAM"
+    return None
+
+
 @dataclass(slots=True)
 class _Activity:
     """What the suspender knows of one machine."""
@@ -88,6 +118,8 @@ class _Activity:
     #: the host pid of a process in the machine's network namespace, found once
     net_pid: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: why it was not hibernated when it was due (``None``: it was, or it is not due yet)
+    hibernate_reason: str | None = None
 
     def move(self, state: Suspension) -> None:
         if state is not self.state and state not in TRANSITIONS[self.state]:
@@ -102,10 +134,19 @@ class Suspender:
     """
 
     def __init__(self, backend: Backend, idle_suspend_s: float | None = DEFAULT_IDLE_SUSPEND_S, *,
-                 clock: Clock | None = None, sweeping: bool = True) -> None:
-        """``sweeping=False``: no thread; the owner calls :meth:`sweep` (a test with a fake clock)."""
+                 clock: Clock | None = None, sweeping: bool = True,
+                 hibernate_s: float | None = DEFAULT_HIBERNATE_S) -> None:
+        """``sweeping=False``: no thread; the owner calls :meth:`sweep` (a test with a fake clock).
+        ``hibernate_s``: idle time after which a frozen machine's memory is released (``None``: never); not less
+        than ``idle_suspend_s``."""
         self.backend = backend
         self.idle_suspend_s = check_idle_suspend_s(idle_suspend_s)
+        if hibernate_s == DEFAULT_HIBERNATE_S and self.idle_suspend_s is not None:  # the default follows a longer
+            hibernate_s = max(hibernate_s, self.idle_suspend_s)                    # idle_suspend_s; a given one not
+        self.hibernate_s = check_hibernate_s(hibernate_s, self.idle_suspend_s)
+        #: the memory charged to the last machine hibernated, before and after, in bytes (``None``: none yet)
+        self.last_hibernate: tuple[int, int] | None = None
+        self._swap_checked: tuple[float, str | None] | None = None
         self.clock: Clock = clock or SystemClock()
         self._records: dict[str, _Activity] = {}
         self._lock = threading.Lock()
@@ -172,13 +213,16 @@ class Suspender:
         return Suspension.RUNNING if record is None else record.state
 
     def describe(self, info: MachineInfo) -> MachineInfo:
-        """``info`` with its suspension filled in."""
-        state = self.suspension(info.id)
-        if state is info.suspension:
+        """``info`` with its suspension filled in, and why it stays frozen when it was due to hibernate."""
+        with self._lock:
+            record = self._records.get(info.id)
+        state = Suspension.RUNNING if record is None else record.state
+        reason = None if record is None else record.hibernate_reason
+        if state is info.suspension and reason == info.hibernate_reason:
             return info
         from dataclasses import replace
 
-        return replace(info, suspension=state)
+        return replace(info, suspension=state, hibernate_reason=reason)
 
     # -- sweeping ----------------------------------------------------------------------------------------------
 
@@ -217,10 +261,13 @@ class Suspender:
         moved = packets is not None and record.packets is not None and packets != record.packets
         if packets is not None:
             record.packets = packets
-        if record.state is Suspension.FROZEN:
+        if record.state in (Suspension.FROZEN, Suspension.HIBERNATED):
             if moved and record.networked:  # a packet came to it on a private network: woken
                 self._wake(machine_id, record)
                 record.last_s = now
+            elif (record.state is Suspension.FROZEN and self.hibernate_s is not None
+                  and now - record.last_s >= self.hibernate_s):
+                self._hibernate(machine_id, record, group)
             return False
         if record.state is not Suspension.RUNNING:
             return False
@@ -239,13 +286,35 @@ class Suspender:
         log.debug("machine %s frozen after %.1f s idle", machine_id, now - record.last_s)
         return True
 
-    def hibernate(self, machine_id: str) -> None:
-        """The hook of hibernation (a frozen machine's memory to disk, then its processes ended): not built on this
-        backend yet, so a frozen machine stays frozen. Says so with a typed error rather than doing nothing."""
-        from swarmyard.errors import SandboxUnavailableError
+    def hibernate_reason(self, machine_id: str) -> str | None:
+        """Why the machine cannot be hibernated here (``None``: it can be, or hibernation is off)."""
+        if self.idle_suspend_s is None or self.hibernate_s is None:
+            return None
+        group, _ = _group(self.backend, machine_id)
+        return self._reason(group)
 
-        raise SandboxUnavailableError("hibernating a machine to disk is not available on this backend yet: an idle "
-                                      "machine stays frozen", machine_id=machine_id)
+    def _reason(self, group: MachineCgroups | None) -> str | None:
+        if group is None:
+            return "this machine has no cgroup v2 freezer, so it is never suspended"
+        if not group.has_memory:
+            return "this machine has no memory cgroup (made with no memory limit), so its memory cannot be released"
+        now = time.monotonic()
+        if self._swap_checked is None or now - self._swap_checked[0] > _SWAP_CHECK_S:
+            self._swap_checked = (now, host_swap_reason())
+        return self._swap_checked[1]
+
+    def _hibernate(self, machine_id: str, record: _Activity, group: MachineCgroups) -> None:
+        """Release a frozen machine's memory (``record.lock`` held); where it cannot be, say why and leave it frozen."""
+        reason = self._reason(group)
+        record.hibernate_reason = reason
+        if reason is not None:
+            return
+        before = group.memory_bytes()
+        group.reclaim()
+        after = group.memory_bytes()
+        record.move(Suspension.HIBERNATED)
+        self.last_hibernate = (before, after)
+        log.debug("machine %s hibernated: %d -> %d bytes in RAM", machine_id, before, after)
 
     def close(self) -> None:
         """Stop the sweeping thread (the machines stay as they are: ``forget`` wakes each before its delete)."""
@@ -267,13 +336,12 @@ class Suspender:
         """Thaw a frozen machine (``record.lock`` held); whether it was frozen."""
         if record.state is Suspension.RUNNING:
             return False
-        if record.state is Suspension.HIBERNATED:
-            raise SandboxError(f"machine {machine_id} is hibernated and this backend cannot restore it",
-                               machine_id=machine_id)
         started = time.perf_counter_ns()
         group, _ = _group(self.backend, machine_id)
         if group is not None:
-            group.freeze(False)
+            group.freeze(False)  # a hibernated machine too: its pages come back as its processes touch them
+            if record.state is Suspension.HIBERNATED:
+                group.swap_back()
         record.move(Suspension.RUNNING)
         self.last_wake_us = (time.perf_counter_ns() - started) // 1000
         return True
@@ -314,6 +382,16 @@ class Suspender:
         return min(max(self.idle_suspend_s / 4, WAKE_POLL_S), _MAX_TICK_S)
 
 
+def check_hibernate_s(value: object, idle_suspend_s: float | None) -> float | None:
+    """``value`` as seconds (``None``: never hibernate); not less than ``idle_suspend_s``; else
+    ``InvalidInputError``."""
+    seconds = check_idle_suspend_s(value, field="hibernate_s")
+    if seconds is not None and idle_suspend_s is not None and seconds < idle_suspend_s:
+        raise InvalidInputError("hibernate_s must be at least idle_suspend_s: a machine is frozen before its memory "
+                                "is released", field="hibernate_s")
+    return seconds
+
+
 def _can_freeze_backend(backend: Backend) -> bool:
     from swarmyard.machines.supervised import SupervisedBackend
 
@@ -345,4 +423,5 @@ def _net_pid(backend: Backend, machine_id: str) -> tuple[int | None, bool]:
     return _inside(machine.proc.pid, "net"), networked
 
 
-__all__ = ["DEFAULT_IDLE_SUSPEND_S", "TRANSITIONS", "WAKE_POLL_S", "Suspender", "check_idle_suspend_s"]
+__all__ = ["DEFAULT_HIBERNATE_S", "DEFAULT_IDLE_SUSPEND_S", "TRANSITIONS", "WAKE_POLL_S", "Suspender",
+           "check_hibernate_s", "check_idle_suspend_s", "host_swap_reason"]

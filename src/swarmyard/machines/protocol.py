@@ -154,6 +154,8 @@ class MachineInfo:
     fork_memory_reason: str | None = None
     #: whether its processes run or are suspended for being idle (see :mod:`swarmyard.machines.idle`)
     suspension: Suspension = Suspension.RUNNING
+    #: for a machine due to hibernate that stays frozen instead: why its memory could not be released
+    hibernate_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
