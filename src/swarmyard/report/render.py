@@ -204,7 +204,7 @@ def report_series(data: ReportData) -> dict[str, Any]:
 
 
 #: The charts' look in the report (the dashboard's app.css says the same for its page).
-_CHART_CSS = """#run-charts{display:grid;gap:.8rem} .chart-figure{margin:0} .chart-figure figcaption{font-weight:600}
+_CHART_CSS = """#run-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(440px,1fr));gap:.8rem 1.5rem} .chart-figure{margin:0} .chart-figure figcaption{font-weight:600}
 svg.chart{width:100%;height:auto;font-size:11px} svg.chart .axis-line{stroke:#9aa1ad} svg.chart .axis{fill:#687083}
 svg.chart .line{fill:none;stroke-width:2} .settled{stroke:#2f6fde;background:#2f6fde}
 .held{stroke:#e8a33d;background:#e8a33d} .ceiling{stroke:#c8433a;stroke-dasharray:6 4;background:#c8433a}

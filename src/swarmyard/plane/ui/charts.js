@@ -5,7 +5,7 @@
 
 const SwarmCharts = (() => {
   const NS = "http://www.w3.org/2000/svg";
-  const W = 900, H = 190, L = 70, R = 12, T = 12, B = 28;
+  const W = 600, H = 190, L = 70, R = 14, T = 12, B = 28;
 
   function node(tag, attrs, text) {
     const n = document.createElementNS(NS, tag);
@@ -72,7 +72,10 @@ const SwarmCharts = (() => {
     svg.append(node("line", { x1: L, x2: W - R, y1: y(s.ceiling), y2: y(s.ceiling), class: "ceiling" }),
       steps(s.spend.map(([t, settled, held]) => [t, settled + held]), end, x, y, "line held"),
       steps(s.spend.map(([t, settled]) => [t, settled]), end, x, y, "line settled"));
-    return figure("spend", "Spend and holds against the ceiling (" + usd(s.ceiling) + ")", svg,
+    const last = s.spend.length ? s.spend[s.spend.length - 1] : [0, 0, 0];
+    const share = s.ceiling > 0 ? " (" + (100 * (last[1] + last[2]) / s.ceiling).toFixed(1) + "%)" : "";
+    return figure("spend", "Spend and holds against the ceiling: " + usd(last[1]) + " settled + " + usd(last[2]) +
+      " held of " + usd(s.ceiling) + share, svg,
       [["settled", "settled spend"], ["held", "settled + held (calls not yet answered, or unknown)"], ["ceiling", "ceiling"]], s.spend);
   }
 
