@@ -38,10 +38,28 @@ VECTORS = ROOT / "tests" / "vectors"
 MODEL_TIMEOUT_S = 1800
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the tests marked ``bwrap`` where bubblewrap is missing; give those marked ``model`` a longer timeout.
+#: Modules whose tests hold a fixed host resource, by the ``xdist_group`` they share: under pytest-xdist
+#: (``--dist loadgroup``) the tests of one group run one after another on one worker. Tests marked ``model`` form
+#: the group ``model`` of their own accord (see :func:`pytest_collection_modifyitems`).
+HOST_GROUPS = {
+    "test_run_ray.py": "ray",  # a local Ray cluster whose head listens on the fixed port 56390
+    # machines on private networks: each backend makes a hub (a network namespace), and these tests count the
+    # host's namespaces (`ip netns list`) before and after, which another worker's hub would change
+    "test_machine_networks.py": "netns",
+    "test_machines_cli.py": "netns",
+    "test_boxd_held_guarantees.py": "netns",
+    "test_machines_idle.py": "netns",
+}
 
-    A ``timeout`` mark of a test's own wins over ``model``'s.
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``bwrap`` where bubblewrap is missing; give those marked ``model`` a longer timeout;
+    put the tests that share a host resource in one ``xdist_group``.
+
+    A ``timeout`` mark of a test's own wins over ``model``'s. The tests that load the embedded model share the
+    group ``model``: two models loaded at once on a small host double each one's time (and share the model file
+    assembled into the user's cache). A test's own ``xdist_group`` mark wins.
     """
     no_bwrap = pytest.mark.skip(reason="needs bubblewrap (scripts/test installs it)")
     missing = shutil.which("bwrap") is None
@@ -49,8 +67,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if missing and item.get_closest_marker("bwrap") is not None:
             item.add_marker(no_bwrap)
-        if timeouts and item.get_closest_marker("model") is not None and item.get_closest_marker("timeout") is None:
+        model = item.get_closest_marker("model") is not None
+        if timeouts and model and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(MODEL_TIMEOUT_S))
+        group = "model" if model else HOST_GROUPS.get(item.path.name)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True, scope="session")
