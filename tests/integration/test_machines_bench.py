@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from swarmyard.bench.machines import run
 from swarmyard.cli.main import app
+from swarmyard.machines.cgroups import discover
+from swarmyard.machines.idle import host_swap_reason
 
 
 @pytest.mark.slow
@@ -21,6 +23,11 @@ def test_bench_quick_has_the_summary_keys() -> None:
                 "client_delete_ms_p50", "client_create_loaded_ratio", "client_load_slowdown",
                 "backend_load_slowdown", "wake_exec_ms_p50", "wake_thaw_ms_p50"):
         assert result.summary[key] > 0
+    # hibernation: measured where the host has swap, else said not possible with the reason
+    if result.summary["hibernate_possible"]:
+        assert result.summary["hibernate_released_mb_p50"] > 0 and result.summary["hibernate_wake_exec_ms_p50"] > 0
+    else:
+        assert "swap" in result.summary["hibernate_reason"]
     assert any(row.baseline for row in result.rows)
 
 
@@ -33,5 +40,7 @@ def test_doctor_json_reports_every_check() -> None:
                                                      "private networks", "pause", "fork keeps memory"}
     (fork,) = [c for c in report["checks"] if c["name"] == "fork keeps memory"]
     assert fork["ok"] is False and "disk" in fork["detail"]  # said plainly: no CRIU, a fork is its disk
+    (hibernate,) = [c for c in report["checks"] if c["name"] == "hibernate"]
+    assert hibernate["ok"] is (host_swap_reason() is None and "memory" in discover().controllers())
     (networks,) = [c for c in report["checks"] if c["name"] == "private networks"]
     assert networks["ok"] is (os.geteuid() == 0)  # root makes them; anyone else is told why not

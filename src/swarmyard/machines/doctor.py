@@ -157,6 +157,7 @@ def probe(scratch: Path | None = None) -> HostReport:
         Check("rlimits", True, "last fallback for memory and pids"),
         _pause(hierarchy),
         _fork_memory(),
+        _hibernate(hierarchy),
         _private_networks(),
         Check(
             "C compiler",
@@ -194,6 +195,20 @@ def _pause(hierarchy: cgroups.Hierarchy) -> Check:
     if hierarchy.v2 is not None:
         return Check("pause", True, "the cgroup v2 freezer: a paused machine keeps its memory and uses no CPU")
     return Check("pause", False, "no writable cgroup v2 hierarchy, so no freezer: machines cannot be paused")
+
+
+def _hibernate(hierarchy: cgroups.Hierarchy) -> Check:
+    """Whether an idle machine's memory can be released (see :mod:`swarmyard.machines.idle`)."""
+    from swarmyard.machines.idle import host_swap_reason
+
+    if hierarchy.v2 is None:
+        return Check("hibernate", False, "no writable cgroup v2 hierarchy: machines are never suspended")
+    if "memory" not in hierarchy.controllers():
+        return Check("hibernate", False, "no memory cgroup controller: a frozen machine's memory cannot be released")
+    reason = host_swap_reason()
+    if reason is not None:
+        return Check("hibernate", False, f"no: {reason}")
+    return Check("hibernate", True, "an idle machine's memory goes to swap after hibernate_s; its processes are kept")
 
 
 def _fork_memory() -> Check:
