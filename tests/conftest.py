@@ -43,12 +43,15 @@ MODEL_TIMEOUT_S = 1800
 #: the group ``model`` of their own accord (see :func:`pytest_collection_modifyitems`).
 HOST_GROUPS = {
     "test_run_ray.py": "ray",  # a local Ray cluster whose head listens on the fixed port 56390
-    # machines on private networks: each backend makes a hub (a network namespace), and these tests count the
-    # host's namespaces (`ip netns list`) before and after, which another worker's hub would change
-    "test_machine_networks.py": "netns",
-    "test_machines_cli.py": "netns",
-    "test_boxd_held_guarantees.py": "netns",
-    "test_machines_idle.py": "netns",
+    # The host's kernel state, one group: machines on private networks (each backend makes a hub, a network
+    # namespace; these tests count the host's namespaces, `ip netns list`, before and after, which another
+    # worker's hub would change), and hibernation (whether the host has swap decides what a hibernated machine
+    # does; test_machines_hibernate.py adds a swap file for its length where the host has none)
+    "test_machine_networks.py": "host",
+    "test_machines_cli.py": "host",
+    "test_boxd_held_guarantees.py": "host",
+    "test_machines_idle.py": "host",
+    "test_machines_hibernate.py": "host",
 }
 
 
