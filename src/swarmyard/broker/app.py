@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -25,9 +26,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from swarmyard.auth.tokens import TokenAuthority
-from swarmyard.broker import keepalive
+from swarmyard.broker import keepalive, ledger
 from swarmyard.broker.admission import Admission, Admitted
-from swarmyard.broker.chat import ChatRequest, Finished, FinishReason, StreamEvent, StreamTally, Usage
+from swarmyard.broker.calls import CallEnd, CallWatcher, provider_kind, tell
+from swarmyard.broker.chat import (
+    ChatRequest,
+    ChatResponse,
+    Finished,
+    FinishReason,
+    StreamEvent,
+    StreamTally,
+    ToolCall,
+    Usage,
+)
 from swarmyard.broker.eventstream import EventStream, coalesced
 from swarmyard.broker.formats import ANTHROPIC, OPENAI_CHAT, RESPONSES, ApiFormat
 from swarmyard.broker.formats import anthropic as messages_format
@@ -129,6 +140,8 @@ class Broker:
         self.holds = Holds(store, self._threads)
         #: seconds a stream may be silent before its first event: then keep-alives (``swarmyard.broker.keepalive``)
         self.keep_alive_s = keepalive.KEEP_ALIVE_S
+        #: told of every call's end (``swarmyard.broker.calls``): the plane's metrics, a run's live trace
+        self.watchers: list[CallWatcher] = []
 
     def routes(self) -> list[BaseRoute]:
         """The broker's routes, for the control plane to mount beside ``/v1/tools/*``.
@@ -158,6 +171,9 @@ class Broker:
     async def generate(self, request: Request, fmt: ApiFormat) -> Response:
         """One generation endpoint (chat completions, responses or messages)."""
         route: ModelRoute | None = None
+        started = time.time()
+        worker_id = ""
+        chat: ChatRequest | None = None
         try:
             token, worker_id = self._signed(request)
             # which agent CLI is calling, if one is: the local model asks a CLI's model differently
@@ -171,6 +187,13 @@ class Broker:
             refused = self.providers.get(route.provider) if route is not None else None
             if isinstance(exc, BudgetError) and isinstance(refused, TakesTurns):
                 refused.refused(worker_id)  # a worker out of calls or money calls no more: its turn passes
+            if self.watchers:
+                tell(self.watchers, CallEnd(
+                    model=chat.model if chat is not None else "", outcome="refused", started_s=started,
+                    ended_s=time.time(), worker_id=worker_id, provider=route.provider if route else "",
+                    provider_kind=provider_kind(refused) if refused is not None else "",
+                    stream=bool(chat and chat.stream), error_code=exc.code, error_message=exc.message,
+                    messages=chat.messages if chat is not None else ()))
             return _error(exc, fmt)
         hold = Hold(admitted, raw)
         provider = self.providers[route.provider]
@@ -183,17 +206,19 @@ class Broker:
             admitted.reservation.amount,
         )
         if chat.stream:
-            return await self._stream(provider, upstream, hold, fmt, chat.model, worker_id)
+            return await self._stream(provider, upstream, hold, fmt, chat, worker_id, started)
         state = CallState(caller=worker_id)
         try:
             answer = await provider.complete(upstream, state)
             usage = admitted.usage(answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls))
         except BaseException as exc:  # a cancelled call ends its hold too, then goes on being cancelled
             error = await self.holds.fail(hold, state, exc)
+            self._ended(hold, chat, provider, started, error=error)
             if not isinstance(exc, Exception):
                 raise
             return _error(error, fmt)
         self.holds.settle_soon(hold, usage)  # the usage is known: whatever happens next, this call is billed
+        self._ended(hold, chat, provider, started, usage=usage, answer=answer)
         try:
             # rendered here (orjson: the same compact UTF-8 JSON as Starlette's, several times faster), so that
             # a failure to render is this endpoint's to answer, not the server's
@@ -201,8 +226,37 @@ class Broker:
         except Exception as exc:
             return _error(_unrendered(exc), fmt)
 
+    def _ended(self, hold: Hold, chat: ChatRequest, provider: Provider, started: float, *,
+               usage: Usage | None = None, answer: ChatResponse | None = None, error: SwarmyardError | None = None,
+               finish: FinishReason | None = None, text: str = "", tool_calls: tuple[ToolCall, ...] = ()) -> None:
+        """Tell the watchers how an admitted call ended (a whole answer with ``usage``, else ``error``)."""
+        if not self.watchers:
+            return
+        admitted = hold.admitted
+        reservation = admitted.reservation
+        if answer is not None:
+            finish, text, tool_calls = answer.finish, answer.text, answer.tool_calls
+        outcome = "settled" if error is None else (
+            "unknown" if error.code == "upstream_unknown" else "released")
+        tell(self.watchers, CallEnd(
+            model=chat.model, outcome=outcome, started_s=started, ended_s=time.time(),
+            worker_id=admitted.worker_id, goal_id=reservation.goal_id, task_id=reservation.task_id,
+            reservation_id=reservation.id, provider=provider.name, provider_kind=provider_kind(provider),
+            upstream_model=self.admission.route(chat.model).upstream,
+            response_model=answer.model if answer is not None and answer.model else "",
+            response_id=answer.id if answer is not None else "",
+            finish_reason=finish.value if finish is not None else "",
+            input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
+            cost_micro_usd=ledger.actual_cost(usage.input_tokens, usage.output_tokens, admitted.price) if usage
+            else 0,
+            hold_micro_usd=reservation.amount, max_tokens=admitted.max_tokens, stream=chat.stream,
+            error_code=error.code if error is not None else None,
+            error_message=error.message if error is not None else "",
+            messages=chat.messages, output_text=text, output_tool_calls=tool_calls))
+
     async def _stream(
-        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, model: str, caller: str
+        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, chat: ChatRequest, caller: str,
+        started: float,
     ) -> Response:
         state = CallState(caller=caller)
         events = provider.stream(upstream, state)
@@ -216,6 +270,7 @@ class Broker:
             with anyio.CancelScope(shield=True):
                 await events.aclose()
             error = await self.holds.fail(hold, state, exc)
+            self._ended(hold, chat, provider, started, error=error)
             if not isinstance(exc, Exception):
                 raise
             return _error(error, fmt)
@@ -225,14 +280,17 @@ class Broker:
                 if isinstance(first, Waiting):
                     await first.cancel()
                 await events.aclose()
-                await self.holds.lose(hold, ConnectionAbortedError("worker disconnected before the stream began"))
+                lost = await self.holds.lose(hold, ConnectionAbortedError("worker disconnected before the stream "
+                                                                          "began"))
+                self._ended(hold, chat, provider, started, error=lost)
 
-        return EventStream(coalesced(self._frames(first, events, hold, fmt, model)), after=after)
+        return EventStream(coalesced(self._frames(first, events, hold, fmt, chat, provider, started)), after=after)
 
     async def _frames(
         self, first: StreamEvent | Waiting, events: AsyncGenerator[StreamEvent, None], hold: Hold, fmt: ApiFormat,
-        model: str,
+        chat: ChatRequest, provider: Provider, started: float,
     ) -> AsyncIterator[bytes]:
+        model = chat.model
         admitted = hold.admitted
         writer = fmt.writer(model, admitted.input_tokens)
         tally = StreamTally()
@@ -255,11 +313,13 @@ class Broker:
         except Exception as exc:
             # bytes were streamed: whatever failed, the cost is unknown
             error = await self.holds.lose(hold, exc)
+            self._ended(hold, chat, provider, started, error=error)
             yield writer.error(fmt.error_body(_outgoing(error)))
             return
         except BaseException:
             # the worker went away mid-stream; the upstream call may go on costing
-            await self.holds.lose(hold, ConnectionAbortedError("worker disconnected"))
+            lost = await self.holds.lose(hold, ConnectionAbortedError("worker disconnected"))
+            self._ended(hold, chat, provider, started, error=lost)
             raise
         finally:
             with anyio.CancelScope(shield=True):
@@ -271,6 +331,9 @@ class Broker:
         finally:
             # after the last frame was handed on, so that it leaves before the settlement runs
             self.holds.settle_soon(hold, usage)
+            self._ended(hold, chat, provider, started, usage=usage, finish=event.finish, text="".join(tally.text),
+                        tool_calls=tuple(ToolCall(*tally.tool_meta.get(i, ("", "")), "".join(parts))
+                                         for i, parts in sorted(tally.tool_calls.items())))
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the input bound the broker would reserve for."""

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from swarmyard.money import format_usd, usd_to_micro
 from swarmyard.report.data import ReportData, RunScores, WorkerSpan
 from swarmyard.report.figures import RunFigures
 from swarmyard.swarm.coordinator import ProgressRow, ProgressRows, ProgressSummary, why_no_synthesis
+
+if TYPE_CHECKING:
+    from swarmyard.telemetry import LiveTrace
 
 
 def summary_line(summary: ProgressSummary) -> str:
@@ -176,18 +179,16 @@ def _serve_finished(run_dir: Path, host: str, seen: _Announced, names: tuple[str
     serve_run(run_dir, host, seen.port or 0, names, "the run has ended; its dashboard stays")
 
 
-def _export_trace(url: str, data: Any, agents: Path, quiet: bool) -> None:
-    """The run's spans to the collector; a failure is said on stderr (the run and its report are written)."""
-    from swarmyard.errors import SwarmyardError
-    from swarmyard.telemetry import export_run
-
-    try:
-        sent = export_run(url, data, agents)
-    except SwarmyardError as exc:
-        render.stderr.print(f"warning: the trace was not sent: {exc.message}", highlight=False, markup=False)
-        return
-    if not quiet:
-        render.stderr.print(f"trace: {sent} spans sent to {url}", highlight=False, markup=False)
+def _finish_trace(trace: LiveTrace, data: Any, agents: Path, quiet: bool) -> None:
+    """The rest of the run's spans to the collector (the model calls went as they ended); what it did not take is
+    in the run folder's fallback file, said on stderr (the run and its report are written either way)."""
+    sent, filed, lost = trace.finish(data, agents)
+    if filed or lost:
+        render.stderr.print(f"warning: the OTLP collector at {trace.url} did not take {filed + lost} of the run's "
+                            f"{sent + filed + lost} spans; {filed} are in {trace.fallback} (OTLP/JSON lines)"
+                            + (f", {lost} lost" if lost else ""), highlight=False, markup=False)
+    elif not quiet:
+        render.stderr.print(f"trace: {sent} spans sent to {trace.url}", highlight=False, markup=False)
 
 
 def holds_line(data: ReportData, store_url: str) -> str | None:
@@ -258,8 +259,13 @@ def command(
         "--ui-host", help="With --ui: a name (NAME or NAME:PORT) by which browsers may open the dashboard, beside "
         "the address it listens on (repeatable); any other Host is refused (421).")] = None,
     otlp: Annotated[str | None, typer.Option(
-        "--otlp", help="Send the run's trace to this OTLP/HTTP collector when it ends (default: "
-        "OTEL_EXPORTER_OTLP_ENDPOINT; needs the otel extra).")] = None,
+        "--otlp", help="Send the run's trace to this OTLP/HTTP collector as it goes: model calls in batches as they "
+        "end, the run's tree at its end; batches it does not take, after retries, go to traces.otlp.jsonl in the "
+        "run folder (default: OTEL_EXPORTER_OTLP_ENDPOINT; needs the otel extra).")] = None,
+    otlp_content: Annotated[bool, typer.Option(
+        "--otlp-content", help="With --otlp: put the messages sent and the answers in the model calls' spans "
+        "(gen_ai.input.messages, gen_ai.output.messages; also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="
+        "SPAN_ONLY). Off by default: they may hold what the run reads.")] = False,
 ) -> None:
     """Run a swarm file to its synthesis: print it, then time, calls, tokens and spend.
 
@@ -285,9 +291,14 @@ def command(
     dashboard = _dashboard(host, port, tuple(ui_host or ()), seen) if ui else None
     import os
 
-    from swarmyard.telemetry import otlp_url
+    from swarmyard.telemetry import LiveTrace, content_wanted, otlp_url
 
     traces = otlp_url(otlp, os.environ)  # a bad URL or a missing extra stops here, before anything starts
+    if otlp_content and traces is None:
+        from swarmyard.errors import UserError
+
+        raise UserError("--otlp-content needs a collector: --otlp URL or OTEL_EXPORTER_OTLP_ENDPOINT")
+    trace = LiveTrace(traces, content=content_wanted(otlp_content, os.environ)) if traces is not None else None
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
@@ -298,7 +309,11 @@ def command(
     try:
         result = Swarm(config, sandbox=sandbox, witness=witness, ray_address=ray_address, no_witness=no_witness).run(
             resume=resume, on_span=printer, on_progress=printer.progress if printer.wants_progress else None,
-            ui=dashboard)
+            ui=dashboard, trace=trace)
+    except BaseException:
+        if trace is not None:
+            trace.finish(None, Path())  # the calls' spans queued so far: sent, or in the fallback file
+        raise
     finally:
         if live is not None:
             live.stop()
@@ -312,8 +327,8 @@ def command(
         if task.state is TaskState.FAILED:
             render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,
                                 markup=False)
-    if traces is not None:
-        _export_trace(traces, data, Path(config.run.runs_dir) / result.run_id / "agents", quiet)
+    if trace is not None:
+        _finish_trace(trace, data, Path(config.run.runs_dir) / result.run_id / "agents", quiet)
     where = result.report.html if result.report else "-"
     run_dir = Path(config.run.runs_dir) / result.run_id
     if not quiet:

@@ -175,9 +175,13 @@ def command(
         broker = configured_broker(opened, tokens, table, cache_dir=cache_dir) if table else None
         from swarmyard.plane.trajectory import TrajectoryFiles
 
+        files = TrajectoryFiles(trajectories) if trajectories is not None else None
         app = create_app(opened, tokens, settings, evaluator=evaluator,
-                         extra_routes=broker.routes() if broker else (),
-                         trajectories=TrajectoryFiles(trajectories) if trajectories is not None else None)
+                         extra_routes=broker.routes() if broker else (), trajectories=files)
+        if broker is not None:  # /metrics: model-call latency and errors by code; each step's calls and cost
+            app.state.plane.metrics.watch_broker(broker)
+            if files is not None:
+                broker.watchers.append(files.model_call)
         # this process's row among the store's replicas: its holds are tagged, dead replicas' holds swept
         watch = ReplicaWatch(opened)
         watch.start()

@@ -7,7 +7,7 @@ workers, spend) are read from the store at scrape time, so they are right even w
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,8 +16,16 @@ from prometheus_client.registry import Collector
 from swarmyard.domain import TaskState
 from swarmyard.store.protocol import Store
 
+if TYPE_CHECKING:
+    from swarmyard.broker.app import Broker
+    from swarmyard.broker.calls import CallEnd
+
 #: Tool latencies sit between a fraction of a millisecond and a slow PostgreSQL round trip.
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: Model calls: a scripted answer in a millisecond, a hosted model's in seconds, a local model on a small host's
+#: in minutes (the conventions' gen_ai.client.operation.duration buckets, stretched to ten minutes).
+_CALL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
+                 81.92, 163.84, 327.68, 655.36)
 
 
 class _StoreCollector(Collector):
@@ -64,6 +72,13 @@ class PlaneMetrics:
                                    registry=self.registry)
         self.operator_calls = Counter("swarmyard_operator_calls", "Operator API calls by HTTP status",
                                       ["status"], registry=self.registry)
+        self.model_latency = Histogram(
+            "swarmyard_model_call_seconds", "Model call latency through the broker, from the request read to the "
+            "answer's end, by requested model, provider and outcome (settled, released, unknown)",
+            ["model", "provider", "outcome"], buckets=_CALL_BUCKETS, registry=self.registry)
+        self.model_errors = Counter(
+            "swarmyard_model_call_errors", "Model calls answered with an error, by requested model and error code "
+            "(refusals before the call was sent included)", ["model", "code"], registry=self.registry)
         self.registry.register(_StoreCollector(store))
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
@@ -80,6 +95,19 @@ class PlaneMetrics:
                                                          self.tool_latency.labels(tool))
         children[0].inc()
         children[1].observe(seconds)
+
+    def watch_broker(self, broker: Broker) -> None:
+        """Count the model calls ``broker`` answers (latency of every call sent, errors by code)."""
+        broker.watchers.append(self.model_call)
+
+    def model_call(self, call: CallEnd) -> None:
+        """One model call's end, as the broker tells it (on the event loop: a few dict lookups)."""
+        # a label only for a route's name: a refused request's model may be any text its sender chose
+        model = call.model if call.provider else "(no route)"
+        if call.outcome != "refused":
+            self.model_latency.labels(model, call.provider, call.outcome).observe(call.seconds)
+        if call.error_code is not None:
+            self.model_errors.labels(model, call.error_code).inc()
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes (reads the store: call it off the event loop)."""

@@ -11,17 +11,22 @@ host at most that much disk.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from swarmyard.errors import InvalidInputError
 from swarmyard.plane.step_text import MAX_TEXT_CHARS
+
+if TYPE_CHECKING:
+    from swarmyard.broker.calls import CallEnd
+    from swarmyard.broker.chat import Message
 
 #: Bytes of one request to the trajectory endpoint.
 MAX_STEP_BYTES = 256 * 1024
@@ -97,6 +102,9 @@ class TrajectoryFiles:
         self.max_file_bytes = max_file_bytes
         self._labels: dict[str, str] = {}
         self._usage: dict[str, dict[str, int]] = {}
+        self._steps: dict[str, int] = {}  # worker -> the last step it reported (in this process)
+        self._calls: dict[str, list[dict[str, Any]]] = {}  # worker -> its calls since its last step
+        self._sent: dict[str, tuple[Message, ...]] = {}  # worker -> the messages of its last call
         self._lock = threading.Lock()
 
     def label(self, worker_id: str, label: str) -> None:
@@ -111,34 +119,100 @@ class TrajectoryFiles:
         with self._lock:
             return dict(self._usage)
 
+    def last_step(self, worker_id: str) -> int:
+        """The last step ``worker_id`` reported to this process (0 before its first)."""
+        with self._lock:
+            return self._steps.get(worker_id, 0)
+
+    def messages_path(self, worker_id: str) -> Path:
+        """Where the messages ``worker_id`` sent to its model are kept: one line a call, in a folder of their own
+        (readers of ``<folder>/*.jsonl`` see trajectories only)."""
+        return self.folder / "messages" / f"{self._labels.get(worker_id, worker_id)}.jsonl"
+
+    def model_call(self, call: CallEnd) -> None:
+        """A model call the broker answered (a ``CallEnd`` watcher): its messages go to the worker's messages
+        file, as what differs from its previous call (``same``: how many leading messages it repeats) with a
+        SHA-256 of all of them; its model, tokens and cost wait for the worker's next step, which records them."""
+        if not call.worker_id or not call.reservation_id:
+            return  # refused before it was admitted: not a call the worker made
+        full = [_message(m) for m in call.messages]
+        # of the whole list as compact JSON with sorted keys: what a reader rebuilds from the file checks against it
+        digest = hashlib.sha256(_line({"messages": full})[len('{"messages":'):-2]).hexdigest()
+        with self._lock:
+            before = self._sent.get(call.worker_id, ())
+            same = 0
+            for old, new in zip(before, call.messages, strict=False):
+                if old != new:
+                    break
+                same += 1
+            self._sent[call.worker_id] = call.messages
+            path = self.messages_path(call.worker_id)
+            kept = self._write(path, _line({"reservation_id": call.reservation_id, "sha256": digest, "same": same,
+                                            "messages": full[same:]}), call.worker_id)
+            self._calls.setdefault(call.worker_id, []).append({
+                "reservation_id": call.reservation_id, "model": call.model,
+                **({"response_model": call.response_model} if call.response_model else {}),
+                "outcome": call.outcome, "cost_micro_usd": call.cost_micro_usd,
+                "input_tokens": call.input_tokens, "output_tokens": call.output_tokens,
+                **({"finish_reason": call.finish_reason} if call.finish_reason else {}),
+                **({"error_code": call.error_code} if call.error_code else {}),
+                "messages": {"file": f"messages/{path.name}", "sha256": digest, "count": len(full),
+                             **({} if kept else {"kept": False})}})
+
     def path(self, worker_id: str) -> Path:
         """The trajectory file of ``worker_id``."""
         return self.folder / f"{self._labels.get(worker_id, worker_id)}.jsonl"
 
     def append(self, worker_id: str, record: StepRecord) -> bool:
         """Append one step; ``False`` (and nothing written but, once, a line saying so) when the file is full."""
-        line = _line({"worker": worker_id, "received_ms": int(time.time() * 1000),
-                      **record.model_dump(mode="json", exclude_none=True)})
         path = self.path(worker_id)
         with self._lock:
+            # the model calls the broker answered this worker since its last step: what it sent, on which model,
+            # at what cost (micro-USD, as the ledger settles it)
+            calls = self._calls.pop(worker_id, [])
+            ledger: dict[str, Any] = {}
+            if calls:
+                models = sorted({c["model"] for c in calls})
+                ledger = {"calls": calls, "model": models[0] if len(models) == 1 else ",".join(models),
+                          "cost_micro_usd": sum(c["cost_micro_usd"] for c in calls)}
+            line = _line({"worker": worker_id, "received_ms": int(time.time() * 1000),
+                          **record.model_dump(mode="json", exclude_none=True), **ledger})
+            self._steps[worker_id] = max(self._steps.get(worker_id, 0), record.step)
             if record.cpu_ms is not None and record.max_rss_kb is not None:
                 self._usage[worker_id] = {"cpu_ms": record.cpu_ms, "max_rss_kb": record.max_rss_kb,
                                           "step": record.step}
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # O_APPEND: several serving processes may append to one worker's file; each line is one write
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                size = os.fstat(fd).st_size
-                if size + len(line) > self.max_file_bytes:
-                    marker = _line({"worker": worker_id, "cut": True,
-                                    "note": "trajectory file full; later steps dropped"})
-                    if size and not _ends_with_line(path, size, marker):
-                        os.write(fd, marker)
-                    return False
-                os.write(fd, line)
-                return True
-            finally:
-                os.close(fd)
+            return self._write(path, line, worker_id)
+
+    def _write(self, path: Path, line: bytes, worker_id: str) -> bool:
+        """Append ``line`` to ``path`` (under the lock); ``False`` once the file is full."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_APPEND: several serving processes may append to one worker's file; each line is one write
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if size + len(line) > self.max_file_bytes:
+                marker = _line({"worker": worker_id, "cut": True,
+                                "note": "trajectory file full; later steps dropped"})
+                if size and not _ends_with_line(path, size, marker):
+                    os.write(fd, marker)
+                return False
+            os.write(fd, line)
+            return True
+        finally:
+            os.close(fd)
+
+
+def _message(message: Message) -> dict[str, Any]:
+    """A message as the trajectory keeps it (the conventions' role and parts shape)."""
+    parts: list[dict[str, Any]] = []
+    if message.content:
+        if message.tool_call_id is not None:
+            parts.append({"type": "tool_call_response", "id": message.tool_call_id, "response": message.content})
+        else:
+            parts.append({"type": "text", "content": message.content})
+    parts += [{"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
+              for c in message.tool_calls]
+    return {"role": message.role.value, "parts": parts}
 
 
 def _line(value: dict[str, Any]) -> bytes:

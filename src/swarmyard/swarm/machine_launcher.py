@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from swarmyard.machines.ray import RayBackend
     from swarmyard.plane.dashboard import UiListen
     from swarmyard.plane.tools import Evaluator as PlaneEvaluator
+    from swarmyard.telemetry import LiveTrace
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,11 @@ class MachineLauncher:
 
     def __init__(self, config: SwarmConfig, store: Store, run_dir: Path,
                  providers: Mapping[str, Any] | None = None, ui: UiListen | None = None,
-                 evaluator: PlaneEvaluator | None = None) -> None:
+                 evaluator: PlaneEvaluator | None = None, trace: LiveTrace | None = None) -> None:
         self.config = config
         self.ui = ui
+        #: the run's trace, sent as it goes (``--otlp``): told of every model call the broker answers
+        self.trace = trace
         #: scores what workers submit (the run's evaluator, started by the coordinator before ``start``)
         self.evaluator = evaluator
         self._slot_of: dict[str, str] = {}  # worker id -> the slot it ran in
@@ -187,6 +190,13 @@ class MachineLauncher:
             # the quotes of worker findings are checked against the files each task's worker was given
             sources=LensSources(self.config.tasks.lenses) if self.config.tasks.cite_files else None,
         )
+        # every model call the broker answers: /metrics (latency, errors by code), the step it was made in
+        # (messages, model, cost), and the live trace
+        app.state.plane.metrics.watch_broker(self._broker)
+        self._broker.watchers.append(self.trajectories.model_call)
+        if self.trace is not None:
+            self.trace.begin(self.run_dir, goal.id, step_of=self.trajectories.last_step)
+            self._broker.watchers.append(self.trace.model_call)
         if len(os.fsencode(self.socket)) > _MAX_SOCKET_PATH:
             # the kernel's sockaddr_un limit; uvicorn would fail in its thread and leave the run waiting
             raise ConfigError(f"the run folder {self.run_dir.resolve()} is too deep for the plane's Unix socket "

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from swarmyard.audit.witness import HttpWitnessClient
     from swarmyard.audit.witness_process import WitnessProcess
     from swarmyard.plane.dashboard import UiListen
+    from swarmyard.telemetry import LiveTrace
 
 
 class Swarm:
@@ -61,10 +62,12 @@ class Swarm:
         on_span: Callable[[WorkerSpan], None] | None = None,
         on_progress: Callable[[list[ProgressRow]], None] | None = None,
         ui: UiListen | None = None,
+        trace: LiveTrace | None = None,
     ) -> RunResult:
         """Run to the synthesis (or continue run ``resume``); machines are deleted in every case.
 
-        ``ui`` also serves the control plane on loopback TCP, for the dashboard at ``/ui``."""
+        ``ui`` also serves the control plane on loopback TCP, for the dashboard at ``/ui``; ``trace`` is told of
+        every model call as it ends (its ``finish`` is the caller's, with the run's data)."""
         from swarmyard.broker.providers.configured import check_table
         from swarmyard.swarm.preflight import check_host
 
@@ -85,7 +88,7 @@ class Swarm:
                 embedded.close()
             raise
         try:
-            return self._run(run_id, run_dir, runs, witness, resume, on_span, on_progress, ui)
+            return self._run(run_id, run_dir, runs, witness, resume, on_span, on_progress, ui, trace)
         finally:
             if witness is not None:
                 witness.close()
@@ -94,7 +97,8 @@ class Swarm:
 
     def _run(self, run_id: str, run_dir: Path, runs: Path, witness: HttpWitnessClient | None,
              resume: str | None, on_span: Callable[[WorkerSpan], None] | None,
-             on_progress: Callable[[list[ProgressRow]], None] | None, ui: UiListen | None) -> RunResult:
+             on_progress: Callable[[list[ProgressRow]], None] | None, ui: UiListen | None,
+             trace: LiveTrace | None = None) -> RunResult:
         from swarmyard.swarm.machine_launcher import MachineLauncher
         from swarmyard.swarm.scoring import RunEvaluator
 
@@ -111,7 +115,8 @@ class Swarm:
             coordinator = Coordinator(
                 self.config,
                 store,
-                MachineLauncher(self.config, store, run_dir, self.providers, ui=ui, evaluator=evaluator),
+                MachineLauncher(self.config, store, run_dir, self.providers, ui=ui, evaluator=evaluator,
+                                trace=trace),
                 run_id=run_id,
                 run_dir=run_dir,
                 on_span=on_span,
