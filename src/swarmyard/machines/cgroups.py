@@ -291,7 +291,10 @@ class MachineCgroups:
         if "memory" not in self._groups:
             raise SandboxError(f"machine {self.name} has no memory group")
         version, group = self._groups["memory"]
-        return int((group / ("memory.current" if version == 2 else "memory.usage_in_bytes")).read_text())
+        try:
+            return int((group / ("memory.current" if version == 2 else "memory.usage_in_bytes")).read_text())
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"machine {self.name}: cannot read its memory use: {exc}") from exc
 
     def reclaim(self) -> None:
         """Push the machine's pages out of RAM as far as the kernel can: file pages dropped (clean ones) or

@@ -340,8 +340,7 @@ class Suspender:
         group, _ = _group(self.backend, machine_id)
         if group is not None:
             group.freeze(False)  # a hibernated machine too: its pages come back as its processes touch them
-            if record.state is Suspension.HIBERNATED:
-                group.swap_back()
+            group.swap_back()  # (also after a hibernation that failed half way)
         record.move(Suspension.RUNNING)
         self.last_wake_us = (time.perf_counter_ns() - started) // 1000
         return True
