@@ -149,14 +149,25 @@ def test_a_crafted_run_folder_is_served_from_its_own_regular_files(
     assert code == 0
 
 
-def test_a_run_json_nested_past_the_parser_is_no_run_folder(finished_run: tuple[Path, dict[str, str]]) -> None:
+def _run_id(folder: Path, run_id: str) -> None:
+    state = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**state, "run_id": run_id}))
+
+
+@pytest.mark.parametrize(("crafted", "said"), [
+    ("deep-run-json", "is not a run folder"), ("long-run-id", "its run id is not one"),
+    ("nul-run-id", "its run id is not one")])
+def test_a_run_json_this_command_cannot_use_is_a_user_error(finished_run: tuple[Path, dict[str, str]],
+                                                            crafted: str, said: str) -> None:
     run_dir, env = finished_run
-    folder = _copy(run_dir, "deep-run-json")
-    (folder / "run.json").write_text("[" * 200_000 + "]" * 200_000)
+    folder = _copy(run_dir, crafted)
+    if crafted == "deep-run-json":
+        (folder / "run.json").write_text("[" * 200_000 + "]" * 200_000)
+    else:  # the run id names a folder of the user's state: one the file system cannot make was an internal error
+        _run_id(folder, "r" * 5000 if crafted == "long-run-id" else "run_\0x")
     done = subprocess.run([str(SWARMYARD), "ui", str(folder)], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
-    assert done.returncode == 1 and "is not a run folder" in done.stderr and "Traceback" not in done.stderr, (
-        done.stderr[-2000:])
+    assert done.returncode == 1 and "(user_error)" in done.stderr and said in done.stderr, done.stderr[-2000:]
 
 
 def _corrupt(folder: Path, sql: str) -> None:

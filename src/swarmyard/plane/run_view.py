@@ -65,8 +65,11 @@ class FinishedRun:
         url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
         if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
             raise UserError(f"run {run_dir.name}: its store {url} is gone")
+        run_id = str(state.get("run_id") or run_dir.name)
+        if len(run_id) > 200 or "\0" in run_id:  # it names the folder of the run's secrets
+            raise UserError(f"{run_dir}/run.json: its run id is not one (a name of at most 200 characters)")
         store = open_store(url)
-        run = cls(run_dir, str(state.get("run_id") or run_dir.name), state["goal_id"], store)
+        run = cls(run_dir, run_id, state["goal_id"], store)
         try:
             store.get_goal(run.goal_id)  # NotFoundError when the store holds another run
             run._read(bool(state.get("lead_done")))
