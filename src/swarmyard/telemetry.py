@@ -417,9 +417,9 @@ class LiveTrace:
         says which step a worker is in (its last reported one plus one)."""
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        # the exporter's own warnings would say, per batch, what the fallback file makes good: one line at the end
-        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
-        logging.getLogger("opentelemetry.exporter.otlp.common").setLevel(logging.ERROR)
+        # the exporter's own warnings and errors would say, per batch, what the fallback file makes good: the run
+        # says it once at its end (and a batch neither sent nor written is logged by FallbackExporter)
+        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)
         self.exporter = FallbackExporter(self.url, run_dir / FALLBACK_FILE, retry_s=self._retry_s,
                                          cool_off_s=self._cool_off_s)
         self._processor = BatchSpanProcessor(self.exporter, schedule_delay_millis=2000, max_queue_size=8192,  # type: ignore[arg-type]

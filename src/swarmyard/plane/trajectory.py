@@ -185,7 +185,7 @@ class TrajectoryFiles:
 
     def _write(self, path: Path, line: bytes, worker_id: str) -> bool:
         """Append ``line`` to ``path`` (under the lock); ``False`` once the file is full."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the run's own, as its folder is
         # O_APPEND: several serving processes may append to one worker's file; each line is one write
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
