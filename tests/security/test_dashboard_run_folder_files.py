@@ -204,3 +204,20 @@ def test_a_store_row_this_version_cannot_read_is_a_typed_error(finished_run: tup
         finally:
             code = _stop(proc)
         assert code == 0
+
+
+def test_a_store_older_than_this_swarmyard_is_refused_unchanged(finished_run: tuple[Path, dict[str, str]]) -> None:
+    # a run made by an earlier swarmyard: opening its store would migrate it (a write the dashboard must not make,
+    # after which the swarmyard that made the run refuses its store as newer than itself)
+    run_dir, env = finished_run
+    folder = _copy(run_dir, "older-store")
+    with sqlite3.connect(folder / "store.db") as db:
+        (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(int(version) - 1),))
+    db.close()
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    done = subprocess.run([str(SWARMYARD), "ui", str(folder)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 1 and "(user_error)" in done.stderr, done.stderr[-2000:]
+    assert f"schema version {int(version) - 1}, older than this swarmyard's {version}" in done.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before

@@ -13,6 +13,7 @@ can change the run. What the live page had from the running process comes from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import Callable
@@ -65,6 +66,8 @@ class FinishedRun:
         url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
         if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
             raise UserError(f"run {run_dir.name}: its store {url} is gone")
+        if url.startswith("sqlite:///"):
+            _refuse_older(run_dir, Path(url.removeprefix("sqlite:///")))
         run_id = str(state.get("run_id") or run_dir.name)
         if len(run_id) > 200 or "\0" in run_id:  # it names the folder of the run's secrets
             raise UserError(f"{run_dir}/run.json: its run id is not one (a name of at most 200 characters)")
@@ -126,6 +129,26 @@ class FinishedRun:
     def close(self) -> None:
         """Close the store."""
         self.store.close()
+
+
+def _refuse_older(run_dir: Path, path: Path) -> None:
+    """Refuse a SQLite store older than this swarmyard: opening it would migrate it (a write, and one the
+    swarmyard that made the run then refuses), and a run's dashboard changes nothing. Read as immutable: no
+    lock, no -wal or -shm file made beside it."""
+    import sqlite3
+
+    from swarmyard.store.schema import MIGRATIONS
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.Error:
+        return  # no meta table, or not a database: opening the store says what it is
+    version = int(row[0]) if row is not None and str(row[0]).isdigit() else None
+    if version is not None and version < len(MIGRATIONS):
+        raise UserError(f"run {run_dir.name}: its store is of schema version {version}, older than this "
+                        f"swarmyard's {len(MIGRATIONS)}; opening it would migrate it, and a run's dashboard "
+                        "changes nothing: open it with the swarmyard that made the run")
 
 
 def closed_at(store: Store, run_dir: Path, run_id: str) -> float | None:
