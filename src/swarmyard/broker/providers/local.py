@@ -231,9 +231,10 @@ def cli_tools(request: ChatRequest, agent: str) -> ChatRequest:
     """The request without the tools that start a sub-agent (:data:`SUBAGENT_TOOLS`) when an agent CLI sends it.
 
     A sub-agent is this same small model reading another long prompt of its own (a conversation whose rounds of
-    tools count from nothing): in the seed's boxd script a ``claude -p`` scout's second model call was such a
-    prompt, 2,885 tokens read from scratch (124 s on a loaded 2-core host). The CLI is not told; its model is only
-    never offered the tool, and every call it does get back is still valid for its tool."""
+    tools count from nothing). In the seed's boxd script a ``claude -p`` scout's second model call read 2,885
+    tokens of a prompt with a start of its own (124 s on a loaded 2-core host); that it was a sub-agent's is
+    inferred from its size and place, not checked. The CLI is not told; its model is only never offered the tool,
+    and every call it does get back is still valid for its tool."""
     dropped = SUBAGENT_TOOLS.get(agent, frozenset())
     if not dropped or not any(t.name in dropped for t in request.tools):
         return request
