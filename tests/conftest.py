@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -52,6 +53,9 @@ HOST_GROUPS = {
     "test_boxd_held_guarantees.py": "host",
     "test_machines_idle.py": "host",
     "test_machines_hibernate.py": "host",
+    # not a resource but a build: the two modules that use `wasi_built` on one worker build the tools once
+    "test_wasi_tools.py": "wasi-build",
+    "test_wasi_bench.py": "wasi-build",
 }
 
 
@@ -88,6 +92,18 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         os.environ.pop("SWARMYARD_STATE_DIR", None)
     else:
         os.environ["SWARMYARD_STATE_DIR"] = before
+
+
+@pytest.fixture(scope="session")
+def wasi_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The WASI tools built from their C source (``python -m swarmyard.wasi.build --out DIR``) once a session, into
+    a folder the tests only read: a build took about a minute in CI, most of it SQLite's, and two modules built
+    their own."""
+    out = tmp_path_factory.mktemp("wasi")
+    done = subprocess.run([sys.executable, "-m", "swarmyard.wasi.build", "--out", str(out)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return out
 
 
 @dataclass(frozen=True)

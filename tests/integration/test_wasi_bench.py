@@ -16,11 +16,9 @@ pytestmark = pytest.mark.skipif(shutil.which("clang") is None,
                                 reason="needs clang, lld and wasi-libc (scripts/test installs them)")
 
 
-def test_bench_wasi_reports_call_and_trap_times(tmp_path: Path) -> None:
-    built = subprocess.run([sys.executable, "-m", "swarmyard.wasi.build", "--out", str(tmp_path / "wasi")],
-                           capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SWARMYARD_WASI_DIR": str(tmp_path / "wasi")}
+def test_bench_wasi_reports_call_and_trap_times(wasi_built: Path, tmp_path: Path) -> None:
+    # built from source by the session's fixture (tests/conftest.py), which asserts the build exits 0
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SWARMYARD_WASI_DIR": str(wasi_built)}
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "bench", "wasi", "--json", "--quick"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,10 @@ pytestmark = pytest.mark.skipif(shutil.which("clang") is None,
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("wasi")
-    done = subprocess.run([sys.executable, "-m", "swarmyard.wasi.build", "--out", str(out)], capture_output=True,
-                          text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.glob("*.wasm")) == sorted(f"{n}.wasm" for n in (*SHIPPED, "echo", "spin"))
-    yield out
+def built(wasi_built: Path) -> Path:
+    """The session's build (tests/conftest.py): every shipped tool and the two test modules."""
+    assert sorted(p.name for p in wasi_built.glob("*.wasm")) == sorted(f"{n}.wasm" for n in (*SHIPPED, "echo", "spin"))
+    return wasi_built
 
 
 def test_the_build_refuses_an_sqlite_that_is_not_the_pinned_one(built: Path, tmp_path: Path) -> None:
