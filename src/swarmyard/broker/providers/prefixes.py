@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +33,27 @@ MIN_PREFIX_CHARS = 4000
 KEEP = 4
 #: The ending of a saved start's file.
 SUFFIX = ".kv"
+
+
+def private_folder(path: Path) -> Path | None:
+    """``path`` made (or kept) as a folder only this user can open, or ``None`` (logged) when it cannot be one.
+
+    A saved start is a slot's state: the prompt it read (an agent CLI's system prompt, a task's words), and what
+    a later request with that start answers from. Another local user must not read it, nor put a file of their
+    own under a start's name (the name is a hash of the model and a start anyone can know): a folder that is a
+    link, or another user's, is not used, and this user's own is made 0700."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            log.warning("prompt starts are not saved: %s is not a folder of this user's", path)
+            return None
+        if info.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError as exc:
+        log.warning("prompt starts are not saved: %s: %s", path, exc)
+        return None
+    return path
 
 
 def prefix_key(model_sha256: str, text: str) -> str:
