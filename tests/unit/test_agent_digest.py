@@ -220,3 +220,12 @@ def test_the_setting_is_checked_where_it_is_read() -> None:
     assert AgentSettings.from_env(base).synthesis == "free"
     with pytest.raises(ConfigError, match="SWARMYARD_SYNTHESIS"):
         AgentSettings.from_env({**base, "SWARMYARD_SYNTHESIS": "all"})
+
+
+def test_a_point_in_json_is_asked_again_as_a_sentence(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    plane, token, (market,) = _lead(live_plane, [("market", MARKET)])
+    outcome, model = _run(tmp_path, plane, token, [YES, '{"verdict": "yes"}', POINT_1, REASON])
+    assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 1
+    assert model.seen[1][2] == {"role": "assistant", "content": "My verdict: yes."}  # its verdict, said in words
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert f"- Yes: {POINT_1} [{market}]" in body and '{"verdict"' not in body

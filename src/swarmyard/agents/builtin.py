@@ -475,7 +475,8 @@ class BuiltinAgent:
                     objective=objective, title=title, body=_cut(body, _DIGEST_BODY_CHARS))}]
                 verdict = await self._verdict(task, steps, ask, ref)
                 # the point is asked after the verdict, in the same conversation (its start is read once)
-                ask += [{"role": "assistant", "content": json.dumps({"verdict": verdict})},
+                # (said back as plain text: a small model shown its own JSON answers the next question in JSON)
+                ask += [{"role": "assistant", "content": f"My verdict: {verdict}."},
                         {"role": "user", "content": instructions.DIGEST_POINT}]
                 point = await self._digest_part(task, steps, ask, f"point of [{ref}]")
                 if point is not None:
@@ -559,6 +560,8 @@ class BuiltinAgent:
             said = _said(reply)
             # not the prompt: an answer names the objective its prompt holds; the findings it read are the check
             why = originality.problem(said, read=self._read) if said else "the answer is empty"
+            if why is None and said.startswith("{"):
+                why = "it is JSON, not a sentence"
             if why is None and against is not None and verdicts.contradicts(said, against[0]):
                 why = f"it says the opposite of the findings' answer ({against[1]})"
                 self.malformed += 1
