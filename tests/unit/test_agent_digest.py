@@ -152,7 +152,7 @@ def test_a_verdict_the_schema_does_not_allow_counts_as_unclear(
     outcome, _ = _run(tmp_path, plane, token, [_verdict("maybe"), POINT_1, REASON])
     assert outcome.malformed == 1
     body = plane.store.get_finding(outcome.finding_id).body
-    assert body.startswith(f"Unclear: the one finding is unclear [{market}], so the findings do not answer")
+    assert body.startswith(f"Unclear: the one finding is unclear [{market}].")
     assert f"- Unclear: {POINT_1} [{market}]" in body and verdicts.check(body) is None
 
 
@@ -164,6 +164,11 @@ def test_the_check_refuses_an_opening_the_verdicts_do_not_make() -> None:
     assert verdicts.contradicts("We should not keep the key safe.", "yes")
     assert verdicts.contradicts("Yes, it is safe.", "no") and verdicts.contradicts("No.", "mixed")
     assert not verdicts.contradicts("The key never reaches an agent, so it is not exposed.", "yes")
+    # one finding of three saying yes and two unclear is no yes (the demo's lead once opened so)
+    tally = verdicts.Tally((("fnd_a", "unclear"), ("fnd_b", "unclear"), ("fnd_c", "yes")))
+    assert verdicts.answer_sentence(tally) == ("Unclear: 1 of 3 findings says yes [fnd_c]; 2 of 3 findings are "
+                                               "unclear [fnd_a] [fnd_b].")
+    assert verdicts.Tally((("fnd_a", "no"), ("fnd_b", "no"), ("fnd_c", "unclear"))).overall == "no"
 
 
 def test_a_point_that_copies_its_finding_is_asked_again(tmp_path: Path,

@@ -69,10 +69,16 @@ class Tally:
 
     @property
     def overall(self) -> str:
-        """``yes`` when some findings say yes and none no, ``no`` the other way round, ``mixed`` when both are
-        said, ``unclear`` when neither is."""
-        yes, no = bool(self.refs(YES)), bool(self.refs(NO))
-        return MIXED if yes and no else YES if yes else NO if no else UNCLEAR
+        """``mixed`` when some findings say yes and some no; else ``yes`` (or ``no``) when more findings say it
+        than are unclear; else ``unclear`` (one finding of three saying yes, two unclear, is not a yes)."""
+        yes, no, unclear = len(self.refs(YES)), len(self.refs(NO)), len(self.refs(UNCLEAR))
+        if yes and no:
+            return MIXED
+        if yes > unclear:
+            return YES
+        if no > unclear:
+            return NO
+        return UNCLEAR
 
     @property
     def rests_on(self) -> list[str]:
@@ -99,10 +105,8 @@ def answer_sentence(tally: Tally) -> str:
     total = len(tally.verdicts)
     yes, no, unclear = tally.refs(YES), tally.refs(NO), tally.refs(UNCLEAR)
     overall = tally.overall
-    if overall == UNCLEAR:
-        return f"Unclear: {_count(unclear, total, UNCLEAR)}, so the findings do not answer the question."
     parts = [_count(refs, total, verdict) for refs, verdict in ((yes, YES), (no, NO), (unclear, UNCLEAR)) if refs]
-    opening = {YES: "Yes", NO: "No", MIXED: "Mixed"}[overall]
+    opening = {YES: "Yes", NO: "No", MIXED: "Mixed", UNCLEAR: "Unclear"}[overall]
     return f"{opening}: {'; '.join(parts)}."
 
 
