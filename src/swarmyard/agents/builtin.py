@@ -514,8 +514,12 @@ class BuiltinAgent:
         try:
             finding_id = await self._submit(args)
         except UnoriginalFindingError:
-            # the plane reads the findings whole: keep the answer the verdicts make, drop the points it found copied
-            args["body"] = answer or no_result.placeholder(task.title, "every point copied its finding")
+            # the plane reads the findings whole: keep the answer the verdicts make and each finding's verdict, and
+            # leave out the words the plane found copied (the reason and the points)
+            listed = "\n".join(verdicts.point_line(ref, verdict, "(its point is left out: it copied its finding)")
+                                for ref, _, verdict, _ in points)
+            args["body"] = (f"{answer}\n\nFrom the findings:\n{listed}" if answer and listed
+                            else answer or no_result.placeholder(task.title, "every point copied its finding"))
             finding_id = await self._submit(args)
         ending = Ending.SUBMITTED if answer and not stopped else (Ending.BUDGET if budget_stop
                                                                   else Ending.MODEL_ERROR if stopped
