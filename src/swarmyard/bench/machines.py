@@ -362,6 +362,9 @@ def _wake_rows(result: BenchResult, n: int, exec_ms: float) -> None:
         tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp,
         Machines("local", root=Path(tmp), idle_suspend_s=60.0, clock=clock) as machines,
     ):
+        from swarmyard.machines.idle import Suspender
+
+        machines.idle = Suspender(machines.backend, 60.0, clock=clock, sweeping=False)  # every sweep the bench's
         info = machines.create("sleeper")
         # something running in it, as in a real idle machine: a background process it keeps
         machines.exec(info.id, "setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
@@ -405,7 +408,7 @@ def _hibernate_rows(result: BenchResult, n: int) -> None:
     """A machine whose process holds 100 MB, hibernated (its memory pushed to the host's swap while frozen): the
     memory it gives back, an exec that wakes it, and its process answering from all its pages (which reads them
     back from swap). Where the host has no swap, the row says hibernation is not possible and why."""
-    from swarmyard.machines.idle import host_swap_reason
+    from swarmyard.machines.idle import Suspender, host_swap_reason
 
     reason = host_swap_reason()
     if reason is not None:
@@ -417,6 +420,9 @@ def _hibernate_rows(result: BenchResult, n: int) -> None:
         tempfile.TemporaryDirectory(prefix="swarmyard-bench-") as tmp,
         Machines("local", root=Path(tmp), idle_suspend_s=60.0, hibernate_s=600.0, clock=clock) as machines,
     ):
+        # no sweeping thread: each sweep is the bench's own (the thread's could be half way through a hibernation
+        # when the bench looks)
+        machines.idle = Suspender(machines.backend, 60.0, clock=clock, sweeping=False, hibernate_s=600.0)
         info = machines.create("holder")
         machines.wait_until_ready(info.id)
         machines.files.upload(info.id, "/home/boxd/holder.py", _HOLDER.encode())
