@@ -1,12 +1,15 @@
 """What a run leaves to look at, through the console script on the scripted provider in bwrap machines: one
-trajectory line per agent step, the OTLP span tree a small collector on loopback receives, the report, and
-``swarmyard runs list`` / ``runs show``."""
+trajectory line per agent step (with its model calls' model, cost and messages), the OTLP span tree a small
+collector on loopback receives (its model calls per the GenAI semantic conventions), or, the collector down,
+the run folder's OTLP/JSON fallback file; the report, and ``swarmyard runs list`` / ``runs show``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rigs.genai_conventions import off_convention, otlp_json_spans
 from rigs.scripted import tool_call as _tool
 
 pytestmark = [
@@ -67,7 +71,10 @@ class Collector:
                         attrs = {}
                         for a in span.attributes:
                             kind = a.value.WhichOneof("value")
-                            attrs[a.key] = getattr(a.value, kind)
+                            value = getattr(a.value, kind)
+                            if kind == "array_value":
+                                value = tuple(getattr(v, v.WhichOneof("value")) for v in value.values)
+                            attrs[a.key] = value
                         out.append({"name": span.name, "trace": span.trace_id.hex(), "id": span.span_id.hex(),
                                     "parent": span.parent_span_id.hex(), "attrs": attrs, "service": service,
                                     "start": span.start_time_unix_nano, "end": span.end_time_unix_nano})
@@ -82,9 +89,7 @@ def collector() -> Iterator[Collector]:
     c.server.shutdown()
 
 
-@pytest.fixture
-def run(collector: Collector) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-o-"))  # the plane's socket lives in the run folder: keep it short
+def _run(folder: Path, collector_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     conf = folder / "conf"
     conf.mkdir()
     (conf / "replies.json").write_text(json.dumps({
@@ -124,10 +129,15 @@ runs_dir = "{folder / 'runs'}"
 sandbox = "local"
 """)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
-           "XDG_STATE_HOME": str(folder / "state"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
-    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(conf / "swarm.toml")], cwd=folder,
-                          env=env, capture_output=True, text=True, timeout=600)
-    yield folder, done
+           "XDG_STATE_HOME": str(folder / "state"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector_url}
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(conf / "swarm.toml"), *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def run(collector: Collector) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    folder = Path(tempfile.mkdtemp(prefix="sy-o-"))  # the plane's socket lives in the run folder: keep it short
+    yield folder, _run(folder, collector.url)
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -159,6 +169,25 @@ def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
     assert all(r["input_tokens"] > 0 for s in worker_steps for r in s["replies"])
     assert worker_steps[1]["action"]["tool"] == "submit_finding" and "fnd_" in worker_steps[1]["result"]
     assert first["ended_ms"] >= first["started_ms"] > 0 and first["cpu_ms"] > 0 and first["max_rss_kb"] > 0
+    # each step records its model calls: the model, what each cost (as the ledger settled it), and a digest of
+    # the messages sent with where they are kept (what differs from the worker's previous call, a line a call)
+    assert [len(s["calls"]) for s in worker_steps] == [2, 1] and len(lead_steps[0]["calls"]) == 1
+    assert {s["model"] for s in worker_steps} == {"scripted-worker"} and lead_steps[0]["model"] == "scripted-lead"
+    for s in (*worker_steps, *lead_steps):
+        assert s["cost_micro_usd"] == sum(c["cost_micro_usd"] for c in s["calls"]) > 0
+        assert all(c["outcome"] == "settled" and c["reservation_id"].startswith("rsv_") for c in s["calls"])
+    [messages] = (agents / "messages").glob("worker-0-*.jsonl")
+    kept = {k["reservation_id"]: k for k in map(json.loads, messages.read_text().splitlines())}
+    sent: list[dict[str, Any]] = []
+    for c in (c for s in worker_steps for c in s["calls"]):
+        record = kept[c["reservation_id"]]
+        sent = sent[:record["same"]] + record["messages"]
+        assert c["messages"]["file"] == f"messages/{messages.name}" and c["messages"]["count"] == len(sent)
+        assert c["messages"]["sha256"] == record["sha256"] == hashlib.sha256(json.dumps(
+            sent, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+    assert sent[0]["role"] == "system" and any("Size the market." in p.get("content", "")
+                                               for m in sent for p in m["parts"])
+    assert sent[-1]["parts"][0]["type"] == "tool_call_response"  # the board post's result, sent with the last call
 
     # the span tree: run -> tasks -> agent runs -> steps -> model calls, one trace
     assert "spans sent to" in done.stderr
@@ -186,14 +215,11 @@ def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
     assert [len(c) for c in calls] == [2, 1]  # the malformed reply and the one re-asked, then the submission
     [lead_step] = children(lead, "swarmyard.agent.step ")
     [lead_call] = children(lead_step, "chat ")
+    costs = {c["reservation_id"]: c["cost_micro_usd"] for s in (*worker_steps, *lead_steps) for c in s["calls"]}
     for call in [*calls[0], *calls[1], lead_call]:
-        a = call["attrs"]
-        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] in ("scripted-worker",
-                                                                                      "scripted-lead")
-        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
-        assert a["swarmyard.reservation_id"].startswith("rsv_") and a["swarmyard.spend_micro_usd"] > 0
-        assert a["swarmyard.fencing_token"] >= 1 and a["swarmyard.reservation_state"] == "settled"
-        assert a["swarmyard.worker_id"].startswith("wrk_") and a["swarmyard.task_id"].startswith("task_")
+        _check_call(call["attrs"], content=False)
+        assert costs[call["attrs"]["swarmyard.reservation_id"]] == call["attrs"]["swarmyard.spend_micro_usd"]
+    assert [c["attrs"]["gen_ai.response.finish_reasons"] for c in calls[0]] == [("stop",), ("tool_calls",)]
     assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in spans if c["name"].startswith("chat ")) == \
         root["attrs"]["swarmyard.spend_micro_usd"]
 
@@ -227,3 +253,59 @@ def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
                 ["runs", "list", "--runs-dir", "missing"]):
         refused = _cli(folder, *bad)
         assert refused.returncode == 1 and refused.stderr.startswith("error (user_error):"), bad
+
+
+def _check_call(a: dict[str, Any], *, content: bool) -> None:
+    """A model call's span attributes: the GenAI conventions' names (none unknown, replaced or removed), the
+    values the scripted run had, the cost both in USD and exactly; message content only when asked for."""
+    assert off_convention(a) == [], off_convention(a)
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "swarmyard.scripted"
+    assert a["gen_ai.request.model"] in ("scripted-worker", "scripted-lead")
+    assert a["gen_ai.response.model"] == a["gen_ai.request.model"]  # the scripted provider answers as asked
+    assert a["gen_ai.response.finish_reasons"][0] in ("stop", "tool_calls") and a["gen_ai.response.id"]
+    assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+    assert a["gen_ai.request.max_tokens"] > 0
+    assert a["swarmyard.spend_micro_usd"] > 0 and a["gen_ai.usage.cost"] == a["swarmyard.spend_micro_usd"] / 1e6
+    assert a["swarmyard.reservation_id"].startswith("rsv_") and a["swarmyard.reservation_state"] == "settled"
+    assert a["swarmyard.worker_id"].startswith("wrk_") and a["swarmyard.task_id"].startswith("task_")
+    opt_in = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions"}
+    if not content:
+        assert not opt_in & set(a)
+        return
+    assert opt_in <= set(a)
+    inputs, outputs = json.loads(a["gen_ai.input.messages"]), json.loads(a["gen_ai.output.messages"])
+    assert json.loads(a["gen_ai.system_instructions"])[0]["type"] == "text"
+    assert inputs[0]["role"] == "user" and {p["type"] for m in inputs for p in m["parts"]} <= {
+        "text", "tool_call", "tool_call_response"}
+    assert outputs[0]["role"] == "assistant" and outputs[0]["finish_reason"] == a["gen_ai.response.finish_reasons"][0]
+
+
+def test_a_run_whose_collector_is_down_leaves_its_spans_in_the_run_folder() -> None:
+    """Nothing listens where the trace goes: the exporter's retries fail, and every span, content included
+    (``--otlp-content``), is in the run folder's ``traces.otlp.jsonl``, the same tree the collector would have."""
+    folder = Path(tempfile.mkdtemp(prefix="sy-d-"))
+    with socket.socket() as s:  # a loopback port nothing listens on: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    try:
+        done = _run(folder, dead, "--otlp-content")
+        assert done.returncode == 0, done.stderr[-3000:]
+        [run_dir] = (folder / "runs").iterdir()
+        fallback = run_dir / "traces.otlp.jsonl"
+        [warning] = [line for line in done.stderr.splitlines() if "did not take" in line]
+        assert str(fallback) in warning and "lost" not in warning
+        spans = otlp_json_spans(fallback)
+        by_id = {s["id"]: s for s in spans}
+        assert len(by_id) == len(spans) and len({s["trace"] for s in spans}) == 1
+        assert {s["service"] for s in spans} == {"swarmyard"}
+        [root] = [s for s in spans if not s["parent"]]
+        assert root["name"].startswith("swarmyard.run ") and root["attrs"]["swarmyard.run_id"] == run_dir.name
+        assert all(s["parent"] in by_id for s in spans if s is not root)
+        calls = [s for s in spans if s["name"].startswith("chat ")]
+        assert len(calls) == 4 and all(by_id[c["parent"]]["name"].startswith("swarmyard.agent.step ") for c in calls)
+        for call in calls:
+            _check_call(call["attrs"], content=True)
+        assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in calls) == root["attrs"]["swarmyard.spend_micro_usd"]
+        assert f"did not take {len(spans)} of the run's {len(spans)} spans" in warning
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
