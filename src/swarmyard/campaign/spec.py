@@ -66,6 +66,8 @@ SEED = "${seed}"
 #: A run id's length (``run_`` and 26 characters): the plane's socket is ``DIR/runs/RUN/plane.sock``.
 _RUN_ID_CHARS = 30
 _MAX_SOCKET_PATH = 107
+#: The largest campaign or swarm file read: a larger one is refused before it is parsed.
+MAX_FILE_BYTES = 1 << 20
 
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 
@@ -93,7 +95,7 @@ class CampaignTable(_Frozen):
     seeds: Annotated[tuple[Annotated[int, Field(ge=0, strict=True)], ...], Field(min_length=1)] | None = None
     budget_usd: str | int | None = None
     call_cap: PositiveInt | None = None
-    deadline_s: Annotated[float, Field(gt=0)] | None = None
+    deadline_s: Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)] | None = None
     dir: Annotated[str, Field(min_length=1)] | None = None
     #: what every cell of a seed gets the same of: the money cap (and call cap), the workers' tokens, or their calls
     match: Match = Match.BUDGET
@@ -410,9 +412,28 @@ def _seeded(config: SwarmConfig) -> bool:
     return bool(config.providers) and all(p.kind is ProviderKind.SIMULATED for p in config.providers.values())
 
 
+def _read_capped(path: Path, field: str) -> str:
+    """The file's text; ``ConfigError`` naming ``field`` for a file over ``MAX_FILE_BYTES``."""
+    with path.open("rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_FILE_BYTES:,} bytes", field=field)
+    return data.decode("utf-8")
+
+
+def _loads(text: str, what: str, field: str) -> dict[str, Any]:
+    """TOML ``text``; ``ConfigError`` naming ``field`` for text that is not TOML or nests too deep to parse."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} is not valid TOML: {exc}", field=field) from None
+    except RecursionError:
+        raise ConfigError(f"{what} nests its tables or arrays too deep", field=field) from None
+
+
 def _swarm_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return _read_capped(path, "campaign.swarm")
     except FileNotFoundError:
         raise ConfigError(f"no such swarm file: {path}", field="campaign.swarm") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -420,10 +441,7 @@ def _swarm_text(path: Path) -> str:
 
 
 def _parse_trial(text: str, seed: int, swarm_path: Path, overrides: Any = None) -> tuple[dict[str, Any], SwarmConfig]:
-    try:
-        raw = tomllib.loads(text.replace(SEED, str(seed)))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{swarm_path} is not valid TOML: {exc}", field="campaign.swarm") from None
+    raw = _loads(text.replace(SEED, str(seed)), str(swarm_path), "campaign.swarm")
     try:
         return raw, parse_config(raw if overrides is None else overrides(raw), base_dir=swarm_path.parent)
     except ConfigError as exc:
@@ -448,19 +466,18 @@ def _first_error(exc: ValidationError) -> ConfigError:
 def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     """Read a campaign file and build every trial's swarm config; ``ConfigError`` names the first bad field."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_capped(path, "campaign file")
     except FileNotFoundError:
         raise ConfigError(f"no such campaign file: {path}", field="campaign file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}", field="campaign file") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", field="campaign file") from None
+    data = _loads(text, "the campaign file", "campaign file")
     try:
         spec = CampaignFile.model_validate(data)
     except ValidationError as exc:
         raise _first_error(exc) from None
+    except RecursionError:
+        raise ConfigError("nests its tables or arrays too deep", field="campaign file") from None
     table = spec.campaign
     swarm_path = Path(table.swarm)
     if not swarm_path.is_absolute():
@@ -493,6 +510,13 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
         raise ConfigError(f"{where} is too deep: a trial's control-plane socket would be {socket} bytes long, "
                           f"at most {_MAX_SOCKET_PATH}; choose a shorter dir", field="campaign.dir")
     cells = cells_of(spec, base)
+    for cell in cells:
+        if cell.allowance is not None and cell.allowance % cell.n:
+            # each worker gets allowance // n: a remainder would leave this cell's workers less in all
+            what = "call_cap" if table.match is Match.CALLS else "tokens"
+            raise ConfigError(f"{cell.allowance:,} does not split evenly among cell {cell.name}'s {cell.n} workers "
+                              "(every cell of a seed gets the same in all): give a multiple of "
+                              f"{cell.n}", field=f"campaign.{what}")
     trials: list[Trial] = []
     for cell in cells:
         for seed in seeds:
