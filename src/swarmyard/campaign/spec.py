@@ -487,9 +487,6 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     if not base.tasks.lenses:
         raise ConfigError("the swarm file must state its problem as [[tasks.lenses]] or from_family (every "
                           "cell gets the same tasks), not as a plan", field="campaign.swarm")
-    # turns make a team reproducible; explore's direction claims and groups' later rounds are not in them
-    reproducible = _seeded(base) and (spec.grid is None or spec.grid.policy in (PolicyKind.TEAM,
-                                                                                 PolicyKind.INDEPENDENT))
     if table.seeds is None and not _seeded(base):
         raise ConfigError("is required where a model is not the simulated one (each seed is a paid trial per "
                           f"cell); {len(DEFAULT_SEEDS)} is the least the paired interval is trusted at",
@@ -510,6 +507,9 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
         raise ConfigError(f"{where} is too deep: a trial's control-plane socket would be {socket} bytes long, "
                           f"at most {_MAX_SOCKET_PATH}; choose a shorter dir", field="campaign.dir")
     cells = cells_of(spec, base)
+    # turns make a team reproducible; explore's direction claims and groups' later rounds are not in them, in
+    # any cell (the grid's cohort, or a [[cells]] cell whose policy the file or the swarm file sets)
+    reproducible = _seeded(base) and all(c.policy in (PolicyKind.TEAM, PolicyKind.INDEPENDENT) for c in cells)
     for cell in cells:
         if cell.allowance is not None and cell.allowance % cell.n:
             # each worker gets allowance // n: a remainder would leave this cell's workers less in all

@@ -1,0 +1,67 @@
+"""What a campaign's report says of itself must follow from the campaign, through the ``swarmyard`` console
+script. Each campaign here has every trial in its record already (as a killed campaign leaves them) and is
+resumed, so nothing runs and the report is computed from the record.
+
+- A campaign with an ``explore`` or ``groups`` cell of its own (``[[cells]]``) on the simulated provider was
+  reported ``"reproducible": true``, "the same scores, calls and tokens every time", though turns do not cover
+  direction claims or later rounds (the campaign's own code says so, and had a sentence for it that was never
+  reached): only the grid's policy was looked at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SWARM = (REPO / "examples" / "campaigns" / "hidden-code-simulated.toml").read_text().replace(
+    'bundle = "../bundles/hidden-code"', f'bundle = "{(REPO / "examples/bundles/hidden-code").as_posix()}"')
+
+
+def _line(cell: str, seed: int, score: int | None, error: str = "") -> str:
+    return json.dumps({"key": f"{cell}#{seed}", "cell": cell, "seed": seed, "run_id": f"run_{cell[:4]}{seed}",
+                       "score": score, "spend_micro_usd": 0 if error else 900, "calls": 0 if error else 20,
+                       "tokens_in": 0 if error else 3000, "tokens_out": 0 if error else 200, "wall_s": 9.5,
+                       "similarity": None if error else 0.9, "submissions": 0 if error else 19,
+                       "synthesis": not error, "error": error})
+
+
+def _resumed(folder: Path, text: str, lines: list[str]) -> subprocess.CompletedProcess[str]:
+    """``swarmyard campaign c.toml --resume --json`` on a folder whose record holds ``lines``."""
+    (folder / "s.toml").write_text(SWARM)
+    (folder / "c.toml").write_text(text)
+    where = folder / "campaigns" / "c"
+    where.mkdir(parents=True)
+    digest = hashlib.sha256(text.encode() + b"\0" + SWARM.encode()).hexdigest()
+    (where / "campaign.json").write_text(json.dumps({"name": "c", "digest": digest}))
+    (where / "trials.jsonl").write_text("".join(line + "\n" for line in lines))
+    script = shutil.which("swarmyard")
+    assert script is not None, "the swarmyard console script is installed"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    return subprocess.run([script, "campaign", "c.toml", "--resume", "--json"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("policy", "reproducible"), [
+    ('{ kind = "explore", directions = ["a", "b", "c"] }', False),
+    ('{ kind = "groups", groups = 2 }', False),
+    ('{ kind = "team" }', True),
+])
+def test_an_explore_or_groups_cell_is_not_called_reproducible(short_tmp: Path, policy: str,
+                                                              reproducible: bool) -> None:
+    text = ('[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [1, 2]\n'
+            f'[[cells]]\nname = "own"\nworkers = {{ count = 2 }}\npolicy = {policy}\n'
+            '[[cells]]\nname = "one"\nworkers = { count = 1 }\n')
+    lines = [_line(cell, seed, 100_000 * seed) for cell in ("own", "one") for seed in (1, 2)]
+    done = _resumed(short_tmp, text, lines)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["reproducible"] is reproducible
+    report = (short_tmp / "campaigns" / "c" / "campaign.md").read_text()
+    assert ("same scores, calls and tokens every time" in report) is reproducible
+    assert ("may differ when run again" in report) is not reproducible
