@@ -6,6 +6,8 @@ resumed, so nothing runs and the report is computed from the record.
   reported ``"reproducible": true``, "the same scores, calls and tokens every time", though turns do not cover
   direction claims or later rounds (the campaign's own code says so, and had a sentence for it that was never
   reached): only the grid's policy was looked at.
+- ``swarmyard bench campaign`` did not say where its folder is until the end (``swarmyard campaign`` says it
+  before the first trial).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ def _line(cell: str, seed: int, score: int | None, error: str = "") -> str:
                        "synthesis": not error, "error": error})
 
 
-def _resumed(folder: Path, text: str, lines: list[str]) -> subprocess.CompletedProcess[str]:
-    """``swarmyard campaign c.toml --resume --json`` on a folder whose record holds ``lines``."""
+def _resumed(folder: Path, text: str, lines: list[str],
+             command: tuple[str, ...] = ("campaign",)) -> subprocess.CompletedProcess[str]:
+    """``swarmyard campaign c.toml --resume --json`` (or another ``command``) on a folder whose record holds
+    ``lines``."""
     (folder / "s.toml").write_text(SWARM)
     (folder / "c.toml").write_text(text)
     where = folder / "campaigns" / "c"
@@ -44,7 +48,7 @@ def _resumed(folder: Path, text: str, lines: list[str]) -> subprocess.CompletedP
     script = shutil.which("swarmyard")
     assert script is not None, "the swarmyard console script is installed"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    return subprocess.run([script, "campaign", "c.toml", "--resume", "--json"], cwd=folder, env=env,
+    return subprocess.run([script, *command, "c.toml", "--resume", "--json"], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -65,3 +69,13 @@ def test_an_explore_or_groups_cell_is_not_called_reproducible(short_tmp: Path, p
     report = (short_tmp / "campaigns" / "c" / "campaign.md").read_text()
     assert ("same scores, calls and tokens every time" in report) is reproducible
     assert ("may differ when run again" in report) is not reproducible
+
+
+@pytest.mark.parametrize("command", [("campaign",), ("bench", "campaign")])
+def test_the_folder_is_announced_before_the_first_trial(short_tmp: Path, command: tuple[str, ...]) -> None:
+    text = '[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [1]\n[sweep]\nn = [1]\n'
+    done = _resumed(short_tmp, text, [_line("best@1", 1, 5), _line("team@1", 1, 7)], command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("campaign c: 2 cells x 1 seeds = 2 trials;"), done.stderr[-3000:]
+    assert first.endswith(f"its record, report and runs go to {short_tmp / 'campaigns' / 'c'}"), first

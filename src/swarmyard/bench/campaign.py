@@ -24,6 +24,7 @@ from swarmyard.errors import UserError
 
 if TYPE_CHECKING:
     from swarmyard.campaign.runner import TrialEvent
+    from swarmyard.campaign.spec import Campaign
 
 #: The campaign run when none is named: 4 cells x 5 seeds of the reconciliation on the embedded model.
 DEFAULT_FILE = Path("examples") / "campaigns" / "reconciliation-local-4x5.toml"
@@ -43,9 +44,11 @@ class CampaignBench:
 
 def run(file: Path | None = None, *, resume: bool = False, trials: int | None = None,
         sandbox: SandboxKind | None = None, cwd: Path | None = None,
-        progress: Callable[[int], Callable[[TrialEvent], None]] | None = None) -> CampaignBench:
+        progress: Callable[[int], Callable[[TrialEvent], None]] | None = None,
+        on_start: Callable[[Campaign], None] | None = None) -> CampaignBench:
     """Run the campaign of ``file`` (``DEFAULT_FILE`` from ``cwd`` when ``None``) and summarise it;
-    ``progress(total)`` makes the callback told of each trial's start and end."""
+    ``progress(total)`` makes the callback told of each trial's start and end; ``on_start(campaign)`` is called
+    once the campaign's folder is this process's, before the first trial (to say where the folder is)."""
     from swarmyard.campaign import load_campaign, run_campaign, summarise
     from swarmyard.campaign.files import markdown, write_files
     from swarmyard.campaign.record import hold
@@ -61,7 +64,7 @@ def run(file: Path | None = None, *, resume: bool = False, trials: int | None = 
     started = time.monotonic()
     on_event = progress(len(campaign.trials)) if progress is not None else None
     records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=on_event, limit=trials,
-                           by_seed=True)
+                           by_seed=True, on_start=(lambda: on_start(campaign)) if on_start is not None else None)
     wall_s = time.monotonic() - started
     load_after = _load()
     with hold(campaign.dir):

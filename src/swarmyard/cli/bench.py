@@ -94,9 +94,9 @@ def campaign(
 ) -> None:
     """Run a campaign on a real model seed by seed and report its cells, pairs, wall time and host load."""
     from swarmyard.bench.campaign import run
-    from swarmyard.cli.campaign import TrialProgress
+    from swarmyard.cli.campaign import TrialProgress, announce
 
-    done = run(campaign_file, resume=resume, trials=trials, progress=TrialProgress)
+    done = run(campaign_file, resume=resume, trials=trials, progress=TrialProgress, on_start=announce)
     if as_json:
         render.print_json(done.document)
     else:

@@ -16,6 +16,7 @@ from swarmyard.money import format_usd
 
 if TYPE_CHECKING:
     from swarmyard.campaign.runner import TrialEvent
+    from swarmyard.campaign.spec import Campaign
 
 
 class TrialProgress:
@@ -91,6 +92,14 @@ class TrialProgress:
             self.close()  # the last trial has ended: its line stays, the bar goes
 
 
+def announce(campaign: Campaign) -> None:
+    """Say where the campaign's folder is: once the folder is this process's (a busy or refused folder is one
+    line of error instead), before the first trial."""
+    render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds "
+                        f"= {len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
+                        highlight=False, markup=False, soft_wrap=True)
+
+
 def command(
     campaign_file: Annotated[Path, typer.Argument(help="The campaign file (TOML).")],
     resume: Annotated[bool, typer.Option(
@@ -124,13 +133,9 @@ def command(
                             markup=True)
     progress = TrialProgress(len(campaign.trials), quiet=quiet)
 
-    def announce() -> None:  # once the folder is this process's: a busy or refused folder is one line of error
-        render.stderr.print(f"campaign {campaign.name}: {len(campaign.cells)} cells x {len(campaign.seeds)} seeds "
-                            f"= {len(campaign.trials)} trials; its record, report and runs go to {campaign.dir}",
-                            highlight=False, markup=False, soft_wrap=True)
-
     try:
-        records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress, on_start=announce)
+        records = run_campaign(campaign, resume=resume, sandbox=sandbox, on_event=progress,
+                               on_start=lambda: announce(campaign))
     finally:
         progress.close()
     with hold(campaign.dir):  # the folder's files are this process's to write until they are written
