@@ -187,7 +187,9 @@ def test_a_run_leaves_trajectories_a_span_tree_a_report_and_a_runs_listing(
             sent, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
     assert sent[0]["role"] == "system" and any("Size the market." in p.get("content", "")
                                                for m in sent for p in m["parts"])
-    assert sent[-1]["parts"][0]["type"] == "tool_call_response"  # the board post's result, sent with the last call
+    # the last call kept the system and task messages and sent what followed: the model's reply (its board post)
+    # and the tool's result as the next user message
+    assert record["same"] == 2 and [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
 
     # the span tree: run -> tasks -> agent runs -> steps -> model calls, one trace
     assert "spans sent to" in done.stderr
