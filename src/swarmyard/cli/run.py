@@ -104,7 +104,8 @@ class WorkerSpanPrinter:
         line = summary_line(self.summary)
         what = replace(self.summary, elapsed_s=0.0)
         now = self._clock()
-        if self._said is not None:
+        final = isinstance(rows, ProgressRows) and rows.final
+        if self._said is not None and not final:
             before, at = self._said
             if now - at < self._every_s and (before == what or now - at < 1.0):
                 return

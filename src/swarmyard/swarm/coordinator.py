@@ -125,6 +125,8 @@ class ProgressRows(list[ProgressRow]):
     """The live table's rows, with the run's summary beside them."""
 
     summary: ProgressSummary | None = None
+    #: the run's last rows, handed once its work has ended: a printer says them whatever it said just before
+    final: bool = False
 
 
 @dataclass(slots=True)
@@ -656,6 +658,12 @@ class Coordinator:
             if ticker is not None:
                 ticker.cancel()
             await self.launcher.close()
+        if ticker is not None and self._on_progress is not None:
+            # the ticker said the run as it was up to a second ago: the last line says where it ended
+            rows = await asyncio.to_thread(self.progress)
+            if isinstance(rows, ProgressRows):
+                rows.final = True
+            self._on_progress(rows)
         return synthesis
 
     def _finish(self, goal: Goal, audit: AuditLog, synthesis: Finding | None, holdout: HoldoutOutcome | None,
