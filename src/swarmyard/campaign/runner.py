@@ -16,9 +16,11 @@ from swarmyard.campaign.record import TrialLog, TrialRecord, hold
 from swarmyard.campaign.spec import Campaign, Trial
 from swarmyard.campaign.stats import mean_pairwise_similarity
 from swarmyard.config import SandboxKind
+from swarmyard.domain import TaskState
 from swarmyard.errors import SandboxUnavailableError, SwarmyardError, UserError
 from swarmyard.report.data import ReportData
 from swarmyard.store import open_store
+from swarmyard.swarm.coordinator import SIDE_GROUPS
 from swarmyard.swarm.setup import LEAD_GROUP
 
 log = logging.getLogger(__name__)
@@ -60,13 +62,37 @@ def _scores(url: str, goal_id: str) -> tuple[int | None, list[str]]:
         store.close()
 
 
+def _failure(trial: Trial, data: ReportData, score: int | None, now: float) -> str:
+    """Why a run that ended is a failed trial (``""``: it is not): its deadline passed before its workers'
+    tasks ended, every worker task failed, or it has an evaluator that scored nothing it was given."""
+    work = [t for t in data.tasks if t.group not in SIDE_GROUPS]
+    done = [t for t in work if t.state is TaskState.DONE]
+    ids = {t.id for t in work}
+    last = max((s.ended_at for s in data.spans if s.task_id in ids), default=None)
+    deadline = data.goal.deadline
+    if deadline is not None and now >= deadline and (len(done) < len(work) or last is None or last >= deadline):
+        return (f"timeout: the deadline of {trial.config.goal.deadline_s:g} s passed before the workers' tasks "
+                f"ended ({len(done)} of {len(work)} done" + (f", best score by then {score:,}" if score else "")
+                + ")")
+    if work and not done:
+        failed = next((t for t in work if t.state is TaskState.FAILED), work[0])
+        why = (failed.result or "").strip().splitlines()
+        return (f"trial_failed: none of its {len(work)} worker tasks finished (one {failed.state.value}"
+                + (f": {why[-1][:300]}" if why else "") + ")")
+    if score is None and trial.config.evaluator is not None:
+        return ("not_scored: the evaluator scored nothing in this run (no submission, or its scorer failed on "
+                "every one)")
+    return ""
+
+
 def _record(trial: Trial, run_id: str, data: ReportData, url: str, wall_s: float) -> TrialRecord:
     score, texts = _scores(url, data.goal.id)
-    if score is None and trial.config.evaluator is not None:
-        score = 0  # a scored run whose workers submitted nothing the evaluator scored: it scored nothing
-    return TrialRecord(trial.key, trial.cell.name, trial.seed, run_id, score, data.spent_micro_usd, data.calls,
-                       data.input_tokens, data.output_tokens, round(wall_s, 3), mean_pairwise_similarity(texts),
-                       len(texts), data.synthesis is not None)
+    # a trial that timed out, whose work all failed, or that nothing scored is a failed trial: its cell counts
+    # it at the floor and lists it with this reason (its run's figures stay in the record)
+    failure = _failure(trial, data, score, time.time())
+    return TrialRecord(trial.key, trial.cell.name, trial.seed, run_id, None if failure else score,
+                       data.spent_micro_usd, data.calls, data.input_tokens, data.output_tokens, round(wall_s, 3),
+                       mean_pairwise_similarity(texts), len(texts), data.synthesis is not None, failure)
 
 
 def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecord:
