@@ -6,7 +6,9 @@ number: a campaign of 5-second trials ran), ``deadline_s = inf``; a file nested 
 (an internal RecursionError); a 2 MB file (parsed whole, then refused on a key only); and, with ``match =
 "tokens"`` or ``"calls"``, an allowance that does not split evenly among a cell's workers (``tokens = 3001`` with
 a cohort of 7 gave the cohort 2,996 tokens and the single worker 3,001; ``call_cap = 1`` with a cohort of 3 gave
-the cohort 3 calls).
+the cohort 3 calls); 5,001 seeds of a 2x2 (20,004 trials, each swarm file built and checked: 56 s and 260 MB
+to read, in a file of 20 kB); a sweep n, a cohort or a cell of 100,000 workers (a cell's count was not bounded;
+the sweep's took 15 s and 600 MB to be refused).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ HUGE = HEAD + "[grid]\n[[cells]]\nname = \"a\"\nlead = { x = \"" + "a" * (2 << 2
     (HEAD + 'match = "tokens"\ntokens = 2\n[grid]\ncohort = 3\n', "campaign.tokens"),
     (HEAD + 'match = "calls"\ncall_cap = 1\n[grid]\ncohort = 3\n', "campaign.call_cap"),
     (HEAD + 'match = "calls"\ncall_cap = 10\n[sweep]\nn = [1, 4]\n', "campaign.call_cap"),
+    (HEAD.replace("seeds = [1, 2]", f"seeds = [{', '.join(map(str, range(5001)))}]") + "[grid]\n", "campaign.seeds"),
+    (HEAD + "[grid]\ncohort = 100000\n", "grid.cohort"),
+    (HEAD + "[sweep]\nn = [100000]\n", "sweep.n.0"),
+    (HEAD + '[[cells]]\nname = "a"\nworkers = { count = 100000 }\n', "cells.a"),
 ])
 def test_a_bad_campaign_file_is_refused_by_the_console_script(short_tmp: Path, text: str, field: str) -> None:
     (short_tmp / "s.toml").write_text(SWARM)

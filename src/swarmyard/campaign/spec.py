@@ -70,6 +70,12 @@ _MAX_SOCKET_PATH = 107
 MAX_FILE_BYTES = 1 << 20
 
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+#: The most workers a cell may have (a seeded team's turns go up to this many).
+MAX_CELL_WORKERS = 1024
+#: The most trials (cells x seeds) a campaign may have: each trial's swarm file is built and checked when the
+#: file is read, so a file of a few kilobytes could otherwise hold the reader for hours.
+MAX_TRIALS = 10_000
+Workers = Annotated[int, Field(gt=0, le=MAX_CELL_WORKERS, strict=True)]
 
 
 class _Frozen(BaseModel):
@@ -133,7 +139,7 @@ class CampaignTable(_Frozen):
 class GridTable(_Frozen):
     """``[grid]``: the 2x2 of a single worker vs a cohort, scored history vs single-draft refinement."""
 
-    cohort: Annotated[int, Field(ge=2, strict=True)] = 3
+    cohort: Annotated[int, Field(ge=2, le=MAX_CELL_WORKERS, strict=True)] = 3
     top_k: PositiveInt = 3
     policy: PolicyKind = PolicyKind.TEAM
 
@@ -142,7 +148,7 @@ class SweepTable(_Frozen):
     """``[sweep]``: best@n (independent workers) vs team@n (one board) for every n listed; with ``match =
     "tokens"``, at every number of tokens per agent listed (the cell's workers get n times as many)."""
 
-    n: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
+    n: Annotated[tuple[Workers, ...], Field(min_length=1)]
     history: HistoryMode | None = None
     top_k: PositiveInt = 3
     tokens_per_agent: Annotated[tuple[PositiveInt, ...], Field(min_length=1)] | None = None
@@ -328,6 +334,8 @@ def _own_cell(own: CellTable, base: SwarmConfig) -> Cell:
     for key, value in (("count", n), ("history_top_k", top_k)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"workers.{key} must be a positive integer, not {value!r}", field=f"cells.{own.name}")
+    if isinstance(n, int) and n > MAX_CELL_WORKERS:
+        raise ConfigError(f"workers.count must be at most {MAX_CELL_WORKERS}, not {n}", field=f"cells.{own.name}")
     assert isinstance(n, int) and isinstance(top_k, int)
     overrides = tuple((table, json.dumps(getattr(own, table), sort_keys=True)) for table in CELL_TABLES
                       if getattr(own, table))
@@ -507,6 +515,9 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
         raise ConfigError(f"{where} is too deep: a trial's control-plane socket would be {socket} bytes long, "
                           f"at most {_MAX_SOCKET_PATH}; choose a shorter dir", field="campaign.dir")
     cells = cells_of(spec, base)
+    if len(cells) * len(seeds) > MAX_TRIALS:
+        raise ConfigError(f"{len(cells)} cells x {len(seeds)} seeds = {len(cells) * len(seeds):,} trials, more "
+                          f"than the {MAX_TRIALS:,} a campaign may have", field="campaign.seeds")
     # turns make a team reproducible; explore's direction claims and groups' later rounds are not in them, in
     # any cell (the grid's cohort, or a [[cells]] cell whose policy the file or the swarm file sets)
     reproducible = _seeded(base) and all(c.policy in (PolicyKind.TEAM, PolicyKind.INDEPENDENT) for c in cells)
