@@ -59,6 +59,9 @@ CONTENT_VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 RETRY_S = 10.0
 #: after a batch went to the file, later ones go there too for this long without trying the collector
 COOL_OFF_S = 30.0
+#: beyond the exporter's own retries, how long one batch may take before it goes to the file: the exporter's
+#: timeout is per read, so a collector that sends its answer a byte a second would hold the batch for ever
+GRACE_S = 2.0
 #: the file batches the collector did not take are written to, in the run folder
 FALLBACK_FILE = "traces.otlp.jsonl"
 #: characters of one message part's content sent as a span attribute
@@ -336,6 +339,21 @@ def otlp_json_lines(spans: Sequence[ReadableSpan]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
+def _headers_only() -> Any:
+    """A requests session that reads a collector's status and headers and never its body (nothing in it is
+    used): a collector answering with an endless body would otherwise be read into memory whole."""
+    import requests
+
+    class HeadersOnly(requests.Session):
+        def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+            kwargs["stream"] = True
+            response = super().request(*args, **kwargs)
+            response.close()
+            return response
+
+    return HeadersOnly()
+
+
 class FallbackExporter:
     """The OTLP/HTTP exporter (which retries with backoff for ``RETRY_S``), and, for a batch it could not send,
     the fallback file; after a failure the collector is left alone for ``COOL_OFF_S`` (batches go to the file),
@@ -347,7 +365,10 @@ class FallbackExporter:
 
         self.url = url
         self.fallback = fallback
-        self._otlp: SpanExporter = OTLPSpanExporter(endpoint=url, timeout=retry_s)
+        self._otlp: SpanExporter = OTLPSpanExporter(endpoint=url, timeout=retry_s, session=_headers_only())
+        self._deadline_s = retry_s + GRACE_S
+        #: an export that outlived its deadline, still reading: no other is started while it lives
+        self._stuck: threading.Thread | None = None
         self._cool_off_s = cool_off_s
         self._clock = clock
         self._down_until = -1.0
@@ -359,8 +380,8 @@ class FallbackExporter:
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        if self._clock() >= self._down_until:
-            if self._otlp.export(spans) is SpanExportResult.SUCCESS:
+        if self._clock() >= self._down_until and not (self._stuck is not None and self._stuck.is_alive()):
+            if self._send(spans) is SpanExportResult.SUCCESS:
                 with self._lock:
                     self.sent += len(spans)
                 return SpanExportResult.SUCCESS
@@ -382,7 +403,22 @@ class FallbackExporter:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
+    def _send(self, spans: Sequence[ReadableSpan]) -> SpanExportResult | None:
+        """The exporter's answer for ``spans``, or ``None`` when it has none within the deadline (the thread that
+        asked is left to end by itself; the batch goes to the file)."""
+        answer: list[SpanExportResult] = []
+        thread = threading.Thread(target=lambda: answer.append(self._otlp.export(spans)), daemon=True,
+                                  name="swarmyard-otlp-export")
+        thread.start()
+        thread.join(self._deadline_s)
+        if thread.is_alive():
+            self._stuck = thread
+            return None
+        return answer[0] if answer else None
+
     def shutdown(self) -> None:
+        if self._stuck is not None and self._stuck.is_alive():
+            return  # its session is in use by the export still reading: closing it under that read helps nothing
         self._otlp.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
