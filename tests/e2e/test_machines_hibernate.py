@@ -185,3 +185,16 @@ def test_without_swap_a_machine_due_to_hibernate_stays_frozen_and_says_why(folde
         assert script.proc.wait(120) == 0
     finally:
         script.end()
+
+
+def test_the_bench_hibernates_its_machine_each_round_also_after_the_holder_answered(swap: None) -> None:
+    """`bench machines`' hibernate rows on a host with swap: the holder's answer over loopback is traffic the next
+    sweep sees, so the bench sweeps again a minute on before it hibernates (it stopped at "not hibernated: frozen")."""
+    from swarmyard.bench.machines import _hibernate_rows
+    from swarmyard.bench.result import BenchResult
+
+    result = BenchResult("machines")
+    _hibernate_rows(result, 2)
+    assert result.summary["hibernate_possible"] is True
+    assert result.summary["hibernate_state_intact"] == "2/2"
+    assert result.summary["hibernate_released_mb_p50"] > 0 and result.summary["hibernate_wake_exec_ms_p50"] > 0
