@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmyard.errors import UserError
-from swarmyard.plane.trajectory import read_trajectory
+from swarmyard.plane.trajectory import read_trajectory, without_tokens
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -221,10 +221,14 @@ def _sdk_span(node: _Node, trace_id: int) -> ReadableSpan:
     scope = InstrumentationScope("swarmyard", __version__)
     flags = TraceFlags(TraceFlags.SAMPLED)
     parent = None if node.parent_id is None else SpanContext(trace_id, node.parent_id, False, flags)
-    status = Status(StatusCode.ERROR, node.error[:500]) if node.error else Status(StatusCode.OK)
+    status = Status(StatusCode.ERROR, without_tokens(node.error[:500])) if node.error else Status(StatusCode.OK)
+    # no capability token in a span: an agent may have printed its own into what it sent its model
+    attributes = {k: without_tokens(v) if isinstance(v, str) else
+                  [without_tokens(x) if isinstance(x, str) else x for x in v] if isinstance(v, (list, tuple)) else v
+                  for k, v in node.attributes.items()}
     return ReadableSpan(
-        node.name, context=SpanContext(trace_id, node.span_id, False, flags), parent=parent, resource=resource,
-        attributes=node.attributes, kind=SpanKind.CLIENT if node.client else SpanKind.INTERNAL,
+        without_tokens(node.name), context=SpanContext(trace_id, node.span_id, False, flags), parent=parent,
+        resource=resource, attributes=attributes, kind=SpanKind.CLIENT if node.client else SpanKind.INTERNAL,
         status=status, start_time=_ns(node.start_s), end_time=_ns(node.end_s), instrumentation_scope=scope)
 
 

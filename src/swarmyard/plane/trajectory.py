@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -215,9 +216,24 @@ def _message(message: Message) -> dict[str, Any]:
     return {"role": message.role.value, "parts": parts}
 
 
+#: a capability token as swarmyard issues it (``sy1.<payload>.<mac>``, base64url): an agent holds its own and can
+#: print it (a shell's ``env``) into what it reports or sends its model; no file of the run keeps one
+TOKEN_FORM = re.compile(r"sy1\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{20,}")
+TOKEN_FORM_BYTES = re.compile(TOKEN_FORM.pattern.encode())
+#: what stands in a token's place
+TOKEN_REDACTED = "[capability token]"
+
+
+def without_tokens(text: str) -> str:
+    """``text`` with every capability token replaced by ``TOKEN_REDACTED``."""
+    return TOKEN_FORM.sub(TOKEN_REDACTED, text) if "sy1." in text else text
+
+
 def _line(value: dict[str, Any]) -> bytes:
-    # sorted keys, no spaces; a model's arguments may hold floats (canonical JSON, the audit's, has none)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    # sorted keys, no spaces; a model's arguments may hold floats (canonical JSON, the audit's, has none). A
+    # token's characters need no JSON escape, so one written out whole is found in the line as it is
+    line = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return TOKEN_FORM_BYTES.sub(TOKEN_REDACTED.encode(), line) if b"sy1." in line else line
 
 
 def _ends_with_line(path: Path, size: int, line: bytes) -> bool:
