@@ -6,6 +6,9 @@ resumed, so nothing runs and the report is computed from the record.
   reported ``"reproducible": true``, "the same scores, calls and tokens every time", though turns do not cover
   direction claims or later rounds (the campaign's own code says so, and had a sentence for it that was never
   reached): only the grid's policy was looked at.
+- A token sweep's crossing said "team@n loses to best@n below about 1500 tokens per agent" from the sign of a
+  mean difference its own claim found not significant (one seed of eight lost, seven tied, p = 1): a side is now
+  a loss or a win only where its differences are significant.
 - ``swarmyard bench campaign`` did not say where its folder is until the end (``swarmyard campaign`` says it
   before the first trial).
 """
@@ -79,3 +82,22 @@ def test_the_folder_is_announced_before_the_first_trial(short_tmp: Path, command
     first = done.stderr.splitlines()[0]
     assert first.startswith("campaign c: 2 cells x 1 seeds = 2 trials;"), done.stderr[-3000:]
     assert first.endswith(f"its record, report and runs go to {short_tmp / 'campaigns' / 'c'}"), first
+
+
+def test_a_crossing_says_loses_only_where_the_difference_is_significant(short_tmp: Path) -> None:
+    text = ('[campaign]\nname = "c"\nswarm = "s.toml"\nmatch = "tokens"\n'
+            "[sweep]\nn = [4]\ntokens_per_agent = [750, 1500]\n")  # seeds: 1..8 by default
+    lines = []
+    for seed in range(1, 9):
+        lines += [_line("best@4/t750", seed, 100_000), _line("team@4/t750", seed, 99_000 if seed == 1 else 100_000),
+                  _line("best@4/t1500", seed, 100_000), _line("team@4/t1500", seed, 101_000 + seed)]
+    done = _resumed(short_tmp, text, lines)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    verdicts = {c["tokens_per_agent"]: c["verdict"] for c in result["claims"]}
+    assert verdicts == {750: "not shown", 1500: "holds"}
+    (crossing,) = result["crossings"]
+    assert "loses to" not in crossing["text"], crossing["text"]
+    assert crossing["text"].startswith("n = 4: team@n trails, on the mean only (not significant at 750), best@n "
+                                       "below about 1500 tokens per agent and beats it from there on")
+    assert crossing["text"] in (short_tmp / "campaigns" / "c" / "campaign.md").read_text()

@@ -122,8 +122,14 @@ def test_the_summary_tests_the_seed_sentence_only_with_enough_seeds_and_counts_f
 def test_the_crossing_of_a_token_sweep_is_stated_from_the_signs_of_the_differences() -> None:
     from swarmyard.campaign.summary import Crossing
 
-    once = Crossing(4, ((500, -3.0), (1000, 5.0), (2000, 6.0))).text
-    assert "team@n loses to best@n below about 1000 tokens per agent" in once
-    assert "changes 2 times" in Crossing(4, ((500, -3.0), (1000, 5.0), (2000, -6.0))).text
-    assert "no crossing" in Crossing(2, ((500, 3.0), (1000, 5.0))).text
-    assert "beats best@n below about 1000" in Crossing(2, ((500, 3.0), (1000, -5.0))).text
+    significant = ("reversed", "holds", "holds")
+    once = Crossing(4, ((500, -3.0), (1000, 5.0), (2000, 6.0)), significant).text
+    assert "team@n loses to best@n below about 1000 tokens per agent and beats it from there on" in once
+    # a side is a loss or a win only where its differences are significant: else what the means say, and where not
+    weak = Crossing(4, ((500, -3.0), (1000, 5.0), (2000, 6.0)), ("not shown", "holds", "not shown")).text
+    assert "loses to" not in weak and "beats" not in weak
+    assert "team@n trails, on the mean only (not significant at 500), best@n below about 1000" in weak
+    assert "leads, on the mean only (not significant at 2000), it from there on" in weak
+    assert "changes 2 times" in Crossing(4, ((500, -3.0), (1000, 5.0), (2000, -6.0)), significant).text
+    assert "no crossing" in Crossing(2, ((500, 3.0), (1000, 5.0)), ("holds", "holds")).text
+    assert "beats best@n below about 1000" in Crossing(2, ((500, 3.0), (1000, -5.0)), ("holds", "reversed")).text

@@ -286,11 +286,24 @@ class Crossing:
     n: int
     #: (tokens per agent, mean of team - best) in increasing tokens
     points: tuple[tuple[int, float], ...]
+    #: the verdict of "team@n beats best@n" at each point, in the same order
+    verdicts: tuple[str, ...]
+
+    def _side(self, points: Sequence[tuple[int, float, str]], negative: bool) -> str:
+        """How team@n stands against best@n on one side of the crossing: "loses to" or "beats" only where the
+        difference is significant that way at every point of the side, else what the means say, and where not."""
+        want = Verdict.REVERSED if negative else Verdict.HOLDS
+        weak = [t for t, _, v in points if v != want]
+        if not weak:
+            return "loses to" if negative else "beats"
+        return (f"{'trails' if negative else 'leads'}, on the mean only (not significant at "
+                f"{', '.join(str(t) for t in weak)}),")
 
     @property
     def text(self) -> str:
-        """The crossing, stated from the means (whether each is significant is in the claims)."""
-        listed = ", ".join(f"{t}: {_num(d)}" for t, d in self.points)
+        """The crossing, stated from the means and said as a win or a loss only where the claims are significant."""
+        marked = [(t, d, v) for (t, d), v in zip(self.points, self.verdicts, strict=True)]
+        listed = ", ".join(f"{t}: {_num(d)} ({v})" for t, d, v in marked)
         signed = [(t, d) for t, d in self.points if d != 0]
         changes = [(t0, t1, d1) for (t0, d0), (t1, d1) in itertools.pairwise(signed) if (d0 < 0) != (d1 < 0)]
         if not signed:
@@ -303,25 +316,30 @@ class Crossing:
             return (f"n = {self.n}: the sign of team@n - best@n changes {len(changes)} times ({listed}): no single "
                     "crossing.")
         t0, t1, after = changes[0]
-        if after > 0:
-            return (f"n = {self.n}: team@n loses to best@n below about {t1} tokens per agent and not from there on "
-                    f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
-        return (f"n = {self.n}: team@n beats best@n below about {t1} tokens per agent and loses from there on "
-                f"(the mean difference crosses 0 between {t0} and {t1}; {listed}).")
+        below = self._side([p for p in marked if p[0] < t1], after > 0)
+        above = self._side([p for p in marked if p[0] >= t1], after < 0)
+        return (f"n = {self.n}: team@n {below} best@n below about {t1} tokens per agent and {above} it from there "
+                f"on (the mean difference crosses 0 between {t0} and {t1}; {listed}).")
 
     def to_dict(self) -> dict[str, Any]:
         """As ``--json`` prints it."""
-        return {"n": self.n, "points": [{"tokens_per_agent": t, "mean_difference": d} for t, d in self.points],
+        return {"n": self.n, "points": [{"tokens_per_agent": t, "mean_difference": d, "verdict": v}
+                                        for (t, d), v in zip(self.points, self.verdicts, strict=True)],
                 "text": self.text}
 
 
 def crossings(found: Sequence[Claim]) -> list[Crossing]:
     """For each n of a token sweep with two or more tokens per agent, where team@n - best@n changes sign."""
-    by_n: dict[int, list[tuple[int, float]]] = {}
+    by_n: dict[int, list[tuple[int, float, str]]] = {}
     for claim in found:
         if claim.n is not None and claim.tokens_per_agent is not None:
-            by_n.setdefault(claim.n, []).append((claim.tokens_per_agent, claim.comparison.test.mean))
-    return [Crossing(n, tuple(sorted(points))) for n, points in sorted(by_n.items()) if len(points) > 1]
+            by_n.setdefault(claim.n, []).append((claim.tokens_per_agent, claim.comparison.test.mean, claim.verdict))
+    out = []
+    for n, points in sorted(by_n.items()):
+        if len(points) > 1:
+            ordered = sorted(points)
+            out.append(Crossing(n, tuple((t, d) for t, d, _ in ordered), tuple(v for _, _, v in ordered)))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
