@@ -55,3 +55,8 @@ def test_the_last_progress_line_says_the_stores_calls_and_spend_at_the_end(short
     assert said_done == total, done.stderr  # every task the line counts was done when the run ended
     # the line comes before the run's table, and is the last of its kind
     assert done.stderr.rindex("progress: ") < done.stderr.index("model calls")
+    # the process sandbox is said to be no isolation in a line, not in Python's rendering of a warning (the file,
+    # line and source of the warnings.warn call were printed for every machine)
+    assert "without isolation" in done.stderr
+    assert not re.search(r"\.py:\d+: \w*Warning", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
