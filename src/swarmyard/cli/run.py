@@ -303,12 +303,13 @@ def command(
     if sandbox is SandboxKind.PROCESS:
         render.stderr.print("[yellow]warning[/yellow]: --sandbox process runs agents without isolation",
                             markup=True)
-        import warnings
+    import warnings
 
-        from swarmyard.machines.process import ProcessWarning
+    from swarmyard.machines.process import ProcessWarning
 
-        # said above in a line: Python's own rendering of it (a source path, line and code) is not for the user
-        warnings.filterwarnings("ignore", category=ProcessWarning)
+    # the process backend logs its warning for each machine in a line (and above, for --sandbox process):
+    # Python's own rendering of it (a source path, line and code) is not for the user
+    warnings.filterwarnings("ignore", category=ProcessWarning)
     printer = WorkerSpanPrinter(quiet)
     live = printer.live
     if live is not None:
