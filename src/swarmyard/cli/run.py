@@ -69,9 +69,13 @@ class WorkerSpanPrinter:
         table = Table(title="swarm")
         for column in self.COLUMNS:
             table.add_column(column, justify="right" if column in ("steps", "tokens", "spend") else "left")
+        from rich.text import Text
+
         for r in self.rows:
-            table.add_row(r.worker, r.task, r.state, str(r.steps), str(r.tokens), format_usd(r.spent_micro_usd),
-                          r.last_post)
+            # as text, not rich markup: a task title or a worker's board post '[/x]' raised MarkupError and
+            # ended the run; '[link=...]' drew a link on the operator's terminal
+            table.add_row(*(Text(cell) for cell in (r.worker, r.task, r.state, str(r.steps), str(r.tokens),
+                                                    format_usd(r.spent_micro_usd), r.last_post)))
         return table
 
     def view(self) -> Any:
@@ -133,7 +137,9 @@ def _figures_table(figures: RunFigures, reference: ReferenceConfig | None = None
         for name, value in rows:
             table.add_row(name, value)
         return table
-    table.add_column(reference.label, justify="right")
+    from rich.text import Text
+
+    table.add_column(Text(reference.label), justify="right")  # the swarm file's words, not rich markup
     rows.insert(6, ("tokens (in + out)", f"{figures.tokens_in + figures.tokens_out:,}"))
     theirs = {
         "score": None if reference.score is None else f"{reference.score:,}",
