@@ -6,6 +6,9 @@ resumed, so nothing runs and the report is computed from the record.
   reported ``"reproducible": true``, "the same scores, calls and tokens every time", though turns do not cover
   direction claims or later rounds (the campaign's own code says so, and had a sentence for it that was never
   reached): only the grid's policy was looked at.
+- Under ``match = "tokens"`` the table said "N of 3,000" where N counted the lead's tokens too, though the
+  3,000 is the workers' allowance and the lead's share is outside the match (so a cell could show more than its
+  allowance, or hide how little its workers used): the workers' own tokens are now recorded and shown.
 - A token sweep's crossing said "team@n loses to best@n below about 1500 tokens per agent" from the sign of a
   mean difference its own claim found not significant (one seed of eight lost, seven tied, p = 1): a side is now
   a loss or a win only where its differences are significant.
@@ -19,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -82,6 +86,33 @@ def test_the_folder_is_announced_before_the_first_trial(short_tmp: Path, command
     first = done.stderr.splitlines()[0]
     assert first.startswith("campaign c: 2 cells x 1 seeds = 2 trials;"), done.stderr[-3000:]
     assert first.endswith(f"its record, report and runs go to {short_tmp / 'campaigns' / 'c'}"), first
+
+
+@pytest.mark.slow
+def test_under_a_token_match_the_table_shows_the_workers_own_tokens_of_their_allowance(short_tmp: Path) -> None:
+    (short_tmp / "s.toml").write_text(SWARM)
+    (short_tmp / "c.toml").write_text('[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [1]\nmatch = "tokens"\n'
+                                      "tokens = 3000\n[grid]\ncohort = 2\n")
+    script = shutil.which("swarmyard")
+    assert script is not None
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
+    done = subprocess.run([script, "campaign", "c.toml", "--json"], cwd=short_tmp, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    report = (short_tmp / "campaigns" / "c" / "campaign.md").read_text()
+    for cell in result["cells"]:
+        (trial,) = cell["trials"]
+        store = short_tmp / "campaigns" / "c" / "runs" / trial["run_id"] / "store.db"
+        with sqlite3.connect(store) as db:
+            (workers,), = db.execute("SELECT SUM(settled) FROM tasks WHERE group_name != 'lead'").fetchall()
+            (lead,), = db.execute("SELECT SUM(settled) FROM tasks WHERE group_name = 'lead'").fetchall()
+        # one micro-USD a token: what each side settled is its tokens
+        assert trial["worker_tokens"] == workers <= 3000 == cell["allowance"]
+        assert trial["tokens_in"] + trial["tokens_out"] == workers + lead and lead > 0  # the lead spent too
+        assert cell["worker_tokens"] == workers
+        row = next(line for line in report.splitlines() if line.startswith(f"| {cell['name']} |"))
+        assert f"; workers {workers:,} of 3,000 |" in row, row
 
 
 def test_a_crossing_says_loses_only_where_the_difference_is_significant(short_tmp: Path) -> None:

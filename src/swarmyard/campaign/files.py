@@ -72,10 +72,15 @@ def rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
         failed = len(c.failed)
         rate = f"{failed}/{len(c.trials)}" + (f" ({failed / len(c.trials):.0%})" if c.trials else "")
         tokens, calls = _ci(i["tokens"]), _ci(i["calls"], "{:,.1f}")
+        # the allowance is the workers': what they used of it leaves the lead's calls and tokens out
         if c.cell.allowance is not None and match is Match.TOKENS:
-            tokens += f" of {c.cell.allowance:,}"
+            used = c.workers_used("tokens")
+            tokens += (f" of {c.cell.allowance:,}" if used is None
+                       else f"; workers {used:,.0f} of {c.cell.allowance:,}")
         if c.cell.allowance is not None and match is Match.CALLS:
-            calls += f" of {c.cell.allowance:,}"
+            used = c.workers_used("calls")
+            calls += (f" of {c.cell.allowance:,}" if used is None
+                      else f"; workers {used:,.1f} of {c.cell.allowance:,}")
         score = _ci(i["score"])
         if c.scores and len(c.scores) < MIN_TRUSTED_SEEDS:
             # a bootstrap of a handful of seeds is about [min, max]: the values themselves say more
@@ -120,11 +125,13 @@ def matching(summary: CampaignSummary) -> str:
             return ("Matched on tokens: the workers of every cell of a seed had the same tokens in all (the "
                     "allowance after 'of'; a sweep cell n times its tokens per agent), each worker its share, "
                     "counted at one micro-USD a token by the broker's budget; the lead had one share more, outside "
-                    "the match. The spend column is in those token units.")
+                    "the match. The tokens column gives the run's tokens, then the workers' own (the lead's left "
+                    "out) of their allowance. The spend column is in those token units.")
         case Match.CALLS:
             return ("Matched on calls: the workers of every cell of a seed had the same model calls in all (the "
                     "allowance after 'of'), each worker its share and as many steps; the lead had one share more, "
-                    "outside the match.")
+                    "outside the match. The calls column gives the run's calls, then the workers' own (the lead's "
+                    "left out) of their allowance.")
         case _ as unreachable:
             assert_never(unreachable)
 

@@ -48,6 +48,10 @@ class TrialRecord:
     synthesis: bool
     #: why the run failed, when it did (it counts as finished, unscored)
     error: str = ""
+    #: the workers' own model calls and tokens (the lead's and planner's left out: what a token or call match
+    #: gives the same of); ``None`` in a record written before they were kept
+    worker_calls: int | None = None
+    worker_tokens: int | None = None
 
     def to_json(self) -> str:
         """One line of the record."""
@@ -79,6 +83,8 @@ class _Line(BaseModel):
     submissions: int = Field(ge=0)
     synthesis: bool
     error: str = ""
+    worker_calls: int | None = Field(default=None, ge=0)
+    worker_tokens: int | None = Field(default=None, ge=0)
 
 
 #: Lock files held by this process, by folder, with how many holders (a CLI and the runner it calls both hold).

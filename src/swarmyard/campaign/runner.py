@@ -16,7 +16,7 @@ from swarmyard.campaign.record import TrialLog, TrialRecord, hold
 from swarmyard.campaign.spec import Campaign, Trial
 from swarmyard.campaign.stats import mean_pairwise_similarity
 from swarmyard.config import SandboxKind
-from swarmyard.domain import TaskState
+from swarmyard.domain import ReservationState, TaskState
 from swarmyard.errors import SandboxUnavailableError, SwarmyardError, UserError
 from swarmyard.report.data import ReportData
 from swarmyard.store import open_store
@@ -90,9 +90,12 @@ def _record(trial: Trial, run_id: str, data: ReportData, url: str, wall_s: float
     # a trial that timed out, whose work all failed, or that nothing scored is a failed trial: its cell counts
     # it at the floor and lists it with this reason (its run's figures stay in the record)
     failure = _failure(trial, data, score, time.time())
+    work = {t.id for t in data.tasks if t.group not in SIDE_GROUPS}
+    mine = [r for r in data.reservations if r.task_id in work and r.state is not ReservationState.RELEASED]
     return TrialRecord(trial.key, trial.cell.name, trial.seed, run_id, None if failure else score,
                        data.spent_micro_usd, data.calls, data.input_tokens, data.output_tokens, round(wall_s, 3),
-                       mean_pairwise_similarity(texts), len(texts), data.synthesis is not None, failure)
+                       mean_pairwise_similarity(texts), len(texts), data.synthesis is not None, failure,
+                       len(mine), sum(r.input_tokens + r.output_tokens for r in mine))
 
 
 def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecord:

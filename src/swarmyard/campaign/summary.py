@@ -87,6 +87,12 @@ class CellSummary:
                 out[name] = (statistics.stdev(values) if len(values) > 1 else 0.0, min(values), max(values))
         return out
 
+    def workers_used(self, name: str) -> float | None:
+        """The mean over the cell's trials that ran of the workers' own ``calls`` or ``tokens`` (the lead's left
+        out: what a call or token match gives every cell the same of); ``None`` where no trial recorded them."""
+        values = [v for t in self.trials if not t.error and (v := getattr(t, f"worker_{name}")) is not None]
+        return mean(values) if values else None
+
     def to_dict(self) -> dict[str, Any]:
         """The cell as ``--json`` prints it."""
         score = self.score
@@ -118,6 +124,8 @@ class CellSummary:
             "spend_micro_usd": round(spend) if spend is not None else None,
             "calls": mean_of("calls"),
             "tokens": mean_of("tokens"),
+            "worker_calls": self.workers_used("calls"),
+            "worker_tokens": self.workers_used("tokens"),
             "wall_s": mean_of("wall_s"),
             "similarity": self.similarity,
             "intervals": {name: ({"mean": i.mean, "ci_low": i.low, "ci_high": i.high} if i else None)
@@ -125,7 +133,8 @@ class CellSummary:
             "ranges": {name: {"sd": sd, "min": low, "max": high} for name, (sd, low, high) in self.ranges().items()},
             "trials": [{"seed": t.seed, "run_id": t.run_id, "score": t.score,
                         "counted_score": self.scores.get(t.seed), "spend_micro_usd": t.spend_micro_usd,
-                        "calls": t.calls, "tokens_in": t.tokens_in, "tokens_out": t.tokens_out, "wall_s": t.wall_s,
+                        "calls": t.calls, "tokens_in": t.tokens_in, "tokens_out": t.tokens_out,
+                        "worker_calls": t.worker_calls, "worker_tokens": t.worker_tokens, "wall_s": t.wall_s,
                         "similarity": t.similarity, "error": t.error or None,
                         "report": f"runs/{t.run_id}/report.html" if t.run_id else None} for t in self.trials],
         }
