@@ -8,7 +8,8 @@ number: a campaign of 5-second trials ran), ``deadline_s = inf``; a file nested 
 a cohort of 7 gave the cohort 2,996 tokens and the single worker 3,001; ``call_cap = 1`` with a cohort of 3 gave
 the cohort 3 calls); 5,001 seeds of a 2x2 (20,004 trials, each swarm file built and checked: 56 s and 260 MB
 to read, in a file of 20 kB); a sweep n, a cohort or a cell of 100,000 workers (a cell's count was not bounded;
-the sweep's took 15 s and 600 MB to be refused).
+the sweep's took 15 s and 600 MB to be refused). A bad key of a [[cells]] entry was blamed on the swarm file
+("campaign.swarm: s.toml: workers.bogus: is not a known setting"): it is named where it is, cells.a.workers.bogus.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ HUGE = HEAD + "[grid]\n[[cells]]\nname = \"a\"\nlead = { x = \"" + "a" * (2 << 2
     (HEAD + "[grid]\ncohort = 100000\n", "grid.cohort"),
     (HEAD + "[sweep]\nn = [100000]\n", "sweep.n.0"),
     (HEAD + '[[cells]]\nname = "a"\nworkers = { count = 100000 }\n', "cells.a"),
+    (HEAD + '[[cells]]\nname = "a"\nworkers = { bogus = 2 }\n', "cells.a.workers.bogus"),
+    (HEAD + '[[cells]]\nname = "a"\nlead = { max_steps = "2" }\n', "cells.a.lead.max_steps"),
 ])
 def test_a_bad_campaign_file_is_refused_by_the_console_script(short_tmp: Path, text: str, field: str) -> None:
     (short_tmp / "s.toml").write_text(SWARM)

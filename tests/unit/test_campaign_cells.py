@@ -103,7 +103,7 @@ def test_each_cell_is_the_swarm_file_with_its_own_keys_under_the_one_cap(tmp_pat
 
 @pytest.mark.parametrize(("cells", "field", "said"), [
     ('[[cells]]\nname = "a"\nworkers = { count = 0 }\n', "cells.a", "count must be a positive integer"),
-    ('[[cells]]\nname = "a"\nworkers = { count = 2, wings = 1 }\n', "campaign.swarm", "wings"),
+    ('[[cells]]\nname = "a"\nworkers = { count = 2, wings = 1 }\n', "cells.a.workers.wings", "not a known setting"),
     ('[[cells]]\nname = "a"\nworkers = { concurrency = 2 }\n', "cells.0.workers", "follows its count"),
     ('[[cells]]\nname = "a"\ngoal = { call_cap = 2 }\n', "cells.0.goal", "not a known setting"),
     ('[[cells]]\nname = "a"\n[[cells]]\nname = "a"\n', "cells", "each cell's name once"),

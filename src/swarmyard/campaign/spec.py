@@ -448,11 +448,18 @@ def _swarm_text(path: Path) -> str:
         raise ConfigError(f"cannot read {path}: {exc}", field="campaign.swarm") from None
 
 
-def _parse_trial(text: str, seed: int, swarm_path: Path, overrides: Any = None) -> tuple[dict[str, Any], SwarmConfig]:
+def _parse_trial(text: str, seed: int, swarm_path: Path, overrides: Any = None,
+                 cell: Cell | None = None) -> tuple[dict[str, Any], SwarmConfig]:
     raw = _loads(text.replace(SEED, str(seed)), str(swarm_path), "campaign.swarm")
     try:
         return raw, parse_config(raw if overrides is None else overrides(raw), base_dir=swarm_path.parent)
     except ConfigError as exc:
+        table, _, rest = (exc.field or "").partition(".")
+        own = dict(cell.overrides) if cell is not None else {}
+        if table in own and rest.split(".")[0] in json.loads(own[table]):
+            # a key the campaign file's [[cells]] entry set: named there, not in the swarm file
+            message = exc.message.removeprefix(f"{exc.field}: ")
+            raise ConfigError(message, field=f"cells.{cell.name if cell else ''}.{exc.field}") from None
         raise ConfigError(f"{swarm_path}: {exc.message}", field="campaign.swarm") from None
 
 
@@ -534,7 +541,7 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
             def over(raw: dict[str, Any], cell: Cell = cell, seed: int = seed) -> dict[str, Any]:
                 _, base_of_seed = _parse_trial(swarm_text, seed, swarm_path)
                 return _trial_data(raw, base_of_seed, cell, table, runs_dir)
-            _, config = _parse_trial(swarm_text, seed, swarm_path, over)
+            _, config = _parse_trial(swarm_text, seed, swarm_path, over, cell)
             trials.append(Trial(cell, seed, config))
     first = trials[0].config.goal
     digest = hashlib.sha256(text.encode() + b"\0" + swarm_text.encode()).hexdigest()
