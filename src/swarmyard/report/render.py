@@ -216,7 +216,10 @@ svg.chart .line{fill:none;stroke-width:2} .settled{stroke:#2f6fde;background:#2f
 def _charts_section(data: ReportData) -> str:
     """The run's charts, drawn in the page by the dashboard's own charts.js from the series embedded beside it
     (nothing fetched: the report stays one self-contained file)."""
-    series = json.dumps(report_series(data), separators=(",", ":")).replace("</", "<\\/")
+    # every '<' as \u003c: '</' would end the script element, and '<!--<script' (a model's name) put the HTML parser
+    # in its double-escaped state, where the element's end is not seen: the charts and the rest of the page were
+    # read as script text
+    series = json.dumps(report_series(data), separators=(",", ":")).replace("<", "\\u003c")
     script = resources.files("swarmyard.plane").joinpath("ui", "charts.js").read_text(encoding="utf-8")
     return (f'<section id="charts-over-time"><h2>Over time</h2><div id="run-charts">'
             f"<noscript>These charts are drawn by the page's script.</noscript></div>"
