@@ -86,9 +86,12 @@ def test_adopt_only_when_clearly_better() -> None:
     assert direction_to_adopt(50, {"x": 60, "y": 70}, margin=10) == "y"
     assert direction_to_adopt(None, {"x": 1}, margin=10) == "x"
     assert direction_to_adopt(50, {}, margin=0) is None
-    free = [_d("mine", "me"), _d("theirs"), _d("close")]
+    free = [_d("mine", "me"), _d("theirs", taken=True), _d("close", taken=True)]
     assert explore_move("mine", [40], free, "me", [], {"theirs": 80}, 3, 10).reason == "adopt"
     assert explore_move("mine", [40], free, "me", [], {"close": 45}, 3, 10).reason == "stay"
+    # while a direction nobody has taken is left, a peer's abandoned one is not adopted, however good
+    assert explore_move("mine", [40], [*free, _d("new")], "me", [], {"theirs": 80}, 3, 10).reason == "stay"
+    assert explore_move("mine", [40, 40, 40, 40], [*free, _d("new")], "me", [], {"theirs": 80}, 3, 10).direction == "new"
     # untried free directions are asked for first; a peer's live hold is never asked for
     assert explore_order([_d("a", "peer"), _d("b", taken=True, attempts=1), _d("c")], "me", tried=["b"]) == ["c", "b"]
 

@@ -210,8 +210,8 @@ class Move:
 def explore_move(current: str, attempts: Sequence[int | None], directions: Sequence[Direction], me: str,
                  tried: Sequence[str], peer_best: Mapping[str, int], patience: int, margin: int) -> Move:
     """The next direction of worker ``me`` holding ``current``, from its ``attempts`` on it (oldest first), the
-    group's ``directions`` and the best score peers reached on each (``peer_best``): a free direction whose peers'
-    best beats the worker's own by ``margin`` is adopted; after ``patience`` attempts in a row without a better
+    group's ``directions`` and the best score peers reached on each (``peer_best``): once every direction has been
+    taken by someone, a free direction whose peers' best beats the worker's own by ``margin`` is adopted; after ``patience`` attempts in a row without a better
     score the worker switches to the free direction ``explore_order`` puts first (one nobody in the run has tried,
     else the least tried); otherwise it stays. A direction another live claim holds is never chosen, and a worker
     never adopts its own abandoned score."""
@@ -221,7 +221,9 @@ def explore_move(current: str, attempts: Sequence[int | None], directions: Seque
     best, stale = tracker.best, tracker.stale
     free_best = {d.name: peer_best[d.name] for d in directions
                  if d.holder is None and d.name in peer_best and d.name != current}
-    adopt = direction_to_adopt(best, free_best, margin)
+    # untried first across the run: while some direction was never taken by anyone, nobody adopts one a peer left
+    never_taken = any(not d.taken and d.holder is None and d.name != current for d in directions)
+    adopt = None if never_taken else direction_to_adopt(best, free_best, margin)
     if adopt is not None:
         return Move(adopt, current, "adopt", best, stale, patience)
     if tracker.should_switch:
