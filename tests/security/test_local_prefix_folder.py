@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmyard.broker.chat import ChatRequest, Message, Role
+from swarmyard.broker.chat import ChatRequest, Message, Role, Tool
 from swarmyard.broker.providers.local import LocalProvider, smollm2
 from swarmyard.broker.providers.prefixes import SUFFIX, private_folder
 from swarmyard.broker.providers.protocol import CallState
@@ -29,7 +29,11 @@ def _ask(folder: Path) -> None:
     async def run() -> None:
         provider = LocalProvider(smollm2(), slot_tokens=4096, n_parallel=1, prefix_folder=folder)
         try:
-            request = ChatRequest("m", (Message(Role.SYSTEM, SYSTEM), Message(Role.USER, "Say hi.")), max_tokens=4)
+            # with a tool: only a tool request's long start is kept in a slot and saved (a plain one is not)
+            say = Tool("say", "Say something.", {"type": "object", "properties": {"text": {"type": "string"}},
+                                                 "required": ["text"]})
+            request = ChatRequest("m", (Message(Role.SYSTEM, SYSTEM), Message(Role.USER, "Say hi.")), tools=(say,),
+                                  max_tokens=16)
             await provider.complete(request, CallState(caller="w"))
         finally:
             await provider.aclose()
