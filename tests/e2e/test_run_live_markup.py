@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import pytest
 
 from rigs.scripted import tool_call
 from rigs.swarm_files import scripted_swarm
+from rigs.terminal import run_on_a_terminal
 
 pytestmark = [pytest.mark.slow]
 
@@ -37,30 +35,13 @@ def test_markup_in_a_title_or_board_post_is_shown_as_text_in_the_live_view(short
         "scripted-worker": [tool_call("board_post", body=POST), tool_call("shell", command="sleep 2"),
                             tool_call("submit_finding", title="market", body="Large.", cite=["1"])],
         "scripted-lead": [tool_call("submit_finding", title="synthesis", body="Go.")]}))
-    leader, follower = pty.openpty()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
            "XDG_STATE_HOME": str(short_tmp / "state"), "SWARMYARD_STATE_DIR": str(short_tmp / "state"),
            "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "40"}
-    proc = subprocess.Popen([str(SWARMYARD), "run", str(swarm), "--no-witness"], cwd=short_tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=follower)
-    os.close(follower)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([leader], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(leader)
-    assert proc.stdout is not None
-    out = proc.stdout.read().decode()
-    assert proc.wait(60) == 0, seen.decode(errors="replace")[-3000:]
+    code, stdout, seen = run_on_a_terminal([str(SWARMYARD), "run", str(swarm), "--no-witness"], cwd=short_tmp,
+                                           env=env)
+    out = stdout.decode()
+    assert code == 0, seen.decode(errors="replace")[-3000:]
     assert out.strip() == "Go."
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\]8;[^\x1b]*\x1b\\\\", "", seen.decode(errors="replace"))
     assert "MarkupError" not in text and "error (internal)" not in text

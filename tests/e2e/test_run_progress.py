@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rigs.scripted import tool_call
 from rigs.swarm_files import scripted_swarm
+from rigs.terminal import run_on_a_terminal
 
 pytestmark = [pytest.mark.slow]
 
@@ -64,28 +62,10 @@ def test_off_a_terminal_progress_is_plain_summary_lines_and_quiet_says_nothing(s
 
 def test_on_a_terminal_progress_is_a_live_view_with_the_summary_line(short_tmp: Path) -> None:
     swarm = _swarm(short_tmp)
-    leader, follower = pty.openpty()
     env = {**_env(short_tmp), "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "40"}
-    proc = subprocess.Popen([str(SWARMYARD), "run", str(swarm), "--sandbox", "process", "--no-witness"],
-                            cwd=short_tmp, env=env, stdout=subprocess.PIPE, stderr=follower, text=False)
-    os.close(follower)
-    seen = b""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([leader], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        elif proc.poll() is not None:
-            break
-    out, _ = proc.communicate(timeout=60)
-    os.close(leader)
-    assert proc.returncode == 0, seen.decode("utf-8", "replace")[-3000:]
+    code, out, seen = run_on_a_terminal([str(SWARMYARD), "run", str(swarm), "--sandbox", "process", "--no-witness"],
+                                        cwd=short_tmp, env=env)
+    assert code == 0, seen.decode("utf-8", "replace")[-3000:]
     assert out.decode().strip() == "Go."
     text = seen.decode("utf-8", "replace")
     assert "\x1b[" in text  # rich drew on the terminal
