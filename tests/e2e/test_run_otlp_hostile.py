@@ -20,6 +20,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,24 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # an endless body must not take the host's memory
 
 
+def _run_measured(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run ``argv`` to its end and return it with its own peak resident memory in KiB (``wait4``'s figure for this
+    child alone: the test process's RUSAGE_CHILDREN is the largest of every child it ever had, earlier tests' too)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, text=True,
+                                   preexec_fn=_limit_memory)
+        guard = threading.Timer(300, process.kill)  # a run that hangs is ended (and fails its exit-code check)
+        guard.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            guard.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, process.returncode, out.read(), err.read()), usage.ru_maxrss
+
+
 def test_a_hostile_collector_neither_loses_the_runs_spans_nor_takes_its_memory(
         short_tmp: Path, collector: tuple[str, int]) -> None:
     mode, port = collector
@@ -103,10 +122,8 @@ def test_a_hostile_collector_neither_loses_the_runs_spans_nor_takes_its_memory(
         "scripted-lead": [tool_call("submit_finding", title="synthesis", body="Go.")]}))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
            "XDG_STATE_HOME": str(short_tmp / "state"), "SWARMYARD_STATE_DIR": str(short_tmp / "state")}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run([str(SWARMYARD), "run", str(swarm), "--sandbox", "process", "--no-witness",
-                           "--otlp", f"http://127.0.0.1:{port}/v1/traces"], cwd=short_tmp, env=env,
-                          capture_output=True, text=True, timeout=300, preexec_fn=_limit_memory)
+    done, peak_kib = _run_measured([str(SWARMYARD), "run", str(swarm), "--sandbox", "process", "--no-witness",
+                                    "--otlp", f"http://127.0.0.1:{port}/v1/traces"], short_tmp, env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     [run_dir] = (short_tmp / "runs").iterdir()
@@ -124,5 +141,4 @@ def test_a_hostile_collector_neither_loses_the_runs_spans_nor_takes_its_memory(
     else:
         assert "spans sent to" in done.stderr and "did not take" not in done.stderr, done.stderr
         assert not fallback.exists()
-        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        assert peak_kib < max(before, 1 << 20), peak_kib  # under 1 GiB: the body was not read
+        assert peak_kib < 1 << 20, peak_kib  # under 1 GiB: the body was not read

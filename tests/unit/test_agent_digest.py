@@ -181,6 +181,23 @@ def test_a_point_that_copies_its_finding_is_asked_again(tmp_path: Path,
     assert "your own words" in str(model.seen[2][-1]["content"])  # the re-ask says why
 
 
+def test_a_finding_whose_point_is_refused_keeps_its_verdict_and_is_named(
+        tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
+    # the demo's lead once copied one scout's finding at every ask: that finding vanished from the answer, which
+    # then counted 2 of 3 findings; now its verdict counts and its id is named, with no words of the lead's
+    plane, token, (market, risks) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
+    copies = [MARKET] * 3  # the first ask and both re-asks copy the finding
+    outcome, model = _run(tmp_path, plane, token, [YES, *copies, YES, POINT_2, REASON])
+    assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 3
+    body = plane.store.get_finding(outcome.finding_id).body
+    assert body.startswith(f"Yes: all 2 findings say yes [{market}] [{risks}]. {REASON}")
+    assert MARKET not in body and "- Yes: (no sentence of the lead's own" in body
+    assert verdicts.check(body) is None
+    assert {c.ref for c in plane.store.get_finding(outcome.finding_id).citations if c.kind == "finding"} == {
+        market, risks}
+    assert "1. market (yes)\n2. risks (yes): " + POINT_2 in str(model.seen[-1][-1]["content"])
+
+
 def test_the_step_cap_bounds_the_points(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     plane, token, (market, _) = _lead(live_plane, [("market", MARKET), ("risks", RISKS)])
     # a model that answers with a submission all the same: its body is the part

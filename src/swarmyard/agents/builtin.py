@@ -196,6 +196,8 @@ _SYSTEM = {Role.WORKER: instructions.WORKER, Role.LEAD: instructions.LEAD}
 FREE, DIGEST = "free", "digest"
 #: Characters of one finding a digest lead reads in one call, and of one part it writes.
 _DIGEST_BODY_CHARS = 1500
+#: A digest point the lead could not write in words of its own (its verdict still counts, and its finding is named).
+_NO_POINT = "(no sentence of the lead's own: its words copied the finding or were refused)"
 _DIGEST_PART_CHARS = 800
 #: ``only`` for a call that offers no tool: the model answers in plain text.
 _TEXT_ONLY: frozenset[str] = frozenset()
@@ -456,7 +458,8 @@ class BuiltinAgent:
         its decision in its own words it often turns it round (the demo's 0.5B lead answered "We should not keep
         ... safe" from three findings saying it is). Asked one finding at a time, and for a verdict it can only
         choose, it is mostly right, and the answer cannot say more than its verdicts. Each finding is one step
-        (two calls sharing their start), the answer another; a part the model cannot give is left out, and a
+        (two calls sharing their start), the answer another; a finding's sentence the model cannot give is replaced by
+        a fixed note (its verdict still counts and its id is named), a reason it cannot give is left out, and a
         model or budget stop keeps the parts already written.
         """
         objective = task.prompt.split("\n", 1)[0].removeprefix("Objective:").strip() or task.title
@@ -479,15 +482,16 @@ class BuiltinAgent:
                 ask += [{"role": "assistant", "content": f"My verdict: {verdict}."},
                         {"role": "user", "content": instructions.DIGEST_POINT}]
                 point = await self._digest_part(task, steps, ask, f"point of [{ref}]")
-                if point is not None:
-                    points.append((ref, title, verdict, point))
+                # a finding whose point the model could not give keeps its verdict: the answer counts every
+                # finding it read and names each, with no words of the lead's where it had none of its own
+                points.append((ref, title, verdict, point if point is not None else _NO_POINT))
             if points:
                 steps += 1
                 tally = verdicts.Tally(tuple((ref, verdict) for ref, _, verdict, _ in points))
                 answer = verdicts.answer_sentence(tally)
                 said = {verdicts.YES: "yes", verdicts.NO: "no", verdicts.MIXED: "mixed: some findings say yes, "
                         "some no", verdicts.UNCLEAR: "unclear"}[tally.overall]
-                listed = "\n".join(f"{i}. {title} ({verdict}): {point}"
+                listed = "\n".join(f"{i}. {title} ({verdict})" + ("" if point == _NO_POINT else f": {point}")
                                     for i, (_, title, verdict, point) in enumerate(points, 1))
                 ask = [system, {"role": "user", "content": instructions.DIGEST_ANSWER.format(
                     objective=objective, points=listed, answer=said)}]
