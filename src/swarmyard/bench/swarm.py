@@ -293,8 +293,13 @@ def run(quick: bool = False, **options: Any) -> BenchResult:
     """Measure ``--workers N`` (default: 100 and 1,000; quick: 20); 500 or more also with two plane replicas.
     With ``sandboxed``, real machines with the real agent in each (:mod:`swarmyard.bench.swarm_sandboxed`); with
     ``compare`` (worker counts) and ``upstream_latency``, real ``swarmyard run`` processes side by side
-    (:mod:`swarmyard.bench.swarm_run`)."""
+    (:mod:`swarmyard.bench.swarm_run`); with ``replicas`` (and ``store``), one size on one goal of that store
+    served by that many processes (:mod:`swarmyard.bench.swarm_scale`)."""
     asked = int(options.get("workers") or 0)
+    if options.get("replicas"):
+        from swarmyard.bench import swarm_scale
+
+        return swarm_scale.run(asked, str(options.get("store") or "") or None, int(str(options["replicas"])))
     if options.get("compare"):
         from swarmyard.bench import swarm_run
 

@@ -45,6 +45,10 @@ def _make(area: str) -> None:
         compare: str = typer.Option("", "--compare", help="swarm: real `swarmyard run`s of these worker counts "
                                     "(e.g. 10,200), all at once on the upstream, and the largest's wall time "
                                     "over the smallest's."),
+        store: str = typer.Option("", "--store", help="swarm: the store the workers' goal is in (a SQLite path "
+                                  "or sqlite:///path, or postgresql://...); measures one --workers size on it."),
+        replicas: int = typer.Option(0, "--replicas", min=0, max=64, help="swarm: control-plane + broker "
+                                     "processes serving the one store (with --store, default 1)."),
     ) -> None:
         if workers and area not in TAKES_WORKERS:
             raise UserError(f"bench {area} takes no --workers (only {', '.join(sorted(TAKES_WORKERS))} does)")
@@ -53,6 +57,9 @@ def _make(area: str) -> None:
         if (compare or upstream_latency) and area != "swarm":
             raise UserError(f"bench {area} takes no --compare or --upstream-latency (only swarm does)")
         options: dict[str, object] = {"workers": workers} if workers else {}
+        if store or replicas:
+            options.update(_at_scale(area, store, replicas, workers=workers, sandboxed=sandboxed,
+                                     compare=bool(compare or upstream_latency), quick=quick))
         if compare or upstream_latency:
             if workers or sandboxed or quick:
                 raise UserError("bench swarm --compare runs its own sizes: it takes no --workers, --sandboxed or "
@@ -67,6 +74,35 @@ def _make(area: str) -> None:
 
     command.__doc__ = f"Benchmark the {area} area."
     app.command(name=area)(command)
+
+
+def _at_scale(area: str, store: str, replicas: int, *, workers: int, sandboxed: bool, compare: bool,
+              quick: bool) -> dict[str, object]:
+    """``--store`` / ``--replicas``: one size on one store; a usage error (exit 2) for what they cannot go with."""
+    flag = "--store" if store else "--replicas"
+    if area != "swarm":
+        raise typer.BadParameter(f"bench {area} takes no {flag} (only swarm does)", param_hint=f"'{flag}'")
+    if sandboxed or compare or quick:
+        raise typer.BadParameter("bench swarm --store/--replicas runs in-process workers at one size: it takes no "
+                                 "--sandboxed, --compare, --upstream-latency or --quick", param_hint=f"'{flag}'")
+    if not workers:
+        raise typer.BadParameter("bench swarm --store/--replicas measures one size: give it --workers N",
+                                 param_hint=f"'{flag}'")
+    return {"store": _store_url(store) if store else "", "replicas": replicas or 1}
+
+
+def _store_url(text: str) -> str:
+    """``--store``: a PostgreSQL URL, ``sqlite:///path``, or a SQLite file's path (its folder must exist)."""
+    if text.startswith(("postgresql://", "postgres://")):
+        return text
+    path = Path(text.removeprefix("sqlite:///")) if text.startswith("sqlite:///") else Path(text)
+    if "://" in text and not text.startswith("sqlite:///"):
+        raise typer.BadParameter(f"{text!r} is neither a SQLite path nor a postgresql:// URL",
+                                 param_hint="'--store'")
+    if not path.parent.is_dir():
+        raise typer.BadParameter(f"the SQLite file's folder {str(path.parent)!r} does not exist",
+                                 param_hint="'--store'")
+    return f"sqlite:///{path.resolve()}"
 
 
 def _sizes(text: str) -> list[int]:
