@@ -56,3 +56,11 @@ def test_logs_are_named_slot_then_worker_and_each_is_parsed_again_only_when_it_c
     path.write_text(_log("wrk_01ab", "timed out", ""), encoding="utf-8")
     os.utime(path, ns=(1, 1))  # a new mtime: the log changed
     assert logs.errors()["wrk_01ab"].code == "timeout"
+
+
+def test_a_token_the_agent_printed_in_its_error_is_not_shown() -> None:
+    # the log is the agent's own output: what it printed never went through the plane's routes
+    token = "sy1." + "eyJhIjoxfQ" * 12 + "." + "M" * 43
+    error = parse_log(_log("wrk_1", "exit 3", f"agent error (shell): env said SWARMYARD_TOKEN={token} and more"), 0.0)
+    assert error is not None and error.code == "shell"
+    assert error.message == "env said SWARMYARD_TOKEN=[capability token] and more"

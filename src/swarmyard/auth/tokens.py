@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ _PREFIX = "sy1"
 _OPENED_MAX = 4096
 # A token this authority signs is about 200 characters; anything far longer is not one of ours
 _TOKEN_MAX_CHARS = 4096
+#: What stands in the place of a token of this authority's in text a worker submits (``TokenAuthority.redact``).
+REDACTED = "[capability token]"
+# A token as it stands in text: the prefix, a base64url payload and the 43 characters of a base64url HMAC-SHA256
+# (characters that may follow the MAC are left where they are: the token ends there)
+_IN_TEXT = re.compile(r"sy1\.([A-Za-z0-9_-]{8,4000})\.([A-Za-z0-9_-]{43})")
+_IN_BYTES = re.compile(_IN_TEXT.pattern.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,29 @@ class TokenAuthority:
         body = _b64(canonical_json(payload))
         mac = hmac.new(self._secret, f"{_PREFIX}.{body}".encode(), hashlib.sha256).digest()
         return f"{_PREFIX}.{body}.{_b64(mac)}"
+
+    def _signed_here(self, payload: str, mac: str) -> bool:
+        expected = hmac.new(self._secret, f"{_PREFIX}.{payload}".encode(), hashlib.sha256).digest()
+        return hmac.compare_digest(_b64(expected), mac)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every token this authority signed (a worker's or an operator's, live or expired: the MAC
+        is checked, not the store) replaced by ``REDACTED``.
+
+        For what a worker submits: its agent can read its own token (its environment, ``/proc``) and print it into
+        a finding, a post or an artifact, which the store keeps and the report and dashboard show. Only what
+        verifies is replaced, so text that merely looks like a token stays as written; a token the agent encoded
+        (base64, split over lines) is not found."""
+        if "sy1." not in text:
+            return text
+        return _IN_TEXT.sub(lambda m: REDACTED if self._signed_here(m[1], m[2]) else m[0], text)
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """``redact`` for bytes (an artifact): the token's characters are ASCII whatever the encoding around them."""
+        if b"sy1." not in data:
+            return data
+        return _IN_BYTES.sub(lambda m: REDACTED.encode() if self._signed_here(m[1].decode(), m[2].decode())
+                             else m[0], data)
 
     def _open(self, token: str) -> dict[str, object]:
         payload = self._opened.get(token)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmyard.plane.folder_files import read_regular
+from swarmyard.plane.trajectory import without_tokens
 
 #: Characters of an error's message the dashboard shows.
 MESSAGE_CHARS = 300
@@ -62,7 +63,11 @@ def slot_and_worker(name: str) -> tuple[str, str] | None:
 
 
 def parse_log(text: str, at: float) -> AgentError | None:
-    """The failure a runner's agent log records, or None when the run ended well (exit 0, no agent error)."""
+    """The failure a runner's agent log records, or None when the run ended well (exit 0, no agent error).
+
+    The log is the agent's own output, which never went through the plane's routes: a capability token the agent
+    printed there is taken out here, before the dashboard shows a line of it."""
+    text = without_tokens(text)
     first, _, rest = text.partition("\n")
     header = _HEADER.fullmatch(first.strip())
     if header is None:

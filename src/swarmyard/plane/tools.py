@@ -5,6 +5,12 @@ renewal and the store call together), so a call costs one hop off the event loop
 ``claim_task`` names a task and its fencing token: the task must be the caller's own claim in the caller's
 goal and group (403 otherwise), and the claim must be current with a live lease (409 otherwise). A call
 renews its claim's lease only once it has succeeded: a refused call changes no lease and writes no event.
+
+Every text a worker submits that can hold a token (a post, a finding's title, body and citations' quotes, a
+sub-task's title and prompt, an artifact's bytes; a citation's ref and a media type are shorter than any token)
+has each capability token this plane signed replaced by ``[capability token]`` before anything checks or stores
+it (``TokenAuthority.redact``): an agent can print its own token from its environment, and what is stored goes
+on to the report, the dashboard and the lead's prompt.
 """
 
 from __future__ import annotations
@@ -253,8 +259,8 @@ class WorkerTools:
         if size > self._settings.max_post_bytes:
             raise PayloadTooLargeError("post", size, self._settings.max_post_bytes)
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
-        post = self._store.post(req.task_id, req.fencing_token, req.kind, req.body, author=who.worker_id,
-                                group=who.group)
+        post = self._store.post(req.task_id, req.fencing_token, req.kind, self._tokens.redact(req.body),
+                                author=who.worker_id, group=who.group)
         self._metrics.board_posts.inc()
         self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.PostResult.model_construct(post=post)
@@ -262,14 +268,16 @@ class WorkerTools:
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
         """Record a finding under the worker's claim."""
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
-        citations = tuple(Citation(c.kind, c.ref, c.quote) for c in req.citations)
+        redact = self._tokens.redact
+        body = redact(req.body)
+        citations = tuple(Citation(c.kind, c.ref, redact(c.quote)) for c in req.citations)
         if who.group == LEAD_GROUP:
-            self._check_synthesis(req.task_id, who.goal_id, req.body, citations)
+            self._check_synthesis(req.task_id, who.goal_id, body, citations)
         if self._sources is not None or any(c.kind is CitationKind.SOURCE for c in citations):
             # checked before it is stored: a quote the task's files do not hold is refused with the reason
-            check_sources(self._sources, self._store.get_task(req.task_id), citations, body=req.body)
+            check_sources(self._sources, self._store.get_task(req.task_id), citations, body=body)
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
-                                             title=req.title, body=req.body, citations=citations)
+                                             title=redact(req.title), body=body, citations=citations)
         self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.FindingResult.model_construct(finding=finding)
 
@@ -319,6 +327,7 @@ class WorkerTools:
             data = base64.b64decode(req.data_base64, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidInputError("data_base64 is not valid base64", field="data_base64") from exc
+        data = self._tokens.redact_bytes(data)  # scored as stored: the artifact without the token
         if req.split != "search":  # the holdout is the coordinator's, answered once per goal
             raise InvalidInputError(f"split {req.split!r} cannot be scored by a worker; only 'search' (the "
                                     "holdout is answered once per goal, to the run)", field="split")
@@ -428,7 +437,8 @@ class WorkerTools:
     def delegate(self, token: str, req: m.DelegateRequest) -> m.TaskResult:
         """A sub-task one level below the caller's, in the caller's group."""
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
-        spec = TaskSpec(title=req.title, prompt=req.prompt, group=who.group,
+        redact = self._tokens.redact
+        spec = TaskSpec(title=redact(req.title), prompt=redact(req.prompt), group=who.group,
                         budget_micro_usd=req.budget_micro_usd, call_cap=req.call_cap, parent_id=req.task_id,
                         priority=req.priority)
         task = self._store.delegate(req.task_id, req.fencing_token, spec)

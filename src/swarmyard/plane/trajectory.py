@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from swarmyard.auth.tokens import REDACTED
 from swarmyard.errors import InvalidInputError
 from swarmyard.plane.step_text import MAX_TEXT_CHARS
 
@@ -217,11 +218,14 @@ def _message(message: Message) -> dict[str, Any]:
 
 
 #: a capability token as swarmyard issues it (``sy1.<payload>.<mac>``, base64url): an agent holds its own and can
-#: print it (a shell's ``env``) into what it reports or sends its model; no file of the run keeps one
+#: print it (a shell's ``env``) into what it reports or sends its model; no file of the run keeps one. Needed
+#: beside the tools' own redaction (``TokenAuthority.redact``): what an agent sends its model comes through the
+#: broker and its steps through their own route, and a token of another plane (or cut short of its MAC's end)
+#: has this form too
 TOKEN_FORM = re.compile(r"sy1\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{20,}")
 TOKEN_FORM_BYTES = re.compile(TOKEN_FORM.pattern.encode())
-#: what stands in a token's place
-TOKEN_REDACTED = "[capability token]"
+#: what stands in a token's place (the same marker the plane puts in what a worker submits)
+TOKEN_REDACTED = REDACTED
 
 
 def without_tokens(text: str) -> str:
