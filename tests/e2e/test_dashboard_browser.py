@@ -24,17 +24,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import scripted_run
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -112,63 +113,17 @@ def _finished(page: Any) -> None:
                            timeout=300_000)
 
 
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-ui-"))  # the plane's socket lives in the run folder: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tool(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
-
-def _swarm(folder: Path) -> Path:
-    conf = folder / "conf"
-    conf.mkdir()
+def _swarm(folder: Path, replies: dict[str, Any] | None = None) -> Path:
     # The worker posts, works a while in its machine (a shell command), posts again, ...: the run has a middle
     # for the browser to watch. Each reply is priced, so the spend moves with every call.
     work = [_tool("board_post", body="first: the market is large")]
     for i in range(2, 5):
         work += [_tool("shell", command="sleep 3; echo measured"), _tool("board_post", body=f"note {i}: still growing")]
     work.append(_tool("submit_finding", title="market", body="Large and growing.", cite=["1"]))
-    (conf / "replies.json").write_text(json.dumps({
-        "scripted-worker": work,
-        "scripted-lead": [_tool("submit_finding", title="synthesis", body="Go: the market is large.")],
-    }))
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 200
-max_steps = 12
-model = "scripted-worker"
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[providers.script.prices.scripted-worker]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[providers.script.prices.scripted-lead]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    if replies is None:
+        replies = {"scripted-worker": work,
+                   "scripted-lead": [_tool("submit_finding", title="synthesis", body="Go: the market is large.")]}
+    return scripted_run(folder, replies, workers={"exec_timeout_s": 200, "max_steps": 12}, priced=True)
 
 
 def test_the_dashboard_shows_a_run_live_behind_the_operator_token_and_the_same_run_once_it_ended(
@@ -345,11 +300,9 @@ def test_a_run_whose_upstream_answers_are_all_dropped_shows_its_errors_and_the_r
         short_tmp: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    swarm = _swarm(short_tmp)
     # every answer is lost after the request left: each call is an unknown hold, each agent run fails
     dropped = [{"fail": "after_send"}] * 12
-    (short_tmp / "conf" / "replies.json").write_text(json.dumps({"scripted-worker": dropped,
-                                                                 "scripted-lead": dropped}))
+    swarm = _swarm(short_tmp, {"scripted-worker": dropped, "scripted-lead": dropped})
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
            "XDG_STATE_HOME": str(short_tmp / "state")}
     proc = subprocess.Popen([str(SWARMYARD), "run", str(swarm), "--ui", "--no-witness"], cwd=short_tmp, env=env,

@@ -9,7 +9,6 @@ best score, and a legend.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,64 +22,27 @@ from typing import Any
 import pytest
 
 from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import SORT_NUMBERS, SORT_OBJECTIVE, scripted_run
 
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 SORTER = "import sys\nprint(' '.join(map(str, sorted(map(int, sys.stdin.read().split())))))\n"
 HALF = "import sys\nprint(' '.join(sys.stdin.read().split()))\n"  # right only on cases already sorted
 
 
 def _swarm(folder: Path) -> Path:
-    conf = folder / "conf"
-    (conf / "bundles").mkdir(parents=True)
-    shutil.copytree(EXAMPLE, conf / "bundles" / "sort-numbers")
     worker = [_tool("submit_artifact", content=HALF), _tool("board_post", body="half sorted"),
               _tool("submit_artifact", content=SORTER),
               _tool("submit_finding", title="sorter", body="A program that sorts its input.")]
     lead = [_tool("submit_finding", title="synthesis", body="The sorter sorts.")]
-    (conf / "replies.json").write_text(json.dumps({"scripted-worker": worker, "scripted-lead": lead}))
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Write a Python program that sorts the integers on stdin."
-budget_usd = "0.05"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "sorter"
-prompt = "Submit a sorting program with submit_artifact."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 180
-max_steps = 8
-model = "scripted-worker"
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[providers.script.prices.scripted-worker]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[providers.script.prices.scripted-lead]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[evaluator]
-bundle = "bundles/sort-numbers"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_run(folder, {"scripted-worker": worker, "scripted-lead": lead}, objective=SORT_OBJECTIVE,
+                        lens=("sorter", "Submit a sorting program with submit_artifact."), budget_usd="0.05",
+                        workers={"exec_timeout_s": 180, "max_steps": 8}, priced=True, bundle=SORT_NUMBERS)
 
 
 def _expected(db_path: Path) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import SORT_NUMBERS, SORT_OBJECTIVE, scripted_run
 from swarmyard.errors import HoldoutUsedError
 from swarmyard.evaluator.client import EvaluatorClient
 from swarmyard.evaluator.process import EvaluatorProcess, run_folder
@@ -33,7 +34,6 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 SORTER = "import sys\nprint(' '.join(map(str, sorted(map(int, sys.stdin.read().split())))))\n"
 HALF = "import sys\nprint(' '.join(sys.stdin.read().split()))\n"  # right only on cases already sorted
 #: run in the worker's machine: every socket it can find, and whether it can connect to each
@@ -53,9 +53,6 @@ PROBE = (
 
 
 def _swarm(folder: Path) -> Path:
-    conf = folder / "conf"
-    (conf / "bundles").mkdir(parents=True)
-    shutil.copytree(EXAMPLE, conf / "bundles" / "sort-numbers")
     worker = [
         _tool("submit_artifact", content=HALF),
         _tool("board_post", body="{{last_message}}"),  # what the tool answered: the signed score
@@ -66,37 +63,10 @@ def _swarm(folder: Path) -> Path:
         _tool("submit_finding", title="sorter", body="A program that sorts its input."),
     ]
     lead = [_tool("submit_finding", title="synthesis", body="The sorter sorts.")]
-    (conf / "replies.json").write_text(json.dumps({"scripted-worker": worker, "scripted-lead": lead}))
-    path = conf / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Write a Python program that sorts the integers on stdin."
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "sorter"
-prompt = "Submit a sorting program with submit_artifact."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 180
-max_steps = 10
-model = "scripted-worker"
-retry_backoff_s = 0.2
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[evaluator]
-bundle = "bundles/sort-numbers"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return scripted_run(folder, {"scripted-worker": worker, "scripted-lead": lead}, objective=SORT_OBJECTIVE,
+                        lens=("sorter", "Submit a sorting program with submit_artifact."),
+                        workers={"exec_timeout_s": 180, "max_steps": 10, "retry_backoff_s": 0.2},
+                        bundle=SORT_NUMBERS)
 
 
 def _modes(root: Path) -> dict[str, tuple[int, int, int, bytes]]:

@@ -8,21 +8,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rigs.genai_conventions import off_convention, otlp_json_spans
+from rigs.network import free_port, http_server
 from rigs.scripted import tool_call as _tool
+from rigs.swarm_files import scripted_run
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -33,10 +31,14 @@ SYNTHESIS = "Go: the scout found a market."
 
 
 class Collector:
-    """An OTLP/HTTP trace receiver on loopback: keeps every ExportTraceServiceRequest it is sent."""
+    """An OTLP/HTTP trace receiver's record: every ExportTraceServiceRequest it was sent (``handler`` serves it)."""
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.url = ""
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """The receiver's requests: a trace export is kept and answered 200, anything else 404."""
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,9 +56,7 @@ class Collector:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        return Handler
 
     def spans(self) -> list[dict[str, Any]]:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -84,61 +84,25 @@ class Collector:
 @pytest.fixture
 def collector() -> Iterator[Collector]:
     c = Collector()
-    c.thread.start()
-    yield c
-    c.server.shutdown()
+    with http_server(c.handler()) as c.url:
+        yield c
 
 
 def _run(folder: Path, collector_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    conf = folder / "conf"
-    conf.mkdir()
-    (conf / "replies.json").write_text(json.dumps({
+    swarm = scripted_run(folder, {
         "scripted-worker": [{"say": "not a tool call"}, _tool("board_post", body="the market is large"),
                             _tool("submit_finding", title="market", body="Large and growing.", cite=["1"])],
         "scripted-lead": [_tool("submit_finding", title="synthesis", body=SYNTHESIS)],
-    }))
-    (conf / "swarm.toml").write_text(f"""
-[goal]
-objective = "Should a small team build a speech app?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "market"
-prompt = "Size the market."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[providers.script.prices.scripted-worker]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[providers.script.prices.scripted-lead]
-input_usd_per_mtok = "2"
-output_usd_per_mtok = "8"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
+    }, workers={"exec_timeout_s": 120, "max_steps": 4}, priced=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
            "XDG_STATE_HOME": str(folder / "state"), "OTEL_EXPORTER_OTLP_ENDPOINT": collector_url}
-    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(conf / "swarm.toml"), *args],
+    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture
-def run(collector: Collector) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-o-"))  # the plane's socket lives in the run folder: keep it short
-    yield folder, _run(folder, collector.url)
-    shutil.rmtree(folder, ignore_errors=True)
+def run(collector: Collector, short_tmp: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    return short_tmp, _run(short_tmp, collector.url)
 
 
 def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -282,32 +246,27 @@ def _check_call(a: dict[str, Any], *, content: bool) -> None:
     assert outputs[0]["role"] == "assistant" and outputs[0]["finish_reason"] == a["gen_ai.response.finish_reasons"][0]
 
 
-def test_a_run_whose_collector_is_down_leaves_its_spans_in_the_run_folder() -> None:
+def test_a_run_whose_collector_is_down_leaves_its_spans_in_the_run_folder(short_tmp: Path) -> None:
     """Nothing listens where the trace goes: the exporter's retries fail, and every span, content included
     (``--otlp-content``), is in the run folder's ``traces.otlp.jsonl``, the same tree the collector would have."""
-    folder = Path(tempfile.mkdtemp(prefix="sy-d-"))
-    with socket.socket() as s:  # a loopback port nothing listens on: connections to it are refused
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    try:
-        done = _run(folder, dead, "--otlp-content")
-        assert done.returncode == 0, done.stderr[-3000:]
-        [run_dir] = (folder / "runs").iterdir()
-        fallback = run_dir / "traces.otlp.jsonl"
-        [warning] = [line for line in done.stderr.splitlines() if "did not take" in line]
-        assert str(fallback) in warning and "lost" not in warning
-        spans = otlp_json_spans(fallback)
-        by_id = {s["id"]: s for s in spans}
-        assert len(by_id) == len(spans) and len({s["trace"] for s in spans}) == 1
-        assert {s["service"] for s in spans} == {"swarmyard"}
-        [root] = [s for s in spans if not s["parent"]]
-        assert root["name"].startswith("swarmyard.run ") and root["attrs"]["swarmyard.run_id"] == run_dir.name
-        assert all(s["parent"] in by_id for s in spans if s is not root)
-        calls = [s for s in spans if s["name"].startswith("chat ")]
-        assert len(calls) == 4 and all(by_id[c["parent"]]["name"].startswith("swarmyard.agent.step ") for c in calls)
-        for call in calls:
-            _check_call(call["attrs"], content=True)
-        assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in calls) == root["attrs"]["swarmyard.spend_micro_usd"]
-        assert f"did not take {len(spans)} of the run's {len(spans)} spans" in warning
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    folder = short_tmp
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections to it are refused
+    done = _run(folder, dead, "--otlp-content")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (folder / "runs").iterdir()
+    fallback = run_dir / "traces.otlp.jsonl"
+    [warning] = [line for line in done.stderr.splitlines() if "did not take" in line]
+    assert str(fallback) in warning and "lost" not in warning
+    spans = otlp_json_spans(fallback)
+    by_id = {s["id"]: s for s in spans}
+    assert len(by_id) == len(spans) and len({s["trace"] for s in spans}) == 1
+    assert {s["service"] for s in spans} == {"swarmyard"}
+    [root] = [s for s in spans if not s["parent"]]
+    assert root["name"].startswith("swarmyard.run ") and root["attrs"]["swarmyard.run_id"] == run_dir.name
+    assert all(s["parent"] in by_id for s in spans if s is not root)
+    calls = [s for s in spans if s["name"].startswith("chat ")]
+    assert len(calls) == 4 and all(by_id[c["parent"]]["name"].startswith("swarmyard.agent.step ") for c in calls)
+    for call in calls:
+        _check_call(call["attrs"], content=True)
+    assert sum(c["attrs"]["swarmyard.spend_micro_usd"] for c in calls) == root["attrs"]["swarmyard.spend_micro_usd"]
+    assert f"did not take {len(spans)} of the run's {len(spans)} spans" in warning

@@ -1,9 +1,13 @@
-"""Swarm files for one-lens runs: on the scripted provider, or on an OpenAI-compatible upstream."""
+"""Swarm files for one-lens runs: on the scripted provider (optionally priced and scored), or on an
+OpenAI-compatible upstream."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def scripted_swarm(folder: Path, *, agent: str | None = None, replies: str | None = "replies/answers.json",
@@ -87,6 +91,63 @@ kind = "openai_compatible"
 base_url = "{base_url}"
 models = ["up-worker", "up-lead"]
 {prices}[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
+
+
+#: The evaluator bundle of the examples (sort the integers on stdin), for scored runs.
+SORT_NUMBERS = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
+#: The objective of a run scored by :data:`SORT_NUMBERS`.
+SORT_OBJECTIVE = "Write a Python program that sorts the integers on stdin."
+
+
+def scripted_run(folder: Path, replies: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                 objective: str = "Should a small team build a speech app?",
+                 lens: tuple[str, str] = ("market", "Size the market."), budget_usd: str = "1",
+                 workers: Mapping[str, int | float] | None = None, priced: bool = False,
+                 bundle: Path | None = None) -> Path:
+    """``folder/conf/swarm.toml`` with its ``replies.json``: one lens for one scripted worker (model
+    ``scripted-worker``), then a scripted lead (``scripted-lead``), in local machines, its runs under
+    ``folder/runs``.
+
+    ``replies`` are the scripted provider's replies per model; ``workers`` holds the ``[workers]`` settings beside
+    count = 1, concurrency = 1 and the model (``exec_timeout_s``, ``max_steps``, ...); ``priced`` prices both
+    models (2 and 8 USD per million tokens in and out), so the ledger moves with every call; ``bundle`` is copied
+    to ``conf/bundles/<its name>`` and named in ``[evaluator]``: the run is scored.
+    """
+    conf = folder / "conf"
+    conf.mkdir(exist_ok=True)
+    (conf / "replies.json").write_text(json.dumps(replies))
+    settings = "".join(f"{key} = {value}\n" for key, value in (workers or {}).items())
+    prices = "".join(f'[providers.script.prices.{model}]\ninput_usd_per_mtok = "2"\noutput_usd_per_mtok = "8"\n'
+                     for model in ("scripted-worker", "scripted-lead")) if priced else ""
+    evaluator = ""
+    if bundle is not None:
+        shutil.copytree(bundle, conf / "bundles" / bundle.name)
+        evaluator = f'[evaluator]\nbundle = "bundles/{bundle.name}"\n'
+    path = conf / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "{objective}"
+budget_usd = "{budget_usd}"
+call_cap = 50
+deadline_s = 300
+[[tasks.lenses]]
+title = "{lens[0]}"
+prompt = "{lens[1]}"
+[workers]
+count = 1
+concurrency = 1
+{settings}model = "scripted-worker"
+[lead]
+model = "scripted-lead"
+[providers.script]
+kind = "scripted"
+models = ["scripted-worker", "scripted-lead"]
+replies = "replies.json"
+{prices}{evaluator}[run]
 runs_dir = "{folder / 'runs'}"
 sandbox = "local"
 """)
