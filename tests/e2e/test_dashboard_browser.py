@@ -379,7 +379,10 @@ def test_a_run_whose_upstream_answers_are_all_dropped_shows_its_errors_and_the_r
 
 def test_a_call_in_flight_grows_on_the_timeline_while_it_waits(short_tmp: Path) -> None:
     """A model call that takes a while (the simulated provider's latency) is drawn from its start to now, and
-    its bar grows on the page between two states of the store (the page draws the timeline again every second)."""
+    its bar grows on the page between two states of the store (the page draws the timeline again every second).
+
+    Only the worker's model is slow (its step is three calls, 24 s to watch): the lead's six calls, which the
+    page does not need to watch, are answered at once (at 8 s each they were most of the test's time)."""
     from playwright.sync_api import sync_playwright
 
     path = short_tmp / "swarm.toml"
@@ -398,13 +401,19 @@ concurrency = 1
 max_steps = 1
 model = "sim-1"
 [lead]
-model = "sim-1"
+model = "sim-lead"
 max_steps = 2
 [providers.sim]
 kind = "simulated"
 models = ["sim-1"]
 latency_s = 8
 [providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+[providers.lead]
+kind = "simulated"
+models = ["sim-lead"]
+[providers.lead.prices.sim-lead]
 input_usd_per_mtok = "1"
 output_usd_per_mtok = "2"
 [run]
