@@ -29,7 +29,6 @@ from rigs.outcomes import assert_simulated_lead_ended
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SWARMYARD = Path(sys.executable).parent / "swarmyard"

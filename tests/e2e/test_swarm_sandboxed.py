@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,21 +33,12 @@ from swarmyard.swarm.swarm import Swarm
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 WORKER_MODEL = "scripted-worker"
 LEAD_MODEL = "scripted-lead"
 CLI = "from swarmyard.cli.main import main; main()"
 LENSES = ("market size", "strongest open models", "risks")
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A folder with a short path: the plane's Unix socket lives in the run folder (at most 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="sy-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def swarm_file(tmp_path: Path, policy: str, *, workers: int = 3, extra_policy: str = "", concurrency: int = 1,

@@ -14,15 +14,16 @@ import base64
 import json
 import shutil
 import tempfile
-import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from serving import Served, child_env, served_with_claim
+
+from rigs.network import http_server
 
 # quote, backslash, slash, plus, space and equals: each encoding below writes this key differently
 KEY = 'sk-echo/Key+with"quote\\and space=0123456789abcdefXYZ'
@@ -94,14 +95,8 @@ class _Upstream(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Upstream) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
