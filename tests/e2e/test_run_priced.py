@@ -15,14 +15,14 @@ import re
 import sqlite3
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rigs.network import http_server
 from rigs.swarm_files import upstream_swarm
 
 pytestmark = [
@@ -48,6 +48,10 @@ class Upstream:
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.url = ""
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """Each POST recorded and answered as :meth:`answer` says."""
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,12 +68,11 @@ class Upstream:
                 self.end_headers()
                 self.wfile.write(reply)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        return Handler
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return f"{self.url}/v1"
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         n = len(self.requests)
@@ -91,10 +94,8 @@ class Upstream:
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     server = Upstream()
-    server.thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
+    with http_server(server.handler()) as server.url:
+        yield server
 
 
 def test_spend_is_usage_times_price_and_the_fourth_call_is_refused(short_tmp: Path, upstream: Upstream) -> None:
