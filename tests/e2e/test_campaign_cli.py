@@ -11,12 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +21,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "campaigns"
 CLI = "from swarmyard.cli.main import main; main()"
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-c-"))  # each trial's plane socket lives under it: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _env(home: Path) -> dict[str, str]:
