@@ -6,6 +6,11 @@ admitted (its worst case reserved), sent to its provider, and its answer rendere
 streams are passed on as each event arrives. How its hold ends is the holds module's: settled when the
 answer is whole and its usage known, released when nothing can have been billed, ``unknown`` otherwise,
 answered 502 with ``x-should-retry: false`` so the SDKs do not pay twice.
+
+A call still in flight at its goal's deadline is cut there: the request to the upstream is cancelled (its
+connection closed), its hold ends as any call lost after sending does (``unknown``: held at its worst case until
+reconciled, never sent again), and the worker is answered ``deadline_passed``, the refusal a call made after the
+deadline gets.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from swarmyard.broker.tokencount import input_bound
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import (
     BudgetError,
+    DeadlinePassedError,
     InvalidInputError,
     InvalidTokenError,
     PayloadTooLargeError,
@@ -107,6 +113,27 @@ def _error(exc: SwarmyardError, fmt: ApiFormat | None = None) -> JSONResponse:
     return JSONResponse(fmt.error_body(body) if fmt else body, status_code=exc.status, headers=headers)
 
 
+class _DeadlineCut(Exception):
+    """A stream's upstream call was cut at its goal's deadline (``_until``)."""
+
+
+async def _until(events: AsyncGenerator[StreamEvent, None], when: float) -> AsyncGenerator[StreamEvent, None]:
+    """``events`` until the loop's time ``when``: then the upstream call is closed and ``_DeadlineCut`` raised."""
+    try:
+        while True:
+            try:
+                async with asyncio.timeout_at(when):
+                    event = await events.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise _DeadlineCut from None
+            yield event
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+
+
 def _unrendered(exc: Exception) -> ProviderError:
     log.error("an answer could not be rendered", exc_info=exc)
     return ProviderError(f"the upstream's answer could not be passed on ({type(exc).__name__}); it was billed, "
@@ -142,6 +169,8 @@ class Broker:
         self.keep_alive_s = keepalive.KEEP_ALIVE_S
         #: told of every call's end (``swarmyard.broker.calls``): the plane's metrics, a run's live trace
         self.watchers: list[CallWatcher] = []
+        #: each goal's deadline, read once (it never changes): the calls of that goal still in flight are cut there
+        self._deadlines: dict[str, float | None] = {}
 
     def routes(self) -> list[BaseRoute]:
         """The broker's routes, for the control plane to mount beside ``/v1/tools/*``.
@@ -161,6 +190,17 @@ class Broker:
 
     def _settle_soon(self, admitted: Admitted, usage: Usage) -> None:
         self.holds.settle_soon(Hold(admitted, b""), usage)
+
+    async def _deadline(self, admitted: Admitted) -> tuple[float, float] | None:
+        """The call's goal's deadline, as (the clock's time, the event loop's), or ``None`` for a goal without one."""
+        goal_id = admitted.reservation.goal_id
+        if goal_id not in self._deadlines:
+            goal = await self._threads.run(lambda: self.store.get_goal(goal_id))
+            self._deadlines[goal_id] = goal.deadline
+        deadline = self._deadlines[goal_id]
+        if deadline is None:
+            return None
+        return deadline, asyncio.get_running_loop().time() + deadline - self.admission.clock.now()
 
     def _signed(self, request: Request) -> tuple[str, str]:
         """The request's worker token and worker id once its signature and expiry check out: nobody without
@@ -205,18 +245,26 @@ class Broker:
             provider.name,
             admitted.reservation.amount,
         )
-        if chat.stream:
-            return await self._stream(provider, upstream, hold, fmt, chat, worker_id, started)
         state = CallState(caller=worker_id)
+        deadline: tuple[float, float] | None = None
+        limit = asyncio.timeout_at(None)
         try:
-            answer = await provider.complete(upstream, state)
-            usage = admitted.usage(answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls))
+            deadline = await self._deadline(admitted)
+            if not chat.stream:  # a stream is cut by its events (``_until``) and ends its hold itself
+                limit = asyncio.timeout_at(deadline[1] if deadline else None)
+                async with limit:
+                    answer = await provider.complete(upstream, state)
+                usage = admitted.usage(answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls))
         except BaseException as exc:  # a cancelled call ends its hold too, then goes on being cancelled
             error = await self.holds.fail(hold, state, exc)
             self._ended(hold, chat, provider, started, error=error)
             if not isinstance(exc, Exception):
                 raise
+            if limit.expired() and deadline is not None:  # cut at the deadline: its hold is as lost calls' are
+                error = DeadlinePassedError(admitted.reservation.goal_id, deadline[0])
             return _error(error, fmt)
+        if chat.stream:
+            return await self._stream(provider, upstream, hold, fmt, chat, state, started, deadline)
         self.holds.settle_soon(hold, usage)  # the usage is known: whatever happens next, this call is billed
         self._ended(hold, chat, provider, started, usage=usage, answer=answer)
         try:
@@ -255,11 +303,13 @@ class Broker:
             messages=chat.messages, output_text=text, output_tool_calls=tool_calls))
 
     async def _stream(
-        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, chat: ChatRequest, caller: str,
-        started: float,
+        self, provider: Provider, upstream: ChatRequest, hold: Hold, fmt: ApiFormat, chat: ChatRequest,
+        state: CallState, started: float, deadline: tuple[float, float] | None,
     ) -> Response:
-        state = CallState(caller=caller)
         events = provider.stream(upstream, state)
+        if deadline is not None:
+            events = _until(events, deadline[1])
+        cut = DeadlinePassedError(hold.admitted.reservation.goal_id, deadline[0]) if deadline else None
         try:
             # wait for the first event so that a failure before any data still gets a proper status; past
             # keep_alive_s of silence the stream starts with keep-alives instead (an SDK would send it again)
@@ -273,7 +323,7 @@ class Broker:
             self._ended(hold, chat, provider, started, error=error)
             if not isinstance(exc, Exception):
                 raise
-            return _error(error, fmt)
+            return _error(cut if cut is not None and isinstance(exc, _DeadlineCut) else error, fmt)
 
         async def after() -> None:
             if not hold.ended:  # the frames never ran: the worker went away before the stream began
@@ -284,11 +334,12 @@ class Broker:
                                                                           "began"))
                 self._ended(hold, chat, provider, started, error=lost)
 
-        return EventStream(coalesced(self._frames(first, events, hold, fmt, chat, provider, started)), after=after)
+        return EventStream(coalesced(self._frames(first, events, hold, fmt, chat, provider, started, cut)),
+                           after=after)
 
     async def _frames(
         self, first: StreamEvent | Waiting, events: AsyncGenerator[StreamEvent, None], hold: Hold, fmt: ApiFormat,
-        chat: ChatRequest, provider: Provider, started: float,
+        chat: ChatRequest, provider: Provider, started: float, cut: DeadlinePassedError | None = None,
     ) -> AsyncIterator[bytes]:
         model = chat.model
         admitted = hold.admitted
@@ -314,7 +365,8 @@ class Broker:
             # bytes were streamed: whatever failed, the cost is unknown
             error = await self.holds.lose(hold, exc)
             self._ended(hold, chat, provider, started, error=error)
-            yield writer.error(fmt.error_body(_outgoing(error)))
+            said = cut if cut is not None and isinstance(exc, _DeadlineCut) else error
+            yield writer.error(fmt.error_body(_outgoing(said)))
             return
         except BaseException:
             # the worker went away mid-stream; the upstream call may go on costing

@@ -520,6 +520,8 @@ class Coordinator:
             if streak is not None and not self._past_deadline(goal):
                 self._fail(task, f"{self.config.workers.max_failures} leads ended without a synthesis; the "
                                  f"last: {streak.reason}")
+            elif self._past_deadline(goal):  # the run ends here: say so, not "pending without a synthesis"
+                self._fail(task, "the goal's deadline passed before a lead wrote the synthesis")
         if synthesis and no_result.is_placeholder(synthesis[-1].body):
             return None  # the lead reached no result: that is no synthesis, and the run says why
         return synthesis[-1] if synthesis else None
