@@ -247,20 +247,24 @@ class Broker:
         )
         state = CallState(caller=worker_id)
         deadline: tuple[float, float] | None = None
-        limit = asyncio.timeout_at(None)
+        limit: asyncio.Timeout | None = None
         try:
             deadline = await self._deadline(admitted)
             if not chat.stream:  # a stream is cut by its events (``_until``) and ends its hold itself
-                limit = asyncio.timeout_at(deadline[1] if deadline else None)
-                async with limit:
+                if deadline is None:  # no timer to set: a goal without a deadline pays nothing for it
                     answer = await provider.complete(upstream, state)
+                else:
+                    limit = asyncio.timeout_at(deadline[1])
+                    async with limit:
+                        answer = await provider.complete(upstream, state)
                 usage = admitted.usage(answer.usage, answer.text + "".join(c.arguments for c in answer.tool_calls))
         except BaseException as exc:  # a cancelled call ends its hold too, then goes on being cancelled
             error = await self.holds.fail(hold, state, exc)
             self._ended(hold, chat, provider, started, error=error)
             if not isinstance(exc, Exception):
                 raise
-            if limit.expired() and deadline is not None:  # cut at the deadline: its hold is as lost calls' are
+            if limit is not None and limit.expired() and deadline is not None:
+                # cut at the deadline: its hold ended as a lost call's does; the worker hears why
                 error = DeadlinePassedError(admitted.reservation.goal_id, deadline[0])
             return _error(error, fmt)
         if chat.stream:
