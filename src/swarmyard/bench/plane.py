@@ -272,8 +272,8 @@ def _serve_echo(socket_path: str, processes: str) -> None:
 
 def _serve_plane(folder: str, renew_s: str, processes: str) -> None:
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-    from swarmyard.plane.app import create_app
-    from swarmyard.plane.server import Listen, serve_processes
+    from swarmyard.plane.assembly import Assembled, assemble, serve_assembled
+    from swarmyard.plane.server import Listen
     from swarmyard.plane.settings import PlaneSettings
     from swarmyard.store import open_store
 
@@ -282,11 +282,12 @@ def _serve_plane(folder: str, renew_s: str, processes: str) -> None:
     secret = load_or_create_secret(base / "token-secret")
     settings = PlaneSettings(lease_s=300, renew_min_interval_s=float(renew_s), rate_per_s=10**6, rate_burst=10**6)
 
-    def make_app() -> Any:
+    def make() -> Assembled:
         store = open_store(url)  # after the fork: each serving process has its own connections
-        return create_app(store, TokenAuthority(secret, store), settings)
+        return assemble(store, TokenAuthority(secret, store), settings)
 
-    serve_processes(make_app, Listen(socket_path=base / "plane.sock"), int(processes))
+    # assembled and served as `swarmyard serve --workers N` serves the plane (no providers: no broker)
+    serve_assembled(make, Listen(socket_path=base / "plane.sock"), processes=int(processes))
 
 
 if __name__ == "__main__":

@@ -212,18 +212,17 @@ class Plane:
 
 
 class _Embedded:
-    """A control plane and broker served from this process on two sockets in a private temp folder: the one bound
-    into machines (``socket``) and the client's own (``client_socket``). Each is served as ``swarmyard serve``
-    serves its listeners (see :mod:`swarmyard.plane.connections`): a deadline for a request's headers and one for
+    """A control plane and broker (:mod:`swarmyard.plane.assembly`) served from this process on two sockets in a
+    private temp folder: the one bound into machines (``socket``) and the client's own (``client_socket``). Each is
+    served as ``swarmyard serve`` serves its listeners (see :mod:`swarmyard.plane.connections`): a deadline for a request's headers and one for
     its body, a cap on the bytes of its headers, and its own cap on open connections, so machines holding
     connections half-sent neither run this process out of file descriptors nor shut the client out."""
 
     def __init__(self, providers: Mapping[str, ProviderConfig], given: Mapping[str, Any] | None,
                  lease_s: float, extra_routes: Sequence[BaseRoute] = ()) -> None:
         from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-        from swarmyard.broker.providers.configured import CLI_SLOTS, configured_broker
-        from swarmyard.plane.app import create_app
-        from swarmyard.plane.connections import ConnectionLimits
+        from swarmyard.broker.providers.configured import CLI_SLOTS
+        from swarmyard.plane.assembly import assemble
         from swarmyard.plane.server import BackgroundServer, Listen
         from swarmyard.plane.settings import PlaneSettings
         from swarmyard.store import open_store
@@ -240,11 +239,11 @@ class _Embedded:
         try:
             self.tokens = TokenAuthority(load_or_create_secret(self.folder / "token.secret"), self.store)
             # any agent CLI may run in a machine: slots its prompts fit in
-            self.broker = configured_broker(self.store, self.tokens, providers, given=given, local_slots=CLI_SLOTS)
-            app = create_app(self.store, self.tokens, PlaneSettings(lease_s=lease_s),
-                             extra_routes=[*self.broker.routes(), *extra_routes])
+            made = assemble(self.store, self.tokens, PlaneSettings(lease_s=lease_s), providers=providers,
+                            given=given, local_slots=CLI_SLOTS, extra_routes=extra_routes)
+            self.broker = made.broker
             #: the plane's handlers (operator API, worker tools), which this client calls in-process
-            self.core: Any = app.state.plane
+            self.core: Any = made.core
             if len(os.fsencode(self.client_socket)) > _MAX_SOCKET_PATH:
                 raise ConfigError(f"the temp folder {self.folder} is too deep for a Unix socket", field="TMPDIR")
             listeners = []
@@ -255,8 +254,8 @@ class _Embedded:
                 listener.bind(str(path))
                 listener.listen(128)
                 os.chmod(path, 0o600)
-            self._server = BackgroundServer(app, Listen(self.socket), also=(Listen(self.client_socket),),
-                                            limits=ConnectionLimits(), bound=tuple(listeners))
+            self._server = made.background(Listen(self.socket), also=(Listen(self.client_socket),),
+                                           bound=tuple(listeners))
             self._server.start()
             self.operator_token = self.tokens.issue_operator(ttl_s=30 * 86400.0)
         except BaseException:

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from swarmyard.config import ProviderConfig
     from swarmyard.identity import Identity
     from swarmyard.store.protocol import Store
@@ -121,10 +119,10 @@ def command(
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.errors import UserError
     from swarmyard.keys import write_secret_file
-    from swarmyard.plane.app import create_app
+    from swarmyard.plane.assembly import Assembled, assemble, serve_assembled
     from swarmyard.plane.connections import ConnectionLimits
     from swarmyard.plane.replicas import ReplicaWatch
-    from swarmyard.plane.server import Listen, TlsFiles, check_listen, serve, serve_processes
+    from swarmyard.plane.server import Listen, TlsFiles, check_listen
     from swarmyard.plane.settings import PlaneSettings
 
     tls_parts = (tls_cert, tls_key, tls_ca)
@@ -140,7 +138,7 @@ def command(
     check_listen(listen)  # before touching the store: a refused setup changes nothing
     limits = ConnectionLimits(header_timeout_s, body_timeout_s, max_connections)
     table = provider_table(providers, provider or [])
-    from swarmyard.broker.providers.configured import check_table, configured_broker
+    from swarmyard.broker.providers.configured import check_table
 
     check_table(table, env=os.environ)  # before the store is touched: a table the broker cannot serve changes nothing
     settings = PlaneSettings(lease_s=lease_s, rate_per_s=rate, rate_burst=burst,
@@ -165,29 +163,22 @@ def command(
         with contextlib.suppress(FileExistsError):  # a replica starting beside this one wrote it first
             write_secret_file(operator_token_file, TokenAuthority(secret, opened).issue_operator().encode())
 
-    def make_app(opened: Store) -> Starlette:
-        tokens = TokenAuthority(secret, opened)
+    def make_app(opened: Store) -> Assembled:
         evaluator = None
         if evaluator_socket is not None:
             from swarmyard.evaluator.client import AsyncEvaluatorClient
 
             evaluator = AsyncEvaluatorClient(evaluator_socket)
-        broker = configured_broker(opened, tokens, table, cache_dir=cache_dir) if table else None
         from swarmyard.plane.trajectory import TrajectoryFiles
 
         files = TrajectoryFiles(trajectories) if trajectories is not None else None
-        app = create_app(opened, tokens, settings, evaluator=evaluator,
-                         extra_routes=broker.routes() if broker else (), trajectories=files)
-        if broker is not None:  # /metrics: model-call latency and errors by code; each step's calls and cost
-            app.state.plane.metrics.watch_broker(broker)
-            if files is not None:
-                broker.watchers.append(files.model_call)
+        made = assemble(opened, TokenAuthority(secret, opened), settings, providers=table or None,
+                        cache_dir=cache_dir, evaluator=evaluator, trajectories=files)
         # this process's row among the store's replicas: its holds are tagged, dead replicas' holds swept
         watch = ReplicaWatch(opened)
         watch.start()
-        # run by the server after it stopped taking requests: queued settlements are written, providers closed
-        app.state.on_close = [broker.aclose, watch.aclose] if broker is not None else [watch.aclose]
-        return app
+        made.on_close(watch.aclose)  # after the broker's: its queued settlements written, providers closed
+        return made
 
     where = [f"unix:{socket}"] if listen.socket_path else []
     if host:
@@ -205,7 +196,7 @@ def command(
     else:
         sockets = None
 
-    def drop(app: Starlette) -> Starlette:
+    def drop(made: Assembled) -> Assembled:
         # after the app is built: what it makes at start (TLS contexts read the CA file from the interpreter's
         # packages, provider clients, the store's connections) is made with the starting user's rights
         if runner is not None:
@@ -213,17 +204,17 @@ def command(
             from swarmyard.plane.privileges import peer_groups
 
             drop_privileges(runner, groups=peer_groups())
-        return app
+        return made
 
     if workers > 1:
         # Every process opens its own store after the fork (connections and pool threads do not survive one);
         # each drops to the plane's user once its app is built; this supervising process stays who it is.
         opened.close()
-        serve_processes(lambda: drop(make_app(store_at(store, serving=True))), listen, workers, limits=limits,
-                        sockets=sockets)
+        serve_assembled(lambda: drop(make_app(store_at(store, serving=True))), listen, processes=workers,
+                        limits=limits, sockets=sockets)
         return
     try:
-        app = drop(make_app(opened))
+        made = drop(make_app(opened))
         if runner is not None:
             typer.echo(f"serving as {runner.name} (uid {runner.uid})", err=True)
         if audit_dir is not None:
@@ -232,8 +223,8 @@ def command(
             # made by the plane's user: its files are the plane's
             keeper = AuditKeeper(opened, audit_dir, witness=cosigner)
             keeper.start()
-            app.state.on_close.append(keeper.aclose)  # after the broker's: its last settlements are logged
-        serve(app, listen, limits=limits, sockets=sockets)
+            made.on_close(keeper.aclose)  # after the broker's: its last settlements are logged
+        serve_assembled(lambda: made, listen, limits=limits, sockets=sockets)
     finally:
         opened.close()
         if cosigner is not None:

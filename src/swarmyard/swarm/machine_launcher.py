@@ -164,36 +164,35 @@ class MachineLauncher:
     async def start(self, goal: Goal) -> None:
         """Serve the plane on the run's socket and open the machines backend."""
         from swarmyard.machines.api import Machines
-        from swarmyard.plane.app import create_app
+        from swarmyard.plane.assembly import assemble
         from swarmyard.plane.settings import PlaneSettings
 
         self._goal = goal
         # outside the run folder: machines, reports and whoever reads the run never see it
         secret = run_secrets(self.run_dir.name) / TOKEN_SECRET
         self._tokens = TokenAuthority(load_or_create_secret(secret), self.store)
-        from swarmyard.broker.providers.configured import configured_broker, slots_for
+        from swarmyard.broker.providers.configured import slots_for
 
         # an agent CLI's prompts need bigger slots of the embedded model than the built-in agent's
         agents = {self.config.workers.agent.value, self.config.lead.agent.value}
-        self._broker = configured_broker(self.store, self._tokens, self.config.providers,
-                                         given=self._given_providers,
-                                         local_slots=slots_for(agents, self.config.workers.concurrency))
-        app = create_app(
+        # the broker's model calls are counted in /metrics and kept with the step they were made in (messages,
+        # model, cost) by the assembly; the live trace is told of them too
+        made = assemble(
             self.store,
             self._tokens,
             PlaneSettings(lease_s=self.config.workers.lease_s,
                           ui_hosts=self.ui.hosts if self.ui is not None else ()),
-            extra_routes=self._broker.routes(),
+            providers=self.config.providers,
+            given=self._given_providers,
+            local_slots=slots_for(agents, self.config.workers.concurrency),
             trajectories=self.trajectories,
             machines=self.machines_view,
             evaluator=self.evaluator,
             # the quotes of worker findings are checked against the files each task's worker was given
             sources=LensSources(self.config.tasks.lenses) if self.config.tasks.cite_files else None,
         )
-        # every model call the broker answers: /metrics (latency, errors by code), the step it was made in
-        # (messages, model, cost), and the live trace
-        app.state.plane.metrics.watch_broker(self._broker)
-        self._broker.watchers.append(self.trajectories.model_call)
+        self._broker = made.broker
+        assert self._broker is not None  # a table was given: an empty one makes a broker that routes nothing
         if self.trace is not None:
             self.trace.begin(self.run_dir, goal.id, step_of=self.trajectories.last_step)
             self._broker.watchers.append(self.trace.model_call)
@@ -213,9 +212,9 @@ class MachineLauncher:
             listener = plane_listener(self.run_dir.name, self._ray.driver_address())
         # as `swarmyard serve` serves it (deadlines for headers and bodies, a cap on connections); with --ui the
         # same app on loopback TCP as well, for a browser: the dashboard at /ui
-        self._plane = BackgroundServer(app, Listen(self.socket, self.ui.host, self.ui.port) if self.ui is not None
-                                       else Listen(self.socket),
-                                       also=(listener.listen(),) if listener is not None else ())
+        self._plane = made.background(Listen(self.socket, self.ui.host, self.ui.port) if self.ui is not None
+                                      else Listen(self.socket),
+                                      also=(listener.listen(),) if listener is not None else ())
         await asyncio.to_thread(self._plane.start)
         if self.ui is not None:
             self._announce_ui(self.ui, self._plane.tcp_port)
