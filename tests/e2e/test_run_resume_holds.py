@@ -4,7 +4,8 @@ release them. They were left so for good (the resumed run completed and counted 
 with no state saying why); the resume now marks each ``unknown`` (reconcilable) before any new work starts.
 
 The workers run on the simulated provider, priced, each answer a second and a half long, so a kill lands on calls
-in flight: the test polls the run's store until a hold is ``held`` and kills the runner then.
+in flight: the test polls the run's store until a hold is ``held`` and kills the runner then. The lead's answers
+come at once (a second simulated provider): its twelve calls are not what the test is about.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ pytestmark = [
 ]
 
 LENSES = 6
+#: The workers' lease. The tasks the killed run held without a finding stay claimed until their lease lapses, and
+#: only then does the resumed run take them again: with the default (120 s) that wait was most of the test. A
+#: worker renews its claim at every step (three calls, 4.5 s here), and the lead, whose answers are not slow, ends
+#: well within it.
+LEASE_S = 30
 
 
 def _swarm(folder: Path) -> Path:
@@ -43,14 +49,21 @@ deadline_s = 900
 count = {LENSES}
 concurrency = 3
 max_steps = 3
+lease_s = {LEASE_S}
 model = "sim-1"
 [lead]
-model = "sim-1"
+model = "sim-lead"
 [providers.sim]
 kind = "simulated"
 models = ["sim-1"]
 latency_s = 1.5
 [providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+[providers.lead]
+kind = "simulated"
+models = ["sim-lead"]
+[providers.lead.prices.sim-lead]
 input_usd_per_mtok = "1"
 output_usd_per_mtok = "2"
 [run]
