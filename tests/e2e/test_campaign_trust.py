@@ -20,8 +20,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +34,6 @@ def _console_script() -> str:
     found = str(beside) if beside.exists() else shutil.which("swarmyard")
     assert found, "the swarmyard console script is not installed"
     return found
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-t-"))  # each trial's plane socket lives under it: keep it short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _campaign(cwd: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
