@@ -33,7 +33,6 @@ from rigs.swarm_files import scripted_swarm
 
 pytestmark = [
     pytest.mark.bwrap,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
 
 SWARMYARD = Path(sys.executable).with_name("swarmyard")
