@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from rigs.scripted import tool_call as _tool
-from rigs.swarm_files import scripted_run
+from rigs.swarm_files import scripted_run, simulated_swarm
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -385,41 +385,9 @@ def test_a_call_in_flight_grows_on_the_timeline_while_it_waits(short_tmp: Path) 
     page does not need to watch, are answered at once (at 8 s each they were most of the test's time)."""
     from playwright.sync_api import sync_playwright
 
-    path = short_tmp / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Wait for a slow model"
-budget_usd = "1"
-call_cap = 20
-deadline_s = 300
-[[tasks.lenses]]
-title = "slow"
-prompt = "Say one fact."
-[workers]
-count = 1
-concurrency = 1
-max_steps = 1
-model = "sim-1"
-[lead]
-model = "sim-lead"
-max_steps = 2
-[providers.sim]
-kind = "simulated"
-models = ["sim-1"]
-latency_s = 8
-[providers.sim.prices.sim-1]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[providers.lead]
-kind = "simulated"
-models = ["sim-lead"]
-[providers.lead.prices.sim-lead]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[run]
-runs_dir = "{short_tmp / 'runs'}"
-sandbox = "local"
-""")
+    path = simulated_swarm(short_tmp, objective="Wait for a slow model", lenses=[("slow", "Say one fact.")],
+                           workers={"count": 1, "concurrency": 1, "max_steps": 1}, lead={"max_steps": 2},
+                           latency_s=8, fast_lead=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
            "XDG_STATE_HOME": str(short_tmp / "state")}
     proc = subprocess.Popen([str(SWARMYARD), "run", str(path), "--ui", "--no-witness"], cwd=short_tmp, env=env,

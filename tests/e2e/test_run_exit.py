@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from rigs.outcomes import assert_simulated_lead_ended
+from rigs.swarm_files import simulated_swarm
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -49,35 +50,9 @@ def folder() -> Iterator[Path]:
 
 
 def _swarm(folder: Path) -> Path:
-    lenses = "".join(f'[[tasks.lenses]]\ntitle = "lens {i}"\nprompt = "Say one fact about {i}."\n'
-                     for i in range(WORKERS))
-    path = folder / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Count things"
-budget_usd = "20"
-call_cap = 4000
-deadline_s = 900
-{lenses}
-[workers]
-count = {WORKERS}
-concurrency = {CONCURRENCY}
-max_steps = 2
-model = "sim-1"
-[lead]
-model = "sim-1"
-[providers.sim]
-kind = "simulated"
-models = ["sim-1"]
-latency_s = 0.5
-[providers.sim.prices.sim-1]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return simulated_swarm(folder, objective="Count things", budget_usd="20", call_cap=4000, deadline_s=900,
+                           lenses=[(f"lens {i}", f"Say one fact about {i}.") for i in range(WORKERS)],
+                           workers={"count": WORKERS, "concurrency": CONCURRENCY, "max_steps": 2}, latency_s=0.5)
 
 
 def test_a_run_of_many_workers_exits_soon_after_its_last_event(folder: Path) -> None:

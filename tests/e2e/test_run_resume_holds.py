@@ -19,6 +19,7 @@ import pytest
 from test_faults import _env, _finish, _rows, _run_dir, _start, _until
 
 from rigs.outcomes import assert_simulated_lead_ended
+from rigs.swarm_files import simulated_swarm
 
 pytestmark = [
     pytest.mark.faults,
@@ -35,42 +36,10 @@ LEASE_S = 30
 
 
 def _swarm(folder: Path) -> Path:
-    tasks = "".join(f'[[tasks.lenses]]\ntitle = "lens {i}"\nprompt = "Say one fact about {i}."\n'
-                    for i in range(LENSES))
-    path = folder / "swarm.toml"
-    path.write_text(f"""
-[goal]
-objective = "Count things"
-budget_usd = "5"
-call_cap = 500
-deadline_s = 900
-{tasks}
-[workers]
-count = {LENSES}
-concurrency = 3
-max_steps = 3
-lease_s = {LEASE_S}
-model = "sim-1"
-[lead]
-model = "sim-lead"
-[providers.sim]
-kind = "simulated"
-models = ["sim-1"]
-latency_s = 1.5
-[providers.sim.prices.sim-1]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[providers.lead]
-kind = "simulated"
-models = ["sim-lead"]
-[providers.lead.prices.sim-lead]
-input_usd_per_mtok = "1"
-output_usd_per_mtok = "2"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    return path
+    return simulated_swarm(folder, objective="Count things", budget_usd="5", call_cap=500, deadline_s=900,
+                           lenses=[(f"lens {i}", f"Say one fact about {i}.") for i in range(LENSES)],
+                           workers={"count": LENSES, "concurrency": 3, "max_steps": 3, "lease_s": LEASE_S},
+                           latency_s=1.5, fast_lead=True)
 
 
 def test_the_holds_a_killed_run_left_held_are_unknown_after_resume(short_tmp: Path) -> None:

@@ -152,3 +152,48 @@ runs_dir = "{folder / 'runs'}"
 sandbox = "local"
 """)
     return path
+
+
+def simulated_swarm(folder: Path, *, objective: str, lenses: Sequence[tuple[str, str]],
+                    workers: Mapping[str, int | float], budget_usd: str = "1", call_cap: int = 20,
+                    deadline_s: int = 300, latency_s: float = 0, lead: Mapping[str, int | float] | None = None,
+                    fast_lead: bool = False) -> Path:
+    """``folder/swarm.toml``: the simulated provider (model ``sim-1``) answers every call after ``latency_s``, at
+    1 and 2 USD per million tokens in and out, in local machines, its runs under ``folder/runs``.
+
+    ``lenses`` are (title, prompt) pairs; ``workers`` holds the ``[workers]`` settings beside the model (count and
+    concurrency among them), ``lead`` the ``[lead]`` settings beside its model. With ``fast_lead`` the lead's model
+    is ``sim-lead``, on a second simulated provider at the same prices that answers at once: the workers' calls are
+    slow, and the lead's are not what the test watches.
+    """
+    lens_tables = "".join(f'[[tasks.lenses]]\ntitle = "{title}"\nprompt = "{prompt}"\n' for title, prompt in lenses)
+    worker_settings = "".join(f"{key} = {value}\n" for key, value in workers.items())
+    lead_settings = "".join(f"{key} = {value}\n" for key, value in (lead or {}).items())
+    lead_model = "sim-lead" if fast_lead else "sim-1"
+    lead_provider = ('[providers.lead]\nkind = "simulated"\nmodels = ["sim-lead"]\n[providers.lead.prices.sim-lead]\n'
+                     'input_usd_per_mtok = "1"\noutput_usd_per_mtok = "2"\n') if fast_lead else ""
+    path = folder / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "{objective}"
+budget_usd = "{budget_usd}"
+call_cap = {call_cap}
+deadline_s = {deadline_s}
+{lens_tables}
+[workers]
+{worker_settings}model = "sim-1"
+[lead]
+model = "{lead_model}"
+{lead_settings}
+[providers.sim]
+kind = "simulated"
+models = ["sim-1"]
+latency_s = {latency_s}
+[providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+{lead_provider}[run]
+runs_dir = "{folder / 'runs'}"
+sandbox = "local"
+""")
+    return path
