@@ -12,7 +12,9 @@ goal of the run (the store's only goal unless ``goal_id`` is given):
   ``held``;
 - **envelopes exact**: the goal's and each task's settled spend is the sum of what their settled holds charged
   (and the reservation events say the same), what they still reserve is the sum of their ``unknown`` holds, their
-  call counts are their holds, nothing is over its envelope and no hold was charged past its amount;
+  call counts are their holds, nothing is over its envelope and no hold was charged past its amount; with
+  escrow, the goal's spent + reserved + its live slices stay within its budget, its ``escrowed`` is the sum of
+  its live slices, each slice's holds are what it counts, and every slice was returned at most once;
 - **no machine left behind**: no folder, cgroup or process of any machine the run made (its
   ``machine.created`` events, and the folder names a :class:`MachineWatch` saw: a machine made in a parked
   launcher is named after its slot), nor a machine folder owned by one of ``owners`` (the run's runner
@@ -177,8 +179,17 @@ def check_holds_and_envelopes(db: _Db, events: list[tuple[int, str, dict[str, An
             assert actual is None, f"released hold {hold_id} has a cost {actual}"
     settled_events = sum(int(data["charged"]) for _, kind, data in events if kind == "reservation.settled")
     assert settled_events == sum(charged_by.values()), "the reservation events' charges differ from the holds'"
-    [(budget, allocated, reserved, settled, calls)] = db.rows(
-        "SELECT budget, allocated, reserved, settled, calls FROM goals WHERE id = ?", (goal_id,))
+    [(budget, allocated, row_reserved, row_settled, row_calls, escrowed, escrowed_calls, cap)] = db.rows(
+        "SELECT budget, allocated, reserved, settled, calls, escrowed, escrowed_calls, call_cap FROM goals "
+        "WHERE id = ?", (goal_id,))
+    # escrow: what the goal's live slices hold, spent and counted is on their tasks' rows until returned
+    [(s_reserved, s_settled, s_calls)] = db.rows(
+        "SELECT COALESCE(SUM(slice_reserved), 0), COALESCE(SUM(slice_settled), 0), COALESCE(SUM(slice_calls), 0) "
+        "FROM tasks WHERE goal_id = ? AND slice_token IS NOT NULL", (goal_id,))
+    reserved, settled, calls = (int(row_reserved) + int(s_reserved), int(row_settled) + int(s_settled),
+                                int(row_calls) + int(s_calls))
+    check_escrow(db, events, goal_id, int(budget), int(row_reserved), int(row_settled), int(escrowed),
+                 int(escrowed_calls), int(cap), int(row_calls))
     facts.settled = int(settled)
     assert int(settled) == sum(charged_by.values()), (
         f"goal settled {settled}, its settled holds charged {sum(charged_by.values())}")
@@ -194,6 +205,42 @@ def check_holds_and_envelopes(db: _Db, events: list[tuple[int, str, dict[str, An
         assert int(t_reserved) == reserved_by[key], f"task {key} reserves {t_reserved}, its holds {reserved_by[key]}"
         assert int(t_calls) == calls_by[key], f"task {key} counted {t_calls} calls for {calls_by[key]} holds"
         assert int(t_reserved) + int(t_settled) <= int(t_budget), f"task {key} over its envelope {t_budget}"
+
+
+def check_escrow(db: _Db, events: list[tuple[int, str, dict[str, Any]]], goal_id: str, budget: int, reserved: int,
+                 settled: int, escrowed: int, escrowed_calls: int, call_cap: int, calls: int) -> None:
+    """The budget binds with escrow: the goal's spent + reserved + its live slices <= its budget; the goal's
+    ``escrowed`` is the sum of its live slices; each live slice's holds are what it counts, within it; every
+    slice carved is returned at most once, and the ones not returned are the live ones."""
+    live = db.rows("SELECT id, slice_token, slice, slice_call_cap, slice_reserved, slice_settled, slice_calls "
+                   "FROM tasks WHERE goal_id = ? AND slice_token IS NOT NULL", (goal_id,))
+    assert escrowed == sum(int(r[2]) for r in live), (
+        f"goal escrows {escrowed}, its live slices hold {sum(int(r[2]) for r in live)}")
+    assert escrowed_calls == sum(int(r[3]) for r in live), "goal escrows calls its live slices do not carry"
+    assert settled + reserved + escrowed <= budget, (
+        f"goal over its budget with escrow: settled {settled} + reserved {reserved} + slices {escrowed} > {budget}")
+    if call_cap:
+        assert calls + escrowed_calls <= call_cap, f"goal over its call cap with escrow: {calls} + {escrowed_calls}"
+    for task_id, token, amount, slice_cap, s_reserved, s_settled, s_calls in live:
+        assert int(s_reserved) + int(s_settled) <= int(amount), f"task {task_id} over its slice {amount}"
+        if call_cap:
+            assert int(s_calls) <= int(slice_cap), f"task {task_id} over its slice's {slice_cap} calls"
+        holds = db.rows("SELECT amount, actual, overage, state FROM reservations WHERE task_id = ? AND "
+                        "slice_token = ?", (task_id, token))
+        assert int(s_calls) == len(holds), f"task {task_id}'s slice counted {s_calls} calls for {len(holds)} holds"
+        assert int(s_settled) == sum(int(a) - int(o) for _, a, o, st in holds if st == "settled"), (
+            f"task {task_id}'s slice settled {s_settled}, its holds differ")
+        assert int(s_reserved) == sum(int(a) for a, _, _, st in holds if st in ("held", "unknown")), (
+            f"task {task_id}'s slice reserves {s_reserved}, its holds differ")
+    carved = Counter((str(d["task"]), int(d["slice_token"])) for _, kind, d in events if kind == "task.slice_carved"
+                     and d.get("goal") == goal_id)
+    returned = Counter((str(d["task"]), int(d["slice_token"])) for _, kind, d in events if kind == "task.slice_returned"
+                       and d.get("goal") == goal_id)
+    assert all(n == 1 for n in carved.values()), "a slice was carved twice under one claim"
+    assert all(n == 1 for n in returned.values()), f"a slice was returned more than once: {returned}"
+    assert set(returned) <= set(carved), "a slice was returned that was never carved"
+    assert set(carved) - set(returned) == {(str(r[0]), int(r[1])) for r in live}, (
+        "the slices carved and not returned are not the live ones")
 
 
 def machines_root(tmpdir: Path | None = None) -> Path:

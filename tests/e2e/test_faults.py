@@ -397,6 +397,8 @@ def _break(db: sqlite3.Connection, how: str, machines: Path) -> None:
             db.execute("UPDATE reservations SET state = 'held' WHERE rowid = (SELECT min(rowid) FROM reservations)")
         case "goal_envelope":
             db.execute("UPDATE goals SET settled = settled + 1")
+        case "goal_escrow":  # the goal escrows more than its live slices hold
+            db.execute("UPDATE goals SET escrowed = escrowed + 1")
         case "task_envelope":
             db.execute("UPDATE tasks SET settled = settled + 1, budget = budget + 1 WHERE id = ?", (last["task"],))
         case "machine_left":
@@ -410,6 +412,7 @@ def _break(db: sqlite3.Connection, how: str, machines: Path) -> None:
 BROKEN = {
     "token_twice": "handed out twice", "completed_twice": "completed more than once",
     "stale_write": "after its claim had ended", "hold_open": "was left held", "goal_envelope": "goal settled",
+    "goal_escrow": "goal escrows",
     "task_envelope": r"task \S+ settled", "machine_left": "folder was left", "table_rewritten": "is not what event",
 }
 

@@ -100,8 +100,15 @@ class Store(Protocol):
 
     # -- claims ---------------------------------------------------------------------------------------------
     def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
-              group: str | None = None) -> Claim | None:
-        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable."""
+              group: str | None = None, min_slice_micro_usd: int = 0) -> Claim | None:
+        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable.
+        The claim carves the task's slice of the budget from the goal's envelope; a task whose slice could not
+        afford ``min_slice_micro_usd`` (one call's worst case) is refused with ``BudgetExceededError``."""
+        ...
+
+    def return_ended_slices(self, goal_id: str | None = None, *, every: bool = False) -> list[str]:
+        """Give back to their goals the slices of claims that ended without doing so (expired leases; with
+        ``every``, the goal's live claims too), each exactly once; the ids of the tasks."""
         ...
 
     def renew(self, task_id: str, token: int, lease_s: float) -> Claim:
@@ -297,7 +304,8 @@ class Store(Protocol):
         ...
 
     def sweep_dead_planes(self, grace_s: float) -> list[str]:
-        """Mark ``unknown`` the holds still held by replicas unseen for ``grace_s`` seconds; their ids."""
+        """Mark ``unknown`` the holds still held by replicas unseen for ``grace_s`` seconds, and return the slices
+        of expired claims to their goals; the ids of the holds marked."""
         ...
 
     # -- audit events ---------------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ class ReplicaStore:
     def mark_unknown(self, reservation_id: str) -> Reservation:
         raise NotImplementedError
 
+    def return_ended_slices(self, goal_id: str | None = None, *, every: bool = False) -> list[str]:
+        raise NotImplementedError
+
     # -- rate buckets -------------------------------------------------------------------------------------
     @staticmethod
     def _bucket_args(key: str, rate_per_s: float, burst: int) -> None:
@@ -122,7 +125,8 @@ class ReplicaStore:
 
     def sweep_dead_planes(self, grace_s: float) -> list[str]:
         """Mark ``unknown`` every hold still ``held`` by a replica not seen for ``grace_s`` seconds, forget
-        replicas with nothing left held, and return the ids of the holds marked."""
+        replicas with nothing left held, and return the ids of the holds marked. The slices of claims whose
+        lease expired (their worker or its replica died) go back to their goals here too, exactly once."""
         stale_before = self._now() - grace_s
         with self._e.read() as cur:
             cur.execute("SELECT r.id FROM reservations r JOIN planes p ON p.id = r.plane_id "
@@ -138,4 +142,5 @@ class ReplicaStore:
         with self._e.write() as cur:
             cur.execute("DELETE FROM planes WHERE seen_at < ? AND NOT EXISTS (SELECT 1 FROM reservations r "
                         "WHERE r.plane_id = planes.id AND r.state = 'held')", (stale_before,))
+        self.return_ended_slices()
         return marked

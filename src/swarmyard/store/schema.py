@@ -179,9 +179,32 @@ def _m009_bodies_in_flight(t: Types, postgres: bool) -> list[str]:
     return ["CREATE INDEX reservations_in_flight ON reservations (worker_id, body_digest) WHERE state = 'held'"]
 
 
+def _m010_escrow(t: Types, postgres: bool) -> list[str]:
+    # Escrow: a claim moves its task's slice of the budget (and of the goal's call cap, when it has one) from
+    # the goal's envelope to the task's row, so a model call's hold touches only its task's row; the claim's
+    # end returns what the slice did not settle. ``slice_token`` is the claim (fencing token) whose slice is
+    # live, NULL when none is: the state that makes the return happen exactly once. A hold records the slice
+    # it was charged to (``reservations.slice_token``; NULL: charged to the goal's row). Every existing task
+    # starts with no live slice, so an upgraded store charges the goal as before until its next claims.
+    b = t.bigint
+    return [
+        f"ALTER TABLE goals ADD COLUMN escrowed {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE goals ADD COLUMN escrowed_calls {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN slice_token {b}",
+        f"ALTER TABLE tasks ADD COLUMN slice {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN slice_call_cap {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN slice_reserved {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN slice_settled {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE tasks ADD COLUMN slice_calls {b} NOT NULL DEFAULT 0",
+        f"ALTER TABLE reservations ADD COLUMN slice_token {b}",
+        # the live slices of a goal, for its envelope's sums and the sweep (a handful per goal: the claims)
+        "CREATE INDEX tasks_live_slices ON tasks (goal_id) WHERE slice_token IS NOT NULL",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
                           _m005_directions_scores, _m006_direction_order,
-                          _m007_replicas, _m008_lost_bodies, _m009_bodies_in_flight]
+                          _m007_replicas, _m008_lost_bodies, _m009_bodies_in_flight, _m010_escrow]

@@ -117,6 +117,18 @@ def _enum(kind: type[E], value: object, field: str) -> E:
         raise InvalidInputError(f"{field} has no value {value!r}", field=field) from None
 
 
+# A hold's charge on its task's row, and the rules it must pass there (parameters: amount, amount; then
+# amount, now). Inside a live slice (the one carved at this claim) the hold is also counted in the slice and
+# bounded by it, and the goal's deadline is read here (a read: no lock on the goal's row).
+_IN_SLICE = "slice_token = fencing_token"
+_CHARGE = (f"reserved = reserved + ?, calls = calls + 1, slice_reserved = slice_reserved + CASE WHEN {_IN_SLICE} "
+           f"THEN ? ELSE 0 END, slice_calls = slice_calls + CASE WHEN {_IN_SLICE} THEN 1 ELSE 0 END")
+_AFFORDS = ("budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) AND (slice_token IS NULL OR "
+            f"NOT {_IN_SLICE} OR slice - slice_reserved - slice_settled >= ?) AND NOT EXISTS (SELECT 1 FROM goals g "
+            "WHERE g.id = tasks.goal_id AND g.deadline <= ?)")
+_SLICE_OF_HOLD = f"CASE WHEN {_IN_SLICE} THEN slice_token END"
+
+
 def claim_pick(filters: str = "") -> str:
     """SQLite: the best claimable task id, as the better of two index-served picks (pending, expired).
 
@@ -191,10 +203,18 @@ class SqlStore(DirectionStore, ReplicaStore):
         return cur.fetchone()
 
     def _goal_row(self, cur: Cursor, goal_id: str) -> Goal:
-        row = self._one(cur, f"SELECT {rows.GOAL_COLS} FROM goals WHERE id = ?", (goal_id,))
+        """The goal as before escrow: its row's reserved, settled and calls plus what its live slices hold, spent
+        and counted (a hold inside a slice is charged to its task's row only, until the slice is returned)."""
+        # one statement, so one snapshot: a slice returned meanwhile is counted once, on one side or the other
+        live = "FROM tasks t WHERE t.goal_id = goals.id AND t.slice_token IS NOT NULL"
+        row = self._one(cur, f"SELECT {rows.GOAL_COLS}, (SELECT COALESCE(SUM(t.slice_reserved), 0) {live}), "
+                             f"(SELECT COALESCE(SUM(t.slice_settled), 0) {live}), "
+                             f"(SELECT COALESCE(SUM(t.slice_calls), 0) {live}) FROM goals WHERE id = ?", (goal_id,))
         if row is None:
             raise NotFoundError("goal", goal_id)
-        return rows.goal(row)
+        # int(): PostgreSQL's SUM of BIGINT is NUMERIC (a Decimal), which JSON and the dashboard do not take
+        return rows.goal((*row[:9], int(row[9]) + int(row[12]), int(row[10]) + int(row[13]),
+                          int(row[11]) + int(row[14])))
 
     def _task_row(self, cur: Cursor, task_id: str, *, lock: bool = False) -> Task:
         suffix = " FOR UPDATE" if lock and self._e.postgres else ""
@@ -261,8 +281,8 @@ class SqlStore(DirectionStore, ReplicaStore):
     def list_goals(self) -> list[Goal]:
         """Every goal, oldest first."""
         with self._e.read() as cur:
-            cur.execute(f"SELECT {rows.GOAL_COLS} FROM goals ORDER BY created_at, id")
-            return [rows.goal(r) for r in cur.fetchall()]
+            cur.execute("SELECT id FROM goals ORDER BY created_at, id")
+            return [self._goal_row(cur, str(r[0])) for r in cur.fetchall()]
 
     def _validate_task(self, spec: TaskSpec) -> tuple[str, str, str, int, int, int]:
         title = _text(spec.title, "title")
@@ -316,10 +336,20 @@ class SqlStore(DirectionStore, ReplicaStore):
             goal = self._goal_row(cur, parent.goal_id)
             if parent.depth + 1 > goal.max_depth:
                 raise DepthExceededError(parent_id, parent.depth + 1, goal.max_depth)
-            cur.execute("UPDATE tasks SET budget = budget - ? WHERE id = ? AND budget - reserved - settled >= ? "
-                        "RETURNING budget", (budget, parent_id, budget))
-            if cur.fetchone() is None:
-                raise BudgetExceededError(f"task {parent_id}", budget, parent.envelope.available)
+            # carved from the parent's live slice when it has one: the slice gives it back to the goal, whose
+            # envelope the child's own claim carves it from again
+            in_slice = "slice_token = fencing_token"
+            cur.execute(f"UPDATE tasks SET budget = budget - ?, slice = slice - CASE WHEN {in_slice} THEN ? ELSE 0 "
+                        f"END WHERE id = ? AND budget - reserved - settled >= ? AND (slice_token IS NULL OR "
+                        f"NOT {in_slice} OR slice - slice_reserved - slice_settled >= ?) "
+                        f"RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END",
+                        (budget, budget, parent_id, budget, budget))
+            carved = cur.fetchone()
+            if carved is None:
+                raise BudgetExceededError(f"task {parent_id}", budget, min(parent.envelope.available,
+                                                                           self._slice_available(cur, parent_id)))
+            if carved[0]:
+                cur.execute("UPDATE goals SET escrowed = escrowed - ? WHERE id = ?", (budget, parent.goal_id))
             child = TaskSpec(title=spec.title, prompt=spec.prompt, group=spec.group, budget_micro_usd=budget,
                              call_cap=spec.call_cap, parent_id=parent_id, priority=spec.priority)
             return self._insert_task(cur, parent.goal_id, parent_id, parent.depth + 1, child, now)
@@ -342,29 +372,139 @@ class SqlStore(DirectionStore, ReplicaStore):
             cur.execute(sql + " ORDER BY n", params)
             return [rows.task(r) for r in cur.fetchall()]
 
+    # -- escrow ---------------------------------------------------------------------------------------------
+    # Lock order, everywhere: a reservation, then its task, then the goal; never the other way.
+
+    def _carve(self, cur: Cursor, task_id: str, token: int, now: float) -> bool:
+        """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend, and,
+        when the goal caps calls, the task's remaining calls (a task with no cap of its own on a capped goal
+        gets no slice: its holds count on the goal's row, exact, as before escrow). False when no slice was
+        carved; its holds then charge the goal's row as well, which is correct, only slower."""
+        self._return_slice(cur, task_id, None, now, stale_for=token)
+        goal_cap = "(SELECT g.call_cap FROM goals g WHERE g.id = tasks.goal_id)"
+        row = self._one(cur, "UPDATE tasks SET slice_token = ?, slice = budget - reserved - settled, "
+                             f"slice_call_cap = CASE WHEN {goal_cap} = 0 THEN 0 ELSE call_cap - calls END, "
+                             "slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
+                             "WHERE id = ? AND fencing_token = ? AND state = 'claimed' AND slice_token IS NULL "
+                             f"AND (call_cap > 0 OR {goal_cap} = 0) RETURNING goal_id, slice, slice_call_cap",
+                        (token, task_id, token))
+        if row is None:
+            return False
+        goal_id, amount, calls = str(row[0]), int(row[1]), int(row[2])
+        if self._one(cur, "UPDATE goals SET escrowed = escrowed + ?, escrowed_calls = escrowed_calls + ? "
+                          "WHERE id = ? AND budget - reserved - settled - escrowed >= ? "
+                          "AND (call_cap = 0 OR calls + escrowed_calls + ? <= call_cap) RETURNING id",
+                     (amount, calls, goal_id, amount, calls)) is None:
+            cur.execute("UPDATE tasks SET slice_token = NULL WHERE id = ?", (task_id,))
+            return False
+        # the claim's token is named slice_token: a slice's events are the store's moves, not writes of the claim
+        self._event(cur, "task.slice_carved", now, {"goal": goal_id, "task": task_id, "slice_token": token,
+                                                    "amount": amount, "calls": calls})
+        return True
+
+    def _return_slice(self, cur: Cursor, task_id: str, token: int | None, now: float, *,
+                      stale_for: int | None = None) -> int | None:
+        """Return the task's live slice to the goal (the one of claim ``token``; any with ``token`` None; any but
+        claim ``stale_for``'s with that set): the goal's row takes what the slice holds, spent and counted, and
+        gives up the slice. Exactly once: the conditional update of ``slice_token`` matches one transaction only.
+        The returned amount (what the slice did not spend or hold), or None when no slice was live."""
+        if token is None:
+            lock = " FOR UPDATE" if self._e.postgres else ""
+            live = self._one(cur, f"SELECT slice_token FROM tasks WHERE id = ?{lock}", (task_id,))
+            if live is None or live[0] is None or live[0] == stale_for:
+                return None
+            token = int(live[0])
+        row = self._one(cur, "UPDATE tasks SET slice_token = NULL WHERE id = ? AND slice_token = ? RETURNING goal_id, "
+                             "slice, slice_call_cap, slice_reserved, slice_settled, slice_calls", (task_id, token))
+        if row is None:
+            return None
+        goal_id, amount, call_cap, reserved, settled, calls = str(row[0]), *(int(v) for v in row[1:])
+        cur.execute("UPDATE goals SET escrowed = escrowed - ?, escrowed_calls = escrowed_calls - ?, "
+                    "reserved = reserved + ?, settled = settled + ?, calls = calls + ? WHERE id = ?",
+                    (amount, call_cap, reserved, settled, calls, goal_id))
+        unspent = amount - reserved - settled
+        self._event(cur, "task.slice_returned", now, {"goal": goal_id, "task": task_id, "slice_token": token,
+                                                      "returned": unspent,
+                                                      "reserved": reserved, "settled": settled, "calls": calls})
+        return unspent
+
+    def _slice_available(self, cur: Cursor, task_id: str) -> int:
+        """What the task's live slice (of its current claim) can still hold; its whole envelope if none is live."""
+        row = self._one(cur, "SELECT CASE WHEN slice_token = fencing_token THEN slice - slice_reserved - "
+                             "slice_settled ELSE budget - reserved - settled END FROM tasks WHERE id = ?", (task_id,))
+        return 0 if row is None else int(row[0])
+
+    def return_ended_slices(self, goal_id: str | None = None, *, every: bool = False) -> list[str]:
+        """Return the slices whose claim ended without returning them (its lease expired, its holder died): the
+        sweep of the replicas and a resumed run call this. Each in its own transaction, each exactly once
+        (a concurrent sweep or re-claim finds ``slice_token`` already cleared); the ids of the tasks returned.
+
+        ``every``: the goal's live claims' slices too (a resumed run: the process that held them died; a claim
+        that lives on charges the goal's row, which is correct, only slower)."""
+        now = self._now()
+        ended = "" if every else " AND (state <> 'claimed' OR fencing_token <> slice_token OR lease_expires_at <= ?)"
+        sql = f"SELECT id, slice_token FROM tasks WHERE slice_token IS NOT NULL{ended}"
+        params: list[Any] = [] if every else [now]
+        if goal_id is not None:
+            sql += " AND goal_id = ?"
+            params.append(goal_id)
+        with self._e.read() as cur:
+            cur.execute(sql, params)
+            found = [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+        returned = []
+        for task_id, token in found:
+            with self._e.write() as cur:
+                # ``slice_token = token`` in the update makes it once; the claim's end is re-read under the lock
+                if not every and self._one(cur, "SELECT 1 FROM tasks WHERE id = ? AND state = 'claimed' AND "
+                                                "fencing_token = ? AND lease_expires_at > ?"
+                                           + (" FOR UPDATE" if self._e.postgres else ""),
+                                           (task_id, token, now)) is not None:
+                    continue
+                if self._return_slice(cur, task_id, token, now) is not None:
+                    returned.append(task_id)
+        return returned
+
     # -- claims ---------------------------------------------------------------------------------------------
     def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
-              group: str | None = None) -> Claim | None:
-        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable."""
+              group: str | None = None, min_slice_micro_usd: int = 0) -> Claim | None:
+        """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable.
+
+        The claim carves the task's slice from the goal's envelope (see ``_carve``). ``min_slice_micro_usd``: one
+        model call's worst case; a task that could not afford it is refused here, with ``BudgetExceededError``
+        naming it, rather than at its first call (the claim is not made)."""
         worker_id = _text(worker_id, "worker_id", limit=200)
         if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 0 < lease_s <= 86400:
             raise InvalidInputError("lease_s must be a number of seconds in (0, 86400]", field="lease_s")
+        min_slice = micro_usd(min_slice_micro_usd, field="min_slice_micro_usd")
         now = self._now()
         expires = now + lease_s
         claimable = "(state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?))"
-        filters, fparams = "", []
+        filters, fparams = "", list[Any]()
         if task_id is not None:
             filters += " AND id = ?"
             fparams.append(task_id)
         if group is not None:
             filters += " AND group_name = ?"
             fparams.append(group)
+        plain = (filters, list(fparams))
+        if min_slice:
+            filters += " AND budget - reserved - settled >= ?"
+            fparams.append(min_slice)
         if self._e.postgres:
             # SKIP LOCKED must see the whole claimable set in one scan (it cannot be split by UNION).
             pick = (f"SELECT id FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
                     "ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP LOCKED")
-            return self._claim_pg(goal_id, worker_id, now, expires, claimable, pick, [goal_id, now, *fparams],
-                                  task_id)
+            claim = self._claim_pg(goal_id, worker_id, now, expires, claimable, pick, [goal_id, now, *fparams],
+                                   task_id)
+            if claim is None and min_slice:
+                with self._e.read() as cur:
+                    self._refuse_small_slice(cur, goal_id, claimable, plain, now, min_slice)
+            if claim is not None:
+                # a second transaction: the claim stays one statement; a crash in between leaves the task
+                # without a slice, and its holds charge the goal's row too (correct, only slower)
+                with self._e.write() as cur:
+                    self._carve(cur, claim.task.id, claim.token, now)
+            return claim
         pick = claim_pick(filters)
         params = [goal_id, *fparams, goal_id, now, *fparams]
         with self._e.write() as cur:
@@ -378,12 +518,26 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 if task_id is not None:
                     self._task_row(cur, task_id)  # NotFoundError for an unknown id
+                if min_slice:
+                    self._refuse_small_slice(cur, goal_id, claimable, plain, now, min_slice)
                 return None
             task = rows.task(row)
             assert task.fencing_token is not None
             self._event(cur, "task.claimed", now, {"goal": goal_id, "task": task.id, "worker": worker_id,
                                                    "token": task.fencing_token, "expires_ms": _ms(expires)})
+            self._carve(cur, task.id, task.fencing_token, now)
             return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
+
+    @staticmethod
+    def _refuse_small_slice(cur: Cursor, goal_id: str, claimable: str, plain: tuple[str, list[Any]], now: float,
+                            min_slice: int) -> None:
+        """Nothing claimable could afford one call: name the best claimable task that cannot, if there is one."""
+        filters, params = plain
+        cur.execute(f"SELECT id, budget - reserved - settled FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
+                    "ORDER BY priority DESC, n LIMIT 1", [goal_id, now, *params])
+        row = cur.fetchone()
+        if row is not None:
+            raise BudgetExceededError(f"task {row[0]} (its slice at claim)", min_slice, int(row[1]))
 
     def _claim_pg(self, goal_id: str, worker_id: str, now: float, expires: float, claimable: str, pick: str,
                   params: list[Any], task_id: str | None) -> Claim | None:
@@ -431,6 +585,8 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 self._refuse_claim_write(cur, task_id, token, now, target)
             task = rows.task(row)
+            if target is not TaskState.CLAIMED:  # the claim ends: its slice goes back, in the same transaction
+                self._return_slice(cur, task_id, token, now)
             self.follow_claim(cur, task_id, token, held_until)
             self._event(cur, event, now, {"goal": task.goal_id, "task": task_id, "token": token, **data})
             return task
@@ -484,10 +640,16 @@ class SqlStore(DirectionStore, ReplicaStore):
             row = cur.fetchone()
             if row is None:
                 raise IllegalTransitionError("task", task_id, "(changed meanwhile)", TaskState.CANCELLED.value)
+            self._return_slice(cur, task_id, None, now)
             if task.parent_id is None:
                 cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
             else:
-                cur.execute("UPDATE tasks SET budget = budget + ? WHERE id = ?", (unspent, task.parent_id))
+                # into the parent's live slice too, if it has one: its holds are bounded by that slice
+                parent = self._one(cur, "UPDATE tasks SET budget = budget + ?, slice = slice + CASE WHEN "
+                                        "slice_token IS NULL THEN 0 ELSE ? END WHERE id = ? RETURNING slice_token",
+                                   (unspent, unspent, task.parent_id))
+                if parent is not None and parent[0] is not None:
+                    cur.execute("UPDATE goals SET escrowed = escrowed + ? WHERE id = ?", (unspent, task.goal_id))
             if task.state is TaskState.CLAIMED and task.fencing_token is not None:
                 self.follow_claim(cur, task_id, task.fencing_token, None)
             self._event(cur, "task.cancelled", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
@@ -809,7 +971,9 @@ class SqlStore(DirectionStore, ReplicaStore):
 
     def reserve(self, task_id: str, token: int, *, model: str, amount: int, method: str,
                 body_digest: str | None = None) -> Reservation:
-        """Hold ``amount`` on the task's and the goal's envelopes and count one call, in one transaction.
+        """Hold ``amount`` on the task's envelope and count one call, in one transaction: inside the claim's live
+        slice only the task's row is written (the slice was carved from the goal's envelope at claim); without
+        one (a claim whose slice never moved) the goal's row is charged too, as before escrow.
 
         ``body_digest`` names the call's request body: the same body again from the same worker while a hold
         of it is ``unknown`` is a ``DuplicateOfUnknownError`` (nothing held), on every replica; while another
@@ -826,14 +990,15 @@ class SqlStore(DirectionStore, ReplicaStore):
         token = _int(token, "fencing_token", minimum=1)
         now = self._now()
         with self._e.write() as cur:
-            row = self._one(cur, "UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+            row = self._one(cur, f"UPDATE tasks SET {_CHARGE} WHERE id = ? AND "
                                  "fencing_token = ? AND state = 'claimed' AND lease_expires_at > ? AND "
-                                 "budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) "
-                                 "RETURNING goal_id, worker_id", (amount, task_id, token, now, amount))
+                                 f"{_AFFORDS} RETURNING goal_id, worker_id, {_SLICE_OF_HOLD}",
+                            (amount, amount, task_id, token, now, amount, amount, now))
             if row is None:
                 self._refuse_reserve(cur, task_id, token, now, amount)
-            goal_id, worker_id = row
-            return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now, body_digest)
+            goal_id, worker_id, slice_token = row
+            return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now, body_digest,
+                              slice_token)
 
     def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
                            method: str, body_digest: str | None = None) -> Reservation:
@@ -851,20 +1016,19 @@ class SqlStore(DirectionStore, ReplicaStore):
         with self._e.write() as cur:
             # The claim's conditions are repeated outside the subquery: PostgreSQL re-checks those (not the
             # subquery) on the row it locked, should another transaction have changed it meanwhile.
-            row = self._one(cur, "UPDATE tasks SET reserved = reserved + ?, calls = calls + 1 WHERE id = ("
+            row = self._one(cur, f"UPDATE tasks SET {_CHARGE} WHERE id = ("
                                  "SELECT t.id FROM tasks t JOIN workers w ON w.id = t.worker_id "
                                  "WHERE t.worker_id = ? AND t.state = 'claimed' AND t.lease_expires_at > ? "
                                  "AND w.revoked = 0 AND w.token_hash = ? "
                                  "ORDER BY t.lease_expires_at DESC LIMIT 1) "
                                  "AND worker_id = ? AND state = 'claimed' AND lease_expires_at > ? "
-                                 "AND budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) "
-                                 "RETURNING id, goal_id, fencing_token",
-                            (amount, worker_id, now, token_hash, worker_id, now, amount))
+                                 f"AND {_AFFORDS} RETURNING id, goal_id, fencing_token, {_SLICE_OF_HOLD}",
+                            (amount, amount, worker_id, now, token_hash, worker_id, now, amount, amount, now))
             if row is None:
                 self._refuse_worker_reserve(cur, worker_id, token_hash, now, amount)
-            task_id, goal_id, token = row
+            task_id, goal_id, token, slice_token = row
             return self._hold(cur, goal_id, task_id, worker_id, int(token), amount, model, method, now,
-                              body_digest)
+                              body_digest, slice_token)
 
     def _refuse_worker_reserve(self, cur: Cursor, worker_id: str, token_hash: str, now: float,
                                amount: int) -> NoReturn:
@@ -882,8 +1046,9 @@ class SqlStore(DirectionStore, ReplicaStore):
         self._refuse_reserve(cur, claim[0], int(claim[1]), now, amount)
 
     def _hold(self, cur: Cursor, goal_id: str, task_id: str, worker_id: str, token: int, amount: int, model: str,
-              method: str, now: float, body_digest: str | None = None) -> Reservation:
-        """The rest of a reservation once the task's envelope took it: the goal's envelope, the hold, its event."""
+              method: str, now: float, body_digest: str | None = None, slice_token: int | None = None) -> Reservation:
+        """The rest of a reservation once the task's envelope took it: the goal's envelope (only when the claim
+        has no live slice: ``slice_token`` None), the hold, its event."""
         if body_digest is not None:
             body_digest = _text(body_digest, "body_digest", limit=128)
             lost = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
@@ -899,20 +1064,26 @@ class SqlStore(DirectionStore, ReplicaStore):
                 if busy is not None:
                     raise DuplicateInFlightError(str(busy[0]))
         reservation_id = new_id("rsv")
-        if self._one(cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
-                          "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled >= ? AND "
-                          "(call_cap = 0 OR calls < call_cap) RETURNING id",
-                     (amount, goal_id, now, amount)) is None:
+        # Inside a live slice the goal's row is not touched: the slice was carved from it at claim (money, and
+        # calls when the goal caps them), so its checks already hold; the deadline was read by the task's update.
+        if slice_token is None and self._one(
+                cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                     "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled - escrowed >= ? AND "
+                     "(call_cap = 0 OR calls + escrowed_calls < call_cap) RETURNING id",
+                (amount, goal_id, now, amount)) is None:
             goal = self._goal_row(cur, goal_id)
-            if goal.deadline is not None and now >= goal.deadline:
-                raise DeadlinePassedError(goal.id, goal.deadline)
-            if goal.call_cap and goal.envelope.calls >= goal.call_cap:
-                raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
-            raise BudgetExceededError(f"goal {goal.id}", amount, goal.envelope.available)
-        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            deadline, cap, calls, available = self._one(
+                cur, "SELECT deadline, call_cap, calls + escrowed_calls, budget - reserved - settled - escrowed "
+                     "FROM goals WHERE id = ?", (goal_id,))
+            if deadline is not None and now >= deadline:
+                raise DeadlinePassedError(goal.id, deadline)
+            if cap and int(calls) >= int(cap):
+                raise CallCapExceededError(f"goal {goal.id}", int(cap))
+            raise BudgetExceededError(f"goal {goal.id}", amount, int(available))
+        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest, slice_token) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
-                     method, now, now, 0, 0, 0, worker_id, self.plane_id, body_digest))
+                     method, now, now, 0, 0, 0, worker_id, self.plane_id, body_digest, slice_token))
         self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
                                                    "reservation": reservation_id, "model": model,
                                                    "amount": amount, "method": method, "token": token})
@@ -928,6 +1099,9 @@ class SqlStore(DirectionStore, ReplicaStore):
             raise DeadlinePassedError(goal.id, goal.deadline)
         if task.envelope.call_cap and task.envelope.calls >= task.envelope.call_cap:
             raise CallCapExceededError(f"task {task.id}", task.envelope.call_cap)
+        in_slice = self._slice_available(cur, task.id)
+        if in_slice < task.envelope.available:
+            raise BudgetExceededError(f"task {task.id} (its slice)", amount, in_slice)
         raise BudgetExceededError(f"task {task.id}", amount, task.envelope.available)
 
     def _finish(self, reservation_id: str, target: ReservationState, actual: int | None,
@@ -944,15 +1118,27 @@ class SqlStore(DirectionStore, ReplicaStore):
                             reservation_id, actual, current.amount, charged)
             # Conditional on the state just read: under PostgreSQL a concurrent finish of the same hold (a late
             # settle racing an operator's reconcile) matches no row here, so the envelopes move only once.
-            if self._one(cur, "UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
-                              "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ? RETURNING id",
-                         (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
-                          current.state.value)) is None:
+            finished = self._one(cur, "UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
+                                      "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ? "
+                                      "RETURNING slice_token",
+                                 (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
+                                  current.state.value))
+            if finished is None:
                 raise IllegalTransitionError("reservation", reservation_id, "(changed meanwhile)", target.value)
             if target is not ReservationState.UNKNOWN:
-                for table, key in (("tasks", current.task_id), ("goals", current.goal_id)):
-                    cur.execute(f"UPDATE {table} SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
-                                (current.amount, charged, key))
+                # Lock order: the reservation (just updated), its task, then the goal. A hold of a slice still
+                # live is charged to its task's row only; one of a slice returned since (its held amount went
+                # to the goal's row with it) or of no slice is charged to the goal's row too.
+                in_slice = "slice_token IS NOT NULL AND slice_token = ?"
+                task_row = self._one(cur, "UPDATE tasks SET reserved = reserved - ?, settled = settled + ?, "
+                                          f"slice_reserved = slice_reserved - CASE WHEN {in_slice} THEN ? ELSE 0 END, "
+                                          f"slice_settled = slice_settled + CASE WHEN {in_slice} THEN ? ELSE 0 END "
+                                          f"WHERE id = ? RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END",
+                                     (current.amount, charged, finished[0], current.amount, finished[0], charged,
+                                      current.task_id, finished[0]))
+                if task_row is None or not task_row[0]:
+                    cur.execute("UPDATE goals SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
+                                (current.amount, charged, current.goal_id))
             self._event(cur, f"reservation.{target.value}", now, {
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,

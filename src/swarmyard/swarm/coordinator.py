@@ -590,6 +590,7 @@ class Coordinator:
                 raise UserError(f"run {self.run_id}: its goal {state.goal_id} is not in the store") from None
             self.settle_goal(goal.id)
             self._lose_holds(goal.id)
+            self.store.return_ended_slices(goal.id, every=True)  # their claims' holders died with the run
             wanted = str(self.config.evaluator.bundle_path) if self.config.evaluator else None
             if goal.evaluator != wanted:
                 # a goal's scores and its one holdout belong to one bundle: a resume cannot swap it
