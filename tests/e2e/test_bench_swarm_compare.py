@@ -41,6 +41,10 @@ def test_compare_runs_each_size_as_a_real_run_and_reports_the_ratio(tmp_path: Pa
         assert got[f"run_wall_s_{n}"] > 0 and got[f"run_tail_s_{n}"] >= 0
         # its workers' first calls came after the run began and before it closed
         assert 0 < got[f"run_last_first_call_s_{n}"] < got[f"run_wall_s_{n}"]
+        # the host's cores were busy with the run (its machines, its agents), and no more than all of them
+        assert 0 < got[f"run_host_busy_{n}"] <= 1 and got[f"run_host_cpu_s_per_worker_{n}"] > 0
+        # the run's own process tree (plane, sandboxes, agents) used CPU, within what the cores had
+        assert got[f"run_own_cpu_s_per_worker_{n}"] > 0 and 0 < got[f"run_own_cpu_share_{n}"] <= 1
     assert got["run_compare_ratio"] == pytest.approx(got["run_wall_s_3"] / got["run_wall_s_1"], rel=1e-2)
     assert not any("machines made" in note for note in got["notes"])  # one machine per worker and the lead's
 

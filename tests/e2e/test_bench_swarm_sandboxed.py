@@ -49,6 +49,9 @@ def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path:
     for phase in ("boot", "start", "to_call", "first_call"):
         assert 0 < got[f"phase_{phase}_s_median"] <= got[f"phase_{phase}_s_p90"] < got["wall_s"], phase
     assert got["phase_first_call_s_p90"] <= got["last_first_call_s"] < got["wall_s"]
+    # the host's cores until the last agent's first call: some share of them busy (booting and starting agents
+    # is work), never more than all of them
+    assert 0 < got["host_busy_ramp"] <= 1 and got["host_cpu_s_ramp_per_agent"] > 0
     assert got["agents_started_per_ideal"] >= 0 and got["agents_fitting_in_memory"] >= 0
     assert any("real local machines" in note for note in got["notes"])
 

@@ -9,12 +9,17 @@ put on the wall clock the store's events use). The ratio compared is the largest
 smallest's: with every worker in parallel and nothing else costing anything, it would be 1.
 
 Where each run's time went is read from the same store, per worker: its machine made (``machine.created``, from
-the run's start), its first model call held by the broker, and its agent run's end.
+the run's start), its first model call held by the broker, and its agent run's end. Beside it, how busy the host's
+cores were while the process ran (``/proc/stat``: every process and the kernel, this run's or not), and the CPU of
+the run's own process tree (its plane, its machines' sandboxes and the agents in them: ``getrusage`` of the children
+it reaped). Near 1, the larger run's extra time is the cores' work (machines booted and agents started, each a
+Python interpreter) and not a wait on a serial step; the run's own share says how much of that work was its own.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.bench.swarm_sandboxed import host_cpu
 
 #: steps each worker takes (the simulated answer is no action, so a step is the call and its re-asks)
 STEPS = 2
@@ -42,6 +48,10 @@ class RunTimes:
     first_calls_s: tuple[float, ...]  # each worker's first held call
     workers_done_s: float  # the last worker's agent run ended (the lead starts after it)
     machines: int
+    host_cpu_s: float = 0.0  # the host's busy CPU seconds while the process ran (all cores, everyone's)
+    host_busy: float = 0.0  # that over the process's time times the cores (1: every core busy throughout)
+    run_cpu_s: float = 0.0  # the CPU of the run's process tree (plane, sandboxes, agents), reaped at its exit
+    run_s: float = 0.0  # the process's own time, start to exit
 
 
 def _swarm_file(folder: Path, workers: int, latency_s: float) -> Path:
@@ -86,11 +96,14 @@ def measure(workers: int, latency_s: float) -> RunTimes:
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         wall, began = time.time(), time.monotonic()
+        cpu_before, tree_before = host_cpu(), _children_cpu_s()
         done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(_swarm_file(folder, workers,
                                                                                              latency_s)),
                                "--quiet"], cwd=folder, env=env, capture_output=True, text=True, timeout=3600,
                               check=False)
         exited = wall + (time.monotonic() - began)
+        busy, total = (after - before for after, before in zip(host_cpu(), cpu_before, strict=True))
+        tree = _children_cpu_s() - tree_before
         runs = list((folder / "runs").iterdir()) if (folder / "runs").is_dir() else []
         if len(runs) != 1:
             raise RuntimeError(f"swarmyard run exit {done.returncode} left no run folder: {done.stderr[-2000:]}")
@@ -108,9 +121,16 @@ def measure(workers: int, latency_s: float) -> RunTimes:
         ended = _workers_ended(runs[0], workers)
         return RunTimes(workers, done.returncode, closed - first, exited - closed,
                         (worker_made[-1] - first) if worker_made else 0.0,
-                        tuple(t - first for t in calls), (ended - first) if ended else 0.0, len(made))
+                        tuple(t - first for t in calls), (ended - first) if ended else 0.0, len(made), busy,
+                        busy / max(1e-9, total), tree, exited - wall)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _children_cpu_s() -> float:
+    """User and system CPU of every child this process reaped (and of what each of them reaped in turn)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _workers_ended(run_dir: Path, workers: int) -> float | None:
@@ -127,6 +147,7 @@ def _median(values: tuple[float, ...]) -> float:
 def run(sizes: list[int], latency_s: float) -> BenchResult:
     """Measure each size (smallest first) and compare the largest's wall time with the smallest's."""
     result = BenchResult(area="swarm")
+    cores = len(os.sched_getaffinity(0))
     got: dict[int, RunTimes] = {}
     for n in sorted(set(sizes)):
         times = got[n] = measure(n, latency_s)
@@ -138,10 +159,22 @@ def run(sizes: list[int], latency_s: float) -> BenchResult:
                             "s"))
         result.add(BenchRow(f"{label}: last worker's agent ended", times.workers_done_s, "s"))
         result.add(BenchRow(f"{label}: process exit after run.closed", times.tail_s, "s", target="<= 5"))
+        result.add(BenchRow(f"{label}: host cores busy while it ran (all processes, kernel)", times.host_busy,
+                            "share"))
+        result.add(BenchRow(f"{label}: host CPU while it ran, per worker (all processes, kernel)",
+                            times.host_cpu_s / n, "s"))
+        result.add(BenchRow(f"{label}: the run's own CPU (plane, sandboxes, agents), per worker",
+                            times.run_cpu_s / n, "s"))
+        result.add(BenchRow(f"{label}: the run's own CPU over its time on every core", times.run_cpu_s
+                            / max(1e-9, times.run_s * cores), "share"))
         result.summary[f"run_wall_s_{n}"] = round(times.wall_s, 3)
         result.summary[f"run_tail_s_{n}"] = round(times.tail_s, 3)
         result.summary[f"run_last_first_call_s_{n}"] = round(max(times.first_calls_s, default=0.0), 3)
         result.summary[f"run_exit_code_{n}"] = times.exit_code
+        result.summary[f"run_host_busy_{n}"] = round(times.host_busy, 3)
+        result.summary[f"run_host_cpu_s_per_worker_{n}"] = round(times.host_cpu_s / n, 3)
+        result.summary[f"run_own_cpu_s_per_worker_{n}"] = round(times.run_cpu_s / n, 3)
+        result.summary[f"run_own_cpu_share_{n}"] = round(times.run_cpu_s / max(1e-9, times.run_s * cores), 3)
         if times.machines < n + 1:
             result.notes.append(f"{n} workers: {times.machines} machines made (expected {n} and the lead's)")
     small, large = min(got), max(got)

@@ -14,7 +14,10 @@ What else it reports, to say where it saturates:
   plane's CPU per request;
 - memory per machine: how far the host's ``MemAvailable`` fell while the most agents were alive, divided by
   them (the agent, the sandbox's init and relay, its disk, the kernel's share);
-- the ramp: how long after the start the last agent was up, and the CPU all of this took over the wall time.
+- the ramp: how long after the start the last agent was up, and the CPU all of this took over the wall time;
+- how busy the host's cores were (``/proc/stat``: every process and the kernel, this benchmark's or not) from
+  the start until the last agent's first model call: near 1, the ramp is the cores' work and nothing waits on a
+  serial step; well under 1, something serial holds the agents back.
 
 On one host the agents' start-up is CPU (imports, mostly): N agents need N times one agent's CPU before the
 last one makes its first call, so ``wall - ideal`` grows with N over the cores; memory caps N at
@@ -107,6 +110,10 @@ class SandboxedRun:
     failures: tuple[str, ...] = field(default_factory=tuple)
     #: where each agent's time went before its first model call, one :class:`Phases` per agent that made one
     phases: tuple[Phases, ...] = field(default_factory=tuple)
+    #: the host's busy CPU seconds (all cores, everyone's processes and the kernel) from the start until the last
+    #: agent's first call, and that over the ramp's wall time times the cores (1: every core busy throughout)
+    host_cpu_s_ramp: float = 0.0
+    host_busy_ramp: float = 0.0
 
     @property
     def ideal_s(self) -> float:
@@ -130,6 +137,15 @@ def _mem_available() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def host_cpu() -> tuple[float, float]:
+    """The host's busy and total CPU seconds since boot, summed over its cores (``/proc/stat``: idle and iowait
+    are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz
 
 
 def _ours(mark: bytes) -> int:
@@ -159,21 +175,34 @@ class _Sampler:
         self.all_up_at: float | None = None
         self.started = time.perf_counter()
         self.wanted = 0
+        #: every second: (seconds since the start, the host's busy and total CPU seconds)
+        self.cpu: list[tuple[float, float, float]] = []
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def start(self, wanted: int) -> None:
         self.wanted = wanted
         self.started = time.perf_counter()
+        self.cpu.append((0.0, *host_cpu()))
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
+            self.cpu.append((time.perf_counter() - self.started, *host_cpu()))
             alive = min(self.wanted, _ours(self._mark))  # (a forked child of an agent carries its mark too)
             if alive >= self.most_alive:
                 self.most_alive = alive
                 self.drop_at_most = max(0, self.baseline - _mem_available())
             if alive >= self.wanted and self.all_up_at is None:
                 self.all_up_at = time.perf_counter() - self.started
+
+    def busy_until(self, at_s: float) -> tuple[float, float]:
+        """The host's busy CPU seconds from the start until the last sample at or before ``at_s`` (the first one
+        after the start at least), and their share of all the cores' time then."""
+        if len(self.cpu) < 2:
+            return 0.0, 0.0
+        _, busy0, total0 = self.cpu[0]
+        _, busy, total = max((c for c in self.cpu[1:] if c[0] <= at_s), default=self.cpu[1])
+        return busy - busy0, (busy - busy0) / max(1e-9, total - total0)
 
     def stop(self) -> None:
         self._stop.set()
@@ -279,7 +308,8 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
         sampler.all_up_at if sampler.all_up_at is not None else wall, sampler.most_alive, sampler.drop_at_most,
         tuple(a.cpu_s for a in agents if a.cpu_s is not None),
         tuple(a.maxrss_kib for a in agents if a.maxrss_kib is not None),
-        tuple(a.boot_s for a in agents if a.boot_s), server_cpu, bench_cpu, requests, failures[:5], phases)
+        tuple(a.boot_s for a in agents if a.boot_s), server_cpu, bench_cpu, requests, failures[:5], phases,
+        *sampler.busy_until(max((p.first_call_s for p in phases), default=wall)))
 
 
 def _phases(agents: list[_Agent], workers: list[str], task_of: dict[str, str],
@@ -343,6 +373,10 @@ def summary_of(got: SandboxedRun, cores: int) -> dict[str, float | int | bool]:
         # the cores' share this run kept busy over its wall time (the agents, the plane, the machines' host side)
         "cpu_utilisation": round(busy / (got.wall_s * cores), 3) if got.wall_s else 0.0,
         "cores": cores,
+        # the whole host's cores from the start until the last agent's first call: near 1, CPU-bound (the cores' work,
+        # everyone's: other processes on the host count too); well under 1, agents waited on something serial
+        "host_busy_ramp": round(got.host_busy_ramp, 3),
+        "host_cpu_s_ramp_per_agent": round(got.host_cpu_s_ramp / max(1, got.workers), 3),
         # what the measured costs allow on this host: agents that start within one ideal, and that fit in memory
         "agents_started_per_ideal": int(got.ideal_s * cores / max(1e-9, busy / max(1, got.workers))),
         "agents_fitting_in_memory": int(_mem_available() // max(1, got.memory_per_machine_bytes)),
@@ -383,6 +417,10 @@ def run(quick: bool = False, workers: int = 0) -> BenchResult:
                                  "s"),
                                 ("first call, from the start of the burst (p90)", "phase_first_call_s_p90", "s"),
                                 ("the last agent's first call, from the start", "last_first_call_s", "s"),
+                                ("host cores busy until the last agent's first call (all processes, kernel)",
+                                 "host_busy_ramp", "share"),
+                                ("host CPU until the last agent's first call, per agent (all processes, kernel)",
+                                 "host_cpu_s_ramp_per_agent", "s"),
                                 ("server CPU per request", "server_cpu_ms_per_request", "ms")):
             result.add(BenchRow(f"{label}: {name}", float(summary[key]), unit))
         result.summary[f"overhead_ratio_sandboxed_{n}"] = summary["overhead_ratio"]
