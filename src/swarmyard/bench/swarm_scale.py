@@ -33,7 +33,7 @@ from typing import Any, cast
 
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.bench.swarm import MODEL, WorkerClient, _run_on_uvloop, _tree_cpu_s, _wait_ready
-from swarmyard.domain import GoalSpec, Price, ReservationState, TaskSpec
+from swarmyard.domain import GoalSpec, Price, Quotas, ReservationState, TaskSpec
 
 #: seconds of simulated model latency per worker: at this scale the host's two cores serve every worker's
 #: requests of one round within a fraction of the latency (see the module's docstring)
@@ -310,7 +310,11 @@ def measure(workers: int, *, store_url: str | None, replicas: int,
     try:
         # a price, so that every settled hold moves money and the envelopes' check after has amounts to add up
         store.set_price(Price(MODEL, input_per_mtok=1_000_000, output_per_mtok=2_000_000))
-        goal = store.create_goal(GoalSpec("bench swarm at scale", 10**12, workers * (CALLS + 1))).id
+        # the goal's board quota raised to the workers' posts (the default, 10,000 posts, is one post per
+        # worker at 10,000: measured, it refused every worker's second post)
+        quotas = Quotas(board_posts=workers * CALLS + 100, board_bytes=workers * CALLS * 1024 + 2**20)
+        goal = store.create_goal(GoalSpec("bench swarm at scale", 10**12, workers * (CALLS + 1),
+                                          quotas=quotas)).id
         for i in range(workers):
             store.create_task(goal, TaskSpec(f"task {i}", budget_micro_usd=10**6))
         authority = TokenAuthority(load_or_create_secret(secret), store)
