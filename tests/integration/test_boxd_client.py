@@ -78,6 +78,29 @@ def test_a_fork_keeps_the_disk_and_has_its_own_identity(boxd: Boxd) -> None:
     assert tokens[0] != tokens[1] and all(t.startswith("sy1.") for t in tokens)
 
 
+def test_every_agent_login_file_is_written_private_with_the_machine_s_own_token(boxd: Boxd) -> None:
+    from swarmyard.boxd import _logins
+    from swarmyard.boxd._plane import Login
+
+    source = boxd.machines.create("source")
+    boxd.machines.wait_until_ready(source.id)
+    fork = boxd.machines.fork("source", "copy")
+    boxd.machines.wait_until_ready(fork.id)
+    tokens = {name: boxd.machines.exec(name, "echo $SWARMYARD_TOKEN").stdout.strip() for name in ("source", "copy")}
+    assert tokens["source"] != tokens["copy"]
+    for name, token in tokens.items():
+        # only the paths are read here: they depend on neither the relay nor the login
+        paths = sorted(_logins.files("http://127.0.0.1:1", Login("w", "t", "task", 1, "g"), MODEL))
+        assert len(paths) == 6
+        modes = boxd.machines.exec(name, ["stat", "-c", "%a", *paths])
+        assert modes.success and modes.stdout.split() == ["600"] * 6, modes.stderr
+        texts = [boxd.machines.files.download(name, path).decode() for path in paths]
+        # a fork's files are its own, written at its ready over the ones its disk copied
+        assert sum(token in text for text in texts) >= 4, (name, paths)
+        other = tokens["copy" if name == "source" else "source"]
+        assert not any(other in text for text in texts), name
+
+
 def test_bad_input_is_refused_and_changes_nothing(boxd: Boxd) -> None:
     boxd.machines.create("only")
     with pytest.raises(UserError, match="isolated"):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError
-from swarmyard.machines import AsyncMachines, Limits, Machines, cgroups
+from swarmyard.errors import InvalidInputError, MachineRefusedError, NotFoundError, SandboxError
+from swarmyard.machines import AsyncMachines, Limits, Machines, cgroups, wire
 from swarmyard.machines.process import ProcessWarning
 
 
@@ -75,6 +75,21 @@ def test_files_roundtrip_and_missing(machines: Machines) -> None:
     assert machines.exec(info.id, "wc -c < dir/a.bin").stdout.strip() == b"2560"
     with pytest.raises(NotFoundError):  # a file that is not there, as the caller named it: not the host's fault
         machines.files.download(info.id, "nope.txt")
+
+
+def test_upload_many_writes_every_file_and_raises_a_refusal_after_the_others(machines: Machines) -> None:
+    info = machines.create("many")
+    big = os.urandom(wire.MAX_FRAME + 1)  # over one frame: sent on its own, beside the others
+    files = {f"d{i}/f.txt": f"text {i}".encode() for i in range(6)} | {"empty": b"", "big.bin": big}
+    machines.files.upload_many(info.id, files, mode=0o600)
+    for path, data in files.items():
+        assert machines.files.download(info.id, path) == data
+    assert machines.exec(info.id, "stat -c %a d0/f.txt d5/f.txt big.bin").stdout.split() == [b"600"] * 3
+    # a path under a regular file is refused by the machine; the files around it are still written
+    with pytest.raises(MachineRefusedError):
+        machines.files.upload_many(info.id, {"first.txt": b"1", "d0/f.txt/under": b"x", "last.txt": b"2"})
+    assert machines.files.download(info.id, "first.txt") == b"1"
+    assert machines.files.download(info.id, "last.txt") == b"2"
 
 
 def test_fork_is_copy_on_write(machines: Machines) -> None:

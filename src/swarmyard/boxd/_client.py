@@ -17,8 +17,6 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
@@ -86,6 +84,8 @@ class _Kept:
     spawn: bool = False
     env: dict[str, str] = field(default_factory=dict)
     provisioned: bool = False
+    #: its login files and variables made while it boots, for the relay the previous machine's init named
+    prepared: _logins.Logins | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -123,9 +123,9 @@ class MachinesResource:
         self._kept: dict[str, _Kept] = {}
         self._paused: set[str] = set()
         self.files = Files(self)
-        #: threads that write a machine's login files at once (made at the first machine's ready)
-        self._uploads: ThreadPoolExecutor | None = None
-        self._uploads_lock = threading.Lock()
+        #: the relay the last machine's init named: a backend's machines have the same one (a fixed port in each
+        #: machine's own network), so the next machine's logins are made for it while that machine boots
+        self._relay: str | None = None
 
     # -- lookups ---------------------------------------------------------------------------------------------
 
@@ -200,7 +200,7 @@ class MachinesResource:
         info = self._sync.create(name, baseline, group or DEFAULT_GROUP, env=env, limits=limits,
                                  control_socket=plane.socket, networks=networks)
         login = self._log_in(plane, info, group or DEFAULT_GROUP)
-        self._kept[info.id] = _Kept(login, source, spawn=spawn)
+        self._kept[info.id] = _Kept(login, source, spawn=spawn, prepared=self._prepare(login, plane.model))
         if spawn:
             self._client._spawners.allow(info.id, login.token)
         return self._record(info)
@@ -226,27 +226,27 @@ class MachinesResource:
         with kept.lock:
             if not kept.provisioned:
                 ready = self._sync.wait_until_ready(info.id, timeout_s)
-                relay = f"http://127.0.0.1:{ready.relay_port}"
-                model = self._client._plane_now().model
-                self._write_logins(info.id, _logins.files(relay, kept.login, model))
-                kept.env = _logins.environment(relay, kept.login, model)
+                relay = self._relay = f"http://127.0.0.1:{ready.relay_port}"
+                made = kept.prepared
+                if made is None or made.relay_url != relay:
+                    made = _logins.logins(relay, kept.login, self._client._plane_now().model)
+                self._write_logins(info.id, made.files)
+                kept.env = dict(made.env)
                 if kept.spawn:
                     kept.env["SWARMYARD_BOXD_URL"] = relay  # its Boxd() makes machines through this client
                 kept.provisioned = True
         return info.id
 
+    def _prepare(self, login: Login, model: str) -> _logins.Logins | None:
+        """The machine's login files and variables, made while it boots (off the path from its ready to its first
+        exec) for the relay the previous machine had; ``None`` before any machine was ready."""
+        return None if self._relay is None else _logins.logins(self._relay, login, model)
+
     def _write_logins(self, machine_id: str, files: Mapping[str, str]) -> None:
         """Write the agents' login files into the machine all at once: each is a connection to its init, which
-        serves each on a thread of its own, so the six take about one's time instead of six in a row."""
-        if self._uploads is None:
-            with self._uploads_lock:
-                if self._uploads is None:
-                    self._uploads = ThreadPoolExecutor(max_workers=len(files) or 1, thread_name_prefix="boxd-files")
-        sent = [self._uploads.submit(self._sync.files.upload, machine_id, path, text.encode(), mode=0o600)
-                for path, text in files.items()]
-        futures.wait(sent)  # every one ended before a failure is raised: none is left writing behind it
-        for done in sent:
-            done.result()
+        serves each on a thread of its own, and every one is sent before any answer is awaited, so the six take
+        about one's time instead of six in a row, with no thread of this process woken per file."""
+        self._sync.files.upload_many(machine_id, {path: text.encode() for path, text in files.items()}, mode=0o600)
 
     @_typed_exhaustion
     def exec(
@@ -280,7 +280,8 @@ class MachinesResource:
         self._client._spawners.check_name(name, spawn=False)
         info = self._sync.fork(source.id, name, control_socket=plane.socket)
         login = self._log_in(plane, info, source.group or DEFAULT_GROUP)
-        self._kept[info.id] = _Kept(login, MachineSource("fork", source.name, id=source.id))
+        self._kept[info.id] = _Kept(login, MachineSource("fork", source.name, id=source.id),
+                                    prepared=self._prepare(login, plane.model))
         return self._record(info)
 
     def _log_in(self, plane: Plane, info: MachineInfo, group: str) -> Login:
@@ -355,9 +356,6 @@ class MachinesResource:
                 self.delete(machine_id)
             except NotFoundError:
                 self._kept.pop(machine_id, None)
-        if self._uploads is not None:
-            self._uploads.shutdown(wait=True)
-            self._uploads = None
 
 
 class _Background:

@@ -10,6 +10,7 @@ broker serves. Nothing here is a provider key: the broker swaps those in upstrea
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
 from swarmyard.boxd._plane import Login
@@ -29,13 +30,39 @@ def _context(relay_url: str, login: Login, model: str) -> AdapterContext:
                           fencing_token=login.fencing_token)
 
 
+@dataclass(frozen=True, slots=True)
+class Logins:
+    """A machine's login to the broker: the variables of every exec and the files in its home, for one relay."""
+
+    relay_url: str
+    env: dict[str, str]
+    files: dict[str, str]
+
+
+def logins(relay_url: str, login: Login, model: str) -> Logins:
+    """``environment`` and ``files`` at once, from one pass over the adapters (each one's launch is built once: the
+    JSON they write is most of the time this takes)."""
+    ctx = _context(relay_url, login, model)
+    launches = [get_adapter(agent).launch(ctx) for agent in _AGENTS]
+    return Logins(relay_url, _environment(ctx, login, model, [launch.env for launch in launches]),
+                  _files(ctx, login, model, [launch.files for launch in launches]))
+
+
 def environment(relay_url: str, login: Login, model: str) -> dict[str, str]:
     """The variables every exec in the machine gets."""
-    ctx = _context(relay_url, login, model)
+    return logins(relay_url, login, model).env
+
+
+def files(relay_url: str, login: Login, model: str) -> dict[str, str]:
+    """The files written into the machine's home once it is ready (absolute path -> text)."""
+    return logins(relay_url, login, model).files
+
+
+def _environment(ctx: AdapterContext, login: Login, model: str, launched: list[dict[str, str]]) -> dict[str, str]:
+    relay_url = ctx.relay_url
     env: dict[str, str] = {}
-    for agent in _AGENTS:
-        launch = get_adapter(agent).launch(ctx)
-        env.update({k: v for k, v in launch.env.items() if k not in _MACHINE_OWNS})
+    for launch_env in launched:
+        env.update({k: v for k, v in launch_env.items() if k not in _MACHINE_OWNS})
     env.update({
         "HOME": HOME,
         "USER": "boxd",
@@ -55,12 +82,10 @@ def environment(relay_url: str, login: Login, model: str) -> dict[str, str]:
     return env
 
 
-def files(relay_url: str, login: Login, model: str) -> dict[str, str]:
-    """The files written into the machine's home once it is ready (absolute path -> text)."""
-    ctx = _context(relay_url, login, model)
+def _files(ctx: AdapterContext, login: Login, model: str, launched: list[dict[str, str]]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for agent in _AGENTS:
-        out.update(get_adapter(agent).launch(ctx).files)
+    for launch_files in launched:
+        out.update(launch_files)
     # pi takes its provider and model from its settings when no flag names them
     pi_settings = f"{HOME}/.pi/agent/settings.json"
     settings = json.loads(out.get(pi_settings, "{}"))

@@ -129,6 +129,20 @@ class Files:
         with self._machines.idle.active(machine_id):
             self._machines.backend.upload(machine_id, path, bytes(data), mode)
 
+    def upload_many(self, machine_id: str, files: Mapping[str, bytes], *, mode: int = 0o644) -> None:
+        """Write several files at once (path -> data, all with ``mode``): on a backend that can, every file is
+        sent before any answer is awaited, which costs about one upload's time instead of one per file."""
+        if not all(isinstance(data, bytes | bytearray) for data in files.values()):
+            raise InvalidInputError("upload data must be bytes", field="data")
+        wanted = [(self._machines.path(path), bytes(data), mode) for path, data in files.items()]
+        many = getattr(self._machines.backend, "upload_many", None)
+        with self._machines.idle.active(machine_id):
+            if many is not None:
+                many(machine_id, wanted)
+                return
+            for path, data, file_mode in wanted:
+                self._machines.backend.upload(machine_id, path, data, file_mode)
+
     def download(self, machine_id: str, path: str) -> bytes:
         """Read ``path`` from the machine."""
         path = self._machines.path(path)

@@ -747,6 +747,12 @@ class SupervisedBackend:
         with self._on_init(machine):
             machine.client.upload(path, data, mode)
 
+    def upload_many(self, machine_id: str, files: Sequence[tuple[str, bytes, int]]) -> None:
+        """Write several files (path, data, mode) inside the machine at once, as the machine."""
+        machine = self._ready(machine_id)
+        with self._on_init(machine):
+            machine.client.upload_many(files)
+
     def download(self, machine_id: str, path: str) -> bytes:
         """Read a file from inside the machine, as the machine."""
         machine = self._ready(machine_id)
