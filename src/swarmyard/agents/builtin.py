@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -316,6 +317,9 @@ class BuiltinAgent:
         #: the lines the worker's searches returned (``path:line: text``): a finding submitted alone cites them
         self._lines: list[str] = []
         self._settings = settings
+        #: when the claim was last renewed (monotonic; the claim comes after this): ``_keep_claim`` counts its
+        #: interval from here, across model calls
+        self._renewed_at = time.monotonic()
         self._findings_seen: list[str] = []
         self._posts_seen: list[str] = []
         #: SHA-256 of every artifact this agent submitted: its finding cites them (and so carries their score)
@@ -659,9 +663,14 @@ class BuiltinAgent:
         return "\n\n".join(p for p in parts if p)
 
     async def _keep_claim(self) -> None:
-        """Renew the lease while a (possibly slow) model call is in flight: the worker is alive, just waiting."""
+        """Renew the lease while a (possibly slow) model call is in flight: the worker is alive, just waiting.
+
+        The interval counts from the last renewal, not from this call's start: each call starts a keeper and
+        ends it, so a run of calls each shorter than the interval (a lead's ten 1.5 s answers on a 15 s
+        lease) never renewed, and the claim lapsed in the middle of the work."""
         while True:
-            await asyncio.sleep(self._settings.heartbeat_s)
+            await asyncio.sleep(max(0.0, self._renewed_at + self._settings.heartbeat_s - time.monotonic()))
+            self._renewed_at = time.monotonic()
             try:
                 await self._plane.call("heartbeat", {})
             except SwarmyardError as exc:
