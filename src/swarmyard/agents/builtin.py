@@ -753,6 +753,15 @@ class BuiltinAgent:
             raise
 
     async def _run_tool(self, action: Action) -> Any:
+        # a command may run far longer than a lease (up to its exec timeout): the claim is kept meanwhile, as
+        # during a model call
+        keeper = asyncio.create_task(self._keep_claim())
+        try:
+            return await self._run_tool_kept(action)
+        finally:
+            keeper.cancel()
+
+    async def _run_tool_kept(self, action: Action) -> Any:
         args = action.args
         try:
             governed.refuse(action.tool, self._settings.profile)  # a typed refusal the model is shown
