@@ -206,24 +206,25 @@ def test_a_delegated_task_carves_from_its_parents_slice(escrow_store: Any) -> No
     check_escrow_binds(store, goal)
 
 
-def test_a_goal_call_cap_is_carved_exactly(escrow_store: Any) -> None:
+def test_a_goal_call_cap_is_shared_not_carved(escrow_store: Any) -> None:
+    # a goal that caps calls gives no slices: its tasks share its calls first come, first served (a carved cap let
+    # one claim take the goal's every call while the goal had made none)
     store, _ = escrow_store
     goal = store.create_goal(GoalSpec("g", 100_000, 5)).id
-    capped = store.create_task(goal, TaskSpec("a", budget_micro_usd=1_000, call_cap=3, priority=2)).id
+    capped = store.create_task(goal, TaskSpec("a", budget_micro_usd=1_000, call_cap=5, priority=2)).id
     uncapped = store.create_task(goal, TaskSpec("b", budget_micro_usd=1_000, priority=1)).id
     a = store.claim(goal, "wa", 60)
     b = store.claim(goal, "wb", 60)
     assert a is not None and b is not None and (a.task.id, b.task.id) == (capped, uncapped)
-    assert _slice(store, capped)["call_cap"] == 3 and _goal_row(store, goal)["escrowed_calls"] == 3
-    assert _slice(store, uncapped)["token"] is None, "a task with no cap of its own got a slice of a capped goal"
-    for _ in range(2):  # the uncapped task's calls count on the goal's row: 2 of the 5 - 3 left
-        store.reserve(uncapped, b.token, model="m", amount=1, method="x")
-    with pytest.raises(CallCapExceededError):
+    assert _slice(store, capped)["token"] is None and _slice(store, uncapped)["token"] is None
+    assert _goal_row(store, goal)["escrowed_calls"] == 0 and _goal_row(store, goal)["escrowed"] == 0
+    for _ in range(2):  # the uncapped task takes 2 of the goal's 5 calls; the capped one the 3 left
         store.reserve(uncapped, b.token, model="m", amount=1, method="x")
     for _ in range(3):
         store.reserve(capped, a.token, model="m", amount=1, method="x")
-    with pytest.raises(CallCapExceededError):
-        store.reserve(capped, a.token, model="m", amount=1, method="x")
+    for task, token in ((capped, a.token), (uncapped, b.token)):
+        with pytest.raises(CallCapExceededError):
+            store.reserve(task, token, model="m", amount=1, method="x")
     assert store.get_goal(goal).envelope.calls == 5
     check_escrow_binds(store, goal)
 

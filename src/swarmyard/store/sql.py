@@ -376,17 +376,18 @@ class SqlStore(DirectionStore, ReplicaStore):
     # Lock order, everywhere: a reservation, then its task, then the goal; never the other way.
 
     def _carve(self, cur: Cursor, task_id: str, token: int, now: float) -> bool:
-        """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend, and,
-        when the goal caps calls, the task's remaining calls (a task with no cap of its own on a capped goal
-        gets no slice: its holds count on the goal's row, exact, as before escrow). False when no slice was
-        carved; its holds then charge the goal's row as well, which is correct, only slower."""
+        """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend.
+        A goal that caps calls gives no slices: its tasks' holds count on the goal's row, exact, as before escrow,
+        and its tasks share its calls first come, first served. (Carving a task's remaining calls into its slice
+        let one claim take a goal's whole cap while the goal had made no call, and its peers' claims were then
+        refused every call until it ended.) False when no slice was carved; its holds then charge the goal's row
+        as well, which is correct, only slower."""
         self._return_slice(cur, task_id, None, now, stale_for=token)
         goal_cap = "(SELECT g.call_cap FROM goals g WHERE g.id = tasks.goal_id)"
         row = self._one(cur, "UPDATE tasks SET slice_token = ?, slice = budget - reserved - settled, "
-                             f"slice_call_cap = CASE WHEN {goal_cap} = 0 THEN 0 ELSE call_cap - calls END, "
-                             "slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
+                             "slice_call_cap = 0, slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
                              "WHERE id = ? AND fencing_token = ? AND state = 'claimed' AND slice_token IS NULL "
-                             f"AND (call_cap > 0 OR {goal_cap} = 0) RETURNING goal_id, slice, slice_call_cap",
+                             f"AND {goal_cap} = 0 RETURNING goal_id, slice, slice_call_cap",
                         (token, task_id, token))
         if row is None:
             return False
