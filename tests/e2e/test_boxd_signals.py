@@ -6,7 +6,9 @@ it left (the machines' folders and cgroups, and the plane's folder).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -113,6 +115,33 @@ def test_a_signal_deletes_the_machines_and_the_plane(folder: Path, sig: signal.S
         names, pids, planes = _state(folder, script.pid)
         script.send_signal(sig)
         assert script.wait(120) == status, script.stderr.read() if script.stderr else ""
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+    _gone(names, pids, planes, folder)
+
+
+def _tgkill(pid: int, tid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to one thread of ``pid`` (``tgkill(2)``): where the kernel may hand a signal sent to the process."""
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # SYS_tgkill
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, int(sig)) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_ends_the_script(folder: Path) -> None:
+    """The kernel gives a signal sent to the process to any thread that does not block it; Python runs its handler
+    in the main thread only, once that thread leaves its system call. The script's main thread waits on its
+    machine's 600-second command: SIGTERM delivered to one of the client's own threads must end it all the same
+    (it waited for the command's end before)."""
+    script = _start(folder)
+    try:
+        names, pids, planes = _state(folder, script.pid)
+        others = [int(t) for t in os.listdir(f"/proc/{script.pid}/task") if int(t) != script.pid]
+        assert others  # the plane's server, the claims' renewer, the launchers...
+        _tgkill(script.pid, others[0], signal.SIGTERM)
+        assert script.wait(120) == 143, script.stderr.read() if script.stderr else ""
     finally:
         if script.poll() is None:
             script.kill()

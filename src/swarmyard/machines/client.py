@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +25,11 @@ from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
 #: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.
 GRACE_S = 5.0
+#: The longest a wait for an exec's next output blocks in one system call. The kernel hands a signal sent to the
+#: process (SIGTERM ending a Boxd script) to any thread that does not block it; Python runs its handler in the main
+#: thread only, and only once that thread comes back from its system call: an exec of a long command waiting in
+#: ``recv`` would hear it only when the command ended. Waking this often runs the handler within this bound.
+WAKE_S = 0.5
 #: How long a file transfer waits on the init between two steps before it says the machine is not responding.
 TRANSFER_TIMEOUT_S = 60.0
 #: The most a download brings back: the whole file is held in this process, and a machine decides what its
@@ -66,6 +72,20 @@ class _Kept:
     def value(self) -> bytes:
         tail = self.tail[-self._cap.tail_bytes :] if self._cap.tail_bytes else b""
         return bytes(self.head) + bytes(tail)
+
+
+def _await_data(sock: socket.socket, timeout_s: float | None) -> None:
+    """Return once ``sock`` has data (or its peer hung up); ``TimeoutError`` after ``timeout_s`` with none. Waits in
+    slices of :data:`WAKE_S`, between which the main thread runs the signal handlers due (see there)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+        if left <= 0:
+            raise TimeoutError("no output from the machine in time")
+        if poller.poll(left * 1000):
+            return
 
 
 class InitClient:
@@ -121,6 +141,7 @@ class InitClient:
             wire.send_frame(sock, b"q", request)
             while True:
                 try:
+                    _await_data(sock, host_timeout)
                     frame = wire.recv_frame(sock)
                 except TimeoutError:
                     # Closing the connection makes the init kill the command's process tree.
