@@ -90,8 +90,8 @@ class Store(Protocol):
         ...
 
     def cancel_task(self, task_id: str, reason: str) -> Task:
-        """End a pending or claimed task for good; the unspent part of its envelope goes back to where it was
-        carved from (the goal, or its parent)."""
+        """End a pending or claimed task for good; the unspent part of its envelope goes to its nearest live
+        ancestor, else to the goal's unallocated budget."""
         ...
 
     def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:

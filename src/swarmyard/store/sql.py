@@ -624,7 +624,9 @@ class SqlStore(DirectionStore, ReplicaStore):
 
     def cancel_task(self, task_id: str, reason: str) -> Task:
         """End a pending or claimed task that will do no more (a claim on it ends), and give the unspent part of
-        its envelope back where it was carved from: the goal's unallocated budget, or its parent's envelope.
+        its envelope back to where it can still be spent: the envelope of its nearest live (pending or claimed)
+        ancestor, else the goal's unallocated budget. (An ended parent's envelope can spend nothing: a grandchild
+        cancelled after its cancelled parent used to leave its budget there, out of the goal for good.)
 
         Its budget becomes what it has spent and still holds, so a hold in flight settles inside it and the goal's
         ledger stays exact."""
@@ -642,20 +644,32 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 raise IllegalTransitionError("task", task_id, "(changed meanwhile)", TaskState.CANCELLED.value)
             self._return_slice(cur, task_id, None, now)
-            if task.parent_id is None:
+            heir = self._give_to_live_ancestor(cur, task.parent_id, unspent, task.goal_id)
+            if heir is None:
                 cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
-            else:
-                # into the parent's live slice too, if it has one: its holds are bounded by that slice
-                parent = self._one(cur, "UPDATE tasks SET budget = budget + ?, slice = slice + CASE WHEN "
-                                        "slice_token IS NULL THEN 0 ELSE ? END WHERE id = ? RETURNING slice_token",
-                                   (unspent, unspent, task.parent_id))
-                if parent is not None and parent[0] is not None:
-                    cur.execute("UPDATE goals SET escrowed = escrowed + ? WHERE id = ?", (unspent, task.goal_id))
             if task.state is TaskState.CLAIMED and task.fencing_token is not None:
                 self.follow_claim(cur, task_id, task.fencing_token, None)
             self._event(cur, "task.cancelled", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
-                                                     "returned": unspent})
+                                                     "returned": unspent, "returned_to": heir})
             return rows.task(row)
+
+    def _give_to_live_ancestor(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
+        """Add ``amount`` to the envelope of the nearest live (pending or claimed) task up the chain from
+        ``parent_id``, and to its live slice too if it has one (its holds are bounded by that slice); the id of
+        that task, or None when no ancestor is live. Each step's update is conditional on the ancestor still being
+        live, so an ancestor cancelled concurrently either passes this amount on with its own (our update came
+        first) or is skipped (its cancel came first)."""
+        while parent_id is not None:
+            given = self._one(cur, "UPDATE tasks SET budget = budget + ?, slice = slice + CASE WHEN slice_token IS "
+                                   "NULL THEN 0 ELSE ? END WHERE id = ? AND state IN ('pending', 'claimed') "
+                                   "RETURNING slice_token", (amount, amount, parent_id))
+            if given is not None:
+                if given[0] is not None:
+                    cur.execute("UPDATE goals SET escrowed = escrowed + ? WHERE id = ?", (amount, goal_id))
+                return parent_id
+            up = self._one(cur, "SELECT parent_id FROM tasks WHERE id = ?", (parent_id,))
+            parent_id = None if up is None or up[0] is None else str(up[0])
+        return None
 
     def current_claim(self, worker_id: str) -> Claim | None:
         """The worker's live claim (the one with the latest lease), if any."""
