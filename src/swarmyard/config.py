@@ -67,7 +67,7 @@ class _Frozen(BaseModel):
 
 
 class PolicyKind(StrEnum):
-    """How workers see each other (the policies are described in ``swarmyard.swarm.policies``)."""
+    """How workers see each other (the policies are described in ``swarmyard.rules.policies``)."""
 
     INDEPENDENT = "independent"
     TEAM = "team"

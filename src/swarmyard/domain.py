@@ -23,6 +23,9 @@ class TaskState(StrEnum):
 
 #: The group of a goal's synthesis task: its one worker is the lead, and what it submits must be its own.
 LEAD_GROUP = "lead"
+#: The group of a goal's planning task (``plan = N``): its one worker is the planner, whose finding is the
+#: lenses, not a result of the run.
+PLANNER_GROUP = "planner"
 
 
 class PostKind(StrEnum):

@@ -66,7 +66,7 @@ def run_one_worker(config: SwarmConfig, store: Store, launcher: MachineLauncher)
     The coordinator lets a worker claim first; so does this, under the worker's identity.
     """
     from swarmyard.clock import SystemClock
-    from swarmyard.swarm.policies import make_policy
+    from swarmyard.rules.policies import make_policy
 
     async def one_worker() -> WorkerSpan:
         goal = create_goal(store, config, SystemClock())

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 from test_swarm_model import run_while_progressing
 
-from swarmyard.agents import grounding, no_result, verdicts
+from swarmyard.agents import verdicts
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
+from swarmyard.rules import grounding, no_result
 from swarmyard.store import open_store
 from swarmyard.wasi.catalog import built_dir
 

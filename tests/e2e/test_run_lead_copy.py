@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmyard.agents.instructions import LAST_STEP
 from swarmyard.domain import LEAD_GROUP
+from swarmyard.rules.instructions import LAST_STEP
 from swarmyard.store import open_store
 
 pytestmark = [

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmyard.agents import no_result
 from swarmyard.domain import TaskState
+from swarmyard.rules import no_result
 from swarmyard.store import open_store
 
 pytestmark = [

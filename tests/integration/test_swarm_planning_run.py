@@ -16,8 +16,9 @@ import pytest
 
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.config import loads_config
+from swarmyard.domain import PLANNER_GROUP
 from swarmyard.store import open_store
-from swarmyard.swarm.planning import FALLBACK_LENSES, PLANNER_GROUP
+from swarmyard.swarm.planning import FALLBACK_LENSES
 from swarmyard.swarm.setup import LEAD_GROUP
 from swarmyard.swarm.swarm import Swarm
 

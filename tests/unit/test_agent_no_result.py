@@ -16,12 +16,12 @@ import pytest
 from test_agent_builtin import ScriptedModel
 
 from conftest import LivePlane
-from swarmyard.agents import grounding, no_result
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending
 from swarmyard.agents.model import ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.errors import BudgetError, BudgetExceededError, CallCapExceededError, DeadlinePassedError
+from swarmyard.rules import grounding, no_result
 
 POST = ModelReply("", (("board_post", json.dumps({"body": "looking"})),))
 

@@ -16,9 +16,9 @@ from typing import Any
 from conftest import LivePlane
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import ModelReply
-from swarmyard.agents.originality import copied_share, problem, repeated_share
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.domain import GoalSpec, TaskSpec
+from swarmyard.rules.originality import copied_share, problem, repeated_share
 from swarmyard.swarm.setup import LEAD_GROUP, lead_prompt
 
 #: the demo's lead "synthesis": one scout's list, six lines over and over until the token limit
@@ -187,7 +187,7 @@ def _post_synthesis(plane: LivePlane, token: str, body: str) -> tuple[int, dict[
 
 
 def test_the_plane_refuses_a_leads_copy_or_its_nudge_said_back(live_plane: Callable[..., LivePlane]) -> None:
-    from swarmyard.agents.instructions import LAST_STEP
+    from swarmyard.rules.instructions import LAST_STEP
 
     for body in (SCOUT, SCOUT.replace("e", "e\u200b"), FILLER + "\n" + SCOUT, LAST_STEP, LOOP):
         plane, token, found = _lead(live_plane, SCOUT)

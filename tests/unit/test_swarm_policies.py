@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from swarmyard.config import PolicyConfig, PolicyKind
 from swarmyard.domain import Direction, Finding, FindingStatus
-from swarmyard.swarm.policies import (
+from swarmyard.rules.policies import (
     DirectionTracker,
     best_findings,
     consolidation_text,

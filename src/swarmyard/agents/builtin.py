@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import governed, grounding, history, instructions, no_result, originality, verdicts
+from swarmyard.agents import governed, history, verdicts
 from swarmyard.agents.actions import (
     FINISH,
     TOOLS,
@@ -51,6 +51,7 @@ from swarmyard.errors import (
     UnoriginalFindingError,
     UnverifiedCitationError,
 )
+from swarmyard.rules import grounding, instructions, no_result, originality
 
 log = logging.getLogger(__name__)
 

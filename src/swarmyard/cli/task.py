@@ -70,7 +70,7 @@ def complete(
         answer = operator_request(server, token_file, "POST", path, body={})
         outcome, state = str(answer["outcome"]), str(answer["task"]["state"])
     else:
-        from swarmyard.swarm.completion import OPERATOR, complete_task
+        from swarmyard.plane.completion import OPERATOR, complete_task
 
         opened = store_at(store)
         try:

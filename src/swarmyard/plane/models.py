@@ -22,7 +22,7 @@ from swarmyard.domain import (
     Task,
     Worker,
 )
-from swarmyard.swarm.completion import Completion
+from swarmyard.plane.completion import Completion
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Token = Annotated[int, Field(ge=0, le=2**62)]

@@ -19,9 +19,9 @@ from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import GoalSpec, ReservationState, TaskSpec, TaskState
 from swarmyard.errors import InvalidInputError, PayloadTooLargeError
 from swarmyard.plane import models as m
+from swarmyard.plane.completion import OPERATOR, complete_task
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.store.protocol import Store
-from swarmyard.swarm.completion import OPERATOR, complete_task
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
 #: what an id in a path may be (the body's ``Id``, not only dots): anything else is refused before the store

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarmyard.agents import no_result
 from swarmyard.domain import Citation, CitationKind, Task
 from swarmyard.errors import UnverifiedCitationError
+from swarmyard.rules import no_result
 
 #: The fewest characters a quote holds (fewer, or the whole line when it is shorter): "the" is on most lines.
 MIN_QUOTE_CHARS = 12

@@ -25,10 +25,18 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from swarmyard.agents import grounding, no_result, originality
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.clock import Clock
-from swarmyard.domain import LEAD_GROUP, Citation, CitationKind, Claim, Finding, PostKind, TaskSpec
+from swarmyard.domain import (
+    LEAD_GROUP,
+    PLANNER_GROUP,
+    Citation,
+    CitationKind,
+    Claim,
+    Finding,
+    PostKind,
+    TaskSpec,
+)
 from swarmyard.errors import (
     FencingError,
     ForbiddenError,
@@ -44,9 +52,9 @@ from swarmyard.plane.metrics import PlaneMetrics
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.sources import Sources
 from swarmyard.plane.sources import check as check_sources
+from swarmyard.rules import grounding, no_result, originality
+from swarmyard.rules.policies import explore_move, explore_order
 from swarmyard.store.protocol import Store
-from swarmyard.swarm.planning import PLANNER_GROUP
-from swarmyard.swarm.policies import explore_move, explore_order
 
 T = TypeVar("T")
 
@@ -285,7 +293,7 @@ class WorkerTools:
         """The built-in agent's copy check, held here too: the lead's shell can read the agent's token and call
         the plane itself, so what the lead submits is checked where it is stored. Then its grounding: a finding
         it names must be a real one that reached a result, and in a grounded run (``cite_files``) every claim
-        names one and the line on tasks that reached nothing says what the store says (``agents.grounding``)."""
+        names one and the line on tasks that reached nothing says what the store says (``rules.grounding``)."""
         findings: list[Finding] = []
         after: str | None = None
         while page := self._store.read_findings(goal_id, after=after, limit=500):

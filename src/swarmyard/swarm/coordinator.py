@@ -25,18 +25,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarmyard.agents import grounding, no_result
 from swarmyard.agents.builtin import Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
-from swarmyard.domain import Finding, Goal, PostKind, ReservationState, Task, TaskState
+from swarmyard.domain import PLANNER_GROUP, Finding, Goal, PostKind, ReservationState, Task, TaskState
 from swarmyard.errors import AuditError, FencingError, IllegalTransitionError, NotFoundError, UserError
+from swarmyard.plane.completion import close_found, findings_of
 from swarmyard.report import ReportData, ReportFiles, WorkerSpan, write_report
+from swarmyard.rules import grounding, no_result
+from swarmyard.rules.policies import Policy, best_findings, consolidation_text, make_policy
 from swarmyard.store.protocol import Store
-from swarmyard.swarm.completion import close_found, findings_of
 from swarmyard.swarm.launcher import WorkerLauncher, WorkerSlot
-from swarmyard.swarm.planning import PLANNER_GROUP, create_planning_task, lenses_from_plan
-from swarmyard.swarm.policies import Policy, best_findings, consolidation_text, make_policy
+from swarmyard.swarm.planning import create_planning_task, lenses_from_plan
 from swarmyard.swarm.setup import LEAD_GROUP, create_goal, create_lead_task, create_round_tasks
 
 if TYPE_CHECKING:

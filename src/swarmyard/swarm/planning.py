@@ -11,13 +11,11 @@ from __future__ import annotations
 import logging
 
 from swarmyard.agents.planner import PlannedLens, parse_plan
-from swarmyard.domain import Goal, Task, TaskSpec
+from swarmyard.domain import PLANNER_GROUP, Goal, Task, TaskSpec
 from swarmyard.errors import InvalidInputError
 from swarmyard.store.protocol import Store
 
 log = logging.getLogger(__name__)
-
-PLANNER_GROUP = "planner"
 
 #: General lenses used when the planner's answer does not give enough usable ones.
 FALLBACK_LENSES: tuple[tuple[str, str], ...] = (

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from swarmyard.agents import instructions
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
 from swarmyard.config import PolicyKind, SwarmConfig
 from swarmyard.domain import LEAD_GROUP as LEAD_GROUP  # where the lead's group was first defined
 from swarmyard.domain import CitationKind, Finding, Goal, GoalSpec, Task, TaskSpec
+from swarmyard.rules import instructions
+from swarmyard.rules.policies import Explore, Policy, group_prompt
 from swarmyard.store.protocol import Store
-from swarmyard.swarm.policies import Explore, Policy, group_prompt
 
 
 def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:

@@ -25,7 +25,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
-from swarmyard.agents import grounding, instructions
+from swarmyard.rules import grounding, instructions
 
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
 SHINGLE = 4

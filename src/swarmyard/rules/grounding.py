@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from swarmyard.agents import no_result
+from swarmyard.rules import no_result
 
 if TYPE_CHECKING:  # types only: the agent in every machine imports this module, and the domain's classes cost it
     from swarmyard.domain import Finding, Task
