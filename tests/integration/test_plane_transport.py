@@ -50,10 +50,10 @@ def test_round_trips_reuse_one_connection(sock: Path) -> None:
                 assert r.headers["x-query"] == f"i={i}"
             r = await http.get("/echo")
             assert r.headers["x-method"] == "GET" and r.content == b""
-            assert len(transport._idle) == 1  # every request went over the same kept-alive connection
+            assert len(transport._connections._idle) == 1  # every request went over the same kept-alive connection
             # a server that closes after answering: the answer arrives, the connection is not reused
             r = await http.get("/close")
-            assert r.text == "bye" and transport._idle == []
+            assert r.text == "bye" and transport._connections._idle == []
 
     asyncio.run(go())
 

@@ -4,7 +4,8 @@ import sys
 
 # httpx imports its own command line (click, rich, pygments) whenever those are installed, as they are beside
 # swarmyard's CLI: about 6 MiB and 30 ms of CPU in every machine's agent, which never runs it. Marked absent,
-# httpx defines a stub instead. Set before anything imports httpx; the agent itself uses none of the three.
+# httpx defines a stub instead. Set before anything imports httpx (the agent does only for a plane URL other
+# than its machine's relay or the plane's socket); the agent itself uses none of the three.
 for _unused in ("click", "rich", "pygments"):
     sys.modules.setdefault(_unused, None)  # type: ignore[arg-type]  # None: "not installed" to the import system
 

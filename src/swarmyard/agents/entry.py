@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Mapping
-
-import httpx
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from swarmyard.agents import governed
 from swarmyard.agents.actions import TOOLS, with_attached
 from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
 from swarmyard.agents.model import BrokerChatModel
-from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
 from swarmyard.errors import SwarmyardError
+from swarmyard.plane.lean_client import Connections, LeanClient, tcp_opener, unix_opener
+
+if TYPE_CHECKING:
+    import httpx
+
+    from swarmyard.plane.lean_client import ClosingHttpClient
+
+
+#: How long a request may wait to connect, and for its answer: model calls on a CPU model can take minutes; the
+#: exec timeout outside bounds the whole run.
+_TIMEOUT_S = 600.0
 
 
 def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport | None:
@@ -27,6 +38,8 @@ def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport |
     httpx's own builds an SSL context at construction, TLS or not (about 7 MiB and 80 ms of CPU, in every
     machine), and spends about a millisecond of CPU a request; the relay and the socket speak plain HTTP/1.1.
     Any other URL keeps httpx's transport, with its TLS checks."""
+    import httpx
+
     from swarmyard.plane.transport import LoopbackTcpTransport, UnixSocketTransport
 
     if socket:
@@ -37,8 +50,33 @@ def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport |
     return None
 
 
-def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClient:
+def _lean(plane_url: str, socket: str | None, headers: Mapping[str, str]) -> ClosingHttpClient | None:
+    """A client without httpx (see :mod:`swarmyard.plane.lean_client`) for the plane's socket or the machine's
+    loopback relay, where the URL is one of those and has no path; ``None`` for any other URL."""
+    try:
+        url = urlsplit(plane_url)
+        port = url.port
+    except ValueError:
+        return None
+    if url.path.strip("/") or url.query or url.username is not None or url.password is not None:
+        return None
+    host = url.netloc
+    if socket:
+        return LeanClient(Connections(unix_opener(socket), socket), host=host, headers=headers, timeout_s=_TIMEOUT_S)
+    if url.scheme == "http" and url.hostname in ("127.0.0.1", "localhost") and port is not None:
+        return LeanClient(Connections(tcp_opener("127.0.0.1", port), f"127.0.0.1:{port}"), host=host,
+                          headers=headers, timeout_s=_TIMEOUT_S)
+    return None
+
+
+def _client(settings: AgentSettings, env: Mapping[str, str]) -> ClosingHttpClient:
     base, socket = settings.plane_url, env.get("SWARMYARD_PLANE_SOCKET")
+    headers = {"Authorization": f"Bearer {settings.token}"}
+    lean = _lean(base, socket, headers) if socket or "," not in base else None
+    if lean is not None:
+        return lean
+    import httpx
+
     transport = _transport(base, socket) if socket or "," not in base else None
     if transport is None and not socket and "," in base:
         # several replicas: the one that answers, moving on only where nothing was sent (see plane.failover)
@@ -48,14 +86,12 @@ def _client(settings: AgentSettings, env: Mapping[str, str]) -> httpx.AsyncClien
         base = urls[0]
         transport = AsyncFailoverTransport(
             urls, lambda url: _transport(str(url), None) or httpx.AsyncHTTPTransport())
-    # model calls on a CPU model can take minutes; the exec timeout outside bounds the whole run
-    return httpx.AsyncClient(base_url=base, transport=transport, timeout=httpx.Timeout(600.0),
-                             headers={"Authorization": f"Bearer {settings.token}"})
+    return httpx.AsyncClient(base_url=base, transport=transport, timeout=httpx.Timeout(_TIMEOUT_S), headers=headers)
 
 
 async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOutcome:
     """Run one agent to its end."""
-    async with _client(settings, env) as client:
+    async with contextlib.aclosing(_client(settings, env)) as client:
         # submit_artifact only matters where scores steer the work; a smaller tool schema keeps small models fast
         scored = settings.policy == "explore" or (bool(settings.history) and settings.role is Role.WORKER)
         tools = TOOLS if scored else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
@@ -72,7 +108,9 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
 
 async def run_planner(settings: AgentSettings, env: Mapping[str, str]) -> dict[str, object]:
     """Run the planner: one schema-constrained call (one re-ask), the plan submitted as a finding."""
-    async with _client(settings, env) as client:
+    from swarmyard.agents.planner import PLAN_TOOL, PlannerAgent, plan_tool  # one agent of a run plans
+
+    async with contextlib.aclosing(_client(settings, env)) as client:
         tools = {PLAN_TOOL: plan_tool(settings.plan_count)}
         model = BrokerChatModel(client, settings.model, max_tokens=settings.max_tokens, tools=tools)
         planner = PlannerAgent(model, PlaneTools(client), count=settings.plan_count, task_id=settings.task_id)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmyard.agents.actions import TOOLS, ToolSpec, openai_tools, response_format
 from swarmyard.errors import BudgetError, ContextLengthError, ProviderError, SwarmyardError
+from swarmyard.plane.lean_client import connect_errors, http_errors
+
+if TYPE_CHECKING:
+    from swarmyard.plane.lean_client import HttpClient, HttpResponse
 
 
 class OutputMode(StrEnum):
@@ -57,7 +59,7 @@ class BrokerChatModel:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         model: str,
         *,
         mode: OutputMode = OutputMode.TOOLS,
@@ -97,10 +99,10 @@ class BrokerChatModel:
         whether asking again is safe (never once the request may have reached the model)."""
         try:
             response = await self._client.post("/v1/chat/completions", json=self._body(messages, only, specs))
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        except connect_errors() as exc:
             # nothing reached the broker: nothing can have been held or spent
             raise ProviderError(f"broker unreachable: {exc}", retryable=True) from exc
-        except httpx.HTTPError as exc:
+        except http_errors() as exc:
             # the request may have been admitted and sent upstream: asking again could pay twice
             raise ProviderError(f"the broker's answer was lost ({type(exc).__name__}): {exc}") from exc
         if response.status_code >= 400:
@@ -128,7 +130,7 @@ class BrokerChatModel:
         return reply
 
 
-def _refusal(response: httpx.Response) -> SwarmyardError:
+def _refusal(response: HttpResponse) -> SwarmyardError:
     """The broker's error answer as the error the agent acts on.
 
     The broker's typed error is rebuilt by its code; budget and context refusals are raised as they are, and

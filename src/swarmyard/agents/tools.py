@@ -8,11 +8,12 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from swarmyard.errors import InvalidInputError, SwarmyardError
+
+if TYPE_CHECKING:
+    from swarmyard.plane.lean_client import HttpClient
 
 #: Longest tool output handed back to the model (small models have small contexts).
 MAX_RESULT_CHARS = 2000
@@ -49,7 +50,7 @@ def _parse_claim(data: Any) -> ClaimedTask | None:
 class PlaneTools:
     """The worker tools of the control plane, called with the worker's capability token."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: HttpClient) -> None:
         self._client = client
         self.task: ClaimedTask | None = None
 

@@ -11,12 +11,14 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from swarmyard.agents.model import ModelReply
+from swarmyard.plane.lean_client import http_errors
 from swarmyard.plane.step_text import MAX_TEXT_CHARS, cut
+
+if TYPE_CHECKING:
+    from swarmyard.plane.lean_client import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class StepDraft:
 class TrajectoryReporter:
     """Posts finished steps to ``/v1/trajectory/steps`` with the worker's token."""
 
-    def __init__(self, client: httpx.AsyncClient, role: str) -> None:
+    def __init__(self, client: HttpClient, role: str) -> None:
         self._client = client
         self._role = role
         self._warned = False
@@ -77,9 +79,13 @@ class TrajectoryReporter:
         body["max_rss_kb"] = int(max(me.ru_maxrss, children.ru_maxrss))
         try:
             response = await self._client.post(PATH, json=body)
-            if response.status_code >= 400:
-                raise httpx.HTTPStatusError(response.text[:200], request=response.request, response=response)
-        except httpx.HTTPError as exc:
-            if not self._warned:
-                log.info("the plane did not keep step %d of the trajectory: %s", draft.step, exc)
-                self._warned = True
+        except http_errors() as exc:
+            self._not_kept(draft.step, exc)
+            return
+        if response.status_code >= 400:
+            self._not_kept(draft.step, response.text[:200])
+
+    def _not_kept(self, step: int, why: object) -> None:
+        if not self._warned:
+            log.info("the plane did not keep step %d of the trajectory: %s", step, why)
+            self._warned = True

@@ -5,7 +5,8 @@ millisecond of CPU per request, more than the control plane spends answering it;
 hundreds of workers' clients (the bench, a relay for many agents) would be measuring httpx. This transport
 keeps httpx's client API (``AsyncClient``, ``Response``, its errors) and replaces only the wire: an asyncio
 protocol per keep-alive connection, requests written in one ``write``, responses parsed by httptools (the C
-parser uvicorn uses on the server side). It buffers whole responses: the plane's answers are small JSON.
+parser uvicorn uses on the server side; the connections are :mod:`swarmyard.plane.lean_client`'s, which the
+built-in agent uses without httpx). It buffers whole responses: the plane's answers are small JSON.
 
 Errors are httpx's own: ``ConnectError`` (no server), ``RemoteProtocolError`` (connection lost or a bad
 response), ``ReadTimeout``. A request is never resent: a worker tool call is not idempotent.
@@ -13,150 +14,56 @@ response), ``ReadTimeout``. A request is never resent: a worker tool call is not
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Awaitable
 from typing import Any
 
-import httptools
 import httpx
 
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; one request at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self._parser = httptools.HttpResponseParser(self)
-        self._waiter: asyncio.Future[None] | None = None
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
-        self.keep_alive = True
-
-    # -- asyncio.Protocol ---------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport, so no isinstance check here.
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._fail(httpx.RemoteProtocolError("the server closed the connection before answering"))
-
-    # -- httptools callbacks ------------------------------------------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.keep_alive = self._parser.should_keep_alive()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    # -- use ----------------------------------------------------------------------------------------------
-    def _fail(self, exc: Exception) -> None:
-        self.closed = True
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
-
-    async def roundtrip(self, head: bytes, body: bytes, timeout_s: float | None) -> httpx.Response:
-        """Send one request and wait for its whole response."""
-        assert self.transport is not None
-        self._headers, self._body = [], []
-        self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError as exc:
-            self._fail(httpx.ReadTimeout("no response in time"))
-            raise httpx.ReadTimeout(f"no response within {timeout_s} s") from exc
-        finally:
-            self._waiter = None
-        return httpx.Response(self._parser.get_status_code(), headers=self._headers,
-                              content=b"".join(self._body))
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+from swarmyard.plane.lean_client import (
+    AnswerLost,
+    ConnectFailed,
+    Connections,
+    Opener,
+    tcp_opener,
+    unix_opener,
+)
 
 
 class UnixSocketTransport(httpx.AsyncBaseTransport):
     """``httpx.AsyncClient(transport=UnixSocketTransport(path), base_url="http://plane")``."""
 
     def __init__(self, path: str, *, max_idle: int = 16) -> None:
-        self._path = path
-        self._max_idle = max_idle
-        self._idle: list[_Connection] = []
+        self._connections = Connections(self._opener(path), path, max_idle=max_idle)
 
-    def _open(self, loop: asyncio.AbstractEventLoop) -> Awaitable[tuple[asyncio.BaseTransport, _Connection]]:
-        return loop.create_unix_connection(_Connection, self._path)
-
-    async def _connect(self, timeout_s: float | None) -> _Connection:
-        try:
-            async with asyncio.timeout(timeout_s):
-                _, conn = await self._open(asyncio.get_running_loop())
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"no connection to {self._path} within {timeout_s} s") from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"cannot connect to {self._path}: {exc}") from exc
-        return conn
+    def _opener(self, path: str) -> Opener:
+        return unix_opener(path)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` on an idle connection (or a new one) and return the buffered response."""
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
         body = await request.aread()
-        head = _head(request, len(body))
-        conn = None
-        while self._idle:
-            candidate = self._idle.pop()
-            if not candidate.closed:
-                conn = candidate
-                break
-        if conn is None:
-            conn = await self._connect(timeouts.get("connect"))
         try:
-            response = await conn.roundtrip(head, body, timeouts.get("read"))
-        except BaseException:
-            conn.close()
-            raise
-        if conn.keep_alive and not conn.closed and len(self._idle) < self._max_idle:
-            self._idle.append(conn)
-        else:
-            conn.close()
-        return response
+            status, headers, content = await self._connections.exchange(
+                _head(request, len(body)), body, connect_s=timeouts.get("connect"), read_s=timeouts.get("read"))
+        except ConnectFailed as exc:
+            raise (httpx.ConnectTimeout if exc.timed_out else httpx.ConnectError)(str(exc)) from exc
+        except AnswerLost as exc:
+            raise (httpx.ReadTimeout if exc.timed_out else httpx.RemoteProtocolError)(str(exc)) from exc
+        return httpx.Response(status, headers=headers, content=content)
 
     async def aclose(self) -> None:
         """Close every idle connection."""
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
+        self._connections.close()
 
 
 class LoopbackTcpTransport(UnixSocketTransport):
     """The same lean transport over TCP to ``host:port`` (a benchmark's loopback upstream, called directly)."""
 
     def __init__(self, host: str, port: int, *, max_idle: int = 16) -> None:
-        super().__init__(f"{host}:{port}", max_idle=max_idle)
         self._host, self._port = host, port
+        super().__init__(f"{host}:{port}", max_idle=max_idle)
 
-    def _open(self, loop: asyncio.AbstractEventLoop) -> Awaitable[tuple[asyncio.BaseTransport, _Connection]]:
-        return loop.create_connection(_Connection, self._host, self._port)
+    def _opener(self, path: str) -> Opener:
+        return tcp_opener(self._host, self._port)
 
 
 def _head(request: httpx.Request, length: int) -> bytes:
