@@ -37,5 +37,7 @@ def test_the_agent_imports_neither_pydantic_nor_httpx() -> None:
     imported = {name.split(".")[0] for name in modules}
     assert {"swarmyard", "asyncio", "httptools"} <= imported  # the probe saw the agent's imports
     assert imported.isdisjoint(_NOT_AT_START), sorted(imported & _NOT_AT_START)
-    # httpx's transport, the replicas' failover and the planner are loaded only by the agents that use them
-    assert modules.isdisjoint({"swarmyard.plane.transport", "swarmyard.plane.failover", "swarmyard.agents.planner"})
+    # httpx's transport, the replicas' failover, the planner and the lead's verdicts are loaded only by the agents
+    # that use them
+    assert modules.isdisjoint({"swarmyard.plane.transport", "swarmyard.plane.failover", "swarmyard.agents.planner",
+                               "swarmyard.agents.verdicts"})

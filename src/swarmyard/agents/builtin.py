@@ -24,7 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from swarmyard.agents import governed, history, verdicts
+from swarmyard.agents import governed, history
 from swarmyard.agents.actions import (
     FINISH,
     TOOLS,
@@ -467,6 +467,8 @@ class BuiltinAgent:
         a fixed note (its verdict still counts and its id is named), a reason it cannot give is left out, and a
         model or budget stop keeps the parts already written.
         """
+        from swarmyard.agents import verdicts  # the lead's alone: not imported by a worker's start
+
         objective = task.prompt.split("\n", 1)[0].removeprefix("Objective:").strip() or task.title
         system = {"role": "system", "content": instructions.DIGEST}
         points: list[tuple[str, str, str, str]] = []  # (finding id, its title, its verdict, the lead's sentence)
@@ -544,6 +546,8 @@ class BuiltinAgent:
         """The lead's verdict on one finding, chosen from ``verdicts.VERDICTS`` (the answer's schema is that enum,
         so a model that follows it cannot answer anything else); a reply that holds none, from a model that
         ignores the schema, counts as unclear (and as a malformed reply)."""
+        from swarmyard.agents import verdicts  # the lead's alone: not imported by a worker's start
+
         self._draft = StepDraft(step)
         asked_ms = now_ms()
         reply = await self._reply(messages, frozenset({FINISH}), {FINISH: verdicts.spec()})
@@ -563,6 +567,8 @@ class BuiltinAgent:
         read), checked as a submission is and asked again with the reason, at most ``max_reasks`` times.
         ``against`` (the tally's overall verdict and how the model was told it): a part that states the opposite
         decision (``verdicts.contradicts``) is refused too, and left out if the model keeps saying it."""
+        from swarmyard.agents import verdicts  # the lead's alone: not imported by a worker's start
+
         self._draft = StepDraft(step)
         extra: list[dict[str, Any]] = []
         said = ""
