@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from swarmyard.machines.local import LocalBackend
-from swarmyard.machines.supervised import _start_time
+from swarmyard.machines.pids import start_time
 
 pytestmark = [pytest.mark.bwrap]
 
@@ -18,7 +18,7 @@ def test_a_folder_half_made_by_a_dead_process_is_reaped_and_a_live_ones_kept(tmp
     root = tmp_path / "root"
     (root / "m").mkdir(parents=True)
     dead = root / "m" / ".slot_dead.999999999.12345"  # no such pid: its maker is gone
-    live = root / "m" / f".slot_live.{os.getpid()}.{_start_time(os.getpid())}"  # being made by this process
+    live = root / "m" / f".slot_live.{os.getpid()}.{start_time(os.getpid())}"  # being made by this process
     for folder in (dead, live):
         folder.mkdir()
         (folder / "disk").mkdir()

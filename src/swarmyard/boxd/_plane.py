@@ -34,7 +34,7 @@ from starlette.routing import BaseRoute
 
 from swarmyard.config import DEFAULT_MODEL, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError, SwarmyardError, UserError
-from swarmyard.machines.supervised import _owner
+from swarmyard.machines.pids import alive, owner_line, read_owner
 from swarmyard.plane.client import PlaneAddress, decode
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ class _Embedded:
         reap_planes()
         # short and private: the socket's path must fit sun_path, and nobody else may reach the store or secret
         self.folder = Path(tempfile.mkdtemp(prefix=_PREFIX))
-        (self.folder / "owner").write_text(_owner())  # so a later client removes it if this process is killed
+        (self.folder / "owner").write_text(owner_line())  # so a later client removes it if this process is killed
         self.socket = self.folder / "plane.sock"
         self.client_socket = self.folder / "client.sock"
         self.store = open_store(f"sqlite:///{self.folder / 'store.db'}")
@@ -278,8 +278,6 @@ def reap_planes() -> list[Path]:
     """Remove the folders of embedded planes whose process died without stopping them (a SIGKILL): their
     store, secret and socket. A folder is this user's and names its owner (pid and start time), like a
     machine's folder; one whose owner lives, or with no owner file yet, is left alone. Returns those removed."""
-    from swarmyard.machines.supervised import _alive, _read_owner
-
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
         try:
@@ -287,8 +285,8 @@ def reap_planes() -> list[Path]:
                 continue
         except OSError:
             continue  # removed meanwhile
-        owner = _read_owner(folder / "owner")
-        if owner is None or _alive(*owner):
+        owner = read_owner(folder / "owner")
+        if owner is None or alive(*owner):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)

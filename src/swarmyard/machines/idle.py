@@ -56,6 +56,7 @@ from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import InvalidInputError, NotFoundError, SandboxError
 from swarmyard.machines import live
 from swarmyard.machines.cgroups import MachineCgroups
+from swarmyard.machines.pids import inside
 from swarmyard.machines.protocol import Backend, MachineInfo, MachineState, Suspension
 
 log = logging.getLogger(__name__)
@@ -411,7 +412,7 @@ def _group(backend: Backend, machine_id: str) -> tuple[MachineCgroups | None, Pa
 def _net_pid(backend: Backend, machine_id: str) -> tuple[int | None, bool]:
     """A host pid in the machine's own network namespace (``None``: it shares this process's), and whether the
     machine is on a private network."""
-    from swarmyard.machines.supervised import SupervisedBackend, _inside
+    from swarmyard.machines.supervised import SupervisedBackend
 
     if not isinstance(backend, SupervisedBackend):
         return None, False
@@ -419,7 +420,7 @@ def _net_pid(backend: Backend, machine_id: str) -> tuple[int | None, bool]:
     networked = bool(machine.spec.networks)
     if machine.proc is None:
         return None, networked
-    return _inside(machine.proc.pid, "net"), networked
+    return inside(machine.proc.pid, "net"), networked
 
 
 __all__ = ["DEFAULT_HIBERNATE_S", "DEFAULT_IDLE_SUSPEND_S", "TRANSITIONS", "WAKE_POLL_S", "Suspender",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from swarmyard.errors import ForbiddenError, InvalidInputError, NotFoundError, SandboxError
 from swarmyard.machines.cgroups import MachineCgroups, discover
+from swarmyard.machines.pids import alive, inside, read_owner, start_time
 
 #: The record a ready machine's folder holds.
 RECORD = "machine.json"
@@ -56,8 +57,6 @@ def write_record(folder: Path, machine: LiveMachine) -> None:
 
 
 def _records(root: Path) -> Iterator[tuple[Path, LiveMachine]]:
-    from swarmyard.machines.supervised import _alive, _read_owner, _start_time
-
     base = root / "m"
     if not base.is_dir():
         return
@@ -66,8 +65,8 @@ def _records(root: Path) -> Iterator[tuple[Path, LiveMachine]]:
             machine = LiveMachine(**json.loads((folder / RECORD).read_text()))
         except (OSError, ValueError, TypeError):
             continue  # not ready yet, being deleted, or no machine's
-        owner = _read_owner(folder / "owner")
-        if owner is None or not _alive(*owner) or _start_time(machine.pid) != machine.started:
+        owner = read_owner(folder / "owner")
+        if owner is None or not alive(*owner) or start_time(machine.pid) != machine.started:
             continue  # its owner or its sandbox is gone: the orphan reaper's, not a live machine
         yield folder, machine
 
@@ -102,13 +101,11 @@ def find(root: Path, ref: str) -> tuple[Path, LiveMachine]:
 
 def disk_path(machine: LiveMachine, home: str) -> Path:
     """The machine's disk as this process sees it (``home``: its disk as the machine names it)."""
-    from swarmyard.machines.supervised import _inside
-
     if machine.through == "host":
         return Path(machine.disk)
     if machine.through == "sandbox":
         return Path(f"/proc/{machine.pid}/root") / machine.disk.lstrip("/")
-    inner = _inside(machine.pid)
+    inner = inside(machine.pid)
     if inner is None:
         raise SandboxError(f"machine {machine.id} is not running", machine_id=machine.id)
     return Path(f"/proc/{inner}/root") / home.lstrip("/")

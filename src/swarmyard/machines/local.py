@@ -33,6 +33,7 @@ from swarmyard.machines.cgroups import MachineCgroups, discover, remove_orphan
 from swarmyard.machines.disks import Disk
 from swarmyard.machines.environment import ENV_BIN
 from swarmyard.machines.identity import HOST_UID, SANDBOX_UID
+from swarmyard.machines.pids import inside
 from swarmyard.machines.protocol import MachineInfo, MachineSpec, OutputCap
 from swarmyard.machines.supervised import (
     _SPAWNER,
@@ -41,7 +42,6 @@ from swarmyard.machines.supervised import (
     Launch,
     Machine,
     SupervisedBackend,
-    _inside,
     init_argv,
 )
 
@@ -287,7 +287,7 @@ class LocalBackend(SupervisedBackend):
         with machine.lock:
             if machine.info.addresses:
                 return machine.info
-            inner = None if machine.proc is None else _inside(machine.proc.pid, "net")
+            inner = None if machine.proc is None else inside(machine.proc.pid, "net")
             if inner is None:
                 raise SandboxError(f"machine {machine_id} is not running", machine_id=machine_id)
             joined = self.networks.attach(machine_id, machine.spec.name, inner, machine.spec.networks,

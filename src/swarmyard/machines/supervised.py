@@ -43,6 +43,7 @@ from swarmyard.machines.cgroups import MachineCgroups
 from swarmyard.machines.client import InitClient
 from swarmyard.machines.disks import Disk, clone_tree, space_template, unmount
 from swarmyard.machines.launchers import ParkedLauncher
+from swarmyard.machines.pids import alive, inside, owner_line, read_owner, start_time
 from swarmyard.machines.protocol import (
     BOOT_TIMEOUT_S,
     TRANSITIONS,
@@ -325,11 +326,11 @@ class SupervisedBackend:
         for folder in sorted((self.root / "m").iterdir()):
             if folder.name.startswith("."):  # a folder being made (see make_folder): its name says whose
                 parts = folder.name.split(".")
-                if len(parts) == 4 and parts[2].isdigit() and not _alive(int(parts[2]), parts[3]):
+                if len(parts) == 4 and parts[2].isdigit() and not alive(int(parts[2]), parts[3]):
                     shutil.rmtree(folder, ignore_errors=True)
                 continue
-            owner = _read_owner(folder / "owner")
-            if owner is not None and _alive(*owner):
+            owner = read_owner(folder / "owner")
+            if owner is not None and alive(*owner):
                 continue
             try:
                 if owner is None and time.time() - folder.stat().st_mtime < 600:
@@ -379,9 +380,9 @@ class SupervisedBackend:
         root = self.root / "m" / name
         # Made under a name that says whose it is, its owner file written, then renamed: a process killed between
         # the mkdir and the owner file leaves a folder the reaper can still tell is dead.
-        making = root.with_name(f".{name}.{os.getpid()}.{_start_time(os.getpid())}")
+        making = root.with_name(f".{name}.{os.getpid()}.{start_time(os.getpid())}")
         making.mkdir(mode=0o700)
-        (making / "owner").write_text(_owner())
+        (making / "owner").write_text(owner_line())
         making.rename(root)
         (root / "ctl").mkdir()
         owner = self.sandbox_owner()
@@ -642,7 +643,7 @@ class SupervisedBackend:
                     else:
                         entry.unlink()
             if machine.proc is not None:
-                started = _start_time(machine.proc.pid)
+                started = start_time(machine.proc.pid)
                 through, disk = self._disk_seen(machine)
                 if started is not None:  # else it died just now: no live machine to record
                     live.write_record(machine.root, live.LiveMachine(
@@ -688,7 +689,7 @@ class SupervisedBackend:
     def _check_answering(self, machine: Machine) -> None:
         """Refuse at once a call to a machine whose init a process inside has stopped (``kill -STOP``): the init
         would take the request and never answer it (an exec with no timeout would wait for ever)."""
-        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
+        inner = None if machine.proc is None else inside(machine.proc.pid, "pid")
         if inner is not None and _init_stopped(inner):
             raise MachineNotRespondingError(f"machine {machine.info.id} is not responding: its init is stopped (a "
                                             "process in it may stop it); a delete still works",
@@ -830,7 +831,7 @@ class SupervisedBackend:
         """A machine's tmpfs disk as this process sees it: through the root of a process in its mount namespace."""
         if machine.proc is None:
             raise SandboxError(f"machine {machine.info.id} has no disk mounted", machine_id=machine.info.id)
-        inner = _inside(machine.proc.pid)
+        inner = inside(machine.proc.pid)
         if inner is None:
             raise SandboxError(f"machine {machine.info.id} is not running", machine_id=machine.info.id)
         return Path(f"/proc/{inner}/root") / self.sandbox_prefix().lstrip("/")
@@ -841,7 +842,7 @@ class SupervisedBackend:
         machine = self._get(machine_id)
         # the first process in the machine's own pid namespace: the launcher above it has a mount namespace of
         # its own too (where it mounts the disk), but not the machine's (its /tmp is this host's)
-        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
+        inner = None if machine.proc is None else inside(machine.proc.pid, "pid")
         if inner is None:
             return None
         try:
@@ -867,8 +868,8 @@ class SupervisedBackend:
             machine.parked = None
         failed: SandboxError | None = None
         # the first process of the machine's pid namespace, named by its pid and start time (see _reaped)
-        inner = None if machine.proc is None else _inside(machine.proc.pid, "pid")
-        first = None if inner is None else (inner, _start_time(inner))
+        inner = None if machine.proc is None else inside(machine.proc.pid, "pid")
+        first = None if inner is None else (inner, start_time(inner))
         spared = False
         if machine.cgroups is not None:
             # bwrap, spared the group's kill, reaps the namespace's first process, then exits by itself
@@ -932,25 +933,8 @@ def _reaped(pid: int, started: str | None, timeout_s: float = 10.0) -> None:
     zombie in the machine's cgroups: a process of the machine still on the host. No event says when another
     process reaps it: looked at, bounded."""
     end = time.monotonic() + timeout_s
-    while started is not None and _start_time(pid) == started and time.monotonic() < end:
+    while started is not None and start_time(pid) == started and time.monotonic() < end:
         time.sleep(0.002)
-
-
-def _inside(pid: int, namespace: str = "mnt") -> int | None:
-    """The first process at or below ``pid`` in another ``namespace`` (``mnt``, ``net``) than this one's: bwrap's
-    sandbox side (a parked launcher has a mount namespace of its own, but not the machine's network one)."""
-    own = os.readlink(f"/proc/self/ns/{namespace}")
-    todo = [pid]
-    while todo:
-        current = todo.pop(0)
-        try:
-            if os.readlink(f"/proc/{current}/ns/{namespace}") != own:
-                return current
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except OSError:
-            continue  # ended while we looked
-        todo += [int(child) for child in children]
-    return None
 
 
 def _init_stopped(inner: int) -> bool:
@@ -982,32 +966,6 @@ def _tree(pid: int) -> list[int]:
         except OSError:
             continue  # ended while we looked
     return out
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): a pid plus this names one process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _owner() -> str:
-    """This process, as a machine folder's owner file names it."""
-    return f"{os.getpid()} {_start_time(os.getpid())}\n"
-
-
-def _read_owner(path: Path) -> tuple[int, str] | None:
-    try:
-        pid, started = path.read_text().split()
-        return int(pid), started
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int, started: str) -> bool:
-    return _start_time(pid) == started
 
 
 def _read_line(fd: int) -> bytes:
