@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmyard.bench.swarm import WorkerClient, measure, run
+from swarmyard.bench.swarm import measure, run
+from swarmyard.bench.swarm_plane import WorkerClient
 
 
 @pytest.mark.slow

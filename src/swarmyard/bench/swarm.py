@@ -29,47 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarmyard.bench import swarm_run, swarm_sandboxed, swarm_scale
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.bench.swarm_plane import (
+    MODEL,
+    WorkerClient,
+    run_on_uvloop,
+    serve_plane,
+    tree_cpu_s,
+    wait_ready,
+)
 from swarmyard.domain import GoalSpec, TaskSpec
-
-MODEL = "simulated-model"
-
-
-def app_from_env() -> Any:
-    """The control plane with the broker mounted, on the simulated provider (one per server process)."""
-    import os
-
-    from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-    from swarmyard.broker.app import broker_routes
-    from swarmyard.broker.providers.simulated import SimulatedProvider
-    from swarmyard.broker.settings import BrokerSettings, ModelRoute
-    from swarmyard.plane.app import create_app
-    from swarmyard.plane.settings import PlaneSettings
-    from swarmyard.store import open_store
-
-    store = open_store(os.environ["SWARMYARD_BENCH_STORE"], serving=True)  # as swarmyard serve opens it
-    tokens = TokenAuthority(load_or_create_secret(Path(os.environ["SWARMYARD_BENCH_SECRET"])), store)
-    provider = SimulatedProvider(name="sim", latency_s=float(os.environ["SWARMYARD_BENCH_LATENCY_S"]),
-                                 output_tokens=16)
-    routes = broker_routes(store, tokens, {"sim": provider},
-                           BrokerSettings(routes=(ModelRoute(MODEL, "sim", max_output_tokens=64),)))
-    return create_app(store, tokens, PlaneSettings(rate_per_s=1000.0, rate_burst=1000), extra_routes=routes)
-
-
-def _serve(url: str, socket_path: str, secret_path: str, latency_s: float, replicas: int) -> None:
-    """Serve as ``swarmyard serve`` does: one process, or ``replicas`` stateless ones on one socket (the plane's
-    scale-out), with the same server settings (no proxy-header parsing, no access log)."""
-    import os
-
-    from swarmyard.plane.server import Listen, serve, serve_processes
-
-    os.environ.update(SWARMYARD_BENCH_STORE=url, SWARMYARD_BENCH_SECRET=secret_path,
-                      SWARMYARD_BENCH_LATENCY_S=str(latency_s))
-    listen = Listen(Path(socket_path))
-    if replicas == 1:
-        serve(app_from_env(), listen)
-    else:
-        serve_processes(app_from_env, listen, replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,54 +79,6 @@ class _Timing:
 
     claimed_at: float = 0.0
     call_s: float = 0.0  # the model calls' total wall time
-
-
-class WorkerClient:
-    """The one call the agent's tool and model clients make, ``post(path, json=...)``, without httpx's client layers.
-
-    It sends what ``httpx.AsyncClient(base_url=..., headers=...).post(path, json=...)`` sends, byte for byte
-    (the headers come from a request httpx built; a test compares the bytes), as an ``httpx.Request`` through
-    the same lean Unix-socket transport, and answers with the ``httpx.Response`` the transport parsed. What it
-    leaves out is client-side only: URL merging, the cookie jar, the auth and redirect hooks, the response
-    stream wrappers. Those cost the 1,000 in-process workers about 0.3 ms of CPU a request, half as much as
-    the server spends answering it; in a run each agent pays them in its own process, not the control plane.
-    """
-
-    def __init__(self, socket_path: str, token: str, *, base_url: str = "http://plane",
-                 timeout_s: float = 600.0) -> None:
-        import httpx
-
-        from swarmyard.plane.transport import UnixSocketTransport
-
-        self._transport = UnixSocketTransport(socket_path)
-        # a client that never sends (a default one would load the system's CA certificates: 20 ms each)
-        template = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"},
-                                transport=httpx.BaseTransport()).build_request("POST", "/", json={})
-        # every header httpx sends, in its order; the length is the only one that changes from call to call
-        self._headers = [(k, v) for k, v in template.headers.raw if k.lower() != b"content-length"]
-        self._length_at = next(i for i, (k, _) in enumerate(template.headers.raw) if k.lower() == b"content-length")
-        self._base = base_url
-        self._urls: dict[str, httpx.URL] = {}
-        self._timeout = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
-
-    async def post(self, path: str, *, json: Any) -> Any:
-        """``POST`` ``json`` (encoded as httpx encodes it) to ``path``; the buffered ``httpx.Response``."""
-        import json as jsonlib
-
-        import httpx
-
-        body = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self._base + path)
-        headers = list(self._headers)
-        headers.insert(self._length_at, (b"Content-Length", str(len(body)).encode()))
-        request = httpx.Request("POST", url, headers=headers, content=body, extensions={"timeout": self._timeout})
-        return await self._transport.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        """Close the connection."""
-        await self._transport.aclose()
 
 
 async def _worker(socket_path: str, token: str, calls: int, timing: _Timing) -> bool:
@@ -207,57 +129,6 @@ async def _drive(socket_path: str, tokens: list[str], calls: int) -> _Driven:
                    sum(tm.call_s for tm in done) / max(1, len(done) * calls))
 
 
-def _tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) of process ``root`` and its descendants (uvicorn's replica processes)."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    total = 0.0
-    for pid, seconds in cpu.items():
-        walk = pid
-        while walk > 1 and walk != root:
-            walk = parent.get(walk, 0)
-        if walk == root:
-            total += seconds
-    return total
-
-
-def _run_on_uvloop(coro: Any) -> Any:
-    """Run the clients on uvloop, as the server runs: asyncio's own loop costs them about a tenth more CPU."""
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
-def _wait_ready(sock: Path, server: Any, replicas: int) -> None:
-    """Bounded wait until the plane answers /healthz (the socket file exists before it accepts)."""
-    import httpx
-
-    deadline = time.monotonic() + 60
-    answered = 0
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://plane", timeout=5) as http:
-        while answered < 3 * replicas:  # a few answers: every replica has had time to start accepting
-            if not server.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the benchmark's control plane did not start")
-            try:
-                answered += http.get("/healthz").status_code == 200
-            except httpx.TransportError:
-                time.sleep(0.05)
-
-
 def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) -> SwarmRun:
     """Start ``replicas`` plane + broker processes, run ``workers`` simulated workers against them, time them."""
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
@@ -271,14 +142,15 @@ def measure(workers: int, *, calls: int, latency_s: float, replicas: int = 1) ->
         store.create_task(goal, TaskSpec(f"task {i}", budget_micro_usd=10**6))
     authority = TokenAuthority(load_or_create_secret(secret), store)
     tokens = [authority.issue(goal, "main", ttl_s=3600)[0] for _ in range(workers)]
-    server = mp.get_context("spawn").Process(target=_serve, args=(url, str(sock), str(secret), latency_s, replicas))
+    server = mp.get_context("spawn").Process(target=serve_plane,
+                                             args=(url, str(sock), str(secret), latency_s, replicas))
     server.start()
     assert server.pid is not None  # started
     try:
-        _wait_ready(sock, server, replicas)
-        server_cpu, client_cpu = _tree_cpu_s(server.pid), time.process_time()
-        driven: _Driven = _run_on_uvloop(_drive(str(sock), tokens, calls))
-        server_cpu, client_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - client_cpu
+        wait_ready(sock, server, replicas)
+        server_cpu, client_cpu = tree_cpu_s(server.pid), time.process_time()
+        driven: _Driven = run_on_uvloop(_drive(str(sock), tokens, calls))
+        server_cpu, client_cpu = tree_cpu_s(server.pid) - server_cpu, time.process_time() - client_cpu
         findings = len(store.read_findings(goal, limit=workers + 10))
     finally:
         server.terminate()
@@ -297,16 +169,10 @@ def run(quick: bool = False, **options: Any) -> BenchResult:
     served by that many processes (:mod:`swarmyard.bench.swarm_scale`)."""
     asked = int(options.get("workers") or 0)
     if options.get("replicas"):
-        from swarmyard.bench import swarm_scale
-
         return swarm_scale.run(asked, str(options.get("store") or "") or None, int(str(options["replicas"])))
     if options.get("compare"):
-        from swarmyard.bench import swarm_run
-
         return swarm_run.run(list(options["compare"]), float(options.get("upstream_latency") or 2.0))
     if options.get("sandboxed"):
-        from swarmyard.bench import swarm_sandboxed
-
         return swarm_sandboxed.run(quick, asked)
     result = BenchResult(area="swarm")
     sizes = [asked] if asked else ([20] if quick else [100, 1000])

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swarmyard.bench.result import BenchResult, BenchRow
+from swarmyard.bench.swarm_plane import MODEL, serve_plane, tree_cpu_s, wait_ready
 from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.machines.environment import MACHINE_PYTHON
 
@@ -248,7 +249,6 @@ def _warm_bytecode() -> None:
 def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> SandboxedRun:
     """Serve the plane + broker in their own process, then run ``workers`` sandboxed agents at once."""
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-    from swarmyard.bench.swarm import MODEL, _serve, _tree_cpu_s, _wait_ready
     from swarmyard.machines.api import Machines
     from swarmyard.store import open_store
 
@@ -262,7 +262,7 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
     authority = TokenAuthority(load_or_create_secret(secret), store)
     issued = [authority.issue(goal, "main", ttl_s=24 * 3600) for _ in range(workers)]
     tokens = [token for token, _ in issued]
-    server = mp.get_context("spawn").Process(target=_serve, args=(url, str(sock), str(secret), latency_s, 1))
+    server = mp.get_context("spawn").Process(target=serve_plane, args=(url, str(sock), str(secret), latency_s, 1))
     server.start()
     assert server.pid is not None  # started
     # as a run sets it for its workers (a heartbeat every quarter of the default 120 s lease)
@@ -271,10 +271,10 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
     agents = [_Agent() for _ in range(workers)]
     timeout_s = 600.0 + workers + 3 * steps * latency_s  # a bound on a stuck agent, never reached by a working one
     try:
-        _wait_ready(sock, server, 1)
+        wait_ready(sock, server, 1)
         machines = Machines("local", max_concurrent=workers, boot_timeout_s=600.0)
         sampler = _Sampler(folder.name)
-        server_cpu, bench_cpu = _tree_cpu_s(server.pid), time.process_time()
+        server_cpu, bench_cpu = tree_cpu_s(server.pid), time.process_time()
         began = time.perf_counter()
         sampler.start(workers)
         try:
@@ -285,7 +285,7 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
         finally:
             sampler.stop()
             machines.close()
-        server_cpu, bench_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - bench_cpu
+        server_cpu, bench_cpu = tree_cpu_s(server.pid) - server_cpu, time.process_time() - bench_cpu
         calls: dict[str, int] = {}
         first_hold: dict[str, float] = {}  # task -> when its first call was held
         for hold in store.list_reservations(goal):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from swarmyard.bench.result import BenchResult, BenchRow
-from swarmyard.bench.swarm import MODEL, WorkerClient, _run_on_uvloop, _tree_cpu_s, _wait_ready
+from swarmyard.bench.swarm_plane import MODEL, WorkerClient, run_on_uvloop, tree_cpu_s, wait_ready
 from swarmyard.domain import GoalSpec, Price, Quotas, ReservationState, TaskSpec
 
 #: seconds of simulated model latency per worker: at this scale the host's two cores serve every worker's
@@ -330,13 +330,13 @@ def measure(workers: int, *, store_url: str | None, replicas: int,
                                                                       replicas, counters.tag))
         server.start()
         assert server.pid is not None  # started
-        _wait_ready(sock, server, replicas)
+        wait_ready(sock, server, replicas)
         pids = _tree(server.pid)
         servers_before = sum(_status_kib(p, "VmRSS") for p in pids)
         client_before = _status_kib("self", "VmRSS")
-        server_cpu, client_cpu = _tree_cpu_s(server.pid), time.process_time()
-        wall, seen = _run_on_uvloop(_drive(str(sock), tokens))
-        server_cpu, client_cpu = _tree_cpu_s(server.pid) - server_cpu, time.process_time() - client_cpu
+        server_cpu, client_cpu = tree_cpu_s(server.pid), time.process_time()
+        wall, seen = run_on_uvloop(_drive(str(sock), tokens))
+        server_cpu, client_cpu = tree_cpu_s(server.pid) - server_cpu, time.process_time() - client_cpu
         servers_peak = sum(_status_kib(p, "VmHWM") for p in _tree(server.pid)) - servers_before
         client_peak = _status_kib("self", "VmHWM") - client_before
         store = open_store(url)
