@@ -445,6 +445,23 @@ class EscrowMachine(RuleBasedStateMachine):
         if live:
             self.store.cancel_task(data.draw(st.sampled_from(live)), "cancelled")
 
+    @rule(least=st.sampled_from([1_500, 7_000]))
+    def fail_unaffordable(self, least: int) -> None:
+        """A run fails the tasks an agent's claim was refused for: each claimable one short of ``least``, once,
+        with no slice carved; its unspent budget stays in the goal (a live ancestor's, or unallocated)."""
+        now = self.clock.now()
+        before = {t.id: t for t in self.store.list_tasks(self.goal)}
+        failed = self.store.fail_unaffordable(self.goal, least)
+        for task in failed:
+            was = before[task.id]
+            assert was.state is TaskState.PENDING or (
+                was.state is TaskState.CLAIMED and was.lease_expires_at is not None and was.lease_expires_at <= now)
+            assert was.envelope.available < least and task.state is TaskState.FAILED
+            assert task.envelope.available == 0 and "cannot afford one model call" in (task.result or "")
+        assert self.store.fail_unaffordable(self.goal, least) == [], "a task was failed twice"
+        allocated = _goal_row(self.store, self.goal)["allocated"]
+        assert sum(t.envelope.limit for t in self.store.list_tasks(self.goal)) == allocated
+
     @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]))
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)

@@ -1,8 +1,9 @@
 """A task whose slice cannot afford one model call is refused at claim, over the worker's own door.
 
 A real ``swarmyard serve`` on loopback with the simulated provider mounted; a worker's token; the claim tool.
-The store refuses such a claim (``claim(min_slice_micro_usd=)``), but the plane's claim tool does not ask it to:
-the task is claimed and the worker learns only at its first model call that nothing fits.
+The claim tool asks the store to refuse a task whose envelope cannot afford the least call the broker can hold
+(``claim(min_slice_micro_usd=)``): 402 budget_exceeded, and the task is left as it was (no claim, no slice), rather
+than claimed for a worker that learns only at its first model call that nothing fits.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from swarmyard.store import open_store
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="escrow break: the claim_task tool claims a task whose slice (1 micro-USD) "
-                                       "cannot afford one call; the typed refusal comes only at the first call")
 def test_claim_tool_refuses_a_slice_too_small_for_one_call(tmp_path: Path) -> None:
     (tmp_path / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["sim-1"]\n'
                                              '[providers.sim.prices.sim-1]\ninput_usd_per_mtok = "1"\n'

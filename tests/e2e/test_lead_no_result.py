@@ -1,9 +1,9 @@
 """What the lead is told of tasks that reached no result, and what the run says when there is no synthesis.
 
 Through ``swarmyard run`` on the scripted provider, in real bubblewrap machines: a scout stopped by its task's
-call cap, or by its envelope, leaves a placeholder that names that limit with the store's figures; the lead's
-prompt holds only the findings that reached a result, and its synthesis says how many tasks reached nothing and
-why. A grounded run (``cite_files``) in which no scout reached a result runs no lead and exits 1 saying why.
+call cap leaves a placeholder that names that limit with the store's figures, and a scout whose envelope cannot
+afford one call is refused at claim and its task failed with the figures; the lead's prompt holds only the
+findings that reached a result, and its synthesis says how many tasks reached nothing and why. A grounded run (``cite_files``) in which no scout reached a result runs no lead and exits 1 saying why.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def test_a_scout_stopped_by_its_call_cap_is_named_to_the_lead_as_such_and_never_
 
 def test_a_scout_its_envelope_cannot_afford_names_the_budget_with_the_figures(short_tmp: Path) -> None:
     # the worker's model costs $1,000 per million output tokens: one 512-token answer could cost $0.512, more
-    # than the scout's half of the $1 budget (the other half is held for the lead)
+    # than the scout's half of the $1 budget (the other half is held for the lead). The plane refuses the scout's
+    # claim (it would be refused at its first call), and the run fails the task with the figures.
     swarm = _swarm(short_tmp, ["market"], extra='[providers.script.prices.scripted-worker]\n'
                                                'input_usd_per_mtok = "0"\noutput_usd_per_mtok = "1000"\n')
     done = _run(short_tmp, swarm, {
@@ -93,14 +94,15 @@ def test_a_scout_its_envelope_cannot_afford_names_the_budget_with_the_figures(sh
         "scripted-lead": [_tool("submit_finding", title="synthesis", body="No: nothing was found.")],
     })
     assert done.returncode == 0, done.stderr[-3000:]
-    _, findings = _store(short_tmp)
-    [(_, _, body)] = [f for f in findings if f[1] == "market"]
-    found = re.fullmatch(r"No result was reached for 'market': the budget ran out at step 1 \(the task's envelope "
-                         r"had \$(0\.\d{6}) left, the next call could cost up to \$(0\.\d{6})\)\.", body)
-    assert found is not None, body
-    left, needed = (float(x) for x in found.groups())
-    assert left < needed and left == 0.5
-    assert "1 of 1 tasks reached no result" in done.stdout and "the budget ran out at step 1" in done.stdout
+    tasks, findings = _store(short_tmp)
+    assert [f for f in findings if f[1] == "market"] == []  # never claimed: no placeholder either
+    _, state, why = tasks["market"]
+    found = re.fullmatch(r"refused at claim: its slice \((\d+) micro-USD\) cannot afford one model call "
+                         r"\((\d+) micro-USD\)", why or "")
+    assert state == "failed" and found is not None, why
+    left, needed = (int(x) for x in found.groups())
+    assert (left, needed) == (500_000, 512_000)
+    assert "1 of 1 tasks reached no result" in done.stdout and f"'market': it failed: {why}" in done.stdout
 
 
 def test_a_grounded_run_whose_scouts_found_nothing_runs_no_lead_and_exits_1_saying_why(short_tmp: Path) -> None:

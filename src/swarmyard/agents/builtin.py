@@ -42,6 +42,7 @@ from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, Pl
 from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
 from swarmyard.errors import (
     BudgetError,
+    BudgetExceededError,
     ConfigError,
     ContextLengthError,
     FencingError,
@@ -54,6 +55,10 @@ from swarmyard.errors import (
 from swarmyard.rules import grounding, instructions, no_result, originality
 
 log = logging.getLogger(__name__)
+
+
+#: The ``max_tokens`` of the built-in agent's model calls unless ``SWARMYARD_MAX_TOKENS`` says otherwise.
+DEFAULT_MAX_TOKENS = 512
 
 
 class Role(StrEnum):
@@ -71,6 +76,7 @@ class Ending(StrEnum):
     STEP_CAP = "step_cap"  # the step cap ran out; what it had was submitted
     BUDGET = "budget"  # the broker refused further calls; what it had was submitted
     NO_TASK = "no_task"  # nothing was claimable
+    CLAIM_REFUSED = "claim_refused"  # the plane refused the claim: the task's budget cannot afford one call
     LOST_CLAIM = "lost_claim"  # the lease expired or another worker took the task
     MODEL_ERROR = "model_error"  # the model kept failing (after retries and compaction) after some work; that
     # work was submitted as a partial finding (with no work done, the run raises instead)
@@ -93,7 +99,7 @@ class AgentSettings:
     workdir: Path = Path(".")
     mode: OutputMode = OutputMode.TOOLS
     task_id: str | None = None
-    max_tokens: int = 512
+    max_tokens: int = DEFAULT_MAX_TOKENS
     #: planner: how many lenses to ask for
     plan_count: int = 3
     #: the run's policy; under ``explore`` the directions and their settings come from the store, through the tools
@@ -148,7 +154,7 @@ class AgentSettings:
             workdir=Path(env.get("SWARMYARD_WORKDIR", ".")),
             mode=mode,
             task_id=env.get("SWARMYARD_TASK_ID") or None,
-            max_tokens=int(number("SWARMYARD_MAX_TOKENS", 512)),
+            max_tokens=int(number("SWARMYARD_MAX_TOKENS", DEFAULT_MAX_TOKENS)),
             plan_count=max(1, int(number("SWARMYARD_PLAN_COUNT", 3))),
             policy=env.get("SWARMYARD_POLICY", ""),
             heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
@@ -295,6 +301,14 @@ def _items(data: Any, key: str) -> list[dict[str, Any]]:
     return [item for item in data or [] if isinstance(item, dict)]
 
 
+def refused_task(exc: BudgetExceededError) -> str | None:
+    """The task a refused claim names (its envelope is ``task ID (...)``), or None."""
+    envelope = exc.envelope if isinstance(exc.envelope, str) else ""
+    kind, _, rest = envelope.partition(" ")
+    task_id = rest.split(" ", 1)[0]
+    return task_id if kind == "task" and task_id else None
+
+
 class BuiltinAgent:
     """One agent run over one claimed task."""
 
@@ -348,7 +362,14 @@ class BuiltinAgent:
     async def run(self) -> AgentOutcome:
         """Claim, work, submit; never raises for a model's mistakes, only (``ProviderError``) for a model that
         failed before the run did any work."""
-        task = await self._plane.claim(self._settings.task_id)
+        try:
+            task = await self._plane.claim(self._settings.task_id, model=self._settings.model,
+                                           max_tokens=self._settings.max_tokens)
+        except BudgetExceededError as exc:
+            # Nothing was claimed and nothing can be done: the task stays as it was, for the run to end (it fails
+            # the tasks no call fits in). The task the plane named, when it named one, is reported.
+            log.warning("claim refused: %s", exc.message)
+            return AgentOutcome(Ending.CLAIM_REFUSED, refused_task(exc))
         if task is None:
             return AgentOutcome(Ending.NO_TASK)
         # what a finding may not merely say back: its task (for a lead, the findings' headings too: the demo's

@@ -70,9 +70,17 @@ class PlaneTools:
             raise SwarmyardError.from_dict(data if isinstance(data, dict) else {}, status=response.status_code)
         return data
 
-    async def claim(self, task_id: str | None = None) -> ClaimedTask | None:
-        """Claim ``task_id`` or any claimable task of the worker's group; ``None`` when none is left."""
-        data = await self.call("claim_task", {"task_id": task_id} if task_id else {})
+    async def claim(self, task_id: str | None = None, *, model: str | None = None,
+                    max_tokens: int | None = None) -> ClaimedTask | None:
+        """Claim ``task_id`` or any claimable task of the worker's group; ``None`` when none is left. ``model`` and
+        ``max_tokens``: what this worker's calls will ask for, so that the plane refuses (``BudgetExceededError``)
+        a task that cannot afford one of them rather than hand it over."""
+        body: dict[str, Any] = {"task_id": task_id} if task_id else {}
+        if model is not None:
+            body["model"] = model
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        data = await self.call("claim_task", body)
         self.task = _parse_claim(data)
         return self.task
 

@@ -93,6 +93,8 @@ def assemble(store: Store, tokens: TokenAuthority, settings: PlaneSettings, *,
     # settlements written, its providers closed
     app.state.on_close = []
     if broker is not None:
+        # a claim is refused when its task's envelope cannot afford the least call this broker can hold
+        app.state.plane.tools.floor_claims(broker.settings.routes, broker.settings.min_output_tokens)
         # /metrics: model-call latency and errors by code; each step's calls and cost with the trajectories
         app.state.plane.metrics.watch_broker(broker)
         if trajectories is not None:

@@ -39,9 +39,14 @@ class _Body(BaseModel):
 
 
 class ClaimTaskRequest(_Body):
-    """Claim a task of the worker's goal and group (a named one, or the next claimable)."""
+    """Claim a task of the worker's goal and group (a named one, or the next claimable). ``model`` and
+    ``max_tokens``: what the worker's model calls will ask the broker for, when it knows; a task whose envelope
+    cannot afford the least such call is refused (402 ``budget_exceeded``), and without them the least call of
+    any model the broker routes."""
 
     task_id: Id | None = None
+    model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 class _Fenced(_Body):

@@ -19,13 +19,16 @@ import base64
 import binascii
 import dataclasses
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
+from swarmyard.broker import ledger
+from swarmyard.broker.settings import ModelRoute
+from swarmyard.broker.tokencount import REQUEST_OVERHEAD_TOKENS
 from swarmyard.clock import Clock
 from swarmyard.domain import (
     LEAD_GROUP,
@@ -35,12 +38,14 @@ from swarmyard.domain import (
     Claim,
     Finding,
     PostKind,
+    Price,
     TaskSpec,
 )
 from swarmyard.errors import (
     FencingError,
     ForbiddenError,
     InvalidInputError,
+    NotFoundError,
     PayloadTooLargeError,
     StaleFencingTokenError,
     UnoriginalFindingError,
@@ -124,6 +129,60 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+#: How long a price read for a call's floor is reused (as the broker reuses it for its holds)
+_FLOOR_TTL_S = 1.0
+
+
+class CallFloor:
+    """The least a model call through the broker holds, in micro-USD: what a task's envelope must afford for its
+    claim to be worth making (``claim(min_slice_micro_usd=)``). The broker's own worst case (``ledger.worst_case``,
+    at the store's price, else the route's default, as admission reads them) of the smallest request it admits:
+    ``REQUEST_OVERHEAD_TOKENS`` of input (what every request's input bound counts before any message) and as few
+    output tokens as that request can be held at.
+
+    A goal or a task carries no model: the claim's caller names the one it will call, and the ``max_tokens`` it
+    will ask for, when it knows them (the built-in agent does). Its calls are then held at least at
+    ``min(max_tokens, the route's max_output_tokens)`` output tokens, or at ``min_output_tokens`` where the route
+    knows its context window (a full window holds less, down to that floor). Otherwise (no model named, or one the
+    broker does not route) the cheapest honest bound: one output token (a request may ask for no more) at the
+    cheapest model the broker routes. A slice below the floor can make no call at all; one above it may still be
+    refused at its first call, whose input is known only then. 0 with no priced route."""
+
+    def __init__(self, store: Store, routes: Sequence[ModelRoute], min_output_tokens: int, clock: Clock) -> None:
+        self._store = store
+        self._routes = {route.name: route for route in routes}
+        self._min_output = min_output_tokens
+        self._clock = clock
+        self._prices: dict[str, tuple[float, Price]] = {}
+
+    def __call__(self, model: str | None = None, max_tokens: int | None = None) -> int:
+        route = self._routes.get(model) if model is not None else None
+        if route is None:
+            return min((ledger.worst_case(REQUEST_OVERHEAD_TOKENS, 1, self._price(r)) for r in self._routes.values()),
+                       default=0)
+        output = min(max_tokens or 1, route.max_output_tokens)
+        if route.context_tokens is not None:
+            output = min(output, self._min_output)
+        return ledger.worst_case(REQUEST_OVERHEAD_TOKENS, output, self._price(route))
+
+    def _price(self, route: ModelRoute) -> Price:
+        now = self._clock.now()
+        cached = self._prices.get(route.name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            price = self._store.get_price(route.name)
+        except NotFoundError:
+            price = route.default_price
+        self._prices[route.name] = (now + _FLOOR_TTL_S, price)
+        return price
+
+
+def _no_floor(model: str | None = None, max_tokens: int | None = None) -> int:
+    del model, max_tokens
+    return 0
+
+
 class WorkerTools:
     """The tool implementations over a store, a token authority and the plane's limits."""
 
@@ -146,6 +205,14 @@ class WorkerTools:
         self._owners: dict[tuple[str, int], str] = {}
         self._renewed: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
+        #: the least one model call holds (a :class:`CallFloor` where a broker is mounted): a claim of a task whose
+        #: envelope cannot afford it is refused (402 budget_exceeded) rather than made
+        self.call_floor: Callable[[str | None, int | None], int] = _no_floor
+
+    def floor_claims(self, routes: Sequence[ModelRoute], min_output_tokens: int) -> None:
+        """Refuse a claim whose task cannot afford the least call through a broker's routes (see
+        :class:`CallFloor`)."""
+        self.call_floor = CallFloor(self._store, routes, min_output_tokens, self._clock)
 
     # -- shared checks ------------------------------------------------------------------------------------
     def call(self, tool: Callable[[], T], /) -> T:
@@ -235,7 +302,7 @@ class WorkerTools:
                 raise ForbiddenError(f"task {req.task_id} is outside worker {who.worker_id}'s goal and group",
                                      task_id=req.task_id, worker_id=who.worker_id)
         claim = self._store.claim(who.goal_id, who.worker_id, self._settings.lease_s, task_id=req.task_id,
-                                  group=who.group)
+                                  group=who.group, min_slice_micro_usd=self.call_floor(req.model, req.max_tokens))
         if claim is None:
             return m.ClaimResult.model_construct(task=None, fencing_token=None, lease_expires_at=None)
         self._remember((claim.task.id, claim.token), who.worker_id)

@@ -5,15 +5,16 @@ out, settled spend, leftover holds and provider keys found in the machines.
 (``RunFigures.to_dict``: ``score``, ``wall_s``, ``worker_s``, ``calls``, ``tokens_in``, ``tokens_out``,
 ``spend_micro_usd``, ``leftover_holds``, ``keys_found``, and for a run with broadcasts between rounds
 ``broadcast_followups``, ``built_on_broadcast`` and ``improved_on_broadcast``: see
-``swarmyard.report.consolidation`` for what each counts).
+``swarmyard.report.consolidation`` for what each counts; ``tasks_done``, and ``tasks_failed`` as a list of
+``{"task", "title", "reason"}``, every failed task with the reason the store recorded).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from swarmyard.domain import ReservationState
+from swarmyard.domain import ReservationState, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.data import ReportData
 
@@ -43,6 +44,8 @@ class RunFigures:
     broadcast_followups: int | None = None
     built_on_broadcast: int | None = None
     improved_on_broadcast: int | None = None
+    tasks_done: int = 0
+    tasks_failed: list[dict[str, str]] = field(default_factory=list)
 
     @classmethod
     def of(cls, data: ReportData, keys_found: int | None) -> RunFigures:
@@ -68,6 +71,9 @@ class RunFigures:
             broadcast_followups=len(cross.followups) if broadcast else None,
             built_on_broadcast=cross.built_on if broadcast else None,
             improved_on_broadcast=cross.improved_on if broadcast else None,
+            tasks_done=sum(1 for t in data.tasks if t.state is TaskState.DONE),
+            tasks_failed=[{"task": t.id, "title": t.title, "reason": t.result or ""}
+                          for t in data.tasks if t.state is TaskState.FAILED],
         )
 
     def to_dict(self) -> dict[str, Any]:

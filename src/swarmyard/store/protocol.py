@@ -94,6 +94,12 @@ class Store(Protocol):
         ancestor, else to the goal's unallocated budget."""
         ...
 
+    def fail_unaffordable(self, goal_id: str, min_slice_micro_usd: int, *, group: str | None = None) -> list[Task]:
+        """Fail, each exactly once, the goal's claimable tasks (of ``group``) whose envelope cannot afford one
+        call's worst case (those ``claim(min_slice_micro_usd=)`` refuses); their unspent budget goes where a
+        cancelled task's goes."""
+        ...
+
     def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
         """A goal's tasks, in creation order."""
         ...

@@ -653,6 +653,53 @@ class SqlStore(DirectionStore, ReplicaStore):
                                                      "returned": unspent, "returned_to": heir})
             return rows.task(row)
 
+    def fail_unaffordable(self, goal_id: str, min_slice_micro_usd: int, *, group: str | None = None) -> list[Task]:
+        """Fail every claimable task of the goal whose envelope cannot afford ``min_slice_micro_usd`` (one model
+        call's worst case), of ``group`` if given: the tasks ``claim(min_slice_micro_usd=)`` refuses, which no agent
+        can work on. A run calls this once an agent's claim was refused, so such a task ends instead of staying
+        pending.
+
+        Each task in its own transaction, by one conditional update (still claimable, still unaffordable), so it
+        ends exactly once, with ``task.failed`` and a reason naming its slice. No slice is carved for it (a stale
+        one of a lapsed claim is returned); like a cancelled task, its unspent budget goes to its nearest live
+        ancestor, else to the goal's unallocated budget. The tasks failed, in claim order."""
+        min_slice = micro_usd(min_slice_micro_usd, field="min_slice_micro_usd")
+        if not min_slice:
+            return []
+        now = self._now()
+        claimable = "(state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?))"
+        short = f"{claimable} AND budget - reserved - settled < ?"
+        of_group, params = ("", [goal_id, now, min_slice]) if group is None else (
+            " AND group_name = ?", [goal_id, now, min_slice, group])
+        with self._e.read() as cur:
+            cur.execute(f"SELECT id FROM tasks WHERE goal_id = ? AND {short}{of_group} ORDER BY priority DESC, n",
+                        params)
+            found = [str(r[0]) for r in cur.fetchall()]
+        failed = []
+        for task_id in found:
+            with self._e.write() as cur:
+                task = self._task_row(cur, task_id, lock=True)
+                unspent = task.envelope.available
+                reason = (f"refused at claim: its slice ({unspent} micro-USD) cannot afford one model call "
+                          f"({min_slice} micro-USD)")
+                row = self._one(cur, "UPDATE tasks SET state = 'failed', result = ?, lease_expires_at = NULL, "
+                                     "budget = reserved + settled, revision = revision + 1 "
+                                     f"WHERE id = ? AND {short} RETURNING {rows.TASK_COLS}",
+                                (reason, task_id, now, min_slice))
+                if row is None:
+                    continue  # claimed, ended or given more budget meanwhile
+                self._return_slice(cur, task_id, None, now)
+                heir = self._give_to_live_ancestor(cur, task.parent_id, unspent, task.goal_id)
+                if heir is None:
+                    cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
+                if task.state is TaskState.CLAIMED and task.fencing_token is not None:
+                    self.follow_claim(cur, task_id, task.fencing_token, None)
+                self._event(cur, "task.failed", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
+                                                      "needed": min_slice, "returned": unspent,
+                                                      "returned_to": heir})
+                failed.append(rows.task(row))
+        return failed
+
     def _give_to_live_ancestor(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
         """Add ``amount`` to the envelope of the nearest live (pending or claimed) task up the chain from
         ``parent_id``, and to its live slice too if it has one (its holds are bounded by that slice); the id of

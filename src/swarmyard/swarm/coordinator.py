@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarmyard.agents.builtin import Role
+from swarmyard.agents.builtin import Ending, Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
 from swarmyard.domain import PLANNER_GROUP, Finding, Goal, PostKind, ReservationState, Task, TaskState
@@ -153,6 +153,8 @@ def _open(task: Task, now: float) -> bool:
 _ENDED = (TaskState.DONE, TaskState.CANCELLED, TaskState.FAILED)
 #: Endings of an agent run that held no task and still went wrong.
 _BAD_ENDINGS = frozenset({"error", "timeout"})
+#: An agent run whose claim the plane refused: the task's budget cannot afford one model call.
+CLAIM_REFUSED = Ending.CLAIM_REFUSED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +338,12 @@ class Coordinator:
                 self._fail(task, why)
             else:
                 self._give_back(task)
-        if held:
+        if span.ending == CLAIM_REFUSED and not held and not self._fail_unaffordable(slot):
+            # refused, and yet no task of its group is short of the floor now (its price moved, or a task was
+            # given budget meanwhile): counted as a failure of the slot, so a refusal that repeats retires it
+            failed = True
+            self._slot_streaks.setdefault(slot.name, Streak()).add(span)
+        elif held:
             self._slot_streaks.pop(slot.name, None)
         elif span.ending in _BAD_ENDINGS:
             failed = True
@@ -344,6 +351,16 @@ class Coordinator:
         self._slot_failed[slot.name] = self._slot_failed.get(slot.name, 0) + 1 if failed else 0
         self._runs_ended += 1  # the tasks it held have moved on: the next look reads them again
         return span
+
+    def _fail_unaffordable(self, slot: WorkerSlot) -> list[Task]:
+        """An agent's claim was refused: its task's budget cannot afford one call. Fail every claimable task of
+        the slot's group that cannot afford the least call of the slot's agent, each exactly once, with a reason
+        naming its slice (the store's conditional update; the plane's floor, not what the agent said), so the run
+        goes on with the others rather than launch agents at a task no call fits in."""
+        failed = self.store.fail_unaffordable(self._goal_id, self.launcher.claim_floor(slot.role), group=slot.group)
+        for task in failed:
+            log.warning("task %s (%s) failed: %s", task.id, task.title, task.result)
+        return failed
 
     def _fail(self, task: Task, reason: str) -> None:
         """Mark a task failed for good: with the claim its last agent left, else one the coordinator takes."""

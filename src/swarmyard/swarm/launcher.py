@@ -31,6 +31,11 @@ class WorkerLauncher(Protocol):
         """Run one agent for ``slot`` to its end (or its exec timeout); return what it did."""
         ...
 
+    def claim_floor(self, role: Role) -> int:
+        """The least model call an agent of ``role`` makes, in micro-USD, as the plane prices it when the agent
+        claims: a task whose envelope cannot afford it is refused at claim (0: no floor)."""
+        ...
+
     def worker_of(self, slot: str) -> str | None:
         """The worker id of the agent running in ``slot`` now (for the live table), or ``None``."""
         ...

@@ -14,17 +14,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
-from swarmyard.agents.builtin import Role
+from swarmyard.agents.builtin import DEFAULT_MAX_TOKENS, Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
-from swarmyard.errors import ConfigError, SandboxError, SwarmyardError
+from swarmyard.errors import BudgetExceededError, ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
 from swarmyard.machines.environment import MACHINE_PYTHON
 from swarmyard.machines.local import HOME as MACHINE_HOME
@@ -154,6 +154,8 @@ class MachineLauncher:
         self._plane: BackgroundServer | None = None
         self._ray: RayBackend | None = None  # joined before the plane starts: its address is the plane's too
         self._broker: Broker | None = None
+        #: the least call the plane lets a claim's task afford (its claim tool's ``CallFloor``)
+        self._call_floor: Callable[[str | None, int | None], int] | None = None
         self._tokens: TokenAuthority | None = None
         self._goal: Goal | None = None
         self._running: dict[str, str] = {}
@@ -192,6 +194,7 @@ class MachineLauncher:
             sources=LensSources(self.config.tasks.lenses) if self.config.tasks.cite_files else None,
         )
         self._broker = made.broker
+        self._call_floor = made.core.tools.call_floor
         assert self._broker is not None  # a table was given: an empty one makes a broker that routes nothing
         if self.trace is not None:
             self.trace.begin(self.run_dir, goal.id, step_of=self.trajectories.last_step)
@@ -370,18 +373,23 @@ class MachineLauncher:
                 self._machines.files.upload(machine_id, path, data, mode=0o400)
             env["SWARMYARD_HISTORY"] = self.config.workers.history.value
             env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)
+            if (max_tokens := self._max_tokens(slot.role)) is not None:
+                env["SWARMYARD_MAX_TOKENS"] = str(max_tokens)
             if lead:
-                env["SWARMYARD_MAX_TOKENS"] = "1024"  # a synthesis is longer than a step (the route may hold less)
                 env["SWARMYARD_SYNTHESIS"] = self.config.lead.synthesis.value
             if slot.role is Role.PLANNER:
                 env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
-                # room for N lenses with their instructions in one answer
-                env["SWARMYARD_MAX_TOKENS"] = str(min(2048, 160 * (self.config.tasks.plan or 1) + 128))
         else:
             # An agent CLI calls its model before any tool, and the broker only serves a worker that holds a
             # claim: so the launcher claims for it, and the agent starts with its task in hand.
-            claim = self.store.claim(self._goal.id, who.worker_id, self.config.workers.lease_s,
-                                     task_id=slot.task_id, group=slot.group)
+            try:
+                claim = self.store.claim(self._goal.id, who.worker_id, self.config.workers.lease_s,
+                                         task_id=slot.task_id, group=slot.group,
+                                         min_slice_micro_usd=self.claim_floor(slot.role))
+            except BudgetExceededError as exc:  # as the plane refuses the built-in agent's claim
+                log.warning("%s: claim refused: %s", slot.name, exc.message)
+                return WorkerSpan(who.worker_id, None, started, time.time(), "claim_refused", 0, slot.name,
+                                  None, exc.message)
             if claim is None:
                 return WorkerSpan(who.worker_id, None, started, time.time(), "no_task", 0, slot.name)
             prompt = (f"{self._goal.objective}\n\nYour task (already claimed for you): {claim.task.title}\n"
@@ -524,6 +532,29 @@ class MachineLauncher:
                         answer.text[:300])
             return "error"
         return "done"
+
+    def _max_tokens(self, role: Role) -> int | None:
+        """The ``max_tokens`` a built-in agent of ``role`` asks for when the launcher sets one (``None``: its
+        default, ``AgentSettings.max_tokens``)."""
+        if role is Role.LEAD:
+            return 1024  # a synthesis is longer than a step (the route may hold less)
+        if role is Role.PLANNER:
+            return min(2048, 160 * (self.config.tasks.plan or 1) + 128)  # room for N lenses in one answer
+        return None
+
+    def claim_floor(self, role: Role) -> int:
+        """The least call an agent of ``role`` makes, as the plane's claim tool prices it: a task that cannot
+        afford it is refused at claim. The built-in agent names its model and ``max_tokens`` when it claims; an
+        agent CLI, claimed for here, names only the model (its ``max_tokens`` is its own)."""
+        if self._call_floor is None:
+            return 0
+        if role is Role.PLANNER:
+            return self._call_floor(None, None)  # the planner's claim names no model
+        lead = role is Role.LEAD
+        model = self.config.lead.model if lead else self.config.workers.model
+        if (self.config.lead.agent if lead else self.config.workers.agent) is not AgentKind.BUILTIN:
+            return self._call_floor(model, None)
+        return self._call_floor(model, self._max_tokens(role) or DEFAULT_MAX_TOKENS)
 
     def worker_of(self, slot: str) -> str | None:
         """The worker id of the agent running in ``slot`` now."""
