@@ -20,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import httptools
+
+_log = logging.getLogger(__name__)
 
 #: Connections kept open between requests (an agent makes one request at a time).
 _MAX_IDLE = 4
@@ -272,6 +275,8 @@ class LeanClient:
             key = name.decode("latin-1").lower()
             text = value.decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        # the line httpx logs for each request, so an agent's log reads the same over either client
+        _log.info('HTTP Request: POST %s "HTTP/1.1 %d"', url, status)
         return Response(status, headers, content)
 
     async def aclose(self) -> None:
