@@ -10,47 +10,51 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarmyard.plane.assembly import Assembled
 
 #: The simulated model every swarm bench's workers call.
 MODEL = "simulated-model"
 
 
-def app_from_env() -> Any:
-    """The control plane with the broker mounted, on the simulated provider (one per server process)."""
+def plane_from_env() -> Assembled:
+    """The control plane with the broker mounted, on the simulated provider (one per server process), assembled
+    as ``swarmyard serve`` assembles its plane (:func:`swarmyard.plane.assembly.assemble`)."""
     import os
 
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-    from swarmyard.broker.app import broker_routes
     from swarmyard.broker.providers.simulated import SimulatedProvider
-    from swarmyard.broker.settings import BrokerSettings, ModelRoute
-    from swarmyard.plane.app import create_app
+    from swarmyard.config import ModelPrice, ProviderConfig, ProviderKind
+    from swarmyard.plane.assembly import assemble
     from swarmyard.plane.settings import PlaneSettings
     from swarmyard.store import open_store
 
     store = open_store(os.environ["SWARMYARD_BENCH_STORE"], serving=True)  # as swarmyard serve opens it
     tokens = TokenAuthority(load_or_create_secret(Path(os.environ["SWARMYARD_BENCH_SECRET"])), store)
-    provider = SimulatedProvider(name="sim", latency_s=float(os.environ["SWARMYARD_BENCH_LATENCY_S"]),
-                                 output_tokens=16)
-    routes = broker_routes(store, tokens, {"sim": provider},
-                           BrokerSettings(routes=(ModelRoute(MODEL, "sim", max_output_tokens=64),)))
-    return create_app(store, tokens, PlaneSettings(rate_per_s=1000.0, rate_burst=1000), extra_routes=routes)
+    latency_s = float(os.environ["SWARMYARD_BENCH_LATENCY_S"])
+    # the table's entry makes the route (free, answers of at most 64 tokens); the object given for it answers
+    # in 16 tokens after the fixed latency
+    table = {"sim": ProviderConfig(kind=ProviderKind.SIMULATED, models=(MODEL,), latency_s=latency_s,
+                                   prices={MODEL: ModelPrice(max_output_tokens=64)})}
+    provider = SimulatedProvider(name="sim", latency_s=latency_s, output_tokens=16)
+    return assemble(store, tokens, PlaneSettings(rate_per_s=1000.0, rate_burst=1000), providers=table,
+                    given={"sim": provider})
 
 
 def serve_plane(url: str, socket_path: str, secret_path: str, latency_s: float, replicas: int) -> None:
-    """Serve as ``swarmyard serve`` does: one process, or ``replicas`` stateless ones on one socket (the plane's
-    scale-out), with the same server settings (no proxy-header parsing, no access log)."""
+    """Serve as ``swarmyard serve`` does (:func:`swarmyard.plane.assembly.serve_assembled`): one process, or
+    ``replicas`` stateless ones on one socket (the plane's scale-out), with the same server settings (the
+    connection limits, no proxy-header parsing, no access log)."""
     import os
 
-    from swarmyard.plane.server import Listen, serve, serve_processes
+    from swarmyard.plane.assembly import serve_assembled
+    from swarmyard.plane.server import Listen
 
     os.environ.update(SWARMYARD_BENCH_STORE=url, SWARMYARD_BENCH_SECRET=secret_path,
                       SWARMYARD_BENCH_LATENCY_S=str(latency_s))
-    listen = Listen(Path(socket_path))
-    if replicas == 1:
-        serve(app_from_env(), listen)
-    else:
-        serve_processes(app_from_env, listen, replicas)
+    serve_assembled(plane_from_env, Listen(Path(socket_path)), processes=replicas)
 
 
 class WorkerClient:
@@ -152,4 +156,4 @@ def wait_ready(sock: Path, server: Any, replicas: int) -> None:
                 time.sleep(0.05)
 
 
-__all__ = ["MODEL", "WorkerClient", "app_from_env", "run_on_uvloop", "serve_plane", "tree_cpu_s", "wait_ready"]
+__all__ = ["MODEL", "WorkerClient", "plane_from_env", "run_on_uvloop", "serve_plane", "tree_cpu_s", "wait_ready"]
