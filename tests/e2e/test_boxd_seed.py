@@ -25,7 +25,10 @@ import pytest
 from boxd_seed import SEED, ported
 
 from swarmyard.bench.agents import SCOUTS, cache_with_model, run_seed
+from swarmyard.boxd import Boxd
 from swarmyard.boxd._plane import OBJECTIVE
+from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
+from swarmyard.config import DEFAULT_MODEL
 from swarmyard.domain import ReservationState
 from swarmyard.store import open_store
 
@@ -140,3 +143,48 @@ def test_the_seed_runs_on_the_embedded_model_with_no_key_and_every_claude_answer
     for name, answer in seed.answers.items():
         assert answer.strip(), f"claude -p of {name} answered nothing: {seed.stderr_tail}"
         assert "API Error" not in answer, (name, answer)
+
+
+def _claude_in_a_machine(folder: Path, model: str, replies: list[Say | CallTools],
+                         asks: dict[str, str]) -> tuple[ScriptedProvider, dict[str, str]]:
+    """Each of ``asks`` (machine name -> prompt) as the seed runs it: a bare ``claude -p`` in a machine of its own,
+    on ``model`` served by a scripted provider; the lead's machine gets a reports file first."""
+    (folder / "providers.toml").write_text(f'[providers.script]\nkind = "scripted"\nmodels = ["{model}"]\n')
+    provider = ScriptedProvider({model: replies}, name="script")
+    answers = {}
+    with Boxd(providers=folder / "providers.toml", provider_objects={"script": provider}, model=model) as boxd:
+        for name, prompt in asks.items():
+            machine = boxd.machines.create(name)
+            boxd.machines.wait_until_ready(machine.id)
+            boxd.machines.files.upload(machine.id, "/home/boxd/reports.md", "## market\n\nplanted-report-line\n")
+            done = boxd.machines.exec(machine.id, f'claude -p "{prompt}" --dangerously-skip-permissions',
+                                      timeout=300)
+            assert done.success, done.stderr[-3000:]
+            answers[name] = done.stdout.strip()
+            boxd.machines.delete(machine.id)
+    return provider, answers
+
+
+def test_on_the_embedded_model_claude_in_a_machine_is_offered_read_only_and_the_lead_reads(folder: Path) -> None:
+    # the scripted provider serves the embedded model's name: the machines are set up as for that model
+    replies: list[Say | CallTools] = [Say("Market: small."), CallTools((("Read", {"file_path": "/home/boxd/reports.md"}),)),
+                                      Say("Recommendation: go.")]
+    provider, answers = _claude_in_a_machine(folder, DEFAULT_MODEL, replies, {
+        "scout-market": "Estimate the market size.",
+        "lead": "Read /home/boxd/reports.md and write one recommendation: go or no-go, and why."})
+    assert answers == {"scout-market": "Market: small.", "lead": "Recommendation: go."}
+    # one call a scout, two for the lead (its read, then its answer), every one offered the same single tool
+    assert [tuple(t.name for t in r.tools) for r in provider.requests] == [("Read",)] * 3
+    # the lead's read ran: the file's text came back to the model as the tool's result
+    assert "planted-report-line" in repr(provider.requests[2].messages)
+    assert "planted-report-line" not in repr(provider.requests[1].messages)
+
+
+def test_on_another_model_claude_in_a_machine_keeps_its_tools(folder: Path) -> None:
+    provider, answers = _claude_in_a_machine(folder, MODEL, [Say("Market: small.")],
+                                             {"scout-market": "Estimate the market size."})
+    assert answers == {"scout-market": "Market: small."}
+    (request,) = provider.requests
+    offered = {t.name for t in request.tools}
+    assert {"Read", "Bash", "Write", "Edit"} <= offered
+    assert any(name.startswith("mcp__swarmyard__") for name in offered)

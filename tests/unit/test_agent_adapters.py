@@ -143,3 +143,21 @@ def test_pi_models_json() -> None:
 def test_unknown_adapter() -> None:
     with pytest.raises(ConfigError, match=r"workers\.agent"):
         get_adapter("hal9000")
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b-instruct", "claude-sonnet-4-5"])
+def test_a_boxd_machine_s_claude_code_is_set_to_read_only_on_an_embedded_model(model: str) -> None:
+    from swarmyard.boxd import _logins
+    from swarmyard.boxd._plane import Login
+    from swarmyard.config import EMBEDDED_MODELS
+
+    files = _logins.files("http://127.0.0.1:1", Login("w", "sy1.worker-token", "task", 1, "g"), model)
+    user = json.loads(files["/home/boxd/.claude.json"])
+    settings = files.get("/home/boxd/.claude/settings.json")
+    if model in EMBEDDED_MODELS:
+        assert settings is not None and "mcpServers" not in user
+        denied = set(json.loads(settings)["permissions"]["deny"])
+        assert "Read" not in denied
+        assert {"Bash", "Write", "Edit", "Glob", "Grep", "Skill", "CronCreate", "Agent", "WebFetch"} <= denied
+    else:
+        assert settings is None and list(user["mcpServers"]) == ["swarmyard"]

@@ -6,7 +6,7 @@ model), the second with the starts the first saved (see ``swarmyard.broker.provi
 Each run is the ported script executed as a user's program in a subprocess (``runpy``), with a private cache
 folder holding only a link to the assembled model, a private temp folder, and no provider key in its
 environment; after it ends, the runner reports the text of each scout's report and the lead's answer from the
-script's own variables. A run counts as complete when the script exits 0 and every ``claude -p`` answered
+script's own variables, and each machine's model calls with their tokens from the embedded plane's store. A run counts as complete when the script exits 0 and every ``claude -p`` answered
 something. Targets: the first run in 10 minutes, the second in 3, on 2 cores.
 """
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +79,23 @@ SECOND_RUN_TARGET_S = 180.0
 #: A run past this is stopped: four ``exec`` calls of at most 600 s each, and the machines around them.
 RUN_TIMEOUT_S = 2700.0
 
-#: Runs the script as a program and then writes what its variables hold: each scout's report and the answer.
+#: Runs the script as a program and then writes what its variables hold: each scout's report and the answer,
+#: and, from the embedded plane's store before the client closes it, each machine's model calls and their tokens
+#: (one reservation a call, settled with the tokens the broker counted).
 _RUNNER = """\
 import json, runpy, sys
 done = runpy.run_path(sys.argv[1], run_name="__main__")
 reports = {r.split("\\n", 1)[0].removeprefix("## "): r.split("\\n\\n", 1)[1] for r in done["reports"]}
+calls = {}
+plane = done["boxd"]._plane
+if plane is not None and plane._owned is not None:
+    plane._owned.broker.wait_settled(30)
+    store = plane._owned.store
+    names = {t.id: t.title.removeprefix("machine ") for t in store.list_tasks(plane.goal_id)}
+    for r in sorted(store.list_reservations(plane.goal_id), key=lambda r: r.created_at):
+        calls.setdefault(names.get(r.task_id, r.task_id), []).append([r.input_tokens, r.output_tokens])
 with open(sys.argv[2], "w") as out:
-    json.dump({"scouts": reports, "lead": done["result"].stdout}, out)
+    json.dump({"scouts": reports, "lead": done["result"].stdout, "calls": calls}, out)
 """
 
 
@@ -97,12 +107,14 @@ def ported(construction: str = "boxd = Boxd()") -> str:
 
 @dataclass(frozen=True, slots=True)
 class SeedRun:
-    """One run of the ported script: its wall time, its exit, and what each ``claude -p`` answered."""
+    """One run of the ported script: its wall time, its exit, what each ``claude -p`` answered, and each machine's
+    model calls as (input tokens, output tokens), in order."""
 
     wall_s: float
     exit_code: int | None
     answers: dict[str, str]
     stderr_tail: str
+    calls: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -132,10 +144,12 @@ def run_seed(folder: Path, cache: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> 
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.monotonic() - started
     answers: dict[str, str] = {}
+    calls: dict[str, list[tuple[int, int]]] = {}
     if exit_code == 0 and report.is_file():
         saved: dict[str, Any] = json.loads(report.read_text())
         answers = {**{str(k): str(v) for k, v in saved["scouts"].items()}, "lead": str(saved["lead"])}
-    return SeedRun(wall, exit_code, answers, stderr[-2000:])
+        calls = {str(k): [(int(i), int(o)) for i, o in v] for k, v in saved.get("calls", {}).items()}
+    return SeedRun(wall, exit_code, answers, stderr[-2000:], calls)
 
 
 def cache_with_model(folder: Path) -> Path:
@@ -166,12 +180,17 @@ def run(quick: bool = False, **options: object) -> BenchResult:
                                 target=f"<= {target:.0f} s, every answer non-empty"))
             result.add(BenchRow(f"{name} run, claude -p answered", float(sum(
                 bool(seed.answers.get(n, "").strip()) for n in (*SCOUTS, "lead"))), "of 4"))
+            result.add(BenchRow(f"{name} run, model calls", float(sum(map(len, seed.calls.values()))), "calls",
+                                target="one a scout, two for the lead (it reads the reports)"))
             if not seed.complete:
                 result.notes.append(f"{name} run incomplete (exit {seed.exit_code}): {seed.stderr_tail[-600:]}")
         prefixes = sorted((cache / "swarmyard" / "models" / "prefixes").glob("*.kv"))
         result.summary = {
             "runs": {name: {"wall_s": round(seed.wall_s, 1), "exit_code": seed.exit_code, "complete": seed.complete,
                             "answer_chars": {k: len(v) for k, v in seed.answers.items()},
+                            "calls": {k: len(v) for k, v in seed.calls.items()},
+                            "input_tokens": {k: [i for i, _ in v] for k, v in seed.calls.items()},
+                            "output_tokens": {k: [o for _, o in v] for k, v in seed.calls.items()},
                             "within_target": seed.complete and seed.wall_s <= (
                                 FIRST_RUN_TARGET_S if name == "first" else SECOND_RUN_TARGET_S)}
                      for name, seed in runs.items()},

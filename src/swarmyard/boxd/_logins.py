@@ -5,6 +5,15 @@ Codex's ``config.toml``, opencode's ``opencode.json``, pi's ``models.json`` and 
 Code's user settings. The variables point each CLI's base URL at the in-sandbox relay and give it the worker's
 capability token as its key, and name the session's model, so a bare ``claude -p "..."`` asks for a model the
 broker serves. Nothing here is a provider key: the broker swaps those in upstream.
+
+On an embedded model (``swarmyard.config.EMBEDDED_MODELS``) Claude Code's settings also deny it every tool but
+``Read``, and its user config names no MCP server. Offered its 24 tools (and swarmyard's 10 over MCP), the 0.5B
+model was seen to spend the first call of a ``claude -p`` of the seed's script on a tool the prompt did not need
+(a ``CronCreate``, a ``Skill``, a ``Write``) before it answered, with a prompt of about 3,960 tokens. With ``Read``
+alone the prompt is about 1,860 tokens and the lead can still read its reports file; a scout still spends its one
+round of tools (now a ``Read``) before it answers. Every machine gets the same settings, so every ``claude -p``
+sends the same start of prompt and the broker's cache of it still serves them all. Any other model keeps Claude
+Code's whole tool set and swarmyard's tools.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ import json
 from dataclasses import dataclass
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
+from swarmyard.agents.adapters.claude import ClaudeAdapter
 from swarmyard.boxd._plane import Login
+from swarmyard.config import EMBEDDED_MODELS
 from swarmyard.machines.environment import MACHINE_PYTHON
 
 #: The home a boxd machine's user has (the machine's own disk).
@@ -92,10 +103,14 @@ def _files(ctx: AdapterContext, login: Login, model: str, launched: list[dict[st
     settings |= {"defaultProvider": "swarmyard", "defaultModel": model}
     out[pi_settings] = json.dumps(settings, indent=2)
     # Claude Code's first run asks about onboarding and a key it does not know: answered here
-    out[f"{HOME}/.claude.json"] = json.dumps({
+    claude: dict[str, object] = {
         "hasCompletedOnboarding": True,
         "customApiKeyResponses": {"approved": [login.token[-20:]], "rejected": []},
-        "mcpServers": {"swarmyard": {"command": ctx.mcp_command[0], "args": list(ctx.mcp_command[1:]),
-                                     "env": ctx.mcp_env}},
-    }, indent=2)
+    }
+    if model in EMBEDDED_MODELS:  # Read alone (see the module docstring)
+        out[f"{HOME}/.claude/settings.json"] = json.dumps(ClaudeAdapter().read_only_settings(), indent=2)
+    else:
+        claude["mcpServers"] = {"swarmyard": {"command": ctx.mcp_command[0], "args": list(ctx.mcp_command[1:]),
+                                              "env": ctx.mcp_env}}
+    out[f"{HOME}/.claude.json"] = json.dumps(claude, indent=2)
     return out

@@ -19,6 +19,21 @@ class ClaudeAdapter:
     #: version that ignored it would still be held to this list)
     BUILTIN_TOOLS = ("Bash", "BashOutput", "KillShell", "Edit", "MultiEdit", "Write", "Read", "NotebookEdit",
                      "Glob", "Grep", "LS", "WebFetch", "WebSearch", "Task", "TodoWrite", "SlashCommand", "Skill")
+    #: Every tool Claude Code 2.1.197 knows but ``Read`` (it offers a ``claude -p`` 24 of them, ``Glob`` and ``Grep``
+    #: once ``Bash`` is gone, and the rest in other modes). A settings file's deny rule removes its tool from what
+    #: the model is offered, also under ``--dangerously-skip-permissions``; one that names a tool the CLI does not
+    #: know is warned about on stderr at every start, so only names it knows are here.
+    ALL_BUT_READ = ("Agent", "AskUserQuestion", "Bash", "BashOutput", "CronCreate", "CronDelete", "CronList", "Edit",
+                    "EnterPlanMode", "EnterWorktree", "ExitPlanMode", "ExitWorktree", "Glob", "Grep", "KillShell",
+                    "LSP", "ListMcpResourcesTool", "Monitor", "NotebookEdit", "PowerShell", "ReadMcpResourceTool",
+                    "ReportFindings", "ScheduleWakeup", "SendMessage", "Skill", "Task", "TaskCreate", "TaskGet",
+                    "TaskList", "TaskOutput", "TaskStop", "TaskUpdate", "TodoWrite", "WebFetch", "WebSearch",
+                    "Workflow", "Write")
+
+    def read_only_settings(self) -> dict[str, object]:
+        """User settings (``~/.claude/settings.json``) under which a bare ``claude -p`` offers its model ``Read``
+        alone: see ``swarmyard.boxd._logins`` for where they are written."""
+        return {"permissions": {"deny": list(self.ALL_BUT_READ)}}
 
     def launch(self, ctx: AdapterContext) -> AgentLaunch:
         """Files, argv and env for one headless Claude Code run."""
