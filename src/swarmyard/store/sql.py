@@ -643,12 +643,7 @@ class SqlStore(DirectionStore, ReplicaStore):
             row = cur.fetchone()
             if row is None:
                 raise IllegalTransitionError("task", task_id, "(changed meanwhile)", TaskState.CANCELLED.value)
-            self._return_slice(cur, task_id, None, now)
-            heir = self._give_to_live_ancestor(cur, task.parent_id, unspent, task.goal_id)
-            if heir is None:
-                cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
-            if task.state is TaskState.CLAIMED and task.fencing_token is not None:
-                self.follow_claim(cur, task_id, task.fencing_token, None)
+            heir = self._end_unspent(cur, task, unspent, now)
             self._event(cur, "task.cancelled", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
                                                      "returned": unspent, "returned_to": heir})
             return rows.task(row)
@@ -688,17 +683,29 @@ class SqlStore(DirectionStore, ReplicaStore):
                                 (reason, task_id, now, min_slice))
                 if row is None:
                     continue  # claimed, ended or given more budget meanwhile
-                self._return_slice(cur, task_id, None, now)
-                heir = self._give_to_live_ancestor(cur, task.parent_id, unspent, task.goal_id)
-                if heir is None:
-                    cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (unspent, task.goal_id))
-                if task.state is TaskState.CLAIMED and task.fencing_token is not None:
-                    self.follow_claim(cur, task_id, task.fencing_token, None)
+                heir = self._end_unspent(cur, task, unspent, now)
                 self._event(cur, "task.failed", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
                                                       "needed": min_slice, "returned": unspent,
                                                       "returned_to": heir})
                 failed.append(rows.task(row))
         return failed
+
+    def _end_unspent(self, cur: Cursor, task: Task, unspent: int, now: float) -> str | None:
+        """What a task ended before it was done (cancelled, or failed at claim) leaves: its slice returned, its
+        ``unspent`` budget handed up (see ``_hand_up``), its claim's follower ended; the heir's id, or None."""
+        self._return_slice(cur, task.id, None, now)
+        heir = self._hand_up(cur, task.parent_id, unspent, task.goal_id)
+        if task.state is TaskState.CLAIMED and task.fencing_token is not None:
+            self.follow_claim(cur, task.id, task.fencing_token, None)
+        return heir
+
+    def _hand_up(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
+        """Give ``amount`` back where it can still be spent: to the nearest live ancestor (see
+        ``_give_to_live_ancestor``), else to the goal's unallocated budget; the heir's id, or None for the goal."""
+        heir = self._give_to_live_ancestor(cur, parent_id, amount, goal_id)
+        if heir is None:
+            cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (amount, goal_id))
+        return heir
 
     def _give_to_live_ancestor(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
         """Add ``amount`` to the envelope of the nearest live (pending or claimed) task up the chain from
@@ -1191,16 +1198,26 @@ class SqlStore(DirectionStore, ReplicaStore):
                 # Lock order: the reservation (just updated), its task, then the goal. A hold of a slice still
                 # live is charged to its task's row only; one of a slice returned since (its held amount went
                 # to the goal's row with it) or of no slice is charged to the goal's row too.
+                # A task ended with its budget pinned to what it spent and held (cancelled, or failed as unable to
+                # afford a call) gives up what this hold did not use, as it gave up the rest of its unspent budget:
+                # it can spend nothing more. (SET reads the row before the update, RETURNING after it.)
                 in_slice = "slice_token IS NOT NULL AND slice_token = ?"
-                task_row = self._one(cur, "UPDATE tasks SET reserved = reserved - ?, settled = settled + ?, "
+                pinned = "state IN ('cancelled', 'failed') AND budget = reserved + settled"
+                unused = current.amount - charged
+                task_row = self._one(cur, f"UPDATE tasks SET budget = budget - CASE WHEN {pinned} THEN ? ELSE 0 END, "
+                                          "reserved = reserved - ?, settled = settled + ?, "
                                           f"slice_reserved = slice_reserved - CASE WHEN {in_slice} THEN ? ELSE 0 END, "
                                           f"slice_settled = slice_settled + CASE WHEN {in_slice} THEN ? ELSE 0 END "
-                                          f"WHERE id = ? RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END",
-                                     (current.amount, charged, finished[0], current.amount, finished[0], charged,
-                                      current.task_id, finished[0]))
+                                          f"WHERE id = ? RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END, "
+                                          f"CASE WHEN {pinned} THEN 1 ELSE 0 END, parent_id",
+                                     (unused, current.amount, charged, finished[0], current.amount, finished[0],
+                                      charged, current.task_id, finished[0]))
                 if task_row is None or not task_row[0]:
                     cur.execute("UPDATE goals SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
                                 (current.amount, charged, current.goal_id))
+                if task_row is not None and task_row[1] and unused:
+                    parent = None if task_row[2] is None else str(task_row[2])
+                    self._hand_up(cur, parent, unused, current.goal_id)
             self._event(cur, f"reservation.{target.value}", now, {
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
