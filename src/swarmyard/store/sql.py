@@ -693,8 +693,11 @@ class SqlStore(DirectionStore, ReplicaStore):
     def _end_unspent(self, cur: Cursor, task: Task, unspent: int, now: float) -> str | None:
         """What a task ended before it was done (cancelled, or failed at claim) leaves: its slice returned, its
         ``unspent`` budget handed up (see ``_hand_up``), its claim's follower ended; the heir's id, or None."""
-        self._return_slice(cur, task.id, None, now)
+        # lock order: this task, its ancestors, then the goal: the slice goes back to the goal's row after the
+        # unspent budget went up the chain (holding the goal's row while waiting for an ancestor's deadlocked with
+        # that ancestor's own cancel or delegate, which holds it while waiting for the goal's)
         heir = self._hand_up(cur, task.parent_id, unspent, task.goal_id)
+        self._return_slice(cur, task.id, None, now)
         if task.state is TaskState.CLAIMED and task.fencing_token is not None:
             self.follow_claim(cur, task.id, task.fencing_token, None)
         return heir
@@ -1212,12 +1215,12 @@ class SqlStore(DirectionStore, ReplicaStore):
                                           f"CASE WHEN {pinned} THEN 1 ELSE 0 END, parent_id",
                                      (unused, current.amount, charged, finished[0], current.amount, finished[0],
                                       charged, current.task_id, finished[0]))
+                if task_row is not None and task_row[1] and unused:  # the ancestors before the goal's row
+                    parent = None if task_row[2] is None else str(task_row[2])
+                    self._hand_up(cur, parent, unused, current.goal_id)
                 if task_row is None or not task_row[0]:
                     cur.execute("UPDATE goals SET reserved = reserved - ?, settled = settled + ? WHERE id = ?",
                                 (current.amount, charged, current.goal_id))
-                if task_row is not None and task_row[1] and unused:
-                    parent = None if task_row[2] is None else str(task_row[2])
-                    self._hand_up(cur, parent, unused, current.goal_id)
             self._event(cur, f"reservation.{target.value}", now, {
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
