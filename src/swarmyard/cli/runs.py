@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,11 @@ from swarmyard.cli import render
 from swarmyard.cli.options import JsonOption
 from swarmyard.errors import StoreError, SwarmyardError, UserError
 from swarmyard.money import format_usd
+from swarmyard.plane.folder_files import read_regular
+
+#: Bytes of ``run.json`` and of a checkpoint note read, and of a trajectory whose steps are counted (a worker's
+#: file stops at 8 MiB): a file in their place (a link to ``/dev/zero``, a pipe) is bounded, or reads as absent.
+_RUN_JSON_BYTES, _NOTE_BYTES, _TRAJECTORY_BYTES = 1024 * 1024, 64 * 1024, 16 * 1024 * 1024
 
 app = typer.Typer(help="Runs in a runs folder: list them, show one.", no_args_is_help=True)
 
@@ -20,9 +26,10 @@ _RunsDir = typer.Option(Path("runs"), "--runs-dir", help="The runs folder (\\[ru
 
 
 def _state(run_dir: Path) -> dict[str, Any]:
+    raw = read_regular(run_dir / "run.json", _RUN_JSON_BYTES)
     try:
-        value = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as exc:
+        value = json.loads(raw if raw is not None else b"")
+    except (ValueError, RecursionError) as exc:
         raise UserError(f"{run_dir} is not a run folder (no readable run.json)") from exc
     if not isinstance(value, dict) or not isinstance(value.get("goal_id"), str):
         raise UserError(f"{run_dir}/run.json is not a run's state")
@@ -32,10 +39,11 @@ def _state(run_dir: Path) -> dict[str, Any]:
 def _audit_root(run_dir: Path) -> tuple[int, str] | None:
     """The latest signed checkpoint's tree size and root (its second and third lines)."""
     notes = sorted((run_dir / "audit" / "checkpoints").glob("*.note"))
-    if not notes:
+    note = read_regular(notes[-1], _NOTE_BYTES) if notes else None
+    if note is None:
         return None
-    lines = notes[-1].read_text(encoding="utf-8", errors="replace").splitlines()
-    if len(lines) < 3 or not lines[1].isdigit():
+    lines = note.decode("utf-8", "replace").splitlines()
+    if len(lines) < 3 or not (lines[1].isascii() and lines[1].isdigit() and len(lines[1]) <= 18):
         return None
     return int(lines[1]), lines[2]
 
@@ -43,7 +51,7 @@ def _audit_root(run_dir: Path) -> tuple[int, str] | None:
 def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     """What a run's store says about it (opened read-mostly: the run is over, or runs elsewhere)."""
     from swarmyard.domain import ReservationState, TaskState
-    from swarmyard.plane.run_view import closed_at
+    from swarmyard.plane.run_view import closed_at, refuse_not_sqlite
     from swarmyard.report.data import reservation_cost
     from swarmyard.store import open_store
 
@@ -51,7 +59,12 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         raise UserError(f"run {run_dir.name}: its store {url} is gone")
-    store = open_store(url)
+    if url.startswith("sqlite:///"):
+        refuse_not_sqlite(run_dir, Path(url.removeprefix("sqlite:///")))
+    try:
+        store = open_store(url)
+    except sqlite3.DatabaseError as exc:  # past its header: pages a database does not have
+        raise UserError(f"run {run_dir.name}: its store cannot be read ({str(exc)[:200]})") from exc
     try:
         goal = store.get_goal(state["goal_id"])
         tasks = store.list_tasks(goal.id)
@@ -60,6 +73,8 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
         workers = store.list_workers(goal.id) if detail else []
         scores = store.list_scores(goal.id, split=None)
         ended = closed_at(store, run_dir, str(state.get("run_id") or run_dir.name))
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"run {run_dir.name}: its store cannot be read ({str(exc)[:200]})") from exc
     finally:
         store.close()
     lead = [t for t in tasks if t.group == "lead"]
@@ -106,8 +121,7 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
                                                                            "spent_micro_usd": 0}),
                      "trajectory": next((str(p) for n, p in files.items()
                                          if n.endswith(f"{w.id}.jsonl") and ".transcript." not in n), None),
-                     "steps": next((sum(1 for _ in p.open(encoding="utf-8", errors="replace"))
-                                    for n, p in files.items() if n.endswith(f"{w.id}.jsonl")), 0)}
+                     "steps": next((_lines(p) for n, p in files.items() if n.endswith(f"{w.id}.jsonl")), 0)}
                     for w in workers],
         "findings": [{"id": f.id, "title": f.title, "author": f.author, "score": f.score,
                       "citations": len(f.citations)} for f in findings],
@@ -116,6 +130,12 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
         "report": str(run_dir / "report.html") if (run_dir / "report.html").exists() else None,
     })
     return out
+
+
+def _lines(path: Path) -> int:
+    """The lines of a trajectory file of the folder's own (0 for a link, a pipe or a device)."""
+    data = read_regular(path, _TRAJECTORY_BYTES)
+    return len(data.splitlines()) if data is not None else 0
 
 
 #: a run's folder name (``run_...`` from ``new_id``; a folder a user renamed keeps to the same characters)

@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import re
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -394,9 +395,10 @@ class Dashboard:
         errors = self._logs.errors() if self._logs is not None else None
         try:
             return goal_state(self._store, goal_id, self._machines, self._usage(), self._facts, errors)
-        except (KeyError, ValueError, TypeError) as exc:
-            # a row this version cannot read (a run folder's store made by hand, or by another version): the
-            # page says so with a code, where it got a bare 500 and its stream ended with no event
+        except (KeyError, ValueError, TypeError, sqlite3.DatabaseError) as exc:
+            # a row this version cannot read (a run folder's store made by hand, or by another version, or a
+            # page of it damaged): the page says so with a code, where it got a bare 500 and its stream ended
+            # with no event
             raise StoreError(f"the store holds a row the dashboard cannot read ({type(exc).__name__}: "
                              f"{str(exc)[:200]})") from exc
 

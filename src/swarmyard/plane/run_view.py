@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,16 +69,20 @@ class FinishedRun:
         if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
             raise UserError(f"run {run_dir.name}: its store {url} is gone")
         if url.startswith("sqlite:///"):
+            refuse_not_sqlite(run_dir, Path(url.removeprefix("sqlite:///")))
             _refuse_older(run_dir, Path(url.removeprefix("sqlite:///")))
         run_id = str(state.get("run_id") or run_dir.name)
         if len(run_id) > 200 or "\0" in run_id:  # it names the folder of the run's secrets
             raise UserError(f"{run_dir}/run.json: its run id is not one (a name of at most 200 characters)")
-        store = open_store(url)
+        try:
+            store = open_store(url)
+        except sqlite3.DatabaseError as exc:  # past its header: pages a database does not have
+            raise UserError(f"run {run_dir.name}: its store cannot be read ({str(exc)[:200]})") from exc
         run = cls(run_dir, run_id, state["goal_id"], store)
         try:
             store.get_goal(run.goal_id)  # NotFoundError when the store holds another run
             run._read(bool(state.get("lead_done")))
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, sqlite3.DatabaseError) as exc:
             store.close()  # a row this version cannot read: a store made by hand, or by another version
             raise UserError(f"run {run_dir.name}: its store holds a row this version cannot read "
                             f"({type(exc).__name__}: {str(exc)[:200]})") from exc
@@ -131,12 +137,32 @@ class FinishedRun:
         self.store.close()
 
 
+#: The first bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refuse_not_sqlite(run_dir: Path, path: Path) -> None:
+    """Refuse a store file that is no SQLite database: opening it as one would end in SQLite's own error, or,
+    for an empty file, write a new store's tables into it (SQLite takes an empty file for an empty database)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"run {run_dir.name}: its store {path} cannot be opened ({exc.strerror})") from exc
+    try:
+        head = os.read(fd, len(SQLITE_HEADER))
+    except OSError as exc:
+        raise UserError(f"run {run_dir.name}: its store {path} cannot be read ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
+    if head != SQLITE_HEADER:
+        raise UserError(f"run {run_dir.name}: its store {path} is not a SQLite database"
+                        + (" (an empty file)" if not head else ""))
+
+
 def _refuse_older(run_dir: Path, path: Path) -> None:
     """Refuse a SQLite store older than this swarmyard: opening it would migrate it (a write, and one the
     swarmyard that made the run then refuses), and a run's dashboard changes nothing. Read as immutable: no
     lock, no -wal or -shm file made beside it."""
-    import sqlite3
-
     from swarmyard.store.schema import MIGRATIONS
 
     try:
