@@ -12,6 +12,8 @@ ones, each read through the console script:
   ``runs show`` read the link whole (a MemoryError once the address space ran out) and waited on the pipe for
   ever (``swarmyard ui`` already read them bounded, as the folder's own regular files only). Now it shows the
   run, without an audit root or steps for what is not a regular file.
+- the folder copied or moved elsewhere: ``run.json`` names its store by the folder's old path, so a copy was read
+  from the original's store and a moved folder's was 'gone'. Now a ``store.db`` named there is the folder's own.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rigs.scripted import tool_call
@@ -175,3 +181,56 @@ def test_runs_show_reads_the_folder_s_own_regular_files_bounded(
         worker = crafted.name.removesuffix(".jsonl").rsplit("-", 1)[-1]
         (row,) = [w for w in info["workers"] if w["id"].endswith(worker)]
         assert row["steps"] == 0
+
+
+def _served_objective(env: dict[str, str], folder: Path) -> str:
+    """The goal's objective as ``swarmyard ui FOLDER`` serves it."""
+    proc = subprocess.Popen([str(SWARMYARD), "ui", str(folder)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"(http://\S+/ui)\b.*operator token in (.+?)\)", line)
+        assert found is not None, line + proc.stderr.read() if proc.poll() is not None else line
+        token = Path(found[2]).read_text().strip()
+        goal = json.loads((folder / "run.json").read_text())["goal_id"]
+        answer = httpx.get(f"{found[1]}/api/state", params={"goal": goal},
+                           headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["goal"]["objective"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_a_run_folder_copied_or_moved_elsewhere_is_read_from_its_own_store(
+        finished_run: tuple[Path, dict[str, str]]) -> None:
+    """run.json names the store by the path the folder had when it ran: a copy read the original's store, and
+    once the original was gone, ``runs list``, ``runs show`` and ``ui`` said the store 'is gone'."""
+    run_dir, env = finished_run
+    elsewhere = Path(tempfile.mkdtemp(prefix="sy-rh-moved-", dir=run_dir.parent.parent))
+    copy = elsewhere / run_dir.name
+    shutil.copytree(run_dir, copy, symlinks=True, ignore=shutil.ignore_patterns("*.sock"))
+    assert json.loads((copy / "run.json").read_text())["store_url"] == f"sqlite:///{run_dir / 'store.db'}"
+    with sqlite3.connect(copy / "store.db") as db:  # the copy's own store says so
+        db.execute("UPDATE goals SET objective = 'the copy'")
+    db.close()
+
+    shown = _swarmyard(env, "runs", "show", copy.name, "--runs-dir", str(elsewhere), "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout)["objective"] == "the copy"
+    assert _served_objective(env, copy) == "the copy"
+
+    moved = Path(tempfile.mkdtemp(prefix="sy-rh-moved-", dir=run_dir.parent.parent)) / "renamed"
+    copy.rename(moved)  # another name, and the path run.json names is the original's: gone once it is moved
+    with sqlite3.connect(moved / "store.db") as db:
+        db.execute("UPDATE goals SET objective = 'moved'")
+    db.close()
+    state = json.loads((moved / "run.json").read_text())
+    state.update(store_url=f"sqlite:///{elsewhere / 'gone' / 'store.db'}")
+    (moved / "run.json").write_text(json.dumps(state))
+    listed = _swarmyard(env, "runs", "list", "--runs-dir", str(moved.parent), "--json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    (row,) = json.loads(listed.stdout)
+    assert row["status"] == "done" and row["objective"] == "moved", row
+    assert _served_objective(env, moved) == "moved"

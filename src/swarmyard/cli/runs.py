@@ -51,12 +51,12 @@ def _audit_root(run_dir: Path) -> tuple[int, str] | None:
 def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     """What a run's store says about it (opened read-mostly: the run is over, or runs elsewhere)."""
     from swarmyard.domain import ReservationState, TaskState
-    from swarmyard.plane.run_view import closed_at, refuse_not_sqlite
+    from swarmyard.plane.run_view import closed_at, refuse_not_sqlite, run_store_url
     from swarmyard.report.data import reservation_cost
     from swarmyard.store import open_store
 
     state = _state(run_dir)
-    url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    url = run_store_url(run_dir, state)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         raise UserError(f"run {run_dir.name}: its store {url} is gone")
     if url.startswith("sqlite:///"):

@@ -65,7 +65,7 @@ class FinishedRun:
             raise UserError(f"{run_dir} is not a run folder (no readable run.json)") from exc
         if not isinstance(state, dict) or not isinstance(state.get("goal_id"), str):
             raise UserError(f"{run_dir}/run.json is not a run's state")
-        url = str(state.get("store_url") or f"sqlite:///{(run_dir / 'store.db').resolve()}")
+        url = run_store_url(run_dir, state)
         if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
             raise UserError(f"run {run_dir.name}: its store {url} is gone")
         if url.startswith("sqlite:///"):
@@ -135,6 +135,25 @@ class FinishedRun:
     def close(self) -> None:
         """Close the store."""
         self.store.close()
+
+
+def run_store_url(run_dir: Path, state: dict[str, Any]) -> str:
+    """The store of the run in ``run_dir`` (``state``: its ``run.json``).
+
+    A run whose store is its folder's ``store.db`` names it in ``run.json`` by the absolute path the folder had
+    then: a folder moved, copied or unpacked elsewhere keeps its own store beside it, while that path names
+    another folder's (or nothing). So a SQLite store named ``store.db`` in a folder of this one's name, or at a
+    path that is gone, is this folder's own ``store.db`` when it has one; any other store is the one named."""
+    own = run_dir / "store.db"
+    named = state.get("store_url")
+    if not named:
+        return f"sqlite:///{own.resolve()}"
+    url = str(named)
+    if url.startswith("sqlite:///") and own.is_file():
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.name == "store.db" and (path.parent.name == run_dir.resolve().name or not path.exists()):
+            return f"sqlite:///{own.resolve()}"
+    return url
 
 
 #: The first bytes of every SQLite database file.
