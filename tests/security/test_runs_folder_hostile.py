@@ -183,9 +183,10 @@ def test_runs_show_reads_the_folder_s_own_regular_files_bounded(
         assert row["steps"] == 0
 
 
-def _served_objective(env: dict[str, str], folder: Path) -> str:
-    """The goal's objective as ``swarmyard ui FOLDER`` serves it."""
-    proc = subprocess.Popen([str(SWARMYARD), "ui", str(folder)], env=env, stdout=subprocess.DEVNULL,
+def _served_objective(env: dict[str, str], folder: Path, prefix: tuple[str, ...] = (), goal: str = "") -> str:
+    """The goal's objective as ``swarmyard ui FOLDER`` serves it (``prefix``: a command that runs it; ``goal``:
+    the run's goal, where this process cannot read its run.json)."""
+    proc = subprocess.Popen([*prefix, str(SWARMYARD), "ui", str(folder)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
@@ -193,7 +194,7 @@ def _served_objective(env: dict[str, str], folder: Path) -> str:
         found = re.search(r"(http://\S+/ui)\b.*operator token in (.+?)\)", line)
         assert found is not None, line + proc.stderr.read() if proc.poll() is not None else line
         token = Path(found[2]).read_text().strip()
-        goal = json.loads((folder / "run.json").read_text())["goal_id"]
+        goal = goal or json.loads((folder / "run.json").read_text())["goal_id"]
         answer = httpx.get(f"{found[1]}/api/state", params={"goal": goal},
                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
         assert answer.status_code == 200, answer.text
@@ -234,3 +235,35 @@ def test_a_run_folder_copied_or_moved_elsewhere_is_read_from_its_own_store(
     (row,) = json.loads(listed.stdout)
     assert row["status"] == "done" and row["objective"] == "moved", row
     assert _served_objective(env, moved) == "moved"
+
+
+#: Runs a command in a mount namespace of its own where $RO is $SRC mounted read-only.
+_READ_ONLY = ("unshare", "-m", "sh", "-c", 'mount --bind "$SRC" "$RO" && mount -o remount,bind,ro "$RO" && exec "$@"',
+              "read-only")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare: a read-only bind mount of the runs folder")
+def test_a_run_folder_this_process_cannot_write_is_read(finished_run: tuple[Path, dict[str, str]]) -> None:
+    """A runs folder on a read-only file system (or another user's, readable only): SQLite's WAL mode needs its
+    -shm file beside the store, so ``swarmyard ui`` ended in 'error (internal): OperationalError: unable to
+    open database file'. It is now read as immutable, and nothing is made there."""
+    run_dir, env = finished_run
+    source = Path(tempfile.mkdtemp(prefix="sy-rh-ro-", dir=run_dir.parent.parent))
+    copy = _copy(run_dir, source, "archived")
+    with sqlite3.connect(copy / "store.db") as db:
+        db.execute("UPDATE goals SET objective = 'archived'")
+    db.close()
+    mount = Path(tempfile.mkdtemp(prefix="sy-rh-mnt-", dir=run_dir.parent.parent))
+    before = _files(copy)
+    ro_env = {**env, "SRC": str(source), "RO": str(mount)}
+
+    shown = subprocess.run([*_READ_ONLY, str(SWARMYARD), "runs", "show", "archived", "--runs-dir", str(mount),
+                            "--json"], env=ro_env, capture_output=True, text=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout)["objective"] == "archived"
+    goal = json.loads((copy / "run.json").read_text())["goal_id"]
+    assert _served_objective(ro_env, mount / "archived", _READ_ONLY, goal) == "archived"
+    assert _files(copy) == before
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir()
+                                                            if not p.name.endswith(".sock"))

@@ -51,9 +51,8 @@ def _audit_root(run_dir: Path) -> tuple[int, str] | None:
 def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     """What a run's store says about it (opened read-mostly: the run is over, or runs elsewhere)."""
     from swarmyard.domain import ReservationState, TaskState
-    from swarmyard.plane.run_view import closed_at, refuse_not_sqlite, run_store_url
+    from swarmyard.plane.run_view import closed_at, open_run_store, refuse_not_sqlite, run_store_url
     from swarmyard.report.data import reservation_cost
-    from swarmyard.store import open_store
 
     state = _state(run_dir)
     url = run_store_url(run_dir, state)
@@ -62,7 +61,7 @@ def _summary(run_dir: Path, *, detail: bool = False) -> dict[str, Any]:
     if url.startswith("sqlite:///"):
         refuse_not_sqlite(run_dir, Path(url.removeprefix("sqlite:///")))
     try:
-        store = open_store(url)
+        store = open_run_store(url)
     except sqlite3.DatabaseError as exc:  # past its header: pages a database does not have
         raise UserError(f"run {run_dir.name}: its store cannot be read ({str(exc)[:200]})") from exc
     try:

@@ -32,7 +32,9 @@ from swarmyard.plane.agent_errors import slot_and_worker
 from swarmyard.plane.dashboard import Dashboard, RunFacts
 from swarmyard.plane.folder_files import read_regular
 from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
+from swarmyard.store.engine import SqliteEngine
 from swarmyard.store.protocol import Store
+from swarmyard.store.sql import SqlStore
 
 #: How far back from its last checkpoint a run's ``run.closed`` event is looked for.
 _CLOSED_WITHIN = 50
@@ -56,8 +58,6 @@ class FinishedRun:
     @classmethod
     def open(cls, run_dir: Path) -> FinishedRun:
         """Open ``run_dir`` (``UserError`` when it is no run folder or its store is gone)."""
-        from swarmyard.store import open_store
-
         raw = read_regular(run_dir / "run.json", _RUN_JSON_BYTES)
         try:
             state = json.loads(raw if raw is not None else b"")
@@ -75,7 +75,7 @@ class FinishedRun:
         if len(run_id) > 200 or "\0" in run_id:  # it names the folder of the run's secrets
             raise UserError(f"{run_dir}/run.json: its run id is not one (a name of at most 200 characters)")
         try:
-            store = open_store(url)
+            store = open_run_store(url)
         except sqlite3.DatabaseError as exc:  # past its header: pages a database does not have
             raise UserError(f"run {run_dir.name}: its store cannot be read ({str(exc)[:200]})") from exc
         run = cls(run_dir, run_id, state["goal_id"], store)
@@ -135,6 +135,30 @@ class FinishedRun:
     def close(self) -> None:
         """Close the store."""
         self.store.close()
+
+
+class _ImmutableSqlite(SqliteEngine):
+    """A SQLite store read as immutable: no lock taken, no ``-wal`` or ``-shm`` file made, nothing written."""
+
+    def _connect(self, busy_timeout_ms: int) -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                               isolation_level=None, check_same_thread=False)
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+
+def open_run_store(url: str) -> SqlStore:
+    """A run's store, opened to be read. A SQLite store in a folder this process cannot write (a read-only file
+    system, another user's runs folder) is read as immutable: SQLite's WAL mode needs its ``-shm`` file, which it
+    could not make there ('unable to open database file'), and a run there is no longer written."""
+    from swarmyard.store import open_store
+
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.is_file() and not os.access(path.parent, os.W_OK):
+            return SqlStore(url, _ImmutableSqlite(path), blob_dir=path.parent / "blobs")
+    return open_store(url)
 
 
 def run_store_url(run_dir: Path, state: dict[str, Any]) -> str:
