@@ -9,6 +9,8 @@ token secret, so a page signed in to the live run stays signed in.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -41,10 +43,19 @@ def serve_run(run_dir: Path, host: str, port: int, names: tuple[str, ...], lead:
         write_secret_file(token_file, tokens.issue_operator(ttl_s=TOKEN_TTL_S).encode())
         tcp = bind_dashboard(host, port)
         shown = f"[{host}]" if ":" in host else host
+        # From the line that says where on, SIGTERM stops it cleanly: one that comes before the server's own
+        # handlers are in place is kept for it (it ended the process with signal 15, not the exit status).
+        stopped = threading.Event()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set()) if main else None
         render.stderr.print(f"{lead} on http://{shown}:{tcp.getsockname()[1]}/ui, read-only (operator token in "
                             f"{token_file}): press Ctrl-C to stop it", highlight=False, markup=False)
-        with contextlib.suppress(KeyboardInterrupt):  # stopping a dashboard is no failure
-            serve_finished(run, tokens, host, tcp, names)
+        try:
+            with contextlib.suppress(KeyboardInterrupt):  # stopping a dashboard is no failure
+                serve_finished(run, tokens, host, tcp, names, stopped)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     finally:
         run.close()
 

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,10 +270,10 @@ def bind_dashboard(host: str, port: int) -> socket.socket:
 
 
 def serve_finished(run: FinishedRun, tokens: TokenAuthority, host: str, tcp: socket.socket,
-                   hosts: tuple[str, ...] = ()) -> None:
+                   hosts: tuple[str, ...] = (), stopped: threading.Event | None = None) -> None:
     """Serve the finished run's dashboard on ``tcp`` in the foreground until SIGINT (``KeyboardInterrupt``
-    after a clean stop) or SIGTERM (returns)."""
+    after a clean stop) or SIGTERM (returns); ``stopped``: a SIGTERM that came before the server's handlers."""
     from swarmyard.plane.server import Listen, serve
 
     port = int(tcp.getsockname()[1])
-    serve(finished_app(run, tokens, hosts), Listen(None, host, port), sockets=(None, tcp))
+    serve(finished_app(run, tokens, hosts), Listen(None, host, port), sockets=(None, tcp), stopped=stopped)

@@ -185,7 +185,7 @@ async def serve_async(app: ASGIApp, listen: Listen, *, log_level: str = "warning
 
 async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: asyncio.Event | None,
                        sockets: tuple[socket.socket | None, socket.socket | None] | None,
-                       limits: ConnectionLimits | None = None) -> None:
+                       limits: ConnectionLimits | None = None, stopped: threading.Event | None = None) -> None:
     servers = _servers(app, listen, log_level, sockets, limits)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -199,6 +199,8 @@ async def _serve_async(app: ASGIApp, listen: Listen, log_level: str, stop: async
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
+    if stopped is not None and stopped.is_set():  # a SIGTERM before the handlers above: a stop all the same
+        stop.set()
 
     async def watch() -> None:
         await stop.wait()
@@ -250,9 +252,11 @@ def _run(main: Any) -> None:
 
 
 def serve(app: ASGIApp, listen: Listen, *, log_level: str = "warning", limits: ConnectionLimits | None = None,
-          sockets: tuple[socket.socket | None, socket.socket | None] | None = None) -> None:
-    """Serve in the foreground until interrupted; on ``sockets`` already bound (``bind``), if given."""
-    _run(_serve_async(app, listen, log_level, None, sockets, limits))
+          sockets: tuple[socket.socket | None, socket.socket | None] | None = None,
+          stopped: threading.Event | None = None) -> None:
+    """Serve in the foreground until interrupted; on ``sockets`` already bound (``bind``), if given. ``stopped``:
+    set by the caller's own SIGTERM handler before the server's are in place (it stops at once, cleanly)."""
+    _run(_serve_async(app, listen, log_level, None, sockets, limits, stopped))
 
 
 def serve_processes(make_app: Callable[[], ASGIApp], listen: Listen, processes: int, *,
