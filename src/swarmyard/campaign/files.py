@@ -138,9 +138,16 @@ def matching(summary: CampaignSummary) -> str:
 
 def variation(summary: CampaignSummary) -> str:
     """Which figures would move if the campaign ran again."""
-    if summary.campaign.reproducible:
+    if summary.reproducible:
         return ("Every model here is the simulated provider's, answered in turn: the same file and seeds give the "
                 "same scores, calls and tokens every time; only wall time and ids change.")
+    if summary.campaign.reproducible and (bound := summary.deadline_bound):
+        # the model is seeded, but the deadline is wall time: where it cut a trial depends on the host
+        return ("Every model here is the simulated provider's, answered in turn, but these trials ran as long as "
+                "their deadline, which may have cut them at a point that depends on the host's speed and load, so "
+                "their scores, calls and tokens can differ when run again: "
+                + ", ".join(f"{t.cell} seed {t.seed} ({t.wall_s:,.1f} s)" for t in bound)
+                + ". The other trials are the same every time.")
     if any(cell.policy not in (PolicyKind.TEAM, PolicyKind.INDEPENDENT) for cell in summary.campaign.cells):
         return ("The model is seeded, but an explore or groups cell's workers meet in an order the scheduler "
                 "decides (direction claims, later rounds): its trials may differ when run again.")
@@ -191,7 +198,7 @@ def markdown(summary: CampaignSummary, plots: list[str]) -> str:
               "similarity (0 to 1) of the submissions within a trial, averaged over the cell's trials; "
               "communication makes attempts alike. The trials took "
               f"{sum(t.wall_s for cell in summary.cells for t in cell.trials):,.1f} s in all.", ""]
-    if not c.reproducible:
+    if not summary.reproducible:
         lines += ["## What can vary, and by how much", "",
                   "A rerun of these trials can move every figure below but the cap; over each cell's seeds "
                   "they moved this much (sd [min, max]), which bounds what the pair tests can tell apart:", ""]
@@ -261,7 +268,7 @@ def _save_figure(path: Path, draw: Callable[[Any], None], *, xlabel: str, ylabel
 def _wall_plot(summary: CampaignSummary, folder: Path) -> Path | None:
     """Each trial's score against its wall time, a colour per cell, with each cell's means."""
     cells = [c for c in summary.cells if c.trials]
-    if summary.campaign.reproducible or not cells:
+    if summary.reproducible or not cells:
         return None
 
     def draw(ax: Any) -> None:

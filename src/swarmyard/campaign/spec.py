@@ -352,6 +352,8 @@ TOKEN_MATCH_MAX_OUTPUT = 256
 #: The goal's call cap under ``match = "tokens"``: out of the way, the tokens bind.
 _UNBOUND_CALLS = 100_000
 _UNBOUND_STEPS = 10_000
+#: The largest integer the store keeps (SQLite's and PostgreSQL's 64-bit integers).
+MAX_STORED_INT = 2**63 - 1
 
 
 def _matched(data: dict[str, Any], goal: dict[str, Any], workers: dict[str, Any], cell: Cell,
@@ -535,6 +537,13 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
             raise ConfigError(f"{cell.allowance:,} does not split evenly among cell {cell.name}'s {cell.n} workers "
                               "(every cell of a seed gets the same in all): give a multiple of "
                               f"{cell.n}", field=f"campaign.{what}")
+        if table.match is Match.CALLS and cell.allowance is not None \
+                and cell.allowance // cell.n * (cell.n + 1) > MAX_STORED_INT:
+            # the goal's row keeps its call cap (the workers' and the lead's shares) as a 64-bit integer: refused
+            # here, not by the store once the campaign's folder exists
+            raise ConfigError(f"{cell.allowance:,} gives cell {cell.name}'s goal a call cap of "
+                              f"{cell.allowance // cell.n * (cell.n + 1):,} (its workers' shares and the lead's), "
+                              f"more than the {MAX_STORED_INT:,} a goal can hold", field="campaign.call_cap")
     trials: list[Trial] = []
     for cell in cells:
         for seed in seeds:

@@ -249,7 +249,12 @@ def claim_text(claim: Claim) -> str:
     said = {
         Verdict.HOLDS: "holds",
         Verdict.REVERSED: "does not hold: the opposite is significant",
-        Verdict.NOT_SHOWN: "is not shown (the difference is not significant at 5%)",
+        # not shown with Wilcoxon's p below 5% is the interval of the mean difference reaching 0: the ranks and
+        # the mean disagree, and saying "not significant" would contradict the p printed beside it
+        Verdict.NOT_SHOWN: ("is not shown (the difference is not significant at 5%)" if t.wilcoxon_p >= ALPHA
+                            else f"is not shown (Wilcoxon's p is below 5%, but the 95% interval of the mean "
+                                 f"difference, [{_num(t.low)}, {_num(t.high)}], includes 0: the seeds' ranks and "
+                                 "the mean disagree)"),
         Verdict.UNTESTED: f"is not tested: {n} seeds are fewer than the {MIN_TRUSTED_SEEDS} a trustworthy interval "
                           "needs",
     }[claim.verdict]
@@ -366,6 +371,20 @@ class CampaignSummary:
         """Every trial of every cell is in the record."""
         return sum(len(c.trials) for c in self.cells) == len(self.campaign.trials)
 
+    @property
+    def deadline_bound(self) -> list[TrialRecord]:
+        """The trials that ran as long as their deadline: the goal's deadline may have cut them (it is wall time,
+        so where it falls in a trial depends on the host's speed and load). A trial shorter than its deadline
+        never reached it (the goal is made after the trial's clock starts)."""
+        limits = {t.key: t.config.goal.deadline_s for t in self.campaign.trials}
+        return [t for c in self.cells for t in c.trials
+                if t.run_id and t.wall_s >= limits.get(t.key, self.campaign.deadline_s)]
+
+    @property
+    def reproducible(self) -> bool:
+        """Every model is seeded and answered in turn, and no trial ran into its deadline."""
+        return self.campaign.reproducible and not self.deadline_bound
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
         c = self.campaign
@@ -374,7 +393,7 @@ class CampaignSummary:
             "dir": str(c.dir),
             "seeds": list(c.seeds),
             "match": c.match.value,
-            "reproducible": c.reproducible,
+            "reproducible": self.reproducible,
             "cap": {"budget_micro_usd": c.budget_micro_usd, "call_cap": c.call_cap, "deadline_s": c.deadline_s},
             "complete": self.complete,
             "cells": [cell.to_dict() for cell in self.cells],
