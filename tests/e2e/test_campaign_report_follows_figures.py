@@ -109,3 +109,31 @@ def test_a_call_match_whose_goal_cap_overflows_is_refused_before_any_folder(shor
     assert len(lines) == 1 and lines[0].startswith("error (config_error): campaign.call_cap: "), done.stderr
     assert "more than the 9,223,372,036,854,775,807 a goal can hold" in lines[0]
     assert not (short_tmp / "campaigns").exists() and done.stdout == ""
+
+
+def _refused_dir(folder: Path, directory: str) -> str:
+    (folder / "s.toml").write_text(SWARM)
+    (folder / "c.toml").write_text(f'[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [1]\ndir = "{directory}"\n'
+                                   '[[cells]]\nname = "solo"\n')
+    before = sorted(p.name for p in folder.iterdir())
+    script = shutil.which("swarmyard")
+    assert script is not None
+    done = subprocess.run([script, "campaign", "c.toml", "--json"], cwd=folder, env=_env(folder),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error (config_error): campaign.dir: "), done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == before and done.stdout == ""  # nothing written
+    return lines[0]
+
+
+def test_a_dir_that_holds_other_files_is_refused_before_anything_is_written_there(short_tmp: Path) -> None:
+    # dir = "." (or "/", or a home folder) put .lock, campaign.json, trials.jsonl, runs/ and the report among the
+    # folder's own files, and ran every trial
+    line = _refused_dir(short_tmp, ".")
+    assert "already holds files that are not a campaign's (c.toml, s.toml)" in line
+
+
+def test_a_dir_that_is_a_file_is_a_config_error(short_tmp: Path) -> None:
+    # was an internal FileExistsError
+    assert "s.toml exists and is not a folder" in _refused_dir(short_tmp, "s.toml")

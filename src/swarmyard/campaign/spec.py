@@ -5,7 +5,8 @@ A campaign file (TOML)::
     [campaign]   name, swarm (the swarm file, relative to the campaign file), seeds = [1, 2, 3] (by default 1-8
                  where every model is the simulated one; required otherwise), budget_usd, call_cap, deadline_s
                  (the cap every cell runs under; by default the swarm file's), dir (where results go; by
-                 default campaigns/NAME in the working folder), match = "budget" | "tokens" | "calls" (what
+                 default campaigns/NAME in the working folder; a new or empty folder, or a campaign's own),
+                 match = "budget" | "tokens" | "calls" (what
                  every cell of a seed gets the same of: the goal's caps as a run has them; the workers' tokens
                  in all, ``tokens``; or the workers' calls in all, ``call_cap``)
     [grid]       the seed's 2x2: {a single worker, a cohort of ``cohort``} x {scored_history,
@@ -480,6 +481,31 @@ def _first_error(exc: ValidationError) -> ConfigError:
     return ConfigError(message, field=field)
 
 
+#: What a campaign's folder holds before its record starts: the lock its process takes first.
+_BEFORE_RECORD = frozenset({".lock"})
+#: A campaign's own record files: a folder holding them is a campaign's (resumed, or refused as taken).
+_RECORD_FILES = ("campaign.json", "trials.jsonl")
+
+
+def _check_dir(where: Path) -> None:
+    """``ConfigError`` for a ``dir`` the campaign cannot own: a path that is not a folder, or a folder that holds
+    files of something else (the working folder, ``/``): the campaign would write its record, report and runs
+    among them. A missing or empty folder, or a campaign's own, is fine."""
+    if "\0" in str(where):
+        raise ConfigError("a folder's name cannot hold a NUL character", field="campaign.dir")
+    try:
+        if where.exists() and not where.is_dir():
+            raise ConfigError(f"{where} exists and is not a folder", field="campaign.dir")
+        if not where.exists():
+            return
+        names = {entry.name for entry in where.iterdir()}
+    except OSError as exc:
+        raise ConfigError(f"cannot use {where}: {exc.strerror or exc}", field="campaign.dir") from None
+    if names - _BEFORE_RECORD and not any(name in names for name in _RECORD_FILES):
+        raise ConfigError(f"{where} already holds files that are not a campaign's ({', '.join(sorted(names)[:3])}"
+                          f"{', ...' if len(names) > 3 else ''}): name a new or empty folder", field="campaign.dir")
+
+
 def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     """Read a campaign file and build every trial's swarm config; ``ConfigError`` names the first bad field."""
     try:
@@ -518,6 +544,7 @@ def load_campaign(path: Path, *, cwd: Path | None = None) -> Campaign:
     if not where.is_absolute():
         where = (cwd or Path.cwd()) / where
     where = Path(os.path.abspath(where))
+    _check_dir(where)
     runs_dir = where / "runs"
     socket = len(os.fsencode(runs_dir)) + 1 + _RUN_ID_CHARS + len("/plane.sock")
     if socket > _MAX_SOCKET_PATH:
