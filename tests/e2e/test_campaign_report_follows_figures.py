@@ -137,3 +137,17 @@ def test_a_dir_that_holds_other_files_is_refused_before_anything_is_written_ther
 def test_a_dir_that_is_a_file_is_a_config_error(short_tmp: Path) -> None:
     # was an internal FileExistsError
     assert "s.toml exists and is not a folder" in _refused_dir(short_tmp, "s.toml")
+
+
+def test_a_swarm_file_that_is_a_fifo_is_refused_not_waited_on(short_tmp: Path) -> None:
+    # open() of a FIFO nobody writes waits for ever: the campaign hung before its first line
+    os.mkfifo(short_tmp / "s.toml")
+    (short_tmp / "c.toml").write_text('[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [1]\n[[cells]]\nname = "a"\n')
+    script = shutil.which("swarmyard")
+    assert script is not None
+    done = subprocess.run([script, "campaign", "c.toml", "--json"], cwd=short_tmp, env=_env(short_tmp),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["error (config_error): campaign.swarm: s.toml is not a regular file"], lines
+    assert not (short_tmp / "campaigns").exists()

@@ -424,7 +424,10 @@ def _seeded(config: SwarmConfig) -> bool:
 
 
 def _read_capped(path: Path, field: str) -> str:
-    """The file's text; ``ConfigError`` naming ``field`` for a file over ``MAX_FILE_BYTES``."""
+    """The file's text; ``ConfigError`` naming ``field`` for a file over ``MAX_FILE_BYTES``, or for one that is not a
+    regular file (a FIFO or a device would hold the reader until something wrote to it, or for ever)."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ConfigError(f"{path} is not a regular file", field=field)
     with path.open("rb") as handle:
         data = handle.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
