@@ -151,3 +151,25 @@ def test_a_swarm_file_that_is_a_fifo_is_refused_not_waited_on(short_tmp: Path) -
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == ["error (config_error): campaign.swarm: s.toml is not a regular file"], lines
     assert not (short_tmp / "campaigns").exists()
+
+
+def test_a_claim_on_small_scores_prints_the_figures_it_holds_on(short_tmp: Path) -> None:
+    # scores of a few points (a bundle of five cases scores 0 to 5): six seeds won by one point, fourteen tied.
+    # The claim holds (both tests p = 0.0312, interval above 0) but read "a - b = +0 on the mean ... 95% interval
+    # of the difference [+0, +0]", and the cell's row "0 [0, 0]": every figure rounded to a whole point
+    seeds = list(range(1, 21))
+    text = ('[campaign]\nname = "c"\nswarm = "s.toml"\nseeds = [' + ", ".join(map(str, seeds)) + "]\n"
+            '[[cells]]\nname = "a"\n[[cells]]\nname = "b"\nworkers = { history_top_k = 2 }\n'
+            '[[claims]]\nsentence = "a beats b"\na = "a"\nb = "b"\n')
+    lines = [_line("a", s, 1 if s <= 6 else 0) for s in seeds] + [_line("b", s, 0) for s in seeds]
+    done = _resumed(short_tmp, text, lines)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (claim,) = json.loads(done.stdout)["claims"]
+    assert claim["verdict"] == "holds" and claim["mean_difference"] == 0.3 and claim["ci_low"] > 0
+    assert "a - b = +0.3 on the mean over 20 seeds" in claim["text"], claim["text"]
+    assert "[+0, +0]" not in claim["text"] and f"[+{claim['ci_low']:.3g}, +{claim['ci_high']:.3g}]" in claim["text"]
+    report = (short_tmp / "campaigns" / "c" / "campaign.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| a | 1 | 20 |"))
+    assert "| 0.3 [" in row, row
+    pair = next(line for line in report.splitlines() if line.startswith("| a | b | 20 |"))
+    assert "| +0.3 |" in pair, pair

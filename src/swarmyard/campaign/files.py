@@ -14,7 +14,7 @@ from typing import Any, assert_never
 
 from swarmyard.campaign.spec import Match
 from swarmyard.campaign.stats import MIN_TRUSTED_SEEDS, Interval, mean
-from swarmyard.campaign.summary import FLOOR, CampaignSummary, CellSummary, claim_text
+from swarmyard.campaign.summary import FLOOR, CampaignSummary, CellSummary, claim_text, figure
 from swarmyard.config import PolicyKind
 from swarmyard.money import format_usd
 
@@ -41,10 +41,14 @@ class CampaignFiles:
         return [p for p in (self.tokens_plot, self.n_plot, self.wall_plot) if p is not None]
 
 
-def _ci(i: Interval | None, fmt: str = "{:,.0f}") -> str:
+def _ci(i: Interval | None, fmt: str | None = None) -> str:
     if i is None:
         return "-"
-    return f"{fmt.format(i.mean)} [{fmt.format(i.low)}, {fmt.format(i.high)}]"
+
+    def show(value: float) -> str:
+        return figure(value, sign=False) if fmt is None else fmt.format(value)
+
+    return f"{show(i.mean)} [{show(i.low)}, {show(i.high)}]"
 
 
 def _usd(i: Interval | None) -> str:
@@ -59,7 +63,7 @@ HEADER = ("cell", "n", "trials", "failed", "score (mean [95% CI])", "sd [min, ma
 
 def _spread(c: CellSummary) -> str:
     spread = c.spread
-    return "-" if spread is None else f"{spread[0]:,.0f} [{spread[1]:,.0f}, {spread[2]:,.0f}]"
+    return "-" if spread is None else f"{figure(spread[0], sign=False)} [{figure(spread[1], sign=False)}, {figure(spread[2], sign=False)}]"
 
 
 def rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
@@ -84,7 +88,7 @@ def rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
         score = _ci(i["score"])
         if c.scores and len(c.scores) < MIN_TRUSTED_SEEDS:
             # a bootstrap of a handful of seeds is about [min, max]: the values themselves say more
-            score = (f"{mean(list(c.scores.values())):,.0f} (no trustworthy interval from {len(c.scores)} seeds; "
+            score = (f"{figure(mean(list(c.scores.values())), sign=False)} (no trustworthy interval from {len(c.scores)} seeds; "
                      "per seed: " + ", ".join(f"{v:,.0f}" for _, v in sorted(c.scores.items())) + ")")
         out.append((c.cell.name, str(c.cell.n), str(len(c.trials)), rate, score, _spread(c),
                     _usd(i["spend_micro_usd"]), _ci(i["wall_s"], "{:,.1f}"), calls, tokens,
@@ -101,9 +105,9 @@ def pair_rows(summary: CampaignSummary) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for p in summary.comparisons:
         t = p.test
-        band = (f"[{t.low:+,.0f}, {t.high:+,.0f}]" if t.trusted
-                else "untrusted (< 8 seeds): " + ", ".join(f"{d:+,.0f}" for d in t.diffs))
-        out.append((p.a, p.b, str(len(p.seeds)), f"{t.mean:+,.0f}", band, str(t.wins), str(t.losses), str(t.ties),
+        band = (f"[{figure(t.low)}, {figure(t.high)}]" if t.trusted
+                else "untrusted (< 8 seeds): " + ", ".join(figure(d) for d in t.diffs))
+        out.append((p.a, p.b, str(len(p.seeds)), figure(t.mean), band, str(t.wins), str(t.losses), str(t.ties),
                     f"{t.sign_p:.3g}", f"{t.wilcoxon_p:.3g}"))
     return out
 

@@ -231,8 +231,18 @@ class Claim:
                 **{k: v for k, v in self.comparison.to_dict().items() if k not in ("a", "b")}}
 
 
+def figure(value: float, *, sign: bool = True) -> str:
+    """A score or difference as the report prints it: whole numbers with thousands separators, and a small
+    fraction with three significant digits, so that a mean of 0.3 (scores of a few points, as a bundle of five
+    cases gives) does not read as 0 beside a sentence that holds on it."""
+    plus = "+" if sign else ""
+    if value == int(value) or abs(value) >= 100:
+        return f"{value:{plus},.0f}"
+    return f"{value:{plus}.3g}"
+
+
 def _num(value: float) -> str:
-    return f"{value:+,.0f}"
+    return figure(value)
 
 
 def claim_text(claim: Claim) -> str:
