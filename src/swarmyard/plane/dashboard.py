@@ -339,8 +339,8 @@ class Dashboard:
 
         ``usage``: each worker's CPU time and memory (default: what ``trajectories`` saw in this process);
         ``agents``: the folder of the runner's agent logs, where each worker's last error is read (default: the
-        trajectories' folder, which a run shares with them); ``facts``: a finished run's (the page is then a
-        still picture: its stream sends the state once)."""
+        trajectories' folder, which a run shares with them); ``facts``: a finished run's (its stream sends the
+        state again only when the store changes, such as a hold reconciled)."""
         self._hosts = tuple(hosts)
         self._usage_view = usage
         self._facts = facts
@@ -369,10 +369,10 @@ class Dashboard:
         lock = self._locks.setdefault(goal_id, asyncio.Lock())
         async with lock:
             cached = self._built.get(goal_id)
-            # a finished run's state never changes: built once
-            frozen = self._facts is not None and self._facts.finished
+            # a finished run's too: its holds are reconciled (or its store resumed) after it ended, and the page
+            # must then say what the store says, not what it said when first looked at
             fresh = cached is not None and cached[1] == self._generation and loop.time() - cached[0] < POLL_S / 2
-            if cached is not None and (frozen or fresh):
+            if cached is not None and fresh:
                 return cached[2]
             generation = self._generation
             try:
