@@ -267,3 +267,32 @@ def test_a_run_folder_this_process_cannot_write_is_read(finished_run: tuple[Path
     assert _files(copy) == before
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run_dir.iterdir()
                                                             if not p.name.endswith(".sock"))
+
+
+def test_a_trajectory_line_nested_past_the_parser_is_skipped(finished_run: tuple[Path, dict[str, str]]) -> None:
+    """A trajectory line nested deeper than the JSON parser goes (no agent writes one: the plane bounds what
+    it keeps) ended ``swarmyard ui`` in 'error (internal): RecursionError' before it served; it is a line that
+    does not parse, skipped like one."""
+    run_dir, env = finished_run
+    runs = Path(tempfile.mkdtemp(prefix="sy-rh-runs-", dir=run_dir.parent.parent))
+    copy = _copy(run_dir, runs, "nested")
+    path = _trajectory(copy)
+    steps = len(path.read_bytes().splitlines())
+    with path.open("a") as out:
+        out.write("[" * 200_000 + "]" * 200_000 + "\n")
+    worker = path.name.removesuffix(".jsonl").rsplit("-", 1)[-1]
+    proc = subprocess.Popen([str(SWARMYARD), "ui", str(copy)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"(http://\S+/ui)\b.*operator token in (.+?)\)", line)
+        assert found is not None, line + proc.stderr.read() if proc.poll() is not None else line
+        token = Path(found[2]).read_text().strip()
+        answer = httpx.get(f"{found[1]}/api/trajectory/{worker}", headers={"Authorization": f"Bearer {token}"},
+                           timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["steps_total"] == steps
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

@@ -263,7 +263,7 @@ def read_trajectory(path: Path, *, max_bytes: int = MAX_FILE_BYTES + 4096) -> li
     for raw in data.splitlines():
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser: a line no agent wrote
             continue
         if isinstance(value, dict):
             steps.append(value)
