@@ -11,16 +11,11 @@ again: a goal that caps calls gives no slices.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from rigs.network import free_port
+from rigs.serve import serve
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
 from swarmyard.clock import SystemClock
 from swarmyard.domain import GoalSpec, TaskSpec
@@ -29,9 +24,6 @@ from swarmyard.store import open_store
 
 @pytest.mark.slow
 def test_second_claim_can_call_while_the_goal_has_calls_left(tmp_path: Path) -> None:
-    (tmp_path / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["sim-1"]\n'
-                                             '[providers.sim.prices.sim-1]\ninput_usd_per_mtok = "1"\n'
-                                             'output_usd_per_mtok = "2"\n')
     url = f"sqlite:///{tmp_path / 'store.db'}"
     store = open_store(url)
     goal = store.create_goal(GoalSpec("cap", budget_micro_usd=1_000_000, call_cap=10))
@@ -39,26 +31,9 @@ def test_second_claim_can_call_while_the_goal_has_calls_left(tmp_path: Path) -> 
         store.create_task(goal.id, TaskSpec(title, budget_micro_usd=500_000, call_cap=10))
     tokens = TokenAuthority(load_or_create_secret(tmp_path / "secret"), store, SystemClock())
     first, second = (tokens.issue(goal.id, "main", ttl_s=600)[0] for _ in range(2))
-    port = free_port()
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmyard.cli", "serve", "--store", url, "--no-socket", "--host", "127.0.0.1",
-         "--port", str(port), "--secret-file", str(tmp_path / "secret"), "--providers",
-         str(tmp_path / "providers.toml"), "--operator-token-file", str(tmp_path / "operator-token")],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(base_url=base, headers={"authorization": f"Bearer {first}"}, timeout=30) as one, \
-                httpx.Client(base_url=base, headers={"authorization": f"Bearer {second}"}, timeout=30) as two:
-            deadline = time.monotonic() + 60
-            while True:  # readiness poll, bounded
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "serve did not start"
-                try:
-                    one.get("/metrics")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.05)
+        with serve(tmp_path, url) as served, served.client(first, timeout=30) as one, \
+                served.client(second, timeout=30) as two:
             claimed = one.post("/v1/tools/claim_task", json={})
             assert claimed.status_code == 200 and claimed.json()["task"] is not None, claimed.text
             claimed = two.post("/v1/tools/claim_task", json={})
@@ -71,6 +46,4 @@ def test_second_claim_can_call_while_the_goal_has_calls_left(tmp_path: Path) -> 
             assert store.get_goal(goal.id).envelope.calls <= 1
             assert answer.status_code == 200, answer.text
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
         store.close()

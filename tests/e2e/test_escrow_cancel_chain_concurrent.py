@@ -11,60 +11,23 @@ deadlock: PostgreSQL broke it by failing one of them, a 500 to its caller.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from rigs.network import free_port
+from rigs.serve import serve
 
-_PROVIDERS = ('[providers.sim]\nkind = "simulated"\nmodels = ["sim-1"]\n'
-              '[providers.sim.prices.sim-1]\ninput_usd_per_mtok = "1"\noutput_usd_per_mtok = "2"\n')
 _ROUNDS = 15
 _BUDGET = 100_000_000
-
-
-@contextmanager
-def _serve(tmp_path: Path, store_url: str) -> Iterator[tuple[str, dict[str, str]]]:
-    (tmp_path / "providers.toml").write_text(_PROVIDERS)
-    port = free_port()
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmyard.cli", "serve", "--store", store_url, "--no-socket", "--host", "127.0.0.1",
-         "--port", str(port), "--secret-file", str(tmp_path / "secret"), "--providers",
-         str(tmp_path / "providers.toml"), "--operator-token-file", str(tmp_path / "operator-token")],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # readiness poll, bounded
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "serve did not start"
-            try:
-                httpx.get(f"{base}/metrics")
-                if (tmp_path / "operator-token").exists():
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        yield base, {"authorization": f"Bearer {(tmp_path / 'operator-token').read_text().strip()}"}
-        assert proc.poll() is None, "serve died"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow
 def test_cancelling_a_chain_from_both_ends_at_once_answers_every_call_and_returns_every_micro_usd(
         tmp_path: Path, store_url: str) -> None:
-    with _serve(tmp_path, store_url) as (base, op_headers):
+    with serve(tmp_path, store_url) as served:
+        base, op_headers = served.base, served.operator_headers
         ops = [httpx.Client(base_url=base, headers=op_headers, timeout=60) for _ in range(4)]
         op = ops[0]
         made = op.post("/v1/operator/goals", json={"objective": "x", "budget_micro_usd": _BUDGET, "call_cap": 0,

@@ -10,54 +10,17 @@ goal's unallocated budget. It used to stay in the cancelled task, which can spen
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from rigs.network import free_port
+from rigs.serve import serve
 
 _PROVIDERS = ('[providers.sim]\nkind = "simulated"\nmodels = ["sim-1"]\nlatency_s = 3\n'
               '[providers.sim.prices.sim-1]\ninput_usd_per_mtok = "1"\noutput_usd_per_mtok = "2"\n')
-
-
-@contextmanager
-def _serve(tmp_path: Path, store_url: str) -> Iterator[tuple[str, httpx.Client]]:
-    (tmp_path / "providers.toml").write_text(_PROVIDERS)
-    port = free_port()
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmyard.cli", "serve", "--store", store_url, "--no-socket", "--host", "127.0.0.1",
-         "--port", str(port), "--secret-file", str(tmp_path / "secret"), "--providers",
-         str(tmp_path / "providers.toml"), "--operator-token-file", str(tmp_path / "operator-token")],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # readiness poll, bounded
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "serve did not start"
-            try:
-                httpx.get(f"{base}/metrics")
-                if (tmp_path / "operator-token").exists():
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        operator = (tmp_path / "operator-token").read_text().strip()
-        with httpx.Client(base_url=base, headers={"authorization": f"Bearer {operator}"}, timeout=60) as op:
-            yield base, op
-        assert proc.poll() is None, "serve died"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _worker(base: str, op: httpx.Client, goal_id: str) -> httpx.Client:
@@ -105,7 +68,8 @@ def _cancel_mid_call(op: httpx.Client, worker: httpx.Client, goal_id: str, task_
 
 @pytest.mark.slow
 def test_a_cancelled_tasks_hold_in_flight_returns_what_it_did_not_use(tmp_path: Path, store_url: str) -> None:
-    with _serve(tmp_path, store_url) as (base, op):
+    with serve(tmp_path, store_url, _PROVIDERS) as served, served.client() as op:
+        base = served.base
         made = op.post("/v1/operator/goals", json={"objective": "x", "budget_micro_usd": 1_000_000,
                                                    "call_cap": 0, "max_depth": 3})
         assert made.status_code == 201, made.text
