@@ -139,6 +139,12 @@ def test_a_dir_that_is_a_file_is_a_config_error(short_tmp: Path) -> None:
     assert "s.toml exists and is not a folder" in _refused_dir(short_tmp, "s.toml")
 
 
+def test_a_dir_no_folder_can_be_made_in_is_a_config_error(short_tmp: Path) -> None:
+    # was an internal FileNotFoundError from the campaign's lock (procfs makes no folders)
+    line = _refused_dir(short_tmp, "/proc/swarmyard-campaign")
+    assert "cannot make the campaign's folder /proc/swarmyard-campaign: No such file or directory" in line
+
+
 def test_a_swarm_file_that_is_a_fifo_is_refused_not_waited_on(short_tmp: Path) -> None:
     # open() of a FIFO nobody writes waits for ever: the campaign hung before its first line
     os.mkfifo(short_tmp / "s.toml")

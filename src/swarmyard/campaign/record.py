@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from swarmyard.errors import CampaignBusyError, CampaignRecordError, UserError
+from swarmyard.errors import CampaignBusyError, CampaignRecordError, ConfigError, UserError
 
 STATE_FILE = "campaign.json"
 TRIALS_FILE = "trials.jsonl"
@@ -99,8 +99,12 @@ def hold(folder: Path) -> Iterator[None]:
         fd, count = _HELD[key]
         _HELD[key] = (fd, count + 1)
     else:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # a dir no folder can be made in (/proc/x), or not ours to write
+            raise ConfigError(f"cannot make the campaign's folder {folder}: {exc.strerror or exc}",
+                              field="campaign.dir") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
