@@ -282,7 +282,8 @@ def test_a_machine_whose_init_was_stopped_from_inside_is_409_not_responding_on_e
     # a command may stop the init as it may kill it: the init then takes requests and never answers them (an upload
     # or download was a bare 500 after 60 s, an exec with no timeout never answered)
     stopped = fresh_world.call("POST", "/v1/machines/kid/exec", {"command": "kill -STOP 2", "timeout": 1})
-    assert stopped.status_code == 200, stopped.text  # its exit status never comes back: it times out
+    # its exit status never comes back: the exec is told so while it waits (it timed out, 200, before)
+    assert (stopped.status_code, stopped.json()["error"]["code"]) == (409, "machine_not_responding"), stopped.text
     answers = {}
     for route, body in (("exec", {"command": "true"}), ("download", {"path": "file.txt"}),
                         ("upload", {"path": "x", "data_b64": "aGk="}), ("fork", {"new_name": "copy"})):
@@ -298,3 +299,14 @@ def test_a_machine_whose_init_was_stopped_from_inside_is_409_not_responding_on_e
     assert fresh_world.call("GET", "/v1/machines/kid").status_code == 404
     assert sorted(m.name for m in fresh_world.boxd.machines.list()) == ["boss", "private"]
     assert not (root / "m" / fresh_world.kid).exists()
+
+
+def test_an_exec_whose_command_stops_the_init_is_409_not_responding_not_a_wait_for_ever(fresh_world: World) -> None:
+    # the check before a call cannot see a stop that comes during it: an exec with no timeout whose command stops
+    # the init waited for an answer that never came (the client's own timeout, 300 s, ended it)
+    stopped = fresh_world.call("POST", "/v1/machines/kid/exec", {"command": "kill -STOP 2; sleep 600"})
+    error = stopped.json()["error"]
+    assert (stopped.status_code, error["code"]) == (409, "machine_not_responding"), stopped.text
+    assert error["machine_id"] == fresh_world.kid and error["retryable"] is False
+    assert fresh_world.call("DELETE", "/v1/machines/kid").status_code == 200
+    assert not (fresh_world.boxd._sync.backend.root / "m" / fresh_world.kid).exists()

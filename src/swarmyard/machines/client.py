@@ -9,7 +9,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from swarmyard.errors import (
@@ -74,9 +74,10 @@ class _Kept:
         return bytes(self.head) + bytes(tail)
 
 
-def _await_data(sock: socket.socket, timeout_s: float | None) -> None:
+def _await_data(sock: socket.socket, timeout_s: float | None, answering: Callable[[], None] | None = None) -> None:
     """Return once ``sock`` has data (or its peer hung up); ``TimeoutError`` after ``timeout_s`` with none. Waits in
-    slices of :data:`WAKE_S`, between which the main thread runs the signal handlers due (see there)."""
+    slices of :data:`WAKE_S`, between which the main thread runs the signal handlers due (see there) and
+    ``answering`` raises if the machine can no longer answer (its init stopped from inside meanwhile)."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -86,6 +87,8 @@ def _await_data(sock: socket.socket, timeout_s: float | None) -> None:
             raise TimeoutError("no output from the machine in time")
         if poller.poll(left * 1000):
             return
+        if answering is not None:
+            answering()
 
 
 class InitClient:
@@ -121,8 +124,10 @@ class InitClient:
         cwd: str | None,
         timeout_s: float | None,
         stdin: bytes | None,
+        answering: Callable[[], None] | None = None,
     ) -> Iterator[ExecEvent]:
-        """Run a command; yield ``stdout``/``stderr`` events and finally one ``exit`` event."""
+        """Run a command; yield ``stdout``/``stderr`` events and finally one ``exit`` event. ``answering``, called
+        while no output comes, raises when the machine can no longer answer (the wait would never end)."""
         started = time.monotonic()
         host_timeout = None if timeout_s is None else timeout_s + GRACE_S
         request = wire.encode_request("exec", argv=argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
@@ -141,7 +146,7 @@ class InitClient:
             wire.send_frame(sock, b"q", request)
             while True:
                 try:
-                    _await_data(sock, host_timeout)
+                    _await_data(sock, host_timeout, answering)
                     frame = wire.recv_frame(sock)
                 except TimeoutError:
                     # Closing the connection makes the init kill the command's process tree.
@@ -176,9 +181,10 @@ class InitClient:
         cwd: str | None,
         timeout_s: float | None,
         stdin: bytes | None,
+        answering: Callable[[], None] | None = None,
     ) -> ExecResult:
-        """Run a command to completion."""
-        for event in self.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin):
+        """Run a command to completion (``answering``: see :meth:`stream_exec`)."""
+        for event in self.stream_exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin, answering=answering):
             if event.result is not None:
                 return event.result
         raise SandboxError(

@@ -7,6 +7,7 @@ does after boot goes through :class:`~swarmyard.machines.client.InitClient`, so 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -723,7 +724,8 @@ class SupervisedBackend:
         """Run a command in the machine."""
         machine = self._ready(machine_id)
         with self._on_init(machine):
-            return machine.client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin)
+            return machine.client.exec(argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin,
+                                       answering=functools.partial(self._check_answering, machine))
 
     def stream_exec(
         self,
@@ -739,7 +741,8 @@ class SupervisedBackend:
         machine = self._ready(machine_id)
         self._check_answering(machine)
         return machine.client.stream_exec(
-            argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin
+            argv, env=env, cwd=cwd, timeout_s=timeout_s, stdin=stdin,
+            answering=functools.partial(self._check_answering, machine)
         )
 
     def upload(self, machine_id: str, path: str, data: bytes, mode: int) -> None:
