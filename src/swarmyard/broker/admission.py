@@ -8,7 +8,7 @@ Otherwise it goes to the broker's store threads.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from swarmyard.auth.tokens import TokenAuthority, token_hash
@@ -33,6 +33,30 @@ from swarmyard.store.threads import StoreThreads, without_waiting
 _PRICE_TTL_S = 1.0
 #: Largest request body admitted on the event loop: bounding its input by bytes takes well under a millisecond.
 _INLINE_BODY_BYTES = 64 * 1024
+
+
+class RoutePrices:
+    """Each route's price, read from the store (else the route's default) and reused for ``ttl_s`` of ``now``'s
+    time: a price change reaches new reservations within it. Admission's holds and the plane's claim floor read
+    prices through one of these each."""
+
+    def __init__(self, store: Store, now: Callable[[], float], ttl_s: float = _PRICE_TTL_S) -> None:
+        self._store = store
+        self._now = now
+        self._ttl_s = ttl_s
+        self._prices: dict[str, tuple[float, Price]] = {}
+
+    def of(self, route: ModelRoute) -> Price:
+        now = self._now()
+        cached = self._prices.get(route.name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            price = self._store.get_price(route.name)
+        except NotFoundError:
+            price = route.default_price
+        self._prices[route.name] = (now + self._ttl_s, price)
+        return price
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +88,7 @@ class Admission:
         self.settings = settings
         self.clock = clock
         self._threads = threads
-        self._prices: dict[str, tuple[float, Price]] = {}
+        self._prices = RoutePrices(store, time.monotonic)
 
     def route(self, model: str) -> ModelRoute:
         """The route serving ``model`` (``NotFoundError`` when none does)."""
@@ -82,18 +106,6 @@ class Admission:
             if own is not None:
                 return own
         return ByteBoundCounter()
-
-    def _price(self, route: ModelRoute) -> Price:
-        now = time.monotonic()
-        cached = self._prices.get(route.name)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            price = self.store.get_price(route.name)
-        except NotFoundError:
-            price = route.default_price
-        self._prices[route.name] = (now + _PRICE_TTL_S, price)
-        return price
 
     async def admit(self, token: str, chat: ChatRequest, route: ModelRoute, size: int,
                     body_digest: str | None = None) -> Admitted:
@@ -116,7 +128,7 @@ class Admission:
             # Agent CLIs send their own large defaults (Claude Code asks for 32,000); the model cannot write
             # past the route's limit anyway, so the request is held (and reserved) at that limit.
             chat = replace(chat, max_tokens=route.max_output_tokens)
-        price = self._price(route)
+        price = self._prices.of(route)
         counter = self.counter(route)
         inputs = input_bound(chat, counter)
         room = route.output_room(inputs)

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from swarmyard.auth.tokens import TokenAuthority, WorkerIdentity
 from swarmyard.broker import ledger
+from swarmyard.broker.admission import RoutePrices
 from swarmyard.broker.settings import ModelRoute
 from swarmyard.broker.tokencount import REQUEST_OVERHEAD_TOKENS
 from swarmyard.clock import Clock
@@ -38,14 +39,12 @@ from swarmyard.domain import (
     Claim,
     Finding,
     PostKind,
-    Price,
     TaskSpec,
 )
 from swarmyard.errors import (
     FencingError,
     ForbiddenError,
     InvalidInputError,
-    NotFoundError,
     PayloadTooLargeError,
     StaleFencingTokenError,
     UnoriginalFindingError,
@@ -129,10 +128,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-#: How long a price read for a call's floor is reused (as the broker reuses it for its holds)
-_FLOOR_TTL_S = 1.0
-
-
 class CallFloor:
     """The least a model call through the broker holds, in micro-USD: what a task's envelope must afford for its
     claim to be worth making (``claim(min_slice_micro_usd=)``). The broker's own worst case (``ledger.worst_case``,
@@ -153,29 +148,18 @@ class CallFloor:
         self._routes = {route.name: route for route in routes}
         self._min_output = min_output_tokens
         self._clock = clock
-        self._prices: dict[str, tuple[float, Price]] = {}
+        self._prices = RoutePrices(store, clock.now)
 
     def __call__(self, model: str | None = None, max_tokens: int | None = None) -> int:
         route = self._routes.get(model) if model is not None else None
         if route is None:
-            return min((ledger.worst_case(REQUEST_OVERHEAD_TOKENS, 1, self._price(r)) for r in self._routes.values()),
+            return min((ledger.worst_case(REQUEST_OVERHEAD_TOKENS, 1, self._prices.of(r)) for r in self._routes.values()),
                        default=0)
         output = min(max_tokens or 1, route.max_output_tokens)
         if route.context_tokens is not None:
             output = min(output, self._min_output)
-        return ledger.worst_case(REQUEST_OVERHEAD_TOKENS, output, self._price(route))
+        return ledger.worst_case(REQUEST_OVERHEAD_TOKENS, output, self._prices.of(route))
 
-    def _price(self, route: ModelRoute) -> Price:
-        now = self._clock.now()
-        cached = self._prices.get(route.name)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            price = self._store.get_price(route.name)
-        except NotFoundError:
-            price = route.default_price
-        self._prices[route.name] = (now + _FLOOR_TTL_S, price)
-        return price
 
 
 def _no_floor(model: str | None = None, max_tokens: int | None = None) -> int:
