@@ -112,7 +112,7 @@ def test_a_run_survives_a_postgres_restart(own_pg: tuple[Path, str]) -> None:
     finally:
         if runner.poll() is None:
             runner.kill()
-    assert restarted.is_set(), "the run ended before it wrote two findings"
+    assert restarted.is_set(), f"the run ended before it wrote two findings: {err[-4000:]}"
     if LEAD_NO_RESULT in err:
         assert_simulated_lead_ended(runner.returncode, err)  # it rode out the restart to its lead's end
     else:
@@ -124,8 +124,9 @@ def test_a_run_survives_a_postgres_restart(own_pg: tuple[Path, str]) -> None:
                                   "--json"], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
         assert_simulated_lead_ended(resumed.returncode, resumed.stderr)
         out = resumed.stdout
+        err += "\n--- the resume ---\n" + resumed.stderr
     figures = json.loads(out.strip().splitlines()[-1])
-    assert figures["leftover_holds"] == 0
+    assert figures["leftover_holds"] == 0, err[-6000:]
     with psycopg.connect(url) as conn:
         states: dict[str, int] = dict(conn.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
         without = conn.execute("SELECT count(*) FROM tasks t WHERE NOT EXISTS "

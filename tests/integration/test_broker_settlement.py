@@ -156,3 +156,47 @@ def test_calls_are_admitted_and_settled_on_either_store(store_url: str) -> None:
         assert store.get_goal(worker.goal_id).envelope.reserved == 0
     finally:
         store.close()
+
+
+@pytest.mark.postgres
+def test_a_settlement_whose_connection_the_server_ends_mid_transaction_is_written_on_a_new_one(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # A PostgreSQL server that stops or restarts ends the transactions in flight (AdminShutdown). A settlement
+    # caught so used to leave its hold `held` for good (a run's leftover hold); it is written again, once.
+    import psycopg
+
+    store = open_store(pg_url, clock=FakeClock())
+    locker = psycopg.connect(pg_url)  # another session, standing for whatever held the row when the server went
+    try:
+        worker = claimed_worker(store, FakeClock(), secret=b"p" * 32, call_cap=10)
+        route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
+        broker = Broker(store, worker.tokens, {"scripted": ScriptedProvider()}, BrokerSettings(routes=(route,)))
+        chat = OPENAI_CHAT.parse({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+
+        def waiting_on_the_lock() -> list[int]:  # (a session of its own: one in a transaction sees a snapshot)
+            with psycopg.connect(pg_url, autocommit=True) as watch:
+                rows = watch.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                     "AND query LIKE 'UPDATE reservations%%'").fetchall()
+            return [int(row[0]) for row in rows]
+
+        async def main() -> str:
+            admitted = await broker._admission(worker.token, chat, route, 100)
+            locker.execute("SELECT 1 FROM reservations WHERE id = %s FOR UPDATE", (admitted.reservation.id,))
+            broker._settle_soon(admitted, Usage(3, 4))
+            while not (pids := waiting_on_the_lock()):  # progress: the settlement's UPDATE waits on the row
+                await asyncio.sleep(0.01)
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+            locker.rollback()
+            assert await asyncio.get_running_loop().run_in_executor(None, broker.wait_settled, 120)
+            return admitted.reservation.id
+
+        with caplog.at_level("WARNING", logger="swarmyard.broker.holds"):
+            reservation_id = asyncio.run(main())
+        settled = store.get_reservation(reservation_id)
+        assert (settled.state, settled.actual) == (ReservationState.SETTLED, 7)
+        assert store.get_goal(worker.goal_id).envelope.reserved == 0
+        assert any("connection was lost while marking it settled" in r.getMessage() for r in caplog.records)
+    finally:
+        locker.close()
+        store.close()

@@ -25,6 +25,7 @@ calls this process lost, without a store trip. A hold that was reconciled since 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import threading
@@ -48,6 +49,7 @@ from swarmyard.errors import (
     UpstreamLostError,
     UpstreamUnknownError,
 )
+from swarmyard.store.engine import connection_lost
 from swarmyard.store.protocol import Store
 from swarmyard.store.threads import StoreThreads, without_waiting
 
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 
 #: How many lost bodies the broker remembers per worker (the oldest is forgotten first).
 _REMEMBERED_PER_WORKER = 64
+#: How many times an outcome is written when the store's connection is lost under it.
+_WRITE_TRIES = 3
 
 
 class Outcome(StrEnum):
@@ -156,10 +160,7 @@ class Holds:
         try:
             done, _ = without_waiting(self.store, lambda: self._write(hold, outcome, usage))
             if not done:
-                try:
-                    await self._threads.run(lambda: self._write(hold, outcome, usage))
-                except RuntimeError:  # the threads are shut down (the broker is closing): write it here
-                    self._write(hold, outcome, usage)
+                await self._write_on_threads(hold, outcome, usage)
         except Exception:
             # the hold stays as it was (or was reconciled meanwhile): visible, and reconcilable
             log.exception("reservation %s could not be marked %s", hold.admitted.reservation.id, outcome)
@@ -168,6 +169,32 @@ class Holds:
                 self._unwritten -= 1
                 if not self._unwritten:
                     self._written.notify_all()
+
+    async def _write_on_threads(self, hold: Hold, outcome: Outcome, usage: Usage | None) -> None:
+        """Write ``outcome`` on the store threads, again on a new connection if the store's was lost under it
+        (a PostgreSQL server that restarted: each try waits for the server as long as the engine's pool does).
+
+        A lost connection may have taken the commit with it: a later try writes only if the hold is still
+        ``held``, so an outcome that landed (or an operator's reconcile meanwhile) is not written twice.
+        """
+        write = self._write
+        for tries_left in reversed(range(_WRITE_TRIES)):
+            try:
+                try:
+                    await self._threads.run(functools.partial(write, hold, outcome, usage))
+                except RuntimeError:  # the threads are shut down (the broker is closing): write it here
+                    write(hold, outcome, usage)
+                return
+            except Exception as exc:
+                if not tries_left or not connection_lost(exc):
+                    raise
+                log.warning("reservation %s: the store's connection was lost while marking it %s (%s); "
+                            "trying again", hold.admitted.reservation.id, outcome, type(exc).__name__)
+                write = self._write_if_held
+
+    def _write_if_held(self, hold: Hold, outcome: Outcome, usage: Usage | None) -> None:
+        if self.store.get_reservation(hold.admitted.reservation.id).state is ReservationState.HELD:
+            self._write(hold, outcome, usage)
 
     def _write(self, hold: Hold, outcome: Outcome, usage: Usage | None) -> None:
         reservation_id = hold.admitted.reservation.id

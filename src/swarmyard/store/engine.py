@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import select
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -355,6 +356,16 @@ class PostgresEngine(_Folding):
     def close(self) -> None:
         """Close the pool."""
         self._pool.close()
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store connection ended or lost mid-transaction (a server that stopped, restarted or
+    ended the session): the transaction did not run, or committed without saying so; a new connection may work.
+
+    Only PostgreSQL's connections are lost this way; SQLite's are files.
+    """
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
 def _still_open(conn: Any) -> None:
