@@ -18,10 +18,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from swarmyard.agents import governed, history
@@ -37,13 +35,13 @@ from swarmyard.agents.actions import (
     with_attached,
 )
 from swarmyard.agents.explore import Explorer, direction_post, score_of
-from swarmyard.agents.model import ChatModel, ModelReply, OutputMode
+from swarmyard.agents.model import ChatModel, ModelReply
+from swarmyard.agents.settings import DIGEST, AgentSettings, Role
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
 from swarmyard.errors import (
     BudgetError,
     BudgetExceededError,
-    ConfigError,
     ContextLengthError,
     FencingError,
     InvalidInputError,
@@ -55,18 +53,6 @@ from swarmyard.errors import (
 from swarmyard.rules import grounding, instructions, no_result, originality
 
 log = logging.getLogger(__name__)
-
-
-#: The ``max_tokens`` of the built-in agent's model calls unless ``SWARMYARD_MAX_TOKENS`` says otherwise.
-DEFAULT_MAX_TOKENS = 512
-
-
-class Role(StrEnum):
-    """What the agent is for."""
-
-    WORKER = "worker"
-    LEAD = "lead"
-    PLANNER = "planner"  # one call that splits the objective into lenses (``swarmyard.agents.planner``)
 
 
 class Ending(StrEnum):
@@ -83,112 +69,6 @@ class Ending(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class AgentSettings:
-    """Everything the agent reads from its environment."""
-
-    plane_url: str
-    token: str
-    model: str
-    role: Role = Role.WORKER
-    max_steps: int = 8
-    max_reasks: int = 2
-    #: re-asks of a model call that failed in passing (a 5xx, a dropped broker connection), and the first wait
-    max_retries: int = 2
-    retry_backoff_s: float = 2.0
-    exec_timeout_s: float = 60.0
-    workdir: Path = Path(".")
-    mode: OutputMode = OutputMode.TOOLS
-    task_id: str | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    #: planner: how many lenses to ask for
-    plan_count: int = 3
-    #: the run's policy; under ``explore`` the directions and their settings come from the store, through the tools
-    policy: str = ""
-    #: seconds between lease renewals while a model call is in flight (well inside the plane's lease)
-    heartbeat_s: float = 20.0
-    #: ``full`` (shell and files in its machine) or ``governed`` (only the governed tools and its WASI tools)
-    profile: str = "full"
-    #: how a worker's context is built from its group's prior scored attempts (``swarmyard.agents.history``):
-    #: "" (as the conversation went), ``scored_history`` or ``single_draft_refinement``; and the top K kept
-    history: str = ""
-    history_top_k: int = 3
-    #: a lead's way to the synthesis: ``free`` (one drafted submission) or ``digest`` (a point per finding, then
-    #: the answer, composed: what a small model can write without copying what it read)
-    synthesis: str = "free"
-    #: the tool each step offers, in order (constrained decoding: the model can only fill its arguments); past
-    #: the list, every tool
-    flow: tuple[str, ...] = ()
-    #: the finding's body is the last tool call's result as the tool gave it (the model writes the title)
-    attach_result: bool = False
-    #: a lead's synthesis is also submitted as an artifact (scored where the run has an evaluator), and cited
-    synthesis_artifact: bool = False
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
-        """Read ``SWARMYARD_*`` variables; ``ConfigError`` names a missing or bad one."""
-
-        def need(name: str) -> str:
-            value = env.get(name)
-            if not value:
-                raise ConfigError("is not set", field=name)
-            return value
-
-        def number(name: str, default: float) -> float:
-            try:
-                return float(env.get(name, default))
-            except ValueError:
-                raise ConfigError("is not a number", field=name) from None
-
-        try:
-            role = Role(env.get("SWARMYARD_ROLE", "worker"))
-            mode = OutputMode(env.get("SWARMYARD_OUTPUT_MODE", "tools"))
-        except ValueError as exc:
-            raise ConfigError(str(exc), field="SWARMYARD_ROLE/SWARMYARD_OUTPUT_MODE") from exc
-        return cls(
-            plane_url=need("SWARMYARD_PLANE_URL"),
-            token=need("SWARMYARD_TOKEN"),
-            model=env.get("SWARMYARD_MODEL", "qwen2.5-coder-0.5b-instruct"),
-            role=role,
-            max_steps=int(number("SWARMYARD_MAX_STEPS", 8)),
-            exec_timeout_s=number("SWARMYARD_EXEC_TIMEOUT_S", 60),
-            workdir=Path(env.get("SWARMYARD_WORKDIR", ".")),
-            mode=mode,
-            task_id=env.get("SWARMYARD_TASK_ID") or None,
-            max_tokens=int(number("SWARMYARD_MAX_TOKENS", DEFAULT_MAX_TOKENS)),
-            plan_count=max(1, int(number("SWARMYARD_PLAN_COUNT", 3))),
-            policy=env.get("SWARMYARD_POLICY", ""),
-            heartbeat_s=max(1.0, number("SWARMYARD_HEARTBEAT_S", 20)),
-            profile=_profile(env.get("SWARMYARD_PROFILE", governed.FULL)),
-            history=_history(env.get("SWARMYARD_HISTORY", "")),
-            history_top_k=max(1, int(number("SWARMYARD_HISTORY_TOP_K", 3))),
-            synthesis=_synthesis(env.get("SWARMYARD_SYNTHESIS", FREE)),
-            flow=tuple(name.strip() for name in env.get("SWARMYARD_FLOW", "").split(",") if name.strip()),
-            attach_result=env.get("SWARMYARD_ATTACH_RESULT", "") == "1",
-            synthesis_artifact=env.get("SWARMYARD_SYNTHESIS_ARTIFACT", "") == "1",
-        )
-
-
-def _history(value: str) -> str:
-    if value in ("", "none"):
-        return ""
-    if value not in history.MODES:
-        raise ConfigError(f"is not one of none, {', '.join(sorted(history.MODES))}", field="SWARMYARD_HISTORY")
-    return value
-
-
-def _synthesis(value: str) -> str:
-    if value not in (FREE, DIGEST):
-        raise ConfigError(f"is not {FREE} or {DIGEST}", field="SWARMYARD_SYNTHESIS")
-    return value
-
-
-def _profile(value: str) -> str:
-    if value not in (governed.FULL, governed.GOVERNED):
-        raise ConfigError(f"is not {governed.FULL} or {governed.GOVERNED}", field="SWARMYARD_PROFILE")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
 class AgentOutcome:
     """What one agent run did."""
 
@@ -200,8 +80,6 @@ class AgentOutcome:
 
 
 _SYSTEM = {Role.WORKER: instructions.WORKER, Role.LEAD: instructions.LEAD}
-#: The lead's two ways to its synthesis (``AgentSettings.synthesis``).
-FREE, DIGEST = "free", "digest"
 #: Characters of one finding a digest lead reads in one call, and of one part it writes.
 _DIGEST_BODY_CHARS = 1500
 #: A digest point the lead could not write in words of its own (its verdict still counts, and its finding is named).

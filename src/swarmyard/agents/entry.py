@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 
 from swarmyard.agents import governed
 from swarmyard.agents.actions import TOOLS, with_attached
-from swarmyard.agents.builtin import AgentOutcome, AgentSettings, BuiltinAgent, Role
+from swarmyard.agents.builtin import AgentOutcome, BuiltinAgent
 from swarmyard.agents.model import BrokerChatModel
+from swarmyard.agents.settings import AgentSettings, Role
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
 from swarmyard.errors import SwarmyardError
@@ -95,7 +96,7 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         # submit_artifact only matters where scores steer the work; a smaller tool schema keeps small models fast
         scored = settings.policy == "explore" or (bool(settings.history) and settings.role is Role.WORKER)
         tools = TOOLS if scored else {k: v for k, v in TOOLS.items() if k != "submit_artifact"}
-        wasi = governed.wasi_tools(env.get("SWARMYARD_WASI_TOOLS", ""), settings.workdir)
+        wasi = governed.wasi_tools(settings.wasi_tools, settings.workdir)
         tools = governed.offered(tools, settings.profile, wasi)
         if settings.attach_result:
             tools = with_attached(tools)

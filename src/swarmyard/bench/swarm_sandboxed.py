@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +44,7 @@ from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.machines.environment import MACHINE_PYTHON
 
 if TYPE_CHECKING:
+    from swarmyard.agents.settings import AgentSettings
     from swarmyard.machines.api import Machines
 
 #: Runs the agent as ``python -m swarmyard.agent`` does, and at its exit writes its own CPU and peak RSS on stderr,
@@ -210,8 +211,8 @@ class _Sampler:
         self._thread.join()
 
 
-def _worker(machines: Machines, index: int, sock: Path, token: str, env: dict[str, str], timeout_s: float,
-            out: _Agent) -> None:
+def _worker(machines: Machines, index: int, sock: Path, settings: AgentSettings, env: dict[str, str],
+            timeout_s: float, out: _Agent) -> None:
     began = time.perf_counter()
     out.began_at = time.time()
     machine: str | None = None
@@ -221,8 +222,7 @@ def _worker(machines: Machines, index: int, sock: Path, token: str, env: dict[st
         ready = machines.wait_until_ready(info.id)
         out.boot_s = time.perf_counter() - began
         out.ready_at = time.time()
-        agent_env = {**env, "SWARMYARD_PLANE_URL": f"http://127.0.0.1:{ready.relay_port}",
-                     "SWARMYARD_TOKEN": token}
+        agent_env = {**env, **replace(settings, plane_url=f"http://127.0.0.1:{ready.relay_port}").to_env()}
         result = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _AGENT], env=agent_env, timeout=timeout_s)
         out.exit_code = result.exit_code
         for line in result.stderr.decode("utf-8", "replace").splitlines():
@@ -248,6 +248,7 @@ def _warm_bytecode() -> None:
 
 def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> SandboxedRun:
     """Serve the plane + broker in their own process, then run ``workers`` sandboxed agents at once."""
+    from swarmyard.agents.settings import AgentSettings
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.machines.api import Machines
     from swarmyard.store import open_store
@@ -266,8 +267,8 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
     server.start()
     assert server.pid is not None  # started
     # as a run sets it for its workers (a heartbeat every quarter of the default 120 s lease)
-    env = {"SWARMYARD_MODEL": MODEL, "SWARMYARD_MAX_STEPS": str(steps), "SWARMYARD_HEARTBEAT_S": "30",
-           _MARK: folder.name}
+    settings = AgentSettings(plane_url="", token="", model=MODEL, max_steps=steps, heartbeat_s=30.0)
+    env = {_MARK: folder.name}
     agents = [_Agent() for _ in range(workers)]
     timeout_s = 600.0 + workers + 3 * steps * latency_s  # a bound on a stuck agent, never reached by a working one
     try:
@@ -280,7 +281,8 @@ def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> Sandbox
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-agent") as pool:
                 for i in range(workers):
-                    pool.submit(_worker, machines, i, sock, tokens[i], env, timeout_s, agents[i])
+                    pool.submit(_worker, machines, i, sock, replace(settings, token=tokens[i]), env, timeout_s,
+                                agents[i])
             wall = time.perf_counter() - began
         finally:
             sampler.stop()

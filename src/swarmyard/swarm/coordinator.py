@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarmyard.agents.builtin import Ending, Role
+from swarmyard.agents.builtin import Ending
+from swarmyard.agents.settings import Role
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.config import MAX_RETRY_BACKOFF_S, SwarmConfig
 from swarmyard.domain import PLANNER_GROUP, Finding, Goal, PostKind, ReservationState, Task, TaskState

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from swarmyard.agents.builtin import Role
+from swarmyard.agents.settings import AgentSettings, Role
 from swarmyard.config import AgentKind, Profile, SwarmConfig, WasiToolConfig
 from swarmyard.machines.execs import cli_allowlist
 from swarmyard.machines.protocol import Isolation
@@ -49,26 +50,21 @@ def isolation(config: SwarmConfig, role: Role) -> Isolation | None:
     return Isolation(exec_only=programs)
 
 
-def agent_env(config: SwarmConfig, role: Role) -> dict[str, str]:
-    """The built-in agent's ``SWARMYARD_PROFILE`` and ``SWARMYARD_WASI_TOOLS`` (specs as JSON; folders and
-    uploaded modules relative to its working folder, shipped modules by their path in the package)."""
-    profile = profile_of(config, role)
+def agent_settings(config: SwarmConfig, role: Role, settings: AgentSettings) -> AgentSettings:
+    """``settings`` with the built-in agent's profile, WASI tools (specs as JSON; folders and uploaded modules
+    relative to its working folder, shipped modules by their path in the package), flow, attached result and
+    synthesis artifact for ``role``."""
     tools = tools_of(config, role)
     specs = [tool.spec(shipped_wasm(tool.wasm) if tool.wasm in SHIPPED else Path(MODULES_DIR) / f"{tool.name}.wasm",
                        Path(".")).to_dict() for tool in tools]
-    env = {"SWARMYARD_PROFILE": profile.value}
-    if specs:
-        env["SWARMYARD_WASI_TOOLS"] = json.dumps(specs)
+    flow: tuple[str, ...] = ()
+    attach = artifact = False
     if role is not Role.PLANNER:
         flow, attach = ((config.lead.flow, config.lead.attach_result) if role is Role.LEAD
                         else (config.workers.flow, config.workers.attach_result))
-        if flow:
-            env["SWARMYARD_FLOW"] = ",".join(flow)
-        if attach:
-            env["SWARMYARD_ATTACH_RESULT"] = "1"
-        if role is Role.LEAD and config.lead.artifact:
-            env["SWARMYARD_SYNTHESIS_ARTIFACT"] = "1"
-    return env
+        artifact = role is Role.LEAD and config.lead.artifact
+    return replace(settings, profile=profile_of(config, role).value, wasi_tools=json.dumps(specs) if specs else "",
+                   flow=tuple(flow), attach_result=attach, synthesis_artifact=artifact)
 
 
 def tools_of(config: SwarmConfig, role: Role) -> tuple[WasiToolConfig, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarmyard.agents.builtin import Role
+from swarmyard.agents.settings import Role
 from swarmyard.domain import Goal
 from swarmyard.report.data import WorkerSpan
 

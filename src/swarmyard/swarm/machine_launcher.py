@@ -16,13 +16,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmyard.agents.adapters import AdapterContext, get_adapter
-from swarmyard.agents.builtin import DEFAULT_MAX_TOKENS, Role
+from swarmyard.agents.settings import DEFAULT_MAX_TOKENS, AgentSettings, Role
 from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
-from swarmyard.config import AgentKind, Profile, SandboxKind, SwarmConfig
+from swarmyard.config import AgentKind, HistoryMode, Profile, SandboxKind, SwarmConfig
 from swarmyard.domain import Goal
 from swarmyard.errors import BudgetExceededError, ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
@@ -116,6 +117,12 @@ def machine_cap(config: SwarmConfig) -> int:
     if "max_machines" in workers.model_fields_set:
         return workers.max_machines
     return max(workers.max_machines, workers.concurrency + 2)
+
+
+def _history_of(config: SwarmConfig) -> str:
+    """The workers' history mode as the agent reads it: "" for ``none``."""
+    mode = config.workers.history
+    return "" if mode is HistoryMode.NONE else mode.value
 
 
 class MachineLauncher:
@@ -353,32 +360,23 @@ class MachineLauncher:
         submit: tuple[str, str, int, str] | None = None  # (file, task, fencing token, title) for an agent w/o MCP
         if agent is AgentKind.BUILTIN:
             argv: list[str] = [*MACHINE_PYTHON, "-m", "swarmyard.agent"]
-            env = {
-                "SWARMYARD_PLANE_URL": relay,
-                "SWARMYARD_TOKEN": token,
-                "SWARMYARD_MODEL": model,
-                "SWARMYARD_ROLE": slot.role.value,
-                "SWARMYARD_MAX_STEPS": str(steps),
-                "SWARMYARD_EXEC_TIMEOUT_S": "60",
-                "SWARMYARD_WORKDIR": ".",
+            settings = AgentSettings(
+                plane_url=relay, token=token, model=model, role=slot.role, max_steps=steps, exec_timeout_s=60.0,
+                workdir=Path("."), task_id=slot.task_id or None,
                 # renew the claim four times a lease while waiting on a slow model
-                "SWARMYARD_HEARTBEAT_S": str(max(1.0, self.config.workers.lease_s / 4)),
-            }
-            if slot.task_id:
-                env["SWARMYARD_TASK_ID"] = slot.task_id
-            policy = self.config.policy
-            env["SWARMYARD_POLICY"] = policy.kind.value  # explore's directions and settings are in the store
-            env |= governance.agent_env(self.config, slot.role)
+                heartbeat_s=max(1.0, self.config.workers.lease_s / 4),
+                policy=self.config.policy.kind.value,  # explore's directions and settings are in the store
+                history=_history_of(self.config), history_top_k=self.config.workers.history_top_k)
+            settings = governance.agent_settings(self.config, slot.role, settings)
             for path, data in governance.uploads(self.config, slot.role).items():
                 self._machines.files.upload(machine_id, path, data, mode=0o400)
-            env["SWARMYARD_HISTORY"] = self.config.workers.history.value
-            env["SWARMYARD_HISTORY_TOP_K"] = str(self.config.workers.history_top_k)
             if (max_tokens := self._max_tokens(slot.role)) is not None:
-                env["SWARMYARD_MAX_TOKENS"] = str(max_tokens)
+                settings = replace(settings, max_tokens=max_tokens)
             if lead:
-                env["SWARMYARD_SYNTHESIS"] = self.config.lead.synthesis.value
+                settings = replace(settings, synthesis=self.config.lead.synthesis.value)
             if slot.role is Role.PLANNER:
-                env["SWARMYARD_PLAN_COUNT"] = str(self.config.tasks.plan or 1)
+                settings = replace(settings, plan_count=self.config.tasks.plan or 1)
+            env = settings.to_env()
         else:
             # An agent CLI calls its model before any tool, and the broker only serves a worker that holds a
             # claim: so the launcher claims for it, and the agent starts with its task in hand.
