@@ -23,7 +23,7 @@ from swarmyard.audit.log import LOG_VKEY, AuditLog, serve_origin
 from swarmyard.audit.note import Verifier
 from swarmyard.audit.witness import WitnessClient
 from swarmyard.errors import UserError
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import AuditStore
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _origin(audit_dir: Path) -> str:
 class AuditKeeper:
     """Keeps ``store``'s audit log in ``audit_dir`` on a thread while a server runs."""
 
-    def __init__(self, store: Store, audit_dir: Path, *, every_n: int = 1000, sync_s: float = SYNC_S,
+    def __init__(self, store: AuditStore, audit_dir: Path, *, every_n: int = 1000, sync_s: float = SYNC_S,
                  witness: WitnessClient | None = None) -> None:
         audit_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_fd = os.open(audit_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

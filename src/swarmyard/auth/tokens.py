@@ -26,7 +26,7 @@ from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import ForbiddenError, InsecureSecretError, InvalidTokenError, NotFoundError
 from swarmyard.ids import new_id
 from swarmyard.keys import write_secret_file
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import WorkersStore
 
 _PREFIX = "sy1"
 # Tokens whose signature verified, kept so each call does not redo base64, HMAC and JSON: a bounded map
@@ -100,7 +100,7 @@ def load_or_create_secret(path: Path) -> bytes:
 class TokenAuthority:
     """Issues, verifies and revokes capability tokens."""
 
-    def __init__(self, secret: bytes, store: Store, clock: Clock | None = None) -> None:
+    def __init__(self, secret: bytes, store: WorkersStore, clock: Clock | None = None) -> None:
         self._secret = secret
         self._store = store
         self._clock = clock or SystemClock()

@@ -26,7 +26,7 @@ from swarmyard.errors import (
     DeadlinePassedError,
     NotFoundError,
 )
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import LedgerStore, Store
 from swarmyard.store.threads import StoreThreads, without_waiting
 
 # A price read from the store is reused this long: a price change reaches new reservations within it
@@ -40,7 +40,7 @@ class RoutePrices:
     time: a price change reaches new reservations within it. Admission's holds and the plane's claim floor read
     prices through one of these each."""
 
-    def __init__(self, store: Store, now: Callable[[], float], ttl_s: float = _PRICE_TTL_S) -> None:
+    def __init__(self, store: LedgerStore, now: Callable[[], float], ttl_s: float = _PRICE_TTL_S) -> None:
         self._store = store
         self._now = now
         self._ttl_s = ttl_s

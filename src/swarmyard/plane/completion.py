@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from swarmyard.domain import Finding, Task, TaskState
 from swarmyard.errors import ConflictError, FencingError, IllegalTransitionError, NoFindingError
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import FindingsStore, Store, TasksStore
 
 #: Who an operator's completion (the API's or ``swarmyard task complete --store``'s) takes a task back as: the
 #: worker its take-back claim names in the audit log.
@@ -36,7 +36,7 @@ class Completion(StrEnum):
     HELD = "held"  # another worker claimed it in between: nothing changed, that claim goes on
 
 
-def findings_of(store: Store, goal_id: str, task_id: str) -> list[Finding]:
+def findings_of(store: FindingsStore, goal_id: str, task_id: str) -> list[Finding]:
     """The findings of one task, in submission order."""
     found: list[Finding] = []
     after: str | None = None
@@ -48,7 +48,7 @@ def findings_of(store: Store, goal_id: str, task_id: str) -> list[Finding]:
         after = page[-1].id
 
 
-def close_found(store: Store, task: Task, by: str) -> Completion:
+def close_found(store: TasksStore, task: Task, by: str) -> Completion:
     """Close ``task``, which has a finding, under the claim it was read with; if that claim is no longer live,
     take the task back as ``by`` and close it. ``HELD`` when another worker claimed it in between."""
     token = task.fencing_token

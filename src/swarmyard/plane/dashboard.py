@@ -55,7 +55,7 @@ from swarmyard.errors import (
 from swarmyard.plane.agent_errors import AgentError, AgentLogs
 from swarmyard.plane.limits import read_limited
 from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import ExploreStore, LifecycleStore, Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -277,7 +277,7 @@ def goal_state(store: Store, goal_id: str, machines: MachinesView | None = None,
     }
 
 
-def _series(store: Store, goal: Goal, reservations: Sequence[Reservation], findings: Sequence[Any],
+def _series(store: ExploreStore, goal: Goal, reservations: Sequence[Reservation], findings: Sequence[Any],
             facts: RunFacts | None) -> dict[str, Any]:
     """The charts' data (``swarmyard.report.series``): the evaluator's search scores, else the findings'."""
     from swarmyard.report.series import run_series
@@ -293,7 +293,7 @@ def _series(store: Store, goal: Goal, reservations: Sequence[Reservation], findi
     return run_series(start, goal.budget_micro_usd, reservations, points, end_s=end, score_source=source)
 
 
-def _holds(store: Store, goal: Goal, reservations: Sequence[Reservation], *, finished: bool) -> dict[str, Any]:
+def _holds(store: LifecycleStore, goal: Goal, reservations: Sequence[Reservation], *, finished: bool) -> dict[str, Any]:
     """The holds an operator must settle: ``unknown`` ones always (the answer never came: only the provider's
     bill says what it cost), ``held`` ones once the run has ended (their broker is gone); and the commands."""
     unknown = [r for r in reservations if r.state is ReservationState.UNKNOWN]

@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 
 from swarmyard.clock import Clock
 from swarmyard.errors import PayloadTooLargeError, RateLimitedError
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import ReplicasStore
 
 
 async def read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
@@ -80,7 +80,7 @@ class SharedRateLimiter:
     over its rate here alone, whom the shared bucket refuses too), and a worker over it gets no work done.
     """
 
-    def __init__(self, store: Store, rate_per_s: float, burst: int, clock: Clock) -> None:
+    def __init__(self, store: ReplicasStore, rate_per_s: float, burst: int, clock: Clock) -> None:
         if rate_per_s <= 0 or burst < 1:
             raise ValueError("rate_per_s must be positive and burst at least 1")
         self._store = store

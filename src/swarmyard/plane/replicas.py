@@ -18,7 +18,7 @@ import threading
 
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.ids import new_id
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import ReplicasStore
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ GRACE_S = 30.0
 class ReplicaWatch:
     """Registers this process as a replica, renews it, and sweeps the holds of dead ones, on a thread."""
 
-    def __init__(self, store: Store, *, heartbeat_s: float = HEARTBEAT_S, grace_s: float = GRACE_S,
+    def __init__(self, store: ReplicasStore, *, heartbeat_s: float = HEARTBEAT_S, grace_s: float = GRACE_S,
                  clock: Clock | None = None) -> None:
         self._store = store
         self._clock = clock or SystemClock()

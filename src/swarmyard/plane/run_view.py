@@ -34,7 +34,7 @@ from swarmyard.plane.dashboard import Dashboard, RunFacts
 from swarmyard.plane.folder_files import read_regular
 from swarmyard.plane.trajectory import TrajectoryFiles, read_trajectory
 from swarmyard.store.engine import SqliteEngine
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import AuditStore, Store
 from swarmyard.store.sql import SqlStore
 
 #: How far back from its last checkpoint a run's ``run.closed`` event is looked for.
@@ -221,7 +221,7 @@ def _refuse_older(run_dir: Path, path: Path) -> None:
                         "changes nothing: open it with the swarmyard that made the run")
 
 
-def closed_at(store: Store, run_dir: Path, run_id: str) -> float | None:
+def closed_at(store: AuditStore, run_dir: Path, run_id: str) -> float | None:
     """When run ``run_id``'s ``run.closed`` event was written: the last leaves of its last signed checkpoint
     (None: the run never closed, it was interrupted or runs still)."""
     from swarmyard.audit.log import RUN_CLOSED

@@ -58,7 +58,7 @@ from swarmyard.plane.sources import Sources
 from swarmyard.plane.sources import check as check_sources
 from swarmyard.rules import grounding, no_result, originality
 from swarmyard.rules.policies import explore_move, explore_order
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import LedgerStore, Store
 
 T = TypeVar("T")
 
@@ -143,7 +143,7 @@ class CallFloor:
     cheapest model the broker routes. A slice below the floor can make no call at all; one above it may still be
     refused at its first call, whose input is known only then. 0 with no priced route."""
 
-    def __init__(self, store: Store, routes: Sequence[ModelRoute], min_output_tokens: int, clock: Clock) -> None:
+    def __init__(self, store: LedgerStore, routes: Sequence[ModelRoute], min_output_tokens: int, clock: Clock) -> None:
         self._store = store
         self._routes = {route.name: route for route in routes}
         self._min_output = min_output_tokens

@@ -4,6 +4,10 @@ Two engines implement it and pass one contract suite: SQLite (WAL, embedded defa
 Every write that names a task takes that task's fencing token and is refused with
 ``StaleFencingTokenError`` or ``LeaseExpiredError`` unless it is the current claim with a live lease.
 Every state change also appends an audit event in the same transaction.
+
+``Store`` is the union of one protocol per concern (``LifecycleStore``, ``TasksStore``, ``BoardStore``,
+``FindingsStore``, ``ExploreStore``, ``LedgerStore``, ``WorkersStore``, ``ReplicasStore``, ``AuditStore``), each
+method in exactly one of them: a caller that needs only one concern takes that protocol, not the whole store.
 """
 
 from __future__ import annotations
@@ -46,15 +50,14 @@ DEFAULT_ARTIFACT_LIMIT_BYTES = 16 * 1024 * 1024
 DEFAULT_QUOTAS = Quotas()
 
 
-class Store(Protocol):
-    """The durable state of goals, tasks, claims, the board, findings, artifacts, the ledger and the audit events."""
+class LifecycleStore(Protocol):
+    """The store itself: its URL, how it takes writes, and its connections."""
 
     url: str
     #: True when the store takes one write at a time (SQLite's write lock): more threads than one or two
     #: would only queue on it.
     single_writer: bool
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Release connections."""
         ...
@@ -63,6 +66,11 @@ class Store(Protocol):
         """A block in which this thread's writes fail with ``StoreBusyError`` rather than wait for the write
         lock; it yields False where the store cannot do that, and writes wait as usual."""
         ...
+
+
+class TasksStore(Protocol):
+    """Goals and their tasks, and the claims on tasks: leases, fencing tokens and the slices of the budget
+    claims carve."""
 
     # -- goals and tasks ------------------------------------------------------------------------------------
     def create_goal(self, spec: GoalSpec) -> Goal:
@@ -141,7 +149,10 @@ class Store(Protocol):
         """Raise unless ``token`` is the task's current claim with a live lease; return the task."""
         ...
 
-    # -- board ----------------------------------------------------------------------------------------------
+
+class BoardStore(Protocol):
+    """A goal's board: posts under a claimed task, or the operator's."""
+
     def post(self, task_id: str, token: int, kind: PostKind, body: str, *, author: str,
              group: str | None = None) -> Post:
         """Append a post to the goal's board under a claimed task; ``group`` defaults to the task's."""
@@ -156,7 +167,10 @@ class Store(Protocol):
         """Posts with ``seq > after`` in sequence order, at most ``limit``."""
         ...
 
-    # -- findings and artifacts -----------------------------------------------------------------------------
+
+class FindingsStore(Protocol):
+    """Findings and the content-addressed artifacts they cite."""
+
     def put_artifact(self, task_id: str, token: int, data: bytes, *, author: str,
                      media_type: str = "application/octet-stream") -> Artifact:
         """Store a blob content-addressed by SHA-256 under a claimed task (idempotent per goal and hash)."""
@@ -192,7 +206,10 @@ class Store(Protocol):
         """Verify or reject a submitted finding."""
         ...
 
-    # -- explore: directions and scores (see swarmyard.store.directions) ------------------------------------
+
+class ExploreStore(Protocol):
+    """``explore``: a group's directions and the artifacts' scores (see ``swarmyard.store.directions``)."""
+
     def offer_directions(self, goal_id: str, group: str, names: Sequence[str], *, patience: int,
                          adopt_margin: int) -> ExploreSettings:
         """Set the group's ``explore`` settings and list its offered directions (both idempotent)."""
@@ -226,7 +243,10 @@ class Store(Protocol):
         """The best score per worker, direction, group or task."""
         ...
 
-    # -- ledger ---------------------------------------------------------------------------------------------
+
+class LedgerStore(Protocol):
+    """The ledger: model prices and the reservations (holds) that charge the envelopes."""
+
     def set_price(self, price: Price) -> None:
         """Insert or replace a model's price."""
         ...
@@ -273,7 +293,10 @@ class Store(Protocol):
         """A goal's reservations, oldest first."""
         ...
 
-    # -- workers (capability tokens are stored hashed) ------------------------------------------------------
+
+class WorkersStore(Protocol):
+    """Workers and their capability tokens (stored hashed)."""
+
     def add_worker(self, worker_id: str, goal_id: str, group: str, token_hash: str, expires_at: float) -> Worker:
         """Register a worker and the hash of its capability token."""
         ...
@@ -290,7 +313,11 @@ class Store(Protocol):
         """Revoke a worker's token."""
         ...
 
-    # -- several serve replicas (see ``swarmyard.store.replicas``) -----------------------------------------
+
+class ReplicasStore(Protocol):
+    """What several ``serve`` replicas share: rate buckets and the registry of live replicas (see
+    ``swarmyard.store.replicas``)."""
+
     def take_rate_token(self, key: str, rate_per_s: float, burst: int) -> float:
         """Take one token from ``key``'s shared bucket: 0.0 when taken, else the seconds until one is free."""
         ...
@@ -314,7 +341,10 @@ class Store(Protocol):
         of expired claims to their goals; the ids of the holds marked."""
         ...
 
-    # -- audit events ---------------------------------------------------------------------------------------
+
+class AuditStore(Protocol):
+    """The audit events: recorded with every change, sequenced into the audit log's leaves."""
+
     def record_event(self, kind: str, data: dict[str, object]) -> None:
         """Append an audit event for a change made outside the store (a machine created, a score issued)."""
         ...
@@ -330,3 +360,8 @@ class Store(Protocol):
     def unsequenced_events(self, limit: int = 100) -> list[Event]:
         """Events with no leaf index yet, oldest id first, at most ``limit`` (read-only: ``audit verify``)."""
         ...
+
+
+class Store(LifecycleStore, TasksStore, BoardStore, FindingsStore, ExploreStore, LedgerStore, WorkersStore,
+            ReplicasStore, AuditStore, Protocol):
+    """The durable state of goals, tasks, claims, the board, findings, artifacts, the ledger and the audit events."""

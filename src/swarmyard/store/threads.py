@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from swarmyard.errors import StoreBusyError
 
 if TYPE_CHECKING:
-    from swarmyard.store.protocol import Store
+    from swarmyard.store.protocol import LifecycleStore
 
 T = TypeVar("T")
 _Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
@@ -140,7 +140,7 @@ def _deliver(results: list[_Done]) -> None:
             future.set_exception(value)
 
 
-def without_waiting(store: Store, call: Callable[[], T]) -> tuple[bool, T | None]:
+def without_waiting(store: LifecycleStore, call: Callable[[], T]) -> tuple[bool, T | None]:
     """``call()`` right here, on the calling thread, if ``store`` can take it without waiting: (True, its
     result); else (False, None), having done nothing, and the caller hands it to the store threads instead.
     Its other errors are raised.

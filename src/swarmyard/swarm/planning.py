@@ -13,7 +13,7 @@ import logging
 from swarmyard.agents.planner import PlannedLens, parse_plan
 from swarmyard.domain import PLANNER_GROUP, Goal, Task, TaskSpec
 from swarmyard.errors import InvalidInputError
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import TasksStore
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _PLAN_PROMPT = (
 )
 
 
-def create_planning_task(store: Store, goal: Goal, count: int) -> Task:
+def create_planning_task(store: TasksStore, goal: Goal, count: int) -> Task:
     """The planner's task: a small slice of the budget (one share in ``count + 2``) and two calls."""
     return store.create_task(
         goal.id,

@@ -32,7 +32,7 @@ from swarmyard.evaluator.client import EvaluatorClient
 from swarmyard.evaluator.process import EvaluatorProcess
 from swarmyard.evaluator.score import SignedScore, verify_score
 from swarmyard.report.data import RunScores, ScorePoint
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import AuditStore, ExploreStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class RunEvaluator:
     """The evaluator of one run: not running until ``start(goal)``; then ``score`` for the plane and
     ``fire_holdout`` for the coordinator, until ``close``."""
 
-    def __init__(self, bundle: Path, run_id: str, store: Store | None = None) -> None:
+    def __init__(self, bundle: Path, run_id: str, store: AuditStore | None = None) -> None:
         self.bundle = bundle
         self.run_id = run_id
         #: where ``start`` records the evaluator it started (``evaluator.started``, with its public key)
@@ -153,7 +153,7 @@ def best_record(records: list[ScoreRecord]) -> ScoreRecord | None:
     return max(records, key=lambda r: r.score, default=None)
 
 
-def run_scores(store: Store, goal: Goal, evaluator: str, rows: dict[str, str],
+def run_scores(store: ExploreStore, goal: Goal, evaluator: str, rows: dict[str, str],
                holdout: HoldoutOutcome | None, public_key: str = "") -> RunScores:
     """The report's view of the scores: times from the goal's start, workers by their timeline rows."""
 

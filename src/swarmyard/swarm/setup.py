@@ -11,7 +11,7 @@ from swarmyard.domain import LEAD_GROUP as LEAD_GROUP  # where the lead's group 
 from swarmyard.domain import CitationKind, Finding, Goal, GoalSpec, Task, TaskSpec
 from swarmyard.rules import instructions
 from swarmyard.rules.policies import Explore, Policy, group_prompt
-from swarmyard.store.protocol import Store
+from swarmyard.store.protocol import Store, TasksStore
 
 
 def create_goal(store: Store, config: SwarmConfig, clock: Clock) -> Goal:
@@ -45,7 +45,7 @@ def lenses(config: SwarmConfig, planned: list[tuple[str, str]] | None = None) ->
 
 
 def create_round_tasks(
-    store: Store,
+    store: TasksStore,
     goal: Goal,
     config: SwarmConfig,
     policy: Policy,
@@ -115,7 +115,7 @@ def _with_sources(finding: Finding) -> str:
     return "\n".join([finding.body, *(f"Cited line {line}" for line in quoted)])
 
 
-def create_lead_task(store: Store, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
+def create_lead_task(store: TasksStore, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
     """The synthesis task, with what is left of the budget: ``findings`` are those it reads, ``note`` says
     which tasks reached no result and why."""
     unallocated = goal.budget_micro_usd - sum(t.envelope.limit for t in store.list_tasks(goal.id))
