@@ -31,3 +31,23 @@ def test_each_way_a_citation_fails_says_why() -> None:
     short = FILES.problem("keys.md:1", "key")
     assert short is not None and "too short" in short
     assert FILES.problem("keys.md", "A worker never holds") is not None  # no line number
+
+
+def test_lines_are_numbered_as_the_workers_tools_number_them_by_newline_alone() -> None:
+    # A form feed, a lone carriage return, U+2028 or U+0085 ends a line for str.splitlines, not for textsearch,
+    # grep or sed: numbered by splitlines, the honest citation of line 2 was refused and a quote from line 1
+    # cited as line 2 was stored.
+    for odd in ("\f", "\r", "\u2028", "\x85", "\x1c"):
+        files = SourceFiles.from_texts({"notes.md": f"Intro text.{odd}The provider key is copied into every sandbox."
+                                                    "\nThe broker keeps the key; agents never see it.\n"})
+        assert files.problem("notes.md:2", "The broker keeps the key; agents never see it.") is None, repr(odd)
+        made_up = files.problem("notes.md:2", "The provider key is copied into every sandbox.")
+        assert made_up == "the quoted words are on line 1 of notes.md, not line 2", repr(odd)
+        assert files.problem("notes.md:3", "The broker keeps the key") == "notes.md has 2 lines, no line 3"
+    crlf = SourceFiles.from_texts({"w.md": "First line here, ended by CRLF.\r\nSecond line here.\r\n"})
+    assert crlf.problem("w.md:2", "Second line here.") is None
+
+
+def test_a_line_number_is_ascii_digits() -> None:
+    refused = FILES.problem("keys.md:\u0661", "A worker never holds a provider API key.")  # ARABIC-INDIC ONE
+    assert refused is not None and "is not path:line" in refused

@@ -140,7 +140,7 @@ def _compact(messages: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]
 
 
 #: A citation of a source line, ``path:line: words copied from that line`` (``path:line "words"`` too).
-_SOURCE_LINE = re.compile(r"\[?(?P<path>[^\s:\[\]]+):(?P<line>\d{1,9})\]?(?::?\s*(?P<quote>.*))?\Z", re.DOTALL)
+_SOURCE_LINE = re.compile(r"\[?(?P<path>[^\s:\[\]]+):(?P<line>[0-9]{1,9})\]?(?::?\s*(?P<quote>.*))?\Z", re.DOTALL)
 
 
 def _clip(value: Any) -> str:

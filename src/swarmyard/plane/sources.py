@@ -21,7 +21,7 @@ from swarmyard.rules import no_result
 MIN_QUOTE_CHARS = 12
 #: Prefixes a worker's path may carry that the sources do not: its machine's task folder, a WASI tool's folder.
 _PREFIXES = ("./", "task/", "/data/")
-_REF = re.compile(r"(?P<path>[^\s:]+):(?P<line>\d{1,9})")
+_REF = re.compile(r"(?P<path>[^\s:]+):(?P<line>[0-9]{1,9})")  # ASCII digits: \d takes any script's
 #: Marks a model drops when it copies a Markdown line (emphasis and code spans): not part of what is quoted.
 _MARKS = str.maketrans("", "", "*`")
 
@@ -40,8 +40,10 @@ class SourceFiles:
 
     @classmethod
     def from_texts(cls, texts: Mapping[str, str]) -> SourceFiles:
-        """The sources of ``path -> text``."""
-        return cls({path: tuple(text.splitlines()) for path, text in texts.items()})
+        """The sources of ``path -> text``, in lines as the worker's tools number them (textsearch, grep, sed):
+        ended by ``\n`` alone. ``str.splitlines`` also ends a line at a form feed, ``\r``, U+2028 and others, so
+        a file holding one would have had its lines numbered apart from what the worker was shown."""
+        return cls({path: _lines(text) for path, text in texts.items()})
 
     def problem(self, ref: str, quote: str) -> str | None:
         """Why ``quote`` at ``ref`` (``path:line``) is not borne out by these files, or ``None`` when it is."""
@@ -87,6 +89,10 @@ def check(sources: Sources | None, task: Task, citations: tuple[Citation, ...], 
         if quoted:
             raise UnverifiedCitationError(task.id, quoted[0].ref, "this task has no source files to cite")
         return
+    unchecked = next((c for c in citations if c.kind is not CitationKind.SOURCE and c.quote), None)
+    if unchecked is not None:  # stored, it would read as words the plane found there
+        raise UnverifiedCitationError(task.id, unchecked.ref, f"only a source line's quote is checked: cite the "
+                                      f"{unchecked.kind.value} by its ref alone, and quote source lines")
     placeholder = no_result.is_placeholder(body)
     if placeholder and not no_result.is_own_placeholder(body, task.title):
         raise UnverifiedCitationError(task.id, "(none)", "a no-result line names this task's title and the limit "
@@ -98,6 +104,13 @@ def check(sources: Sources | None, task: Task, citations: tuple[Citation, ...], 
         why = files.problem(citation.ref, citation.quote)
         if why is not None:
             raise UnverifiedCitationError(task.id, citation.ref, why)
+
+
+def _lines(text: str) -> tuple[str, ...]:
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts none
+    return tuple(lines)
 
 
 def _path(given: str) -> str:

@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from swarmyard.domain import Finding, Task, TaskState
+from swarmyard.domain import Citation, CitationKind, Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
 from swarmyard.report.data import ReportData
@@ -106,8 +106,14 @@ def _cross_summary(data: ReportData) -> str | None:
 
 
 def _cites(f: Finding) -> str:
-    # a source line is shown with the words quoted from it, which the plane found there
-    return ", ".join(f"{c.kind.value} {c.ref}" + (f" \"{c.quote}\"" if c.quote else "") for c in f.citations) or "none"
+    # a source line is shown with the words quoted from it, which the plane found there; another kind's quote
+    # (a run without sources takes one unchecked) is said to be the worker's
+    return ", ".join(f"{c.kind.value} {c.ref}" + (f" \"{c.quote}\"{_unchecked(c)}" if c.quote else "")
+                     for c in f.citations) or "none"
+
+
+def _unchecked(c: Citation) -> str:
+    return "" if c.kind is CitationKind.SOURCE else " (the worker's words, not checked)"
 
 
 def _audit_lines(data: ReportData) -> list[str]:
@@ -128,7 +134,7 @@ def _audit_lines(data: ReportData) -> list[str]:
 
 def _cite_link(f: Finding) -> str:
     e = html.escape
-    links = [f"{e(c.kind.value)} {e(c.ref)} <q>{e(c.quote)}</q>" if c.quote else  # a source line: no anchor
+    links = [f"{e(c.kind.value)} {e(c.ref)} <q>{e(c.quote)}</q>{e(_unchecked(c))}" if c.quote else  # no anchor
              f'<a href="#{"post-" + e(c.ref) if c.kind.value == "post" else e(c.ref)}">{e(c.kind.value)} {e(c.ref)}</a>'
              for c in f.citations]
     return ", ".join(links) or "none"

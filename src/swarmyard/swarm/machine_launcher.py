@@ -37,7 +37,7 @@ from swarmyard.swarm import governance
 from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.run_machines import HeldMachine, RunMachines
 from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
-from swarmyard.swarm.sources import LensSources, lens_of
+from swarmyard.swarm.sources import LensSources, lens_of_task
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
@@ -198,7 +198,8 @@ class MachineLauncher:
             machines=self.machines_view,
             evaluator=self.evaluator,
             # the quotes of worker findings are checked against the files each task's worker was given
-            sources=LensSources(self.config.tasks.lenses) if self.config.tasks.cite_files else None,
+            sources=(LensSources(self.config.tasks.lenses, self.store.get_task)
+                     if self.config.tasks.cite_files else None),
         )
         self._broker = made.broker
         self._call_floor = made.core.tools.call_floor
@@ -446,7 +447,7 @@ class MachineLauncher:
         """Empty the machine's ``task/`` folder and fill it with the input files of the task's lens (if any)."""
         from swarmyard.families.tasks import TASK_FOLDER, task_files
 
-        lens = lens_of(self.config.tasks.lenses, self.store.get_task(task_id).title)
+        lens = lens_of_task(self.config.tasks.lenses, self.store.get_task(task_id), self.store.get_task)
         home = self._homes[slot.name]
         if slot.name in self._with_files:
             # the previous task's files must not pass for this one's

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from swarmyard.config import Lens
 from swarmyard.domain import Task
@@ -16,12 +16,22 @@ def lens_of(lenses: Sequence[Lens], title: str) -> Lens | None:
                  if lens.files and (title == lens.title or title.startswith(f"{lens.title} (round "))), None)
 
 
-class LensSources:
-    """A task's sources are its lens's files, read once (as the launcher copies them into its machine's
-    ``task/``); a task of no lens with files (the lead's) has none, and its findings cite findings instead."""
+def lens_of_task(lenses: Sequence[Lens], task: Task, get_task: Callable[[str], Task]) -> Lens | None:
+    """The lens whose files ``task`` gets: its title's, else (a task delegated from another) its nearest
+    ancestor's. A subtask works on its parent's sources, and its findings must cite them like its parent's."""
+    while (lens := lens_of(lenses, task.title)) is None and task.parent_id is not None:
+        task = get_task(task.parent_id)
+    return lens
 
-    def __init__(self, lenses: Sequence[Lens]) -> None:
+
+class LensSources:
+    """A task's sources are its lens's files (``lens_of_task``), read once (as the launcher copies them into its
+    machine's ``task/``); a task of no lens with files (the lead's) has none, and its findings cite findings
+    instead."""
+
+    def __init__(self, lenses: Sequence[Lens], get_task: Callable[[str], Task]) -> None:
         self._lenses = tuple(lenses)
+        self._get_task = get_task
         self._read: dict[str, SourceFiles] = {}
         self._lock = threading.Lock()  # the plane's store threads check findings side by side
 
@@ -29,7 +39,7 @@ class LensSources:
         """The lines of every file of the task's lens, by its path under ``task/``."""
         from swarmyard.families.tasks import task_files
 
-        lens = lens_of(self._lenses, task.title)
+        lens = lens_of_task(self._lenses, task, self._get_task)
         if lens is None:
             return None
         with self._lock:
