@@ -70,7 +70,7 @@ def test_the_oracle_finds_all_fifteen_records_with_no_hold_and_no_key_left(short
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout)
     assert set(figures) >= FIGURES
-    assert (figures["leftover_holds"], figures["keys_found"]) == (0, 0)
+    assert (figures["leftover_holds"], figures["keys_found"], figures["keys_held"]) == (0, 0, True)
     assert figures["calls"] == 10 * 3 + 4 and figures["tokens_in"] > 0 and figures["tokens_out"] > 0
     assert "leftover holds" in done.stderr and "provider keys found in sandboxes" in done.stderr
     with _store(short_tmp) as db:

@@ -70,3 +70,5 @@ def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tm
     assert figures["calls"] <= SEED_CALLS, figures
     assert figures["tokens_in"] + figures["tokens_out"] <= SEED_TOKENS, figures
     assert (figures["leftover_holds"], figures["keys_found"]) == (0, 0)
+    # no key held, so none could be found: the table says so rather than a bare 0
+    assert figures["keys_held"] is False and "0 (no key held)" in done.stderr

@@ -332,7 +332,7 @@ def command(
         if live is not None:
             live.stop()
     data = result.data
-    figures = RunFigures.of(data, result.keys_found)
+    figures = RunFigures.of(data, result.keys_found, keys_held=result.keys_held)
     if as_json:
         print(json.dumps(figures.to_dict()))
     else:

@@ -25,7 +25,8 @@ _HOLDING = (ReservationState.HELD, ReservationState.UNKNOWN)
 @dataclass(frozen=True, slots=True)
 class RunFigures:
     """The figures of one run. ``score`` is the evaluator's final holdout score (``None``: no evaluator, or no
-    holdout score); ``keys_found`` the places a provider key was seen in a machine (``None``: not scanned);
+    holdout score); ``keys_found`` the places a provider key was seen in a machine (``None``: not scanned),
+    ``keys_held`` whether the broker held any key to look for (a keyless run's 0 proves nothing);
     ``worker_s`` the mean wall time of a worker's agent run (the lead's included); ``broadcast_followups`` the
     (broadcast, group) pairs of a ``groups`` run, of which ``built_on_broadcast`` cited another group's broadcast
     and ``improved_on_broadcast`` scored above it (all three ``None``: the run broadcast nothing)."""
@@ -41,6 +42,7 @@ class RunFigures:
     spend_micro_usd: int
     leftover_holds: int
     keys_found: int | None
+    keys_held: bool = False
     broadcast_followups: int | None = None
     built_on_broadcast: int | None = None
     improved_on_broadcast: int | None = None
@@ -48,7 +50,7 @@ class RunFigures:
     tasks_failed: list[dict[str, str]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, data: ReportData, keys_found: int | None) -> RunFigures:
+    def of(cls, data: ReportData, keys_found: int | None, *, keys_held: bool = False) -> RunFigures:
         """The figures of a finished run's report data."""
         spans = [s for s in data.spans if s.ended_at >= s.started_at]
         mean = sum(s.ended_at - s.started_at for s in spans) / len(spans) if spans else 0.0
@@ -68,6 +70,7 @@ class RunFigures:
             spend_micro_usd=settled,
             leftover_holds=sum(1 for r in data.reservations if r.state in _HOLDING),
             keys_found=keys_found,
+            keys_held=keys_held,
             broadcast_followups=len(cross.followups) if broadcast else None,
             built_on_broadcast=cross.built_on if broadcast else None,
             improved_on_broadcast=cross.improved_on if broadcast else None,
@@ -91,9 +94,16 @@ class RunFigures:
             ("output tokens", f"{self.tokens_out:,}"),
             ("settled spend", format_usd(self.spend_micro_usd)),
             ("leftover holds", str(self.leftover_holds)),
-            ("provider keys found in sandboxes", "not scanned" if self.keys_found is None else str(self.keys_found)),
+            ("provider keys found in sandboxes", self._keys()),
             *self._cross_group_rows(),
         ]
+
+    def _keys(self) -> str:
+        if self.keys_found is None:
+            return "not scanned"
+        if not self.keys_found and not self.keys_held:
+            return "0 (no key held)"
+        return str(self.keys_found)
 
     def _cross_group_rows(self) -> list[tuple[str, str]]:
         if self.broadcast_followups is None:

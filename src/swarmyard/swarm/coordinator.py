@@ -142,6 +142,8 @@ class RunResult:
     spans: list[WorkerSpan] = field(default_factory=list)
     #: places a provider key was found in the machines at the run's end (``None``: the launcher scans none)
     keys_found: int | None = None
+    #: whether the broker held a provider key to look for (``False``: a keyless run, where 0 found means nothing)
+    keys_held: bool = False
 
 
 def _open(task: Task, now: float) -> bool:
@@ -727,7 +729,8 @@ class Coordinator:
                              run_id=self.run_id) from not_cosigned
         # a launcher without machines (a test's) has nothing to scan
         keys_found: int | None = getattr(self.launcher, "keys_found", None)
-        return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans), keys_found)
+        keys_held = bool(getattr(self.launcher, "keys_held", False))
+        return RunResult(self.run_id, goal.id, synthesis, report, data, list(self.spans), keys_found, keys_held)
 
     def report_data(self, goal: Goal, synthesis: Finding | None, wall_s: float) -> ReportData:
         """Everything the report shows, read back from the store."""

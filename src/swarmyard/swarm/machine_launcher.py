@@ -158,6 +158,7 @@ class MachineLauncher:
         self._scanned = 0  # machines scanned for provider keys so far
         #: places a provider key was found in the machines at the end of the run (``None``: not scanned yet)
         self.keys_found: int | None = None
+        self.keys_held = False  # whether any scan had a provider key to look for
         self._plane: BackgroundServer | None = None
         self._ray: RayBackend | None = None  # joined before the plane starts: its address is the plane's too
         self._broker: Broker | None = None
@@ -571,9 +572,11 @@ class MachineLauncher:
     def _scan_for_keys(self, machine_ids: list[str]) -> None:
         """Look for the broker's provider keys in machines about to be deleted (they add up in ``_key_places``)."""
         from swarmyard.broker.keys import held_values
-        from swarmyard.swarm.keyscan import scan_machines
+        from swarmyard.swarm.keyscan import scan_machines, targets
 
-        scan = scan_machines(self._machines, machine_ids, held_values())
+        values = held_values()
+        self.keys_held = self.keys_held or bool(targets(values))
+        scan = scan_machines(self._machines, machine_ids, values)
         self._scanned += scan.machines
         self._key_places += scan.places
         if scan.found:
