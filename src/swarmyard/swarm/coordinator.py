@@ -65,6 +65,9 @@ class RunState:
     lead_done: bool = False
     #: ``plan = N``: the (title, prompt) pairs the planning step settled on, so later rounds and a resume reuse them
     planned: list[tuple[str, str]] | None = None
+    #: whether the first round's tasks are all made (``False`` from the goal's creation until they are: a store
+    #: failure in between leaves a run that ``--resume`` completes; a file without the key is an older run's)
+    tasks_made: bool = True
 
     def save(self, path: Path) -> None:
         """Write atomically (a crash leaves the old file or the new one)."""
@@ -78,6 +81,7 @@ class RunState:
                     "rounds_done": self.rounds_done,
                     "lead_done": self.lead_done,
                     "planned": self.planned,
+                    "tasks_made": self.tasks_made,
                 }
             )
         )
@@ -608,6 +612,8 @@ class Coordinator:
                 goal = self.store.get_goal(state.goal_id)
             except NotFoundError:
                 raise UserError(f"run {self.run_id}: its goal {state.goal_id} is not in the store") from None
+            if not state.tasks_made:
+                self._make_first_tasks(goal, state, state_path)
             self.settle_goal(goal.id)
             self._lose_holds(goal.id)
             self.store.return_ended_slices(goal.id, every=True)  # their claims' holders died with the run
@@ -619,11 +625,19 @@ class Coordinator:
             return goal, state
         self.run_dir.mkdir(parents=True, exist_ok=True)
         goal = create_goal(self.store, self.config, self.clock)
-        state = RunState(self.run_id, goal.id, self.store.url)
-        if self.config.tasks.plan is None:
-            create_round_tasks(self.store, goal, self.config, self.policy, 0)
-        state.save(state_path)
+        state = RunState(self.run_id, goal.id, self.store.url, tasks_made=False)
+        state.save(state_path)  # from here the run can be resumed, whatever stops it
+        self._make_first_tasks(goal, state, state_path)
         return goal, state
+
+    def _make_first_tasks(self, goal: Goal, state: RunState, state_path: Path) -> None:
+        """The first round's tasks (none under ``plan``: its planner makes them), each once: on a resume, those a
+        store failure left unmade."""
+        if self.config.tasks.plan is None:
+            made = {(t.title, t.group) for t in self.store.list_tasks(goal.id)}
+            create_round_tasks(self.store, goal, self.config, self.policy, 0, made=made)
+        state.tasks_made = True
+        state.save(state_path)
 
     async def run(self, *, resume: bool = False) -> RunResult:
         """Run (or continue) the swarm; machines are deleted whatever happens."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
 from swarmyard.agents.builtin import findings_block
 from swarmyard.clock import Clock
@@ -51,8 +52,12 @@ def create_round_tasks(
     policy: Policy,
     round_index: int,
     planned: list[tuple[str, str]] | None = None,
+    *,
+    made: Collection[tuple[str, str]] = (),
 ) -> list[Task]:
-    """One round's tasks, each copied into the groups the policy names; budgets split evenly."""
+    """One round's tasks, each copied into the groups the policy names; budgets split evenly. ``made`` holds the
+    (title, group) of tasks already in the store (a setup cut short by a store failure, resumed): those are not
+    made again, and the rest get the budgets they would have had."""
     items = lenses(config, planned)
     layout = [
         (title, prompt, group, copy, copies)
@@ -77,6 +82,7 @@ def create_round_tasks(
             ),
         )
         for title, prompt, group, copy, copies in layout
+        if (f"{title}{_suffix(policy.rounds, round_index, copy, copies)}", group) not in made
     ]
 
 
