@@ -86,10 +86,12 @@ print(json.dumps({"found": sorted(set(found))}))
 
 @dataclass(frozen=True, slots=True)
 class KeyScan:
-    """What the scan of the machines found: how many machines were scanned and where a key was seen."""
+    """What the scan of the machines found: how many machines were scanned and where a key was seen; ``looked``
+    is False when there was no key to look for (a keyless run: its 0 places prove nothing)."""
 
     machines: int
     places: tuple[str, ...]
+    looked: bool = True
 
     @property
     def found(self) -> int:
@@ -203,7 +205,7 @@ def scan_machines(machines: Any, machine_ids: list[str], values: list[str]) -> K
     """Scan every machine in ``machine_ids`` (a ``swarmyard.machines.Machines``) for the key ``values``."""
     places: list[str] = []
     if not targets(values):
-        return KeyScan(len(machine_ids), ())
+        return KeyScan(len(machine_ids), (), looked=False)
     for machine_id in machine_ids:
         view = machines.host_view(machine_id)
         if view is not None:

@@ -572,11 +572,10 @@ class MachineLauncher:
     def _scan_for_keys(self, machine_ids: list[str]) -> None:
         """Look for the broker's provider keys in machines about to be deleted (they add up in ``_key_places``)."""
         from swarmyard.broker.keys import held_values
-        from swarmyard.swarm.keyscan import scan_machines, targets
+        from swarmyard.swarm.keyscan import scan_machines
 
-        values = held_values()
-        self.keys_held = self.keys_held or bool(targets(values))
-        scan = scan_machines(self._machines, machine_ids, values)
+        scan = scan_machines(self._machines, machine_ids, held_values())
+        self.keys_held = self.keys_held or scan.looked
         self._scanned += scan.machines
         self._key_places += scan.places
         if scan.found:
