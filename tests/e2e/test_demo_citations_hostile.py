@@ -94,3 +94,42 @@ def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(shor
     assert _assert_quotes_on_their_lines(scouts) == 2
     assert not any(MADE_UP in f.body for f in findings)
     assert MADE_UP not in (run_dir / "report.md").read_text().split("## Trajectories")[0]
+
+
+def test_a_source_holding_a_form_feed_is_numbered_as_the_scouts_tools_number_it(short_tmp: Path) -> None:
+    # Numbered by str.splitlines, a form feed started a line of its own: the honest citation of line 2 was refused
+    # and a quote from line 1 cited as line 2 was stored. Lines end at a newline alone, as textsearch and grep say.
+    import shutil
+
+    from test_demo_citations import SOURCES
+
+    sources = short_tmp / "sources"
+    shutil.copytree(SOURCES, sources)
+    (sources / "notes.md").write_text("Intro text.\fThe provider key is copied into every sandbox.\n"
+                                      "The broker keeps the key; agents never see it.\n")
+    budget_file, budget_no, budget_line = _line_of("afford")
+    box_file, box_no, box_line = _line_of("loopback")
+    replies = {
+        "scripted-scout": [
+            _tool("textsearch", pattern="provider key"),
+            _tool("submit_finding", title="made up", body="No: the key is in every sandbox.",
+                  cite=["notes.md:2: The provider key is copied into every sandbox."]),
+            _tool("submit_finding", title="key", body="Yes: the broker keeps the key.",
+                  cite=["notes.md:2: The broker keeps the key; agents never see it."]),
+            _tool("textsearch", pattern="afford"),
+            _tool("submit_finding", title="budget", body="Yes: refused.", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            _tool("textsearch", pattern="loopback"),
+            _tool("submit_finding", title="sandbox", body="Yes: loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
+        ],
+        "scripted-lead": [{"say": "The key, the budget and the sandbox hold."}] * 6,
+    }
+    swarm = _scripted_variant(short_tmp, replies)
+    swarm.write_text(swarm.read_text().replace(f'files = ["{SOURCES}"]', f'files = ["{sources}"]'))
+    done = _run(short_tmp, swarm)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (short_tmp / "runs").iterdir()
+    refused = [(r["ref"], r["reason"]) for r in _refusals(run_dir)]
+    assert ("notes.md:2", "the quoted words are on line 1 of notes.md, not line 2") in refused, refused
+    findings, _ = _findings(run_dir)
+    stored = [c.quote for f in findings for c in f.citations if c.ref == "notes.md:2"]
+    assert stored == ["The broker keeps the key; agents never see it."], stored
