@@ -24,6 +24,7 @@
     ├── RateLimitedError (429)          too many calls; ``retry_after_s`` says when to retry
     ├── StoreError
     │   ├── StoreBusyError (503)        a no-wait store call found the write lock taken; nothing was done; retryable
+    │   ├── StoreLostError (503)        the store's connection was lost mid-call: whether it took effect is unknown
     │   ├── FencingError (409)          a write for a task whose claim is no longer the caller's
     │   │   ├── StaleFencingTokenError  the presented token is older than the task's current one
     │   │   └── LeaseExpiredError       the token is current but the lease ran out (or the claim ended)
@@ -406,6 +407,17 @@ class StoreBusyError(StoreError):
     code = "store_busy"
     status = 503
     retryable = True
+
+
+class StoreLostError(StoreError):
+    """The store's connection was lost during the call (its server stopped, restarted or ended the session).
+
+    The call's transaction may have committed or not: the outcome is unknown, so this is not retryable as it
+    stands; read the state (the board, the task) before doing it again.
+    """
+
+    code = "store_lost"
+    status = 503
 
 
 class FencingError(StoreError):

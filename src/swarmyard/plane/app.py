@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from swarmyard import __version__
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.clock import Clock, SystemClock
-from swarmyard.errors import InvalidInputError, InvalidTokenError, SwarmyardError
+from swarmyard.errors import InvalidInputError, InvalidTokenError, StoreLostError, SwarmyardError
 from swarmyard.jsondepth import check_nesting
 from swarmyard.plane.dashboard import Dashboard, MachinesView
 from swarmyard.plane.limits import read_limited, retry_after_header
@@ -39,6 +39,7 @@ from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.sources import Sources
 from swarmyard.plane.tools import TOOLS, Evaluator, ToolSpec, WorkerTools
 from swarmyard.plane.trajectory import MAX_STEP_BYTES, StepAccepted, StepRecord, TrajectoryFiles
+from swarmyard.store.engine import connection_lost
 from swarmyard.store.protocol import Store
 from swarmyard.store.threads import StoreThreads
 
@@ -149,6 +150,17 @@ async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 _INTERNAL = {"error": {"code": "internal_error", "message": "internal error", "retryable": True}}
 
 
+def _unexpected(exc: Exception, what: str) -> Response:
+    """The answer to an exception no typed error covers: a store connection lost mid-call is the typed
+    ``StoreLostError`` (one log line, no traceback: a restarting server makes many); anything else a logged 500."""
+    if connection_lost(exc):
+        log.warning("%s: the store's connection was lost: %s", what, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        return error_response(StoreLostError(
+            f"{what}: the store's connection was lost during the call; whether it took effect is unknown"))
+    log.exception("%s failed", what)
+    return JSONResponse(_INTERNAL, status_code=500)
+
+
 class _ToolEndpoint:
     """``POST /v1/tools/<name>`` as a bare ASGI app: the hot path of a swarm (thousands of calls a second).
 
@@ -192,9 +204,8 @@ class _ToolEndpoint:
             plane.changed()
         except SwarmyardError as exc:
             response = error_response(exc)
-        except Exception:
-            log.exception("tool %s failed", spec.name)
-            response = JSONResponse(_INTERNAL, status_code=500)
+        except Exception as exc:
+            response = _unexpected(exc, f"tool {spec.name}")
         if body is not None:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json"),
@@ -224,10 +235,8 @@ def _operator_endpoint(plane: _Plane, ep: Endpoint) -> Callable[[Request], Await
             response = Response(result.model_dump_json(), status_code=ep.status, media_type=_JSON)
         except SwarmyardError as exc:
             response = error_response(exc)
-        except Exception:
-            log.exception("operator %s failed", ep.name)
-            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
-                                               "retryable": True}}, status_code=500)
+        except Exception as exc:
+            response = _unexpected(exc, f"operator {ep.name}")
         plane.metrics.operator_calls.labels(str(response.status_code)).inc()
         return response
 
@@ -251,10 +260,8 @@ class _DirectRoute:
             response = await self._endpoint(Request(scope, receive, send))
         except ClientDisconnect:
             return
-        except Exception:
-            log.exception("%s failed", self._name)
-            response = JSONResponse({"error": {"code": "internal_error", "message": "internal error",
-                                               "retryable": True}}, status_code=500)
+        except Exception as exc:
+            response = _unexpected(exc, self._name)
         await response(scope, receive, send)
 
 
