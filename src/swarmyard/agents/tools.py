@@ -8,9 +8,10 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from swarmyard.errors import InvalidInputError, SwarmyardError
+from swarmyard.errors import InvalidInputError
+from swarmyard.plane.client import AsyncToolClient
 
 if TYPE_CHECKING:
     from swarmyard.plane.lean_client import HttpClient
@@ -30,58 +31,23 @@ class ClaimedTask:
     group: str
 
 
-def _parse_claim(data: Any) -> ClaimedTask | None:
-    if not isinstance(data, dict):
-        return None
-    inner = data.get("task")
-    task: dict[str, Any] = inner if isinstance(inner, dict) else data
-    token = data.get("fencing_token", data.get("token", task.get("fencing_token")))
-    if task.get("id", task.get("task_id")) is None or token is None:
-        return None
-    return ClaimedTask(
-        str(task.get("id", task.get("task_id"))),
-        int(token),
-        str(task.get("title", "")),
-        str(task.get("prompt", "")),
-        str(task.get("group", "")),
-    )
-
-
-class PlaneTools:
-    """The worker tools of the control plane, called with the worker's capability token."""
+class PlaneTools(AsyncToolClient):
+    """The worker tools of the control plane, called with the worker's capability token (see
+    :class:`~swarmyard.plane.client.AsyncToolClient`), and the task the worker holds."""
 
     def __init__(self, client: HttpClient) -> None:
-        self._client = client
+        super().__init__(client)
         self.task: ClaimedTask | None = None
-
-    async def call(self, name: str, body: dict[str, Any] | None = None) -> Any:
-        """``POST /v1/tools/{name}``; the claimed task's id and fencing token are added to every call."""
-        payload = dict(body or {})
-        if self.task is not None and name != "claim_task":
-            payload.setdefault("task_id", self.task.task_id)
-            payload.setdefault("fencing_token", self.task.fencing_token)
-        response = await self._client.post(f"/v1/tools/{name}", json=payload)
-        try:
-            data = response.json() if response.content else None
-        except ValueError:
-            data = {"error": {"code": "bad_response", "message": response.text[:300]}}
-        if response.status_code >= 400:
-            # the plane's typed error, rebuilt by its code: a stale token stays stale, a busy store retryable
-            raise SwarmyardError.from_dict(data if isinstance(data, dict) else {}, status=response.status_code)
-        return data
 
     async def claim(self, task_id: str | None = None, *, model: str | None = None,
                     max_tokens: int | None = None) -> ClaimedTask | None:
         """Claim ``task_id`` or any claimable task of the worker's group; ``None`` when none is left. ``model`` and
         ``max_tokens``: what this worker's calls will ask for, so that the plane refuses (``BudgetExceededError``)
         a task that cannot afford one of them rather than hand it over."""
-        body: dict[str, Any] = {"task_id": task_id} if task_id else {}
-        if model is not None:
-            body["model"] = model
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        data = await self.call("claim_task", body)
-        self.task = _parse_claim(data)
+        claimed = await self.claim_task(task_id, model=model, max_tokens=max_tokens)
+        task, token = claimed.task, claimed.fencing_token
+        self.task = None if task is None or token is None else ClaimedTask(task.id, token, task.title, task.prompt,
+                                                                           task.group)
         return self.task
 
 
