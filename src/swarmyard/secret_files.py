@@ -1,4 +1,5 @@
-"""Ed25519 key files: created once with mode 0600 (``O_EXCL``, never chmod-ed afterwards), loaded by path."""
+"""Secret files, created once with mode 0600 (``O_EXCL``, never chmod-ed afterwards), and the Ed25519 signing keys
+kept in them (the audit log's, the witness's, the evaluator's), loaded by path."""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def test_bench_machines_and_certs(home: Path) -> None:
 
 def test_evaluator_verify_fails_on_a_forged_score(home: Path) -> None:
     from swarmyard.evaluator.score import sign_score
-    from swarmyard.keys import load_or_create_ed25519
+    from swarmyard.secret_files import load_or_create_ed25519
 
     made = sy(home, "evaluator", "keygen", "--state", str(home / "eval"))
     assert made.returncode == 0, made.stderr

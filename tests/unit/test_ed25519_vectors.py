@@ -30,7 +30,7 @@ def test_wycheproof_case(public_key: str, case: dict[str, Any]) -> None:
 def test_wrong_lengths_are_refused_not_raised() -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from swarmyard.keys import public_bytes
+    from swarmyard.secret_files import public_bytes
 
     key = Ed25519PrivateKey.generate()
     sig = sign_ed25519(key, b"m")

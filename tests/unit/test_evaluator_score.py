@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from swarmyard.cli.evaluator import app
 from swarmyard.errors import InvalidInputError
 from swarmyard.evaluator.score import SignedScore, sign_score, signing_message, verify_score
-from swarmyard.keys import public_bytes
+from swarmyard.secret_files import public_bytes
 
 SHA = "ab" * 32
 

@@ -36,7 +36,7 @@ from swarmyard.audit.tree import MerkleTree
 from swarmyard.audit.witness import WitnessClient
 from swarmyard.domain import Event
 from swarmyard.errors import AuditError, InvalidInputError, LogMismatchError, WitnessRefusedError
-from swarmyard.keys import load_or_create_ed25519
+from swarmyard.secret_files import load_or_create_ed25519
 
 log = logging.getLogger(__name__)
 

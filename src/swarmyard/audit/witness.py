@@ -53,8 +53,8 @@ from swarmyard.errors import (
     SwarmyardError,
     WitnessRefusedError,
 )
-from swarmyard.keys import load_or_create_ed25519
 from swarmyard.plane.limits import read_limited
+from swarmyard.secret_files import load_or_create_ed25519
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from swarmyard.canonical import canonical_json
 from swarmyard.clock import Clock, SystemClock
 from swarmyard.errors import ForbiddenError, InsecureSecretError, InvalidTokenError, NotFoundError
 from swarmyard.ids import new_id
-from swarmyard.keys import write_secret_file
+from swarmyard.secret_files import write_secret_file
 from swarmyard.store.protocol import WorkersStore
 
 _PREFIX = "sy1"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmyard.errors import ConfigError
-from swarmyard.keys import write_secret_file
+from swarmyard.secret_files import write_secret_file
 
 #: provider name -> environment variable holding its key.
 ENV_NAMES: dict[str, str] = {

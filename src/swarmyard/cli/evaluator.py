@@ -89,7 +89,7 @@ def keygen(
 ) -> None:
     """Create the evaluator's signing key in STATE if absent and print its public key (base64)."""
     from swarmyard.evaluator.service import KEY_FILE
-    from swarmyard.keys import load_or_create_ed25519, public_bytes
+    from swarmyard.secret_files import load_or_create_ed25519, public_bytes
 
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = load_or_create_ed25519(state / KEY_FILE)

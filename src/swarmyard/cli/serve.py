@@ -118,12 +118,12 @@ def command(
     until Ctrl-C."""
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.errors import UserError
-    from swarmyard.keys import write_secret_file
     from swarmyard.plane.assembly import Assembled, assemble, serve_assembled
     from swarmyard.plane.connections import ConnectionLimits
     from swarmyard.plane.replicas import ReplicaWatch
     from swarmyard.plane.server import Listen, TlsFiles, check_listen
     from swarmyard.plane.settings import PlaneSettings
+    from swarmyard.secret_files import write_secret_file
 
     tls_parts = (tls_cert, tls_key, tls_ca)
     if any(p is not None for p in tls_parts) and not all(p is not None for p in tls_parts):

@@ -27,9 +27,9 @@ def serve_run(run_dir: Path, host: str, port: int, names: tuple[str, ...], lead:
     the line that says where. Returns on SIGTERM or Ctrl-C."""
     from swarmyard.auth.tokens import TokenAuthority, load_or_create_secret
     from swarmyard.errors import UserError
-    from swarmyard.keys import write_secret_file
     from swarmyard.plane.run_view import FinishedRun, bind_dashboard, serve_finished
     from swarmyard.plane.server import is_loopback
+    from swarmyard.secret_files import write_secret_file
     from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
 
     if not is_loopback(host):

@@ -19,7 +19,7 @@ from swarmyard.evaluator.bundle import Bundle, Split
 from swarmyard.evaluator.holdout import HoldoutLedger
 from swarmyard.evaluator.sandbox import BwrapSandbox, ScoringSandbox
 from swarmyard.evaluator.score import SignedScore, sign_score
-from swarmyard.keys import load_or_create_ed25519, public_bytes
+from swarmyard.secret_files import load_or_create_ed25519, public_bytes
 
 log = logging.getLogger(__name__)
 

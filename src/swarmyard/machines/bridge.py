@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmyard.errors import SandboxError
-from swarmyard.keys import write_secret_file
+from swarmyard.secret_files import write_secret_file
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from swarmyard.errors import UserError
-from swarmyard.keys import write_secret_file
+from swarmyard.secret_files import write_secret_file
 
 
 @dataclass(frozen=True, slots=True)

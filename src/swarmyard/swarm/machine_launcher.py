@@ -250,7 +250,7 @@ class MachineLauncher:
 
     def _announce_ui(self, ui: UiListen, port: int | None) -> None:
         """Write an operator token for the dashboard (0600, beside the run's other secrets) and say where."""
-        from swarmyard.keys import write_secret_file
+        from swarmyard.secret_files import write_secret_file
 
         assert self._tokens is not None
         path = run_secrets(self.run_dir.name) / "operator-token"
