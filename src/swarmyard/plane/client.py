@@ -226,6 +226,7 @@ class _Claimed:
 
     def __init__(self, fence: Fence | None) -> None:
         #: the claim filled into every call but ``claim_task`` (a field the caller gives wins); set by each claim
+        #: that claimed a task
         self.fence = fence
 
     def _body(self, name: str, body: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -237,11 +238,10 @@ class _Claimed:
 
     def _read(self, name: str, status: int, data: Any) -> Any:
         if name == CLAIM and status == 200:
+            # a claim that found nothing claimable ends no claim the caller holds: only a new claim replaces it
             claim = r.parse(r.ClaimResult, data)
             if claim.task is not None and claim.fencing_token is not None:
                 self.fence = Fence(claim.task.id, claim.fencing_token)
-            else:
-                self.fence = None
         return data
 
 

@@ -64,13 +64,13 @@ def test_an_answer_that_is_not_the_servers_model_is_a_bad_response(answer: dict[
     assert tools.fence is None
 
 
-def test_an_empty_claim_drops_the_fence_and_a_refusal_is_typed() -> None:
+def test_an_empty_claim_keeps_the_claim_held_and_a_refusal_is_typed() -> None:
     http = Scripted((200, {"task": None, "fencing_token": None, "lease_expires_at": None}),
                     (409, {"error": {"code": "lease_expired", "message": "gone", "retryable": False,
                                      "task_id": "t1"}}))
     tools = ToolClient(http, Fence("t1", 3))
     assert tools.claim_task() == r.ClaimResult(None, None, None)
-    assert tools.fence is None
+    assert tools.fence == Fence("t1", 3)
     with pytest.raises(LeaseExpiredError) as refused:
         tools.call("heartbeat", {"task_id": "t1", "fencing_token": 3})
     assert refused.value.details["task_id"] == "t1"
