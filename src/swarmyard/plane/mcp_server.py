@@ -25,8 +25,8 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from swarmyard import __version__
-from swarmyard.errors import UserError
-from swarmyard.plane.client import PlaneAddress, decode
+from swarmyard.errors import SwarmyardError, UserError
+from swarmyard.plane.client import CLAIM, AsyncToolClient, Fence, PlaneAddress
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.tools import TOOL_NAMES, TOOLS
 
@@ -68,12 +68,16 @@ def tool_definitions() -> list[types.Tool]:
 
 
 class Relay:
-    """Forwards tool calls to the plane and remembers the claim."""
+    """Forwards tool calls to the plane and remembers the claim (the tool client's fence)."""
 
-    def __init__(self, http: httpx.AsyncClient, claim: dict[str, Any] | None = None) -> None:
-        self._http = http
-        #: the claim the launcher may already have made for this worker (external agents start with one)
-        self.claim: dict[str, Any] | None = claim
+    def __init__(self, http: httpx.AsyncClient, claim: Fence | None = None) -> None:
+        #: ``claim``: the one the launcher may already have made for this worker (external agents start with one)
+        self._tools = AsyncToolClient(http, claim)
+
+    @property
+    def claim(self) -> Fence | None:
+        """The claim filled into every call but ``claim_task``."""
+        return self._tools.fence
 
     async def call(self, name: str, arguments: Mapping[str, Any]) -> tuple[bool, Any]:
         """``(ok, json)`` of one tool call."""
@@ -81,27 +85,23 @@ class Relay:
             return False, {"error": {"code": "unknown_tool", "message": f"no tool named {name!r}",
                                      "retryable": False}}
         body = dict(arguments)
-        if name == "claim_task" and self.claim is not None and not body.get("task_id"):
+        held = self._tools.fence
+        if name == CLAIM and held is not None and not body.get("task_id"):
             # One task at a time: an agent that claims again while it holds a claim is told what it holds
             # (a heartbeat checks the claim is still live) instead of taking a second task.
-            ok, held = await self.call("heartbeat", {})
+            ok, lease = await self.call("heartbeat", {})
             if ok:
-                return True, {"task": {"id": self.claim["task_id"]}, "fencing_token": self.claim["fencing_token"],
-                              "held": True, "lease": held}
-            self.claim = None
-        if name != "claim_task" and self.claim is not None:
-            for key in _FENCE:
-                body.setdefault(key, self.claim[key])
+                return True, {"task": {"id": held.task_id}, "fencing_token": held.fencing_token, "held": True,
+                              "lease": lease}
+            self._tools.fence = None
         try:
-            response = await self._http.post(f"/v1/tools/{name}", json=body)
+            status, result = await self._tools.send(name, body)
         except httpx.HTTPError as exc:
             return False, {"error": {"code": "plane_unreachable", "message": str(exc) or type(exc).__name__,
                                      "retryable": True}}
-        result = decode(response)
-        ok = response.status_code == 200
-        if ok and name == "claim_task" and isinstance(result, dict) and result.get("task"):
-            self.claim = {"task_id": result["task"]["id"], "fencing_token": result["fencing_token"]}
-        return ok, result
+        except SwarmyardError as exc:  # a claim answered with what is no ClaimResult
+            return False, exc.to_dict()
+        return status == 200, result
 
 
 def build_server(relay: Relay) -> Server[Any]:
@@ -128,7 +128,7 @@ async def run_stdio(env: Mapping[str, str]) -> None:
     async with address.async_client(token) as http:
         claim = None
         if env.get("SWARMYARD_TASK_ID") and env.get("SWARMYARD_FENCING_TOKEN", "").isdigit():
-            claim = {"task_id": env["SWARMYARD_TASK_ID"], "fencing_token": int(env["SWARMYARD_FENCING_TOKEN"])}
+            claim = Fence(env["SWARMYARD_TASK_ID"], int(env["SWARMYARD_FENCING_TOKEN"]))
         server = build_server(Relay(http, claim))
         # the SDK iterates an ``anyio.AsyncFile``, which only calls ``readline`` (in a thread): the one method
         # this has. Given its stdin, the SDK leaves fd 0 alone (nothing here starts a child that could read it).
