@@ -28,7 +28,7 @@ from swarmyard.domain import CitationKind, Event, ReservationState, TaskState
 from swarmyard.report.data import WorkerSpan
 from swarmyard.store import open_store
 from swarmyard.swarm.coordinator import RunResult
-from swarmyard.swarm.swarm import Swarm
+from swarmyard.swarm.run import Swarm
 
 pytestmark = [
     pytest.mark.bwrap,

@@ -270,7 +270,7 @@ def test_a_witness_cosigns_every_checkpoint_and_its_loss_is_reported(tmp_path: P
 
 def test_a_run_asking_for_an_unreachable_witness_starts_nothing(tmp_path: Path) -> None:
     from swarmyard.errors import UserError
-    from swarmyard.swarm.swarm import Swarm
+    from swarmyard.swarm.run import Swarm
 
     config = _config("team")
     config = config.model_copy(update={"run": config.run.model_copy(update={"runs_dir": str(tmp_path / "runs")})})

@@ -19,8 +19,8 @@ from swarmyard.config import loads_config
 from swarmyard.domain import PLANNER_GROUP
 from swarmyard.store import open_store
 from swarmyard.swarm.planning import FALLBACK_LENSES
+from swarmyard.swarm.run import Swarm
 from swarmyard.swarm.setup import LEAD_GROUP
-from swarmyard.swarm.swarm import Swarm
 
 pytestmark = [
     pytest.mark.slow,

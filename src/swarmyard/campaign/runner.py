@@ -103,7 +103,7 @@ def run_trial(trial: Trial, *, sandbox: SandboxKind | None = None) -> TrialRecor
 
     A misuse or a host that cannot run machines at all would fail every trial the same way: those are raised.
     """
-    from swarmyard.swarm.swarm import Swarm
+    from swarmyard.swarm.run import Swarm
 
     started = time.monotonic()
     try:
@@ -136,7 +136,7 @@ def run_campaign(campaign: Campaign, *, resume: bool = False, sandbox: SandboxKi
 
     from swarmyard.broker.providers.configured import check_table
     from swarmyard.swarm.preflight import check_host
-    from swarmyard.swarm.swarm import Swarm
+    from swarmyard.swarm.run import Swarm
 
     # the cells differ in workers, policy and history only: the host's part is the same for every trial
     config = Swarm(campaign.trials[0].config, sandbox=sandbox).config

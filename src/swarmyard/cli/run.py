@@ -279,7 +279,7 @@ def command(
     Exit 0 with a synthesis; 1 when the run ended without one (its report says why). Tasks given up on are
     named on stderr either way.
     """
-    from swarmyard.swarm.swarm import Swarm
+    from swarmyard.swarm.run import Swarm
 
     config = load_config(swarm_file)  # a bad file stops here: ConfigError names the field, exit 1
     if quiet:  # the local model's assembly, deep in the broker, says nothing either
