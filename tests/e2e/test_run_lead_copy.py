@@ -35,7 +35,7 @@ BODY = ("The market for on-device speech models is driven by privacy regulation 
 # the lead's shell: find the agent, take its token, call the plane directly with the worker's body
 POST = r"""
 import glob, json, urllib.error, urllib.request
-pid = next(p for p in glob.glob('/proc/[0-9]*') if b'swarmyard.agent' in open(p + '/cmdline', 'rb').read())
+pid = next(p for p in glob.glob('/proc/[0-9]*') if b'swarmyard.agents' in open(p + '/cmdline', 'rb').read())
 env = dict(l.split('=', 1) for l in open(pid + '/environ').read().split('\0') if '=' in l)
 url, tok, tid = env['SWARMYARD_PLANE_URL'].rstrip('/'), env['SWARMYARD_TOKEN'], env['SWARMYARD_TASK_ID']
 def call(name, body):

@@ -2,7 +2,7 @@
 (``SWARMYARD_PLANE_URL=http://a,http://b,http://c``), and one replica killed with SIGKILL mid-run.
 
 The replicas are separate processes on their own loopback ports, sharing only the store, the token secret and
-the operator token. Four worker slots run the built-in agent (``python -m swarmyard.agent``) one task at a time
+the operator token. Four worker slots run the built-in agent (``python -m swarmyard.agents``) one task at a time
 on the simulated provider, priced, every slot with the first replica first in its list: all traffic goes there
 until it dies, so the kill lands on calls in flight. The test plays the coordinator's part that a ``serve`` does
 not, through the door an operator has: every claimed task with a finding is completed through the operator API
@@ -158,7 +158,7 @@ def _agents(n: int, address: str, operator: httpx.Client, goal_id: str, folder: 
                "SWARMYARD_MODEL": "sim-worker", "SWARMYARD_MAX_STEPS": "3", "SWARMYARD_HEARTBEAT_S": "2",
                "SWARMYARD_WORKDIR": str(folder / f"work-{n}")}
         (folder / f"work-{n}").mkdir(exist_ok=True)
-        agent = subprocess.run([sys.executable, "-m", "swarmyard.agent"], env=env, cwd=folder, capture_output=True,
+        agent = subprocess.run([sys.executable, "-m", "swarmyard.agents"], env=env, cwd=folder, capture_output=True,
                                text=True, timeout=600)
         outcome = json.loads(agent.stdout.strip().splitlines()[-1]) if agent.returncode == 0 else {}
         with slots.lock:

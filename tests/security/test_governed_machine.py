@@ -93,5 +93,5 @@ def test_the_process_backend_refuses_a_governed_machine(tmp_path: Path) -> None:
 def test_an_unknown_profile_stops_the_agent_before_it_runs() -> None:
     env = {"PATH": "/usr/bin:/bin", "SWARMYARD_PLANE_URL": "http://127.0.0.1:9", "SWARMYARD_TOKEN": "t",
            "SWARMYARD_PROFILE": "bogus"}
-    bad = subprocess.run([PYTHON, "-m", "swarmyard.agent"], env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([PYTHON, "-m", "swarmyard.agents"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "config_error" in bad.stderr and "SWARMYARD_PROFILE" in bad.stderr

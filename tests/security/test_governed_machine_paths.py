@@ -44,7 +44,7 @@ def test_a_module_planted_in_the_home_does_not_run_in_the_agent_or_the_helpers(m
     # what a bare interpreter would have done: the planted asyncio is what it imports
     bare = machines.exec(governed.id, [sys.executable, "-c", "import asyncio"], cwd=HOME, timeout=60)
     assert b"SHADOWED" in bare.stderr
-    agent = machines.exec(governed.id, [*MACHINE_PYTHON, "-m", "swarmyard.agent"], cwd=HOME, timeout=60,
+    agent = machines.exec(governed.id, [*MACHINE_PYTHON, "-m", "swarmyard.agents"], cwd=HOME, timeout=60,
                           env={"SWARMYARD_PROFILE": "governed"})
     assert b"SHADOWED" not in agent.stderr
     assert b"agent error" in agent.stderr  # its own refusal (no plane URL), after its real imports

@@ -1,6 +1,6 @@
 """The built-in agent runs in every machine: what it imports is paid for by each of them, in memory and CPU.
 
-``python -m swarmyard.agent`` (here without its environment, so it stops at once with a config error) must not
+``python -m swarmyard.agents`` (here without its environment, so it stops at once with a config error) must not
 import the plane's request models (pydantic), httpx (it reaches the plane through its relay or socket with the lean
 client of ``swarmyard.plane.lean_client``) and what httpx brings (httpcore, h11, h2, anyio, idna, ``email`` and
 ``http`` of the standard library), nor the plane's own server, store and CLI packages.
@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 
-#: Runs the agent as ``python -m swarmyard.agent`` does, then prints the modules it imported.
+#: Runs the agent as ``python -m swarmyard.agents`` does, then prints the modules it imported.
 _PROBE = (
     "import atexit, json, runpy, sys\n"
     "atexit.register(lambda: print(json.dumps(sorted(k for k, v in sys.modules.items() if v))))\n"
-    "runpy.run_module('swarmyard.agent', run_name='__main__', alter_sys=True)\n"
+    "runpy.run_module('swarmyard.agents', run_name='__main__', alter_sys=True)\n"
 )
 
 

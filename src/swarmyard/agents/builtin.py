@@ -1,6 +1,6 @@
 """The built-in agent: claim a task, loop model -> tool -> result under a step cap, submit a finding.
 
-It runs in the worker's machine (``python -m swarmyard.agent``) and reaches the control plane and broker
+It runs in the worker's machine (``python -m swarmyard.agents``) and reaches the control plane and broker
 only through the URL and capability token in its environment. A model that answers with malformed output is
 re-asked a bounded number of times; when the step cap or the budget runs out, the agent still submits what it
 has. A model that keeps failing is different: a run it cut short after some work submits that work as a partial

@@ -1,4 +1,4 @@
-"""Running the built-in agent from its environment: what ``python -m swarmyard.agent`` calls."""
+"""Running the built-in agent from its environment: what ``python -m swarmyard.agents`` calls."""
 
 from __future__ import annotations
 

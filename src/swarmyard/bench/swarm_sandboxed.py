@@ -1,7 +1,7 @@
 """``swarmyard bench swarm --sandboxed --workers N``: N real machines, the real built-in agent in each.
 
 Each worker is what a run's worker is: a ``local`` machine (bubblewrap, its own disk, cgroups) created and deleted
-through the Machines API, running ``python -m swarmyard.agent`` against the control plane and broker through the
+through the Machines API, running ``python -m swarmyard.agents`` against the control plane and broker through the
 machine's in-sandbox relay; the model is the simulated provider with a fixed latency. Every worker starts at
 once, takes a task, makes its model calls (the simulated answer is no action, so each step asks three times:
 the call and two re-asks), reports its steps and submits a partial finding. The ideal wall time is the calls
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from swarmyard.agents.settings import AgentSettings
     from swarmyard.machines.api import Machines
 
-#: Runs the agent as ``python -m swarmyard.agent`` does, and at its exit writes its own CPU and peak RSS on stderr,
+#: Runs the agent as ``python -m swarmyard.agents`` does, and at its exit writes its own CPU and peak RSS on stderr,
 #: with the wall time its interpreter was up (its first statement; the agent's imports come after).
 _AGENT = (
     "import time\n"
@@ -57,7 +57,7 @@ _AGENT = (
     "    u = resource.getrusage(resource.RUSAGE_SELF)\n"
     "    sys.stderr.write(f'bench-rusage {u.ru_utime + u.ru_stime:.4f} {u.ru_maxrss} {up:.4f}\\n')\n"
     "atexit.register(_said)\n"
-    "runpy.run_module('swarmyard.agent', run_name='__main__', alter_sys=True)\n"
+    "runpy.run_module('swarmyard.agents', run_name='__main__', alter_sys=True)\n"
 )
 #: Set in every agent's environment, so the sampler counts this benchmark's agents and no one else's.
 _MARK = "SWARMYARD_BENCH_RUN"

@@ -361,7 +361,7 @@ class MachineLauncher:
             agent = AgentKind.BUILTIN  # the planning call is always the built-in one: an external CLI cannot
         submit: tuple[str, str, int, str] | None = None  # (file, task, fencing token, title) for an agent w/o MCP
         if agent is AgentKind.BUILTIN:
-            argv: list[str] = [*MACHINE_PYTHON, "-m", "swarmyard.agent"]
+            argv: list[str] = [*MACHINE_PYTHON, "-m", "swarmyard.agents"]
             settings = AgentSettings(
                 plane_url=relay, token=token, model=model, role=slot.role, max_steps=steps, exec_timeout_s=60.0,
                 workdir=Path("."), task_id=slot.task_id or None,

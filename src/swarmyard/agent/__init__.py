@@ -1,1 +1,0 @@
-"""``python -m swarmyard.agent``: the built-in agent, run inside a worker's machine."""
