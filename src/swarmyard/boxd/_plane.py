@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from starlette.routing import BaseRoute
@@ -35,9 +35,19 @@ from starlette.routing import BaseRoute
 from swarmyard.config import DEFAULT_MODEL, ProviderConfig, ProviderKind
 from swarmyard.errors import ConfigError, SwarmyardError, UserError
 from swarmyard.machines.pids import alive, owner_line, read_owner
-from swarmyard.plane.client import PlaneAddress, decode
+from swarmyard.plane.client import (
+    HEARTBEAT,
+    Bearer,
+    Fence,
+    PlaneAddress,
+    ToolCall,
+    ToolClient,
+    claim_task_call,
+    decode,
+)
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The objective of the goal a client's machines work under (shown by ``swarmyard goal list``).
 OBJECTIVE = "machines made through the Boxd client"
@@ -89,17 +99,23 @@ class Plane:
         self._renewer = threading.Thread(target=self._renew_loop, name="boxd-claims", daemon=True)
         self._renewer.start()
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *,
-              token: str | None = None) -> dict[str, Any]:
-        headers = {"authorization": f"Bearer {token}"} if token is not None else None
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """An operator API call."""
         try:
-            response = self._http.request(method, path, json=body, headers=headers)
+            response = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach the control plane at {self.socket}: {exc}") from exc
         answer = decode(response)
         if response.status_code >= 400 or not isinstance(answer, dict):
             raise SwarmyardError.from_dict(answer if isinstance(answer, dict) else {}, status=response.status_code)
         return answer
+
+    def _tool(self, token: str, call: ToolCall[T], fence: Fence | None = None) -> T:
+        """A worker tool call as ``token``'s worker, over this client's connection to the plane."""
+        try:
+            return ToolClient(Bearer(self._http, token), fence).run(call)
+        except httpx.HTTPError as exc:
+            raise UserError(f"cannot reach the control plane at {self.socket}: {exc}") from exc
 
     def login(self, machine_name: str, group: str) -> Login:
         """A task for the machine, a worker in ``group`` and its claim on that task."""
@@ -112,13 +128,13 @@ class Plane:
         try:
             issued = self._call("POST", f"/v1/operator/goals/{self.goal_id}/workers", {"group": group})
             token, worker_id = issued["token"], issued["worker"]["id"]
-            claim = self._call("POST", "/v1/tools/claim_task", {"task_id": task["id"]}, token=token)
-            if claim.get("fencing_token") is None:
+            claim = self._tool(token, claim_task_call(task["id"]))
+            if claim.fencing_token is None:
                 raise UserError(f"the plane gave machine {machine_name} no claim on its own task {task['id']}")
         except BaseException:
             self._end(worker_id, task["id"])
             raise
-        return self._keep(Login(issued["worker"]["id"], token, task["id"], int(claim["fencing_token"]), group))
+        return self._keep(Login(issued["worker"]["id"], token, task["id"], claim.fencing_token, group))
 
     def _login_here(self, machine_name: str, group: str) -> Login:
         """``login`` through the embedded plane's own handlers (the same calls as its three routes)."""
@@ -190,8 +206,7 @@ class Plane:
 
     def _heartbeat(self, login: Login) -> None:
         if self._here is None:
-            self._call("POST", "/v1/tools/heartbeat",
-                       {"task_id": login.task_id, "fencing_token": login.fencing_token}, token=login.token)
+            self._tool(login.token, HEARTBEAT, Fence(login.task_id, login.fencing_token))
             return
         from swarmyard.plane import models as m
 
