@@ -3,10 +3,16 @@ and stops on SIGTERM or when its stdin ends. Each caller raises its own typed er
 
 from __future__ import annotations
 
+import os
 import selectors
 import signal
+import socket
+import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+
+from swarmyard.errors import InvalidInputError, SwarmyardError
 
 
 def ready_line(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
@@ -37,3 +43,35 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
             proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def bind_socket(path: Path, mode: int, gid: int, taken: Callable[[Path], SwarmyardError]) -> socket.socket:
+    """Bind and listen on the service's Unix socket at ``path`` with ``mode`` (as root, group ``gid``).
+
+    A stale socket of a service that is gone is replaced; one that answers is another server's (``taken(path)``
+    is raised), and anything else at the path is refused. The socket is private from its first moment (a umask),
+    before its mode opens it to the group.
+    """
+    if path.is_symlink() or path.exists():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise InvalidInputError(f"{path} exists and is not a socket", field="socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # a stale socket of a server that is gone
+        else:
+            raise taken(path)
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    if os.geteuid() == 0:
+        os.chown(path, 0, gid)
+    sock.listen(128)
+    return sock

@@ -15,8 +15,6 @@ import importlib
 import json
 import logging
 import os
-import socket
-import stat
 import sys
 import threading
 from collections.abc import Sequence
@@ -28,8 +26,9 @@ import uvicorn
 from swarmyard.audit.note import Verifier
 from swarmyard.audit.witness import Witness, create_app
 from swarmyard.audit.witness_home import WitnessHome
-from swarmyard.errors import AuditError, InvalidInputError
-from swarmyard.identity import WITNESS_USER, Identity, current_identity, drop_privileges, ensure_system_user
+from swarmyard.errors import AuditError
+from swarmyard.identity import WITNESS_USER, current_identity, drop_privileges, ensure_system_user
+from swarmyard.service_child import bind_socket
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +55,6 @@ class WitnessServeOptions:
     exit_with_stdin: bool = False
 
 
-def _bind(path: Path, mode: int, group: Identity) -> socket.socket:
-    if path.is_symlink() or path.exists():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise InvalidInputError(f"{path} exists and is not a socket", field="socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # a stale socket of a witness that is gone
-        else:
-            raise AuditError(f"another witness is already serving on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # never reachable by others, not even before the chmod
-    try:
-        sock.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, mode)
-    if os.geteuid() == 0:
-        os.chown(path, 0, group.gid)
-    sock.listen(128)
-    return sock
-
-
 def _exit_at_end_of_stdin(server: uvicorn.Server) -> None:
     # nothing is written to this pipe: end of file means the run that started this witness has exited
     while os.read(0, 4096):
@@ -96,7 +69,8 @@ def serve_home(options: WitnessServeOptions) -> None:
     runner = ensure_system_user(options.user, error=AuditError) if me.uid == 0 else me
     home = WitnessHome(options.home)
     home.prepare(runner if me.uid == 0 else None)
-    sock = _bind(options.socket_path, options.socket_mode, runner)
+    sock = bind_socket(options.socket_path, options.socket_mode, runner.gid,
+                       lambda path: AuditError(f"another witness is already serving on {path}"))
     with contextlib.closing(sock):
         for name in _WARM_IMPORTS:
             importlib.import_module(name)

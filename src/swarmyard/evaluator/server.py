@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from swarmyard.evaluator.identity import (
     protect_tree,
 )
 from swarmyard.evaluator.service import KEY_FILE, LEDGER_FILE, Evaluator, check_goal
+from swarmyard.service_child import bind_socket
 
 if TYPE_CHECKING:
     import uvicorn
@@ -138,33 +138,6 @@ class ServeOptions:
     exit_with_stdin: bool = False
 
 
-def bind_socket(path: Path, mode: int, owner: Identity, group: Identity) -> socket.socket:
-    """Bind and listen on a Unix socket at ``path`` with ``mode``, owned by ``owner`` and ``group``'s gid."""
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise InvalidInputError(f"{path} exists and is not a socket", field="socket")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # a stale socket from a server that is gone
-        else:
-            raise EvaluatorError(f"another evaluator is already serving on {path}", socket=str(path))
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket is never reachable by others, not even for a moment
-    try:
-        sock.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, mode)
-    if os.geteuid() == 0:
-        os.chown(path, owner.uid, group.gid)
-    sock.listen(128)
-    return sock
-
-
 #: The evaluator's own copy of the bundle, inside its state folder.
 BUNDLE_COPY = "bundle"
 #: What the state folder may already hold; anything else means it is not ours to hand to another user.
@@ -219,7 +192,8 @@ def prepare(options: ServeOptions) -> tuple[Bundle, socket.socket, Identity]:
         log.warning("not root: the evaluator runs as %s; only file modes (0700) protect the bundle", me.name)
         protect_tree(options.state_dir, None)
     bundle = load_bundle(copy)
-    sock = bind_socket(options.socket_path, options.socket_mode, owner=me, group=runner)
+    sock = bind_socket(options.socket_path, options.socket_mode, runner.gid, lambda path: EvaluatorError(
+        f"another evaluator is already serving on {path}", socket=str(path)))
     for name in _WARM_IMPORTS:
         importlib.import_module(name)
     return bundle, sock, runner
