@@ -512,7 +512,7 @@ class MachineLauncher:
     def _submit_for(self, machine_id: str, path: str, token: str, task_id: str, fencing_token: int,
                     title: str) -> str:
         """Submit the file an agent without MCP wrote as its finding, through the plane with its own token."""
-        import httpx
+        from swarmyard.plane.client import Fence, PlaneAddress, ToolClient
 
         try:
             body = self._machines.files.download(machine_id, path).decode("utf-8", "replace").strip()
@@ -522,15 +522,12 @@ class MachineLauncher:
         if not body:
             log.warning("the agent wrote nothing into %s", path)
             return "no_finding"
-        payload = {"task_id": task_id, "fencing_token": fencing_token, "title": title[:500], "body": body,
-                   "citations": []}
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://plane",
-                          headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
-            answer = http.post("/v1/tools/submit_finding", json=payload)
-        if answer.status_code >= 400:
-            log.warning("submitting the agent's finding was refused (%s): %s", answer.status_code,
-                        answer.text[:300])
-            return "error"
+        with PlaneAddress(socket_path=str(self.socket)).client(token, timeout_s=30) as http:
+            try:
+                ToolClient(http, Fence(task_id, fencing_token)).submit_finding(title[:500], body)
+            except SwarmyardError as exc:
+                log.warning("submitting the agent's finding was refused (%s): %s", exc.code, exc.message[:300])
+                return "error"
         return "done"
 
     def _max_tokens(self, role: Role) -> int | None:
