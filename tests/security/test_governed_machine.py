@@ -64,7 +64,7 @@ def test_the_exec_lock_takes_the_interpreter_away_too(governed: tuple[Machines, 
     machines, info = governed
     code = (
         "import subprocess, sys\n"
-        "from swarmyard.machines.seccomp import lock_exec\n"
+        "from swarmyard.guest.seccomp import lock_exec\n"
         "print(subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True).stdout.decode().strip())\n"
         "lock_exec()\n"
         "try:\n"

@@ -102,7 +102,7 @@ def test_a_full_machine_keeps_an_executable_workspace(machines: Machines) -> Non
 
 _LOADER_AFTER_LOCK = (
     "import subprocess, sys\n"
-    "from swarmyard.machines.seccomp import lock_exec\n"
+    "from swarmyard.guest.seccomp import lock_exec\n"
     "argv = [sys.argv[1], '/bin/sh', '-c', 'echo through-the-loader']\n"
     "print(subprocess.run(argv, capture_output=True).stdout.decode().strip())\n"
     "lock_exec()\n"
@@ -152,9 +152,9 @@ def test_the_mcp_relay_locks_exec_before_it_answers(machines: Machines, governed
 
 _ASK_THE_INIT = (
     "import socket, sys\n"
-    "from swarmyard.machines import wire\n"
+    "from swarmyard.guest import wire\n"
     "if sys.argv[1] == 'locked':\n"
-    "    from swarmyard.machines.seccomp import lock_exec\n"
+    "    from swarmyard.guest.seccomp import lock_exec\n"
     "    lock_exec()\n"
     "conn = socket.socket(socket.AF_UNIX)\n"
     "conn.connect('/run/swarmyard/ctl/init.sock')\n"

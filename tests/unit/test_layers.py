@@ -1,5 +1,6 @@
 """The packages' layers, read from the source: the control plane does not reach up into the swarm or the agents,
-and the run's rules (``swarmyard.rules``) import nothing above them.
+the run's rules (``swarmyard.rules``) import nothing above them, and what runs inside a machine
+(``swarmyard.guest``) imports the standard library and itself only.
 
 Every import counts: at the top of a module, in a function, under ``if TYPE_CHECKING:``, relative ones, and
 ``importlib.import_module`` of a literal name.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ _SRC = Path(swarmyard.__file__).resolve().parent
 #: What the plane may not import: the coordinator above it and the agents that call it.
 _ABOVE_PLANE = ("swarm", "agents")
 #: What the rules may not import: everything that does I/O or runs a part of the run.
-_ABOVE_RULES = ("plane", "swarm", "agents", "broker", "machines", "cli", "boxd", "store")
+_ABOVE_RULES = ("plane", "swarm", "agents", "broker", "machines", "guest", "cli", "boxd", "store")
 
 
 def _module_name(path: Path) -> str:
@@ -75,6 +77,41 @@ def test_the_rules_package_itself_imports_nothing() -> None:
     # the agent in every machine imports some of the rules: their package must not load more on its behalf
     assert list(imported((_SRC / "rules" / "__init__.py").read_text(encoding="utf-8"), "swarmyard.rules",
                          package=True)) == []
+
+
+def guest_violations() -> list[str]:
+    """``path:line: name`` of every import under ``swarmyard/guest`` of anything but the standard library and the
+    guest package itself (``import swarmyard`` too: the package's ``__init__`` loads the error tree)."""
+    out: list[str] = []
+    modules = sorted((_SRC / "guest").rglob("*.py"))
+    assert modules, "no module under guest/"
+    for path in modules:
+        module = _module_name(path)
+        for line, name in imported(path.read_text(encoding="utf-8"), module, package=path.name == "__init__.py"):
+            top = name.split(".")[0]
+            if (top == "swarmyard" and name != "swarmyard.guest" and not name.startswith("swarmyard.guest.")) or (
+                    top != "swarmyard" and top not in sys.stdlib_module_names):
+                out.append(f"{path.relative_to(_SRC.parent)}:{line}: {name}")
+    return out
+
+
+def test_the_guest_imports_the_standard_library_and_itself_only() -> None:
+    # the machine's init starts with ``python -I -S`` and bare package objects: nothing else is on its way
+    assert guest_violations() == []
+
+
+def test_the_guest_package_itself_imports_nothing() -> None:
+    # the governed agent and the launcher's helpers import ``swarmyard.guest.seccomp`` in every governed machine
+    assert list(imported((_SRC / "guest" / "__init__.py").read_text(encoding="utf-8"), "swarmyard.guest",
+                         package=True)) == []
+
+
+def test_the_machines_init_and_its_helpers_live_in_the_guest() -> None:
+    names = {_module_name(p) for p in (_SRC / "guest").rglob("*.py")}
+    assert {"swarmyard.guest.init", "swarmyard.guest.relay", "swarmyard.guest.landlock", "swarmyard.guest.seccomp",
+            "swarmyard.guest.noexec", "swarmyard.guest.wire"} <= names
+    assert (_SRC / "guest" / "init.c").is_file()
+    assert not list((_SRC / "machines").glob("*.c"))
 
 
 def test_the_rules_the_plane_applies_live_in_the_rules() -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from swarmyard.errors import InvalidInputError, MachineRefusedError, NotFoundError, SandboxError
-from swarmyard.machines import AsyncMachines, Limits, Machines, cgroups, wire
+from swarmyard.guest import wire
+from swarmyard.machines import AsyncMachines, Limits, Machines, cgroups
 from swarmyard.machines.process import ProcessWarning
 
 
@@ -195,7 +196,7 @@ def test_relay_reaches_control_socket(machines: Machines, tmp_path: Path) -> Non
 def test_python_m_swarmyard_runs_inside(machines: Machines) -> None:
     info = machines.create("py")
     result = machines.exec(
-        info.id, ["python3", "-c", "import swarmyard.machines.wire as w; print(w.MAX_FRAME)"]
+        info.id, ["python3", "-c", "import swarmyard.guest.wire as w; print(w.MAX_FRAME)"]
     )
     assert result.stdout.strip() == str(1 << 20).encode(), result.stderr
 
@@ -233,7 +234,7 @@ def test_local_python_init_fallback_keeps_isolation(tmp_path: Path) -> None:
         assert (result.stdout, result.exit_code) == (b"in", 1)
         assert b"err" in result.stderr and b"Permission denied" in result.stderr
         init = machines.exec(info.id, "cat /proc/2/cmdline").stdout
-        assert b"sandbox_init" in init
+        assert b"swarmyard.guest.init" in init
 
 
 def test_local_boots_the_compiled_init(tmp_path: Path) -> None:
@@ -251,7 +252,7 @@ def test_local_boots_the_compiled_init(tmp_path: Path) -> None:
 
 
 def test_wire_request_roundtrip() -> None:
-    from swarmyard.machines import wire
+    from swarmyard.guest import wire
 
     payload = wire.encode_request(
         "exec", argv=["a", "b c", "ü"], env={"K": "v=1", "E": ""}, cwd="/x", timeout_s=1.5, stdin=b"\0\1"

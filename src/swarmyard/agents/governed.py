@@ -31,7 +31,7 @@ def lock(profile: str, who: str) -> None:
     execute the interpreter and its loader, and the loader runs any program under /usr it is given; after this,
     nothing. ``SandboxError`` when the kernel refuses the filter (``who`` names the process), ``ConfigError`` for a
     profile that is neither ``full`` nor ``governed``."""
-    from swarmyard.machines.seccomp import lock_exec
+    from swarmyard.guest.seccomp import lock_exec
 
     if profile not in (FULL, GOVERNED):
         raise ConfigError(f"must be {FULL!r} or {GOVERNED!r}, not {profile!r}", field="SWARMYARD_PROFILE")

@@ -1,6 +1,7 @@
 """Sandboxed machines: one per worker, with its own disk, process tree, limits and no network but the plane.
 
-Public names load lazily so the in-sandbox init, which imports submodules of this package, starts fast.
+Public names load lazily, so a caller that imports one submodule does not load the backends. What runs inside a
+machine (its init and what the init imports) is the package ``swarmyard.guest``.
 """
 
 from __future__ import annotations

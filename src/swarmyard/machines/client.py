@@ -20,7 +20,7 @@ from swarmyard.errors import (
     SandboxError,
     SwarmyardError,
 )
-from swarmyard.machines import wire
+from swarmyard.guest import wire
 from swarmyard.machines.protocol import ExecEvent, ExecResult, OutputCap
 
 #: Extra time the host waits past an exec's own timeout before it gives up on the init and hangs up.

@@ -139,7 +139,7 @@ def mount_space(image: Path, target: Path) -> None:
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
         # one machine at a time from a free device to its mount, as the compiled init does (see mount_space in
-        # sandbox_init.c); released when ``control`` is closed
+        # swarmyard/guest/init.c); released when ``control`` is closed
         fcntl.flock(control, fcntl.LOCK_EX)
         for _ in range(64):
             number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
@@ -317,7 +317,7 @@ class Disk:
         """Create the folders (unless made already) and mount the overlay here (else the disk is a plain folder).
 
         The ``local`` backend with its compiled launcher does not call this: the launcher mounts the overlay in a
-        mount namespace of the machine's own (see ``sandbox_init.c``), so the host's mount table stays small.
+        mount namespace of the machine's own (see ``swarmyard/guest/init.c``), so the host's mount table stays small.
         """
         if not self.made:
             self.make_folders()

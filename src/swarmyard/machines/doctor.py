@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmyard.machines import cgroups, checkpoint, disks, landlock, native, seccomp
+from swarmyard.guest import landlock, seccomp
+from swarmyard.machines import cgroups, checkpoint, disks, native
 
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 BWRAP_HINT = (

@@ -1,4 +1,4 @@
-"""The machine init in C: compiled once from ``sandbox_init.c`` with the system C compiler, cached by source hash.
+"""The machine init in C: compiled once from ``swarmyard/guest/init.c`` with the system C compiler, cached by source hash.
 
 A Python init costs ~40 ms of start-up inside every sandbox (the interpreter plus its imports), four times what
 bwrap itself costs; the C init speaks the same protocol and starts in about a millisecond. Compiling takes well
@@ -18,11 +18,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+from swarmyard import guest
 from swarmyard.errors import SandboxError
 
 _log = logging.getLogger(__name__)
 #: The C source shipped in the package.
-SOURCE = Path(__file__).with_name("sandbox_init.c")
+SOURCE = Path(guest.__file__).with_name("init.c")
 _COMPILE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 _FLAGS = ("-O2", "-pthread", "-Wall")
 #: Linked statically where the C library allows it: no dynamic loader run at each of the two execs a machine's

@@ -67,9 +67,9 @@ SOURCE_ROOT = str(Path(swarmyard.__file__).resolve().parent.parent)
 # typing-heavy error tree they import), which halves the init's start-up time.
 _BOOT = (
     "import sys,types\n"
-    "for n in ('swarmyard','swarmyard.machines'):\n"
+    "for n in ('swarmyard','swarmyard.guest'):\n"
     " m=types.ModuleType(n);m.__path__=[{root!r}+'/'+n.replace('.','/')];sys.modules[n]=m\n"
-    "from swarmyard.machines.sandbox_init import main;main()"
+    "from swarmyard.guest.init import main;main()"
 )
 
 log = logging.getLogger(__name__)

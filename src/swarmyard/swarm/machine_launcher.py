@@ -63,7 +63,7 @@ _FIND_TRANSCRIPTS = (
     "            print(path)\n"
 )
 #: What a governed machine's helpers start with: they walk folders the agent wrote, and execute nothing.
-_LOCKED = "from swarmyard.machines.seccomp import lock_exec; lock_exec()\n"
+_LOCKED = "from swarmyard.guest.seccomp import lock_exec; lock_exec()\n"
 
 #: Longest Unix socket path the kernel accepts (``sun_path`` is 108 bytes with its terminating NUL).
 _MAX_SOCKET_PATH = 107

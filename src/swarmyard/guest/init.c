@@ -1,5 +1,5 @@
 /*
- * The machine's init in C: the same job and the same wire protocol as sandbox_init.py, without the ~40 ms a
+ * The machine's init in C: the same job and the same wire protocol as init.py, without the ~40 ms a
  * Python start-up with its imports costs inside every sandbox. Compiled from this file at first use by
  * swarmyard.machines.native with the system C compiler; the Python init stays as the fallback.
  *

@@ -23,8 +23,8 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any, NoReturn
 
-from swarmyard.machines import landlock, noexec, seccomp, wire
-from swarmyard.machines.relay import Relay
+from swarmyard.guest import landlock, noexec, seccomp, wire
+from swarmyard.guest.relay import Relay
 
 _CHUNK = 65536
 
