@@ -16,7 +16,9 @@ Words are read after ``skeleton``: NFKC, format characters (zero-width spaces, s
 stripped and Cyrillic and Greek look-alike letters folded to the Latin ones, so a copy with U+200B after every
 letter, or with Cyrillic 'а' for 'a', is still a copy.
 
-``problem`` turns these into the reason a submission is refused (and the model asked again), or ``None``.
+``problem`` turns these into the reason a submission is refused (and the model asked again), or ``None``. It
+reads a text less its quotes of source lines (``quotes.SPAN``, ``"words" (path:line)``): those are the source's
+words, so a synthesis that quotes the line a finding quotes does not copy the finding.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
-from swarmyard.rules import grounding, instructions
+from swarmyard.rules import grounding, instructions, quotes
 
 #: Words per shingle: long enough that common phrases ("the market is") rarely make a copy on their own.
 SHINGLE = 4
@@ -130,9 +132,11 @@ def findings_shown(prompt: str) -> list[tuple[str, str, str]]:
 def problem(body: str, *, prompt: str = "", read: Mapping[str, str] | None = None) -> str | None:
     """Why ``body`` is not a finding of its own, or ``None``: it repeats itself, it restates ``prompt`` or the
     agent's own instructions, or (for a lead, ``read`` maps the ids of the findings it read to their bodies) it
-    copies what it read. A synthesis's note on the tasks that reached no result is the store's words, not the
-    writer's, and is left out (several tasks stopped by the same limit read alike)."""
-    body = grounding.without_note(body)
+    copies what it read. Quotes of source lines are left out on both sides. A synthesis's note on the tasks that
+    reached no result is the store's words, not the writer's, and is left out (several tasks stopped by the same
+    limit read alike)."""
+    body = quotes.without(grounding.without_note(body))
+    read = {ref: quotes.without(text) for ref, text in (read or {}).items()}
     looped = repeated_share(body)
     if looped >= REPEATED:
         return (f"the body repeats itself ({looped:.0%} of it is repeated lines or phrases): write each point "
