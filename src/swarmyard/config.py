@@ -12,8 +12,10 @@ A swarm file has these tables (only ``[goal]`` is required; everything else has 
                  history_top_k, machine (per_task | per_slot), max_machines
                  profile (full | governed), tools = [{name, wasm, folder, writer, fuel, memory_mb,
                  timeout_s, description, params, required, args, offer}, ...] (WASI tools of the built-in
-                 agent; args: arguments fixed for every call; offer: those the model is shown), flow (the tool of each step), attach_result
-    [lead]       agent, model, max_steps, prompt, profile, synthesis, tools, flow, attach_result, artifact
+                 agent; args: arguments fixed for every call; offer: those the model is shown), flow (the tool of each step), attach_result,
+                 finding (free | quoted)
+    [lead]       agent, model, max_steps, prompt, profile, synthesis (free | digest | quoted), tools, flow,
+                 attach_result, artifact
     [providers.NAME]  kind = local | openai | anthropic | openai_compatible | scripted | simulated,
                  base_url, api_key_env, models, model_file, replies (scripted: a file of replies, relative
                  to the swarm file), simulate (simulated: tokens | attempts), latency_s (simulated:
@@ -110,6 +112,14 @@ class Synthesis(StrEnum):
 
     FREE = "free"  # one submission, drafted in the lead's conversation with the findings in its brief
     DIGEST = "digest"  # in parts a small model can write: one sentence per finding, then the answer, composed
+    QUOTED = "quoted"  # no model call: the findings' verdicts tallied, and the lines they cite, quoted
+
+
+class FindingMode(StrEnum):
+    """How the built-in worker writes its finding (``swarmyard.agents.quoted``)."""
+
+    FREE = "free"  # the model writes it
+    QUOTED = "quoted"  # the model chooses a verdict and the lines it rests on; the finding is written from them
 
 
 class MachineLifetime(StrEnum):
@@ -441,6 +451,15 @@ class WorkersConfig(_Frozen):
     #: the built-in agent's finding is the result of its last tool call, attached as it is (the model writes its
     #: title): what a tool computed reaches the finding without a model retyping it
     attach_result: Annotated[bool, Field(strict=True)] = False
+    #: ``quoted``: the built-in agent's model chooses a verdict and the lines its searches returned, and the finding
+    #: is written from them (``Yes: "the line" (path:line)``): no sentence of the model's reaches it
+    finding: FindingMode = FindingMode.FREE
+
+    @model_validator(mode="after")
+    def _quoted_builtin(self) -> WorkersConfig:
+        if self.finding is FindingMode.QUOTED and (self.agent is not AgentKind.BUILTIN or self.attach_result):
+            raise ValueError("finding = 'quoted' is the built-in agent's, without attach_result")
+        return self
 
 
 class LeadConfig(_Frozen):
@@ -466,8 +485,9 @@ class LeadConfig(_Frozen):
     def _digest_steps(self) -> LeadConfig:
         if self.synthesis is Synthesis.DIGEST and self.max_steps < 2:
             raise ValueError("synthesis = 'digest' needs max_steps >= 2 (a point of a finding, then the answer)")
-        if self.synthesis is Synthesis.DIGEST and self.agent is not AgentKind.BUILTIN:
-            raise ValueError("synthesis = 'digest' is the built-in lead's; an agent CLI writes its own synthesis")
+        if self.synthesis is not Synthesis.FREE and self.agent is not AgentKind.BUILTIN:
+            raise ValueError(f"synthesis = '{self.synthesis.value}' is the built-in lead's; an agent CLI writes its own "
+                             "synthesis")
         return self
 
 

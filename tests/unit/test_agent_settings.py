@@ -39,6 +39,7 @@ _CHANGED = AgentSettings(
     flow=("search", "submit_finding"),
     attach_result=True,
     synthesis_artifact=True,
+    finding="quoted",
 )
 
 
@@ -59,7 +60,7 @@ def test_the_defaults_round_trip() -> None:
     assert AgentSettings.from_env(env) == defaults
     # the optional ones are left out, as the agent reads a missing one
     assert not {"SWARMYARD_TASK_ID", "SWARMYARD_WASI_TOOLS", "SWARMYARD_FLOW", "SWARMYARD_ATTACH_RESULT",
-                "SWARMYARD_SYNTHESIS_ARTIFACT"} & set(env)
+                "SWARMYARD_SYNTHESIS_ARTIFACT", "SWARMYARD_FINDING"} & set(env)
     # and the defaults are those of an environment that names only the plane and the token
     assert AgentSettings.from_env({"SWARMYARD_PLANE_URL": "http://127.0.0.1:9", "SWARMYARD_TOKEN": "t"}) == defaults
 
@@ -74,7 +75,8 @@ def test_the_knobs_without_a_variable_come_back_at_their_defaults() -> None:
     ("SWARMYARD_HEARTBEAT_S", "soon", "SWARMYARD_HEARTBEAT_S", "is not a number"),
     ("SWARMYARD_PLANE_URL", "", "SWARMYARD_PLANE_URL", "is not set"),
     ("SWARMYARD_ROLE", "boss", "SWARMYARD_ROLE/SWARMYARD_OUTPUT_MODE", "'boss' is not a valid Role"),
-    ("SWARMYARD_SYNTHESIS", "all", "SWARMYARD_SYNTHESIS", "is not free or digest"),
+    ("SWARMYARD_SYNTHESIS", "all", "SWARMYARD_SYNTHESIS", "is not free, digest or quoted"),
+    ("SWARMYARD_FINDING", "prose", "SWARMYARD_FINDING", "is not free or quoted"),
     ("SWARMYARD_PROFILE", "open", "SWARMYARD_PROFILE", "is not full or governed"),
     ("SWARMYARD_HISTORY", "everything", "SWARMYARD_HISTORY",
      "is not one of none, scored_history, single_draft_refinement"),

@@ -36,7 +36,7 @@ from swarmyard.agents.actions import (
 )
 from swarmyard.agents.explore import Explorer, direction_post, score_of
 from swarmyard.agents.model import ChatModel, ModelReply
-from swarmyard.agents.settings import DIGEST, AgentSettings, Role
+from swarmyard.agents.settings import DIGEST, QUOTED, AgentSettings, Role
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
 from swarmyard.errors import (
@@ -169,6 +169,12 @@ def _shown(result: Any) -> Any:
     return "\n".join(lines) + more if lines else "no line matches"
 
 
+def _question(prompt: str, title: str) -> str:
+    """The question a task's prompt asks (its first sentence ending with a question mark), else its title."""
+    found = re.search(r"[^.?!\n]*\?", prompt)
+    return found[0].strip() if found else title
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
@@ -205,6 +211,12 @@ class BuiltinAgent:
         self._known = governed.known(wasi, settings.profile)
         if settings.attach_result:
             self._offered, self._known = with_attached(self._offered), with_attached(self._known)
+        #: a worker whose finding is its verdict and the lines it cites, written by the agent (``quoted``)
+        self._quoted = settings.finding == QUOTED and settings.role is Role.WORKER
+        if self._quoted:
+            from swarmyard.agents import quoted  # a quoted run's alone: not imported by every worker's start
+
+            self._offered, self._known = quoted.with_quoted(self._offered), quoted.with_quoted(self._known)
         #: the last tool call carried out and its result: what an attached finding's body is
         self._last_call: tuple[Action, Any] | None = None
         #: the lines the worker's searches returned (``path:line: text``): a finding submitted alone cites them
@@ -225,6 +237,7 @@ class BuiltinAgent:
         self._evidence: str | None = None  # the board post an attached finding cites
         #: what a finding may not merely restate (the task's prompt) or, for a lead, copy (the findings it read)
         self._prompt = ""
+        self._title = ""
         self._read: dict[str, str] = {}
         #: a lead's note on the tasks that reached no result, as its prompt gives it: its synthesis says it too
         self._note = ""
@@ -252,7 +265,9 @@ class BuiltinAgent:
             return AgentOutcome(Ending.NO_TASK)
         # what a finding may not merely say back: its task (for a lead, the findings' headings too: the demo's
         # lead once answered with one finding's title line)
-        self._prompt = task.prompt
+        self._prompt, self._title = task.prompt, task.title
+        if self._settings.synthesis == QUOTED and self._settings.role is Role.LEAD:
+            return await self._quoted_synthesis(task)
         messages = [
             {"role": "system", "content": self._system()},
             {"role": "user", "content": await self._brief(task)},
@@ -280,7 +295,8 @@ class BuiltinAgent:
                 if last and steps > 1:
                     # Small models wander; the last step may only submit, so the finding carries what the
                     # model worked out rather than a placeholder.
-                    messages.append({"role": "user", "content": _LAST_STEP})
+                    messages.append({"role": "user",
+                                     "content": instructions.QUOTED_LAST_STEP if self._quoted else _LAST_STEP})
                 action = await self._next_action(messages, only=self._only(steps, last))
                 if action is None:
                     await self._step_done(task, None, None, "no usable reply")
@@ -322,7 +338,12 @@ class BuiltinAgent:
                         "content": json.dumps({"action": {"tool": action.tool, "args": action.args}}),
                     }
                 )
-                messages.append({"role": "user", "content": f"Result of {action.tool}:\n{_clip(_shown(result))}"})
+                said = f"Result of {action.tool}:\n{_clip(_shown(result))}"
+                if self._quoted and _source_lines(result):
+                    # a 0.5B model asked for its verdict far from its question answered "unclear" three times in
+                    # three: the question is put again right after the lines it is to be answered from
+                    said += "\n\n" + instructions.QUOTED_ASK.format(question=_question(task.prompt, task.title))
+                messages.append({"role": "user", "content": said})
         except BudgetError as exc:
             log.info("budget stop: %s", exc.message)
             ending = Ending.BUDGET
@@ -441,6 +462,45 @@ class BuiltinAgent:
                               + (f"; {stopped}" if stopped else ""))
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
+    def _quoted_finding(self, action: Action) -> Action:
+        """The finding a quoted worker's model chose: its task's title, and its verdict and the lines it cited,
+        written as ``Yes: "the line" (path:line)`` (``quoted.finding``); each line cited with its quote. A line is
+        chosen by its ``path:line`` (the words are the search's: a model writing them out spent most of its
+        answer's tokens on them), or given whole as ``path:line: text``."""
+        from swarmyard.agents import quoted
+
+        cite = action.args.get("cite")
+        searched = dict(line.split(": ", 1) for line in self._lines if ": " in line)
+        cited: list[tuple[str, str]] = []
+        for given in [str(c).strip() for c in cite] if isinstance(cite, list) else []:
+            if given in searched:
+                cited.append((given, searched[given]))
+            elif (m := _SOURCE_LINE.match(given)) is not None and m["quote"] is not None:
+                cited.append((f"{m['path']}:{m['line']}", m["quote"]))
+        body = quoted.finding(action.args, cited)  # a quote too short to check is the plane's to refuse
+        return Action(FINISH, {"title": self._title or "finding", "body": body,
+                               "cite": [f"{ref}: {quote}" for ref, quote in cited]})
+
+    async def _quoted_synthesis(self, task: ClaimedTask) -> AgentOutcome:
+        """The synthesis with no model call (``synthesis = "quoted"``): the tally of the findings' first words,
+        then each finding's verdict and the lines the plane checked for it (``quoted.synthesis``)."""
+        from swarmyard.agents import quoted
+
+        self._draft = StepDraft(1)
+        await self._brief(task)  # the findings' ids (cited), the note on tasks that reached nothing
+        shown = originality.findings_shown(task.prompt)
+        objective = task.prompt.split("\n", 1)[0].removeprefix("Objective:").strip() or task.title
+        body = (quoted.synthesis(objective, shown) if shown
+                else no_result.placeholder(task.title, "no finding was submitted to quote"))
+        args: dict[str, Any] = {"title": "synthesis", "body": body, "cite": [ref for ref, _, _ in shown]}
+        try:
+            finding_id = await self._submit(args)
+        except FencingError:
+            return AgentOutcome(Ending.LOST_CLAIM, task.task_id, None, 0, self.malformed)
+        await self._step_done(task, Action(FINISH, args), {"finding_id": finding_id},
+                              f"quoted {len(shown)} findings: no model call")
+        return AgentOutcome(Ending.SUBMITTED, task.task_id, finding_id, 0, self.malformed)
+
     async def _verdict(self, task: ClaimedTask, step: int, messages: list[dict[str, Any]], ref: str) -> str:
         """The lead's verdict on one finding, chosen from ``verdicts.VERDICTS`` (the answer's schema is that enum,
         so a model that follows it cannot answer anything else); a reply that holds none, from a model that
@@ -514,7 +574,8 @@ class BuiltinAgent:
             top = history.best(self.attempts, 1)[0]
             return f"The best attempt found: [score {top.score}] {top.content}"
         salvaged = salvage_submission(self._last_text)
-        said = (salvaged["body"] if salvaged else self._last_text.strip()) if salvage else ""
+        # a quoted finding holds no words of the model's: nor does what it ends with
+        said = (salvaged["body"] if salvaged else self._last_text.strip()) if salvage and not self._quoted else ""
         if said and originality.problem(said, prompt=self._prompt, read=self._read) is not None:
             said = ""  # a loop, the prompt said back or a copied finding is no result: say there is none
         if cut_short:
@@ -627,6 +688,10 @@ class BuiltinAgent:
                 if action.tool == FINISH and self._settings.attach_result:
                     # the body is the tool's, not the model's: nothing of the model's to check
                     return Action(FINISH, {**action.args, "body": self._attached()})
+                if action.tool == FINISH and self._quoted:
+                    # the model chose a verdict and lines; the finding is written from them, and the plane checks
+                    # every quote against its line (a reply without either is asked again)
+                    return self._quoted_finding(action)
                 if action.tool == FINISH:
                     # a loop, the task said back, or (a lead) a finding copied: refused, and the model asked again
                     why = originality.problem(str(action.args.get("body", "")), prompt=self._prompt, read=self._read)
@@ -775,6 +840,8 @@ class BuiltinAgent:
             text += " " + instructions.FLOW.format(steps=", then ".join(self._settings.flow))
         if self._settings.attach_result:
             text += " " + instructions.ATTACHED
+        if self._quoted:
+            text += " " + instructions.QUOTED
         return text
 
     def _only(self, step: int, last: bool) -> frozenset[str] | None:
@@ -785,7 +852,12 @@ class BuiltinAgent:
 
     def _specs(self, only: frozenset[str] | None) -> dict[str, ToolSpec]:
         """A worker's finding asked for alone, after searches that returned lines, may cite only those lines,
-        as they were returned (constrained decoding: the model chooses the lines, it cannot misspell them)."""
+        as they were returned (constrained decoding: the model chooses the lines, it cannot misspell them). A
+        quoted finding is a verdict and lines whenever it is offered (the lines a search returned, once one has)."""
+        if self._quoted and (only is None or FINISH in only):
+            from swarmyard.agents import quoted
+
+            return {FINISH: quoted.spec([line.split(": ", 1)[0] for line in self._lines[-_CITABLE:]])}
         if (only != frozenset({FINISH}) or not self._lines or self._settings.role is not Role.WORKER
                 or self._settings.attach_result):
             return {}

@@ -16,7 +16,7 @@ from swarmyard.agents import governed
 from swarmyard.agents.actions import TOOLS, with_attached
 from swarmyard.agents.builtin import AgentOutcome, BuiltinAgent
 from swarmyard.agents.model import BrokerChatModel
-from swarmyard.agents.settings import AgentSettings, Role
+from swarmyard.agents.settings import QUOTED, AgentSettings, Role
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
 from swarmyard.errors import SwarmyardError
@@ -100,6 +100,10 @@ async def run_agent(settings: AgentSettings, env: Mapping[str, str]) -> AgentOut
         tools = governed.offered(tools, settings.profile, wasi)
         if settings.attach_result:
             tools = with_attached(tools)
+        if settings.finding == QUOTED and settings.role is Role.WORKER:
+            from swarmyard.agents.quoted import with_quoted  # a quoted run's alone
+
+            tools = with_quoted(tools)
         model = BrokerChatModel(client, settings.model, mode=settings.mode, max_tokens=settings.max_tokens,
                                 tools=tools)
         local = LocalTools(settings.workdir, exec_timeout_s=settings.exec_timeout_s)

@@ -20,8 +20,9 @@ from swarmyard.errors import ConfigError
 DEFAULT_MAX_TOKENS = 512
 #: The model asked when ``SWARMYARD_MODEL`` is not set.
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
-#: The lead's two ways to its synthesis (``AgentSettings.synthesis``).
-FREE, DIGEST = "free", "digest"
+#: The lead's ways to its synthesis (``AgentSettings.synthesis``), and a worker's to its finding (``free`` or
+#: ``quoted``: ``AgentSettings.finding``).
+FREE, DIGEST, QUOTED = "free", "digest", "quoted"
 
 PLANE_URL = "SWARMYARD_PLANE_URL"
 TOKEN = "SWARMYARD_TOKEN"
@@ -41,6 +42,7 @@ WASI_TOOLS = "SWARMYARD_WASI_TOOLS"
 HISTORY = "SWARMYARD_HISTORY"
 HISTORY_TOP_K = "SWARMYARD_HISTORY_TOP_K"
 SYNTHESIS = "SWARMYARD_SYNTHESIS"
+FINDING = "SWARMYARD_FINDING"
 FLOW = "SWARMYARD_FLOW"
 ATTACH_RESULT = "SWARMYARD_ATTACH_RESULT"
 SYNTHESIS_ARTIFACT = "SWARMYARD_SYNTHESIS_ARTIFACT"
@@ -88,14 +90,18 @@ class AgentSettings:
     #: "" (as the conversation went), ``scored_history`` or ``single_draft_refinement``; and the top K kept
     history: str = ""
     history_top_k: int = 3
-    #: a lead's way to the synthesis: ``free`` (one drafted submission) or ``digest`` (a point per finding, then
-    #: the answer, composed: what a small model can write without copying what it read)
+    #: a lead's way to the synthesis: ``free`` (one drafted submission), ``digest`` (a point per finding, then
+    #: the answer, composed: what a small model can write without copying what it read) or ``quoted`` (composed
+    #: from the findings' verdicts and cited lines, with no model call)
     synthesis: str = FREE
     #: the tool each step offers, in order (constrained decoding: the model can only fill its arguments); past
     #: the list, every tool
     flow: tuple[str, ...] = ()
     #: the finding's body is the last tool call's result as the tool gave it (the model writes the title)
     attach_result: bool = False
+    #: a worker's finding: ``free`` (the model writes it) or ``quoted`` (the model chooses a verdict and the lines
+    #: it rests on, and the finding is written from them: ``swarmyard.agents.quoted``)
+    finding: str = FREE
     #: a lead's synthesis is also submitted as an artifact (scored where the run has an evaluator), and cited
     synthesis_artifact: bool = False
 
@@ -129,6 +135,8 @@ class AgentSettings:
             env[ATTACH_RESULT] = "1"
         if self.synthesis_artifact:
             env[SYNTHESIS_ARTIFACT] = "1"
+        if self.finding != FREE:
+            env[FINDING] = self.finding
         return env
 
     @classmethod
@@ -174,6 +182,7 @@ class AgentSettings:
             flow=tuple(name.strip() for name in env.get(FLOW, "").split(",") if name.strip()),
             attach_result=env.get(ATTACH_RESULT, "") == "1",
             synthesis_artifact=env.get(SYNTHESIS_ARTIFACT, "") == "1",
+            finding=_finding(env.get(FINDING, FREE)),
         )
 
 
@@ -186,8 +195,14 @@ def _history(value: str) -> str:
 
 
 def _synthesis(value: str) -> str:
-    if value not in (FREE, DIGEST):
-        raise ConfigError(f"is not {FREE} or {DIGEST}", field=SYNTHESIS)
+    if value not in (FREE, DIGEST, QUOTED):
+        raise ConfigError(f"is not {FREE}, {DIGEST} or {QUOTED}", field=SYNTHESIS)
+    return value
+
+
+def _finding(value: str) -> str:
+    if value not in (FREE, QUOTED):
+        raise ConfigError(f"is not {FREE} or {QUOTED}", field=FINDING)
     return value
 
 

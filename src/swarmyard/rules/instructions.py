@@ -27,6 +27,11 @@ CITE_REASK = (
     '"path:line: words copied from that line", and submit_finding again.'
 )
 FLOW = "Call these tools in this order, one a turn: {steps}."
+QUOTED = ("Your finding is the lines you cite and your verdict on them, yes or no: swarmyard writes it from "
+          "them, so choose, do not write.")
+QUOTED_ASK = ("The question: {question} Call submit_finding: in cite, the line that answers it; as the verdict, the "
+              "answer that line gives: yes or no.")
+QUOTED_LAST_STEP = "This is your last step. Call submit_finding now: the line or lines you found, and your verdict."
 ATTACHED = ("Your finding's body is the result of your last tool call, attached as it is: do not retype it, give "
             "submit_finding a short title.")
 
@@ -58,5 +63,5 @@ DIGEST_AGAINST = (
 DIGEST_REASK = "That answer could not be used ({error}). Answer again, in plain text, in your own words."
 
 #: Every instruction, as one text a finding may not restate.
-ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, FLOW, ATTACHED, CITE_REASK, DIGEST, DIGEST_VERDICT, DIGEST_POINT, DIGEST_ANSWER,
+ALL = "\n".join((WORKER, LEAD, LAST_STEP, REASK, FLOW, ATTACHED, QUOTED, QUOTED_ASK, QUOTED_LAST_STEP, CITE_REASK, DIGEST, DIGEST_VERDICT, DIGEST_POINT, DIGEST_ANSWER,
                 DIGEST_AGAINST, DIGEST_REASK))

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from swarmyard.agents.settings import AgentSettings, Role
+from swarmyard.agents.settings import FREE, AgentSettings, Role
 from swarmyard.config import AgentKind, Profile, SwarmConfig, WasiToolConfig
 from swarmyard.machines.execs import cli_allowlist
 from swarmyard.machines.protocol import Isolation
@@ -52,8 +52,8 @@ def isolation(config: SwarmConfig, role: Role) -> Isolation | None:
 
 def agent_settings(config: SwarmConfig, role: Role, settings: AgentSettings) -> AgentSettings:
     """``settings`` with the built-in agent's profile, WASI tools (specs as JSON; folders and uploaded modules
-    relative to its working folder, shipped modules by their path in the package), flow, attached result and
-    synthesis artifact for ``role``."""
+    relative to its working folder, shipped modules by their path in the package), flow, attached result,
+    synthesis artifact and (a worker's) finding mode for ``role``."""
     tools = tools_of(config, role)
     specs = [tool.spec(shipped_wasm(tool.wasm) if tool.wasm in SHIPPED else Path(MODULES_DIR) / f"{tool.name}.wasm",
                        Path(".")).to_dict() for tool in tools]
@@ -63,8 +63,9 @@ def agent_settings(config: SwarmConfig, role: Role, settings: AgentSettings) -> 
         flow, attach = ((config.lead.flow, config.lead.attach_result) if role is Role.LEAD
                         else (config.workers.flow, config.workers.attach_result))
         artifact = role is Role.LEAD and config.lead.artifact
+    finding = config.workers.finding.value if role is Role.WORKER else FREE
     return replace(settings, profile=profile_of(config, role).value, wasi_tools=json.dumps(specs) if specs else "",
-                   flow=tuple(flow), attach_result=attach, synthesis_artifact=artifact)
+                   flow=tuple(flow), attach_result=attach, synthesis_artifact=artifact, finding=finding)
 
 
 def tools_of(config: SwarmConfig, role: Role) -> tuple[WasiToolConfig, ...]:
