@@ -7,13 +7,15 @@ first scout makes a quote up: the plane refuses the finding with the reason, the
 its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): every scout stores a
 finding that cites its files (none ends with a no-result placeholder), every quote of every stored finding is
 found, by this test, on the cited line of the cited file, and the synthesis cites those findings and no other,
-each of its claims naming one.
+each of its claims naming one. In both, every finding and the synthesis hold only swarmyard's fixed text, the
+findings' verdicts and quotes found on their lines (``assert_only_template_and_quotes``): no sentence of a model's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,10 +27,11 @@ from typing import Any
 import pytest
 from test_swarm_model import run_while_progressing
 
-from swarmyard.agents import verdicts
+from swarmyard.agents import quoted, verdicts
+from swarmyard.config import load_config
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
-from swarmyard.rules import grounding, no_result
+from swarmyard.rules import grounding, no_result, quotes
 from swarmyard.store import open_store
 from swarmyard.wasi.catalog import built_dir
 
@@ -93,11 +96,6 @@ def _tool(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
-def _verdict(said: str) -> dict[str, Any]:
-    """A lead's verdict on one finding, as the schema-constrained answer comes back: a tool call."""
-    return _tool("submit_finding", verdict=said)
-
-
 def _findings(run_dir: Path) -> tuple[list[Finding], dict[str, str]]:
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
     try:
@@ -125,6 +123,55 @@ def _assert_quotes_on_their_lines(findings: list[Finding]) -> int:
     return checked
 
 
+#: A finding written from the model's verdict and cited lines: ``Yes: "the line" (path:line); ...``.
+_SPAN = quotes.SPAN.pattern.replace("?P<quote>", "?:").replace("?P<ref>", "?:")
+_QUOTED_FINDING = re.compile(rf'({"|".join(v.capitalize() for v in verdicts.VERDICTS)}): {_SPAN}(?:; {_SPAN})*')
+_POINT = re.compile(rf'- ({"|".join(v.capitalize() for v in verdicts.VERDICTS)}): '
+                    rf'(.*) \[(fnd_[0-9a-z]+)\]')
+
+
+def _assert_quotes_hold(text: str) -> int:
+    """Every ``"quote" (path:line)`` in ``text`` is on that line of the example's sources; how many there are."""
+    found = quotes.spans(text)
+    for ref, quote in found:
+        path, _, number = ref.rpartition(":")
+        lines = (SOURCES / path).read_text().splitlines()
+        assert quote.strip() and normalized(quote) in normalized(lines[int(number) - 1]), (ref, quote)
+    return len(found)
+
+
+def assert_only_template_and_quotes(scouts: list[Finding], synthesis: Finding, swarm: Path) -> None:
+    """Every sentence of every finding and of the synthesis is swarmyard's fixed text or a quote found on the
+    line it cites: a scout's finding is its lens's title and ``Verdict: "quote" (path:line)``; the synthesis is
+    the tally of the findings' first words, the heading with the objective, and per finding its verdict (its
+    first word), the quotes it cites and its id; with nothing else (not even a note, every task reached one)."""
+    config = load_config(swarm)
+    titles = {lens.title for lens in config.tasks.lenses}
+    first: dict[str, str] = {}
+    for finding in scouts:
+        assert finding.title in titles, finding.title
+        shape = _QUOTED_FINDING.fullmatch(finding.body)
+        assert shape is not None, finding.body
+        assert _assert_quotes_hold(finding.body) >= 1
+        cited = {(c.ref, normalized(c.quote)) for c in finding.citations if c.kind is CitationKind.SOURCE}
+        assert {(ref, normalized(quote)) for ref, quote in quotes.spans(finding.body)} <= cited, finding
+        first[finding.id] = shape[1].lower()
+    answer, listed = synthesis.body.split("\n\n")
+    heading, *points = listed.splitlines()
+    assert heading == quoted.HEADING.format(objective=config.goal.objective), heading
+    seen = []
+    for point in points:
+        shape = _POINT.fullmatch(point)
+        assert shape is not None, point
+        verdict, said, ref = shape.groups()
+        assert verdict.lower() == first[ref], (point, first)
+        assert said == quoted.NO_LINE or quotes.without(said).replace(";", "").strip() == "", point
+        assert said == quoted.NO_LINE or _assert_quotes_hold(said) >= 1
+        seen.append((ref, verdict.lower()))
+    assert sorted(seen) == sorted(first.items())
+    assert answer == verdicts.answer_sentence(verdicts.Tally(tuple(seen))), answer
+
+
 def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is_stored(short_tmp: Path) -> None:
     assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
     key_file, key_no, key_line = _line_of("provider key")
@@ -135,32 +182,19 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
         "scripted-scout": [
             # the first scout searches, then cites words its file does not hold; asked again, it copies the line
             _tool("textsearch", pattern="provider key"),
-            _tool("submit_finding", title="key", body="The key is safe with the workers.",
-                  cite=[f"{key_file}:{key_no}: {made_up}"]),
-            _tool("submit_finding", title="key", body="The broker keeps the key; agents only hold a token.",
-                  cite=[f"{key_file}:{key_no}: {key_line}"]),
+            _tool("submit_finding", verdict="no", cite=[f"{key_file}:{key_no}: {made_up}"]),
+            _tool("submit_finding", verdict="yes", cite=[f"{key_file}:{key_no}: {key_line}"]),
             _tool("textsearch", pattern="afford"),
-            _tool("submit_finding", title="budget", body="A call past the budget is refused before it is sent.",
-                  cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            _tool("submit_finding", verdict="yes", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
             _tool("textsearch", pattern="loopback"),
-            _tool("submit_finding", title="sandbox", body="An agent has no network beyond the control plane.",
-                  cite=[f"./{box_file}:{box_no}: {box_line.split(':')[0]}"]),
+            # a part of the line is a quote too
+            _tool("submit_finding", verdict="yes", cite=[f"{box_file}:{box_no}: {box_line.split(':')[0]}"]),
         ],
-        "scripted-lead": [
-            _verdict("yes"),
-            {"say": "The provider key is never handed to an agent, so a leak from a worker is ruled out."},
-            _verdict("yes"),
-            {"say": "Spending is bounded in advance, and calls that would overshoot are stopped."},
-            _verdict("yes"),
-            {"say": "Workers are boxed in with no way out except the control plane."},
-            # a reason that turns the verdicts round is refused, and the one asked again is kept
-            {"say": "We should not go ahead: the key is exposed."},
-            {"say": "The key, the money and the laptop are each protected by design."},
-        ],
+        "scripted-lead": [],  # the lead's synthesis is written from the findings: no model call
     }
     done = _run(short_tmp, _scripted_variant(short_tmp, replies))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["calls"] >= 11
+    assert json.loads(done.stdout)["calls"] == 7
     [run_dir] = (short_tmp / "runs").iterdir()
     findings, groups = _findings(run_dir)
 
@@ -177,8 +211,8 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     # nothing made up was stored: the first scout's finding is its corrected one, with the real line quoted
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     assert len(scouts) == 3 and not any(made_up in c.quote for f in findings for c in f.citations)
-    [key] = [f for f in scouts if f.title == "key"]
-    assert key.body == "The broker keeps the key; agents only hold a token."
+    [key] = [f for f in scouts if f.title == "the provider key"]
+    assert key.body == f'Yes: "{key_line}" ({key_file}:{key_no})'
     assert [(c.kind, c.ref) for c in key.citations] == [(CitationKind.SOURCE, f"{key_file}:{key_no}")]
     assert _assert_quotes_on_their_lines(scouts) == 3
     assert f'source {key_file}:{key_no} "{key_line}"' in (run_dir / "report.md").read_text()  # shown as quoted
@@ -189,10 +223,10 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     # the lead's synthesis cites the scouts' findings
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
-    # its answer is the one the scripted verdicts make, with the reason that agrees with it
+    # its answer is the tally of the findings' verdicts, then each one's verdict and quotes: nothing else
     assert synthesis.body.startswith("Yes: all 3 findings say yes [fnd_"), synthesis.body
-    assert "The key, the money and the laptop are each protected by design." in synthesis.body
-    assert "We should not go ahead" not in synthesis.body and verdicts.check(synthesis.body) is None
+    assert verdicts.check(synthesis.body) is None
+    assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)
 
 
 @pytest.mark.model
@@ -223,3 +257,5 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     assert grounding.problem(synthesis.body, [], {f.id: f.title for f in scouts}, [], "") is None, synthesis.body
     # its decision is the tally of the verdicts its points carry, read from the store
     assert verdicts.check(synthesis.body) is None, synthesis.body
+    # and nothing in any finding or in the synthesis is the model's: fixed text, verdicts and quotes on their lines
+    assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)

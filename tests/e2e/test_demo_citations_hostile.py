@@ -20,6 +20,7 @@ from test_demo_citations import (
     _assert_quotes_on_their_lines,
     _findings,
     _line_of,
+    _replace,
     _run,
     _scripted_variant,
     _tool,
@@ -33,6 +34,13 @@ __all__ = ["short_tmp"]  # the fixture, shared with the demo's own test
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 MADE_UP = "the sandbox hands the provider key to every worker in plain text"
+
+
+def _writing(swarm: Path) -> Path:
+    """The example with scouts that write their findings' words themselves (``finding = "free"``): a hostile
+    scout's every word reaches the plane, which checks its citations whatever the agent does with them."""
+    swarm.write_text(_replace(swarm.read_text(), 'finding = "quoted"', 'finding = "free"'))
+    return swarm
 
 
 def _refusals(run_dir: Path) -> list[dict[str, str]]:
@@ -71,7 +79,7 @@ def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(shor
         ],
         "scripted-lead": [{"say": "The budget and the sandbox hold; the key was not looked at."}] * 6,
     }
-    done = _run(short_tmp, _scripted_variant(short_tmp, replies))
+    done = _run(short_tmp, _writing(_scripted_variant(short_tmp, replies)))
     assert done.returncode == 0, done.stderr[-3000:]
     [run_dir] = (short_tmp / "runs").iterdir()
 
@@ -123,7 +131,7 @@ def test_a_source_holding_a_form_feed_is_numbered_as_the_scouts_tools_number_it(
         ],
         "scripted-lead": [{"say": "The key, the budget and the sandbox hold."}] * 6,
     }
-    swarm = _scripted_variant(short_tmp, replies)
+    swarm = _writing(_scripted_variant(short_tmp, replies))
     swarm.write_text(swarm.read_text().replace(f'files = ["{SOURCES}"]', f'files = ["{sources}"]'))
     done = _run(short_tmp, swarm)
     assert done.returncode == 0, done.stderr[-3000:]
