@@ -10,11 +10,14 @@ only tells its model and posts the new direction on the board for its peers to r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from swarmyard.plane.tool_results import DirectionResult
 
 
 class _Tools(Protocol):
-    async def call(self, name: str, body: dict[str, Any] | None = None) -> Any: ...
+    async def claim_direction(self, direction: str | None = None) -> DirectionResult: ...
 
 
 def direction_post(name: str) -> str:
@@ -29,12 +32,6 @@ def score_of(result: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _taken(data: Any) -> str | None:
-    inner = data.get("direction") if isinstance(data, dict) else None
-    name = inner.get("name") if isinstance(inner, dict) else None
-    return name if isinstance(name, str) else None
-
-
 @dataclass(slots=True)
 class Explorer:
     """One worker's direction: ``None`` while it holds none (every direction is held by a live peer)."""
@@ -43,11 +40,10 @@ class Explorer:
 
     async def start(self, tools: _Tools, fallback: str) -> str | None:
         """Take the first free direction; where the group offers none, the task's own title."""
-        data = await tools.call("claim_direction", {})
-        name = _taken(data)
-        offered = data.get("directions") if isinstance(data, dict) else None
-        if name is None and not offered and fallback.strip():
-            name = _taken(await tools.call("claim_direction", {"direction": fallback.strip()[:200]}))
+        taken = await tools.claim_direction()
+        if taken.direction is None and not taken.directions and fallback.strip():
+            taken = await tools.claim_direction(fallback.strip()[:200])
+        name = None if taken.direction is None else taken.direction.name
         self.direction = name
         return name
 
