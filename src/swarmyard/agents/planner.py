@@ -144,8 +144,6 @@ class PlannerAgent:
             return {"ending": "lost_claim", "task_id": task.task_id, "finding_id": None, "steps": steps,
                     "malformed": malformed}
         body = json.dumps({"lenses": [{"title": lens.title, "prompt": lens.prompt} for lens in lenses]})
-        data = await self._plane.call("submit_finding", {"title": "plan", "body": body, "citations": []})
-        inner = data.get("finding", data) if isinstance(data, dict) else None
-        finding_id = str(inner["id"]) if isinstance(inner, dict) and inner.get("id") else None
-        return {"ending": ending, "task_id": task.task_id, "finding_id": finding_id, "steps": steps,
+        finding = (await self._plane.submit_finding("plan", body)).finding
+        return {"ending": ending, "task_id": task.task_id, "finding_id": finding.id, "steps": steps,
                 "malformed": malformed}
