@@ -62,7 +62,8 @@ def test_the_findings_and_the_synthesis_are_verdicts_and_quotes_and_a_made_up_qu
             _tool("textsearch", pattern="afford"),
             _tool("submit_finding", verdict="no", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
             _tool("textsearch", pattern="loopback"),
-            _tool("submit_finding", verdict="yes", cite=[f"{box_file}:{box_no}: {box_line}"]),
+            # a line named by its path:line alone: its words are the search's
+            _tool("submit_finding", verdict="yes", cite=[f"{box_file}:{box_no}"]),
         ],
         "scripted-lead": [],  # a lead that asked its model anything would fail: the script holds no reply
     }
@@ -82,6 +83,7 @@ def test_the_findings_and_the_synthesis_are_verdicts_and_quotes_and_a_made_up_qu
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     by_title = {f.title: f for f in scouts}
     assert by_title["the budget"].body == f'No: "{budget_line}" ({budget_file}:{budget_no})'
+    assert by_title["the sandbox"].body == f'Yes: "{box_line}" ({box_file}:{box_no})'
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)
 

@@ -34,8 +34,8 @@ def test_a_finding_without_a_line_is_asked_again() -> None:
 
 
 def test_the_spec_offers_only_the_searched_lines_and_the_three_verdicts() -> None:
-    params = quoted.spec(["budget.md:3", "budget.md:3", "keys.md:4"]).parameters
-    assert params["properties"]["cite"]["items"]["enum"] == ["budget.md:3", "keys.md:4"]
+    params = quoted.spec(["budget.md:3: x", "budget.md:3: x", "keys.md:4: y"]).parameters
+    assert params["properties"]["cite"]["items"]["enum"] == ["budget.md:3: x", "keys.md:4: y"]
     assert params["properties"]["verdict"]["enum"] == ["yes", "no"]
     assert params["required"] == ["cite", "verdict"]
 

@@ -465,8 +465,8 @@ class BuiltinAgent:
     def _quoted_finding(self, action: Action) -> Action:
         """The finding a quoted worker's model chose: its task's title, and its verdict and the lines it cited,
         written as ``Yes: "the line" (path:line)`` (``quoted.finding``); each line cited with its quote. A line is
-        chosen by its ``path:line`` (the words are the search's: a model writing them out spent most of its
-        answer's tokens on them), or given whole as ``path:line: text``."""
+        given as the search returned it (``path:line: text``) or by its ``path:line`` alone (its words are then
+        the search's)."""
         from swarmyard.agents import quoted
 
         cite = action.args.get("cite")
@@ -857,7 +857,7 @@ class BuiltinAgent:
         if self._quoted and (only is None or FINISH in only):
             from swarmyard.agents import quoted
 
-            return {FINISH: quoted.spec([line.split(": ", 1)[0] for line in self._lines[-_CITABLE:]])}
+            return {FINISH: quoted.spec(self._lines[-_CITABLE:])}
         if (only != frozenset({FINISH}) or not self._lines or self._settings.role is not Role.WORKER
                 or self._settings.attach_result):
             return {}

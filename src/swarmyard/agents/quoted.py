@@ -27,8 +27,8 @@ from swarmyard.rules import quotes
 #: that ignores the schema is still read; a finding whose first word is none of these counts as unclear.)
 CHOICES = (verdicts.YES, verdicts.NO)
 _VERDICT = {"type": "string", "enum": list(CHOICES)}
-_DESCRIPTION = ("Submit your finding and finish: in cite, the line or lines your answer rests on, each by its "
-                "path:line as your search returned it; as the verdict, your answer to your task's question from those lines: yes or no. "
+_DESCRIPTION = ("Submit your finding and finish: in cite, the line or lines your answer rests on, as your search "
+                "returned them; as the verdict, your answer to your task's question from those lines: yes or no. "
                 "The finding is written from them; you write no sentence.")
 #: ``submit_finding`` as a reply is read (the lines it may cite are narrowed per call by :func:`spec`).
 FINISH_SPEC = ToolSpec(FINISH, _DESCRIPTION, {
@@ -42,12 +42,14 @@ _CITED = re.compile(r"^Cited line (?P<ref>\S+:[0-9]{1,9}): (?P<quote>.*)$", re.M
 _FIRST_WORD = re.compile(r"\s*([^\W\d_]+)")
 
 
-def spec(refs: Sequence[str]) -> ToolSpec:
-    """:data:`FINISH_SPEC` whose ``cite`` may only hold ``refs`` (``path:line`` of the lines a search returned),
-    one to three of them, both arguments required: constrained decoding makes the model choose."""
+def spec(lines: Sequence[str]) -> ToolSpec:
+    """:data:`FINISH_SPEC` whose ``cite`` may only hold ``lines`` (``path:line: text``, as a search returned
+    them), one to three of them, then the verdict, both required: constrained decoding makes the model choose.
+    (Offered the lines' ``path:line`` alone, shorter to write, the 0.5B model answered "no" for three lines that
+    each say yes; writing the line out before its verdict, it answered two of three right.)"""
     cite: dict[str, Any] = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3}
-    if refs:
-        cite["items"] = {"type": "string", "enum": list(dict.fromkeys(refs))}
+    if lines:
+        cite["items"] = {"type": "string", "enum": list(dict.fromkeys(lines))}
     return ToolSpec(FINISH, _DESCRIPTION, {"type": "object", "properties": {"cite": cite, "verdict": _VERDICT},
                                            "required": ["cite", "verdict"], "additionalProperties": False})
 
