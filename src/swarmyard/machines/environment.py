@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import site
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
+import swarmyard
 from swarmyard.errors import InvalidInputError
 
 #: Host variables copied into a machine when set; nothing else from the host's environment ever is.
@@ -43,3 +48,65 @@ ENV_BIN = os.path.dirname(os.path.abspath(sys.executable))
 #: ``~/.local``, would run inside the next process before it locks anything. Not ``-I``: it drops ``PYTHONPATH``
 #: too, which a machine is given when swarmyard comes from a source folder.
 MACHINE_PYTHON: tuple[str, ...] = (sys.executable, "-P", "-s")
+
+
+@dataclass(frozen=True, slots=True)
+class LeanPython:
+    """How a Python swarmyard starts in every machine (the built-in agent) is started: ``argv`` (an interpreter and
+    its flags, the module or code follows) and the variables to add to its exec's environment."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+@functools.cache
+def lean_python() -> LeanPython:
+    """:data:`MACHINE_PYTHON` with ``-S``, where this interpreter's packages allow it, else :data:`MACHINE_PYTHON`.
+
+    ``-S``: no ``site``, so none of the ``.pth`` files installed beside the packages runs in a machine. A line of
+    one that starts with ``import`` is code run at every Python start (setuptools' distutils hook, a certificate
+    hook that imports certifi and ``importlib.resources``): paid by every machine's agent, for nothing it uses.
+    The packages are found instead on the ``PYTHONPATH`` given with it: the source root of a swarmyard that is
+    not in site-packages (an editable install), then what ``site`` would have added (the site folders and the
+    folders their ``.pth`` files name inside them; never the user site, as ``-s``). Those come before the
+    standard library on ``sys.path``, where ``site`` puts them after it: when a site folder holds a module named
+    as one of the standard library's, the agent starts with ``site`` as before.
+    """
+    root = str(Path(swarmyard.__file__).resolve().parent.parent)
+    return lean_python_for([os.path.realpath(f) for f in site.getsitepackages() if os.path.isdir(f)], root)
+
+
+def lean_python_for(folders: list[str], root: str) -> LeanPython:
+    """:func:`lean_python` for these site folders and a swarmyard found in ``root``."""
+    stdlib = set(sys.stdlib_module_names)
+    path: list[str] = []
+    for folder in folders:
+        names = {entry.split(".", 1)[0] for entry in os.listdir(folder)}
+        if names & stdlib:
+            return LeanPython(MACHINE_PYTHON, {})
+        path.append(folder)
+        path += _pth_folders(folder, folders)
+    if root not in path:
+        path.insert(0, root)
+    return LeanPython((*MACHINE_PYTHON, "-S"), {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))})
+
+
+def _pth_folders(folder: str, within: list[str]) -> list[str]:
+    """The folders the ``.pth`` files of ``folder`` add (their lines that are not code), those inside ``within``:
+    a machine sees no other (a swarmyard source root named by an editable install's is added apart)."""
+    found: list[str] = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".pth"):
+            continue
+        try:
+            lines = Path(folder, name).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            line = line.strip()
+            if not line or line.startswith(("#", "import ", "import\t")):
+                continue
+            added = os.path.realpath(os.path.join(folder, line))
+            if os.path.isdir(added) and any(added.startswith(w + os.sep) for w in within):
+                found.append(added)
+    return found

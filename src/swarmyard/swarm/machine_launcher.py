@@ -27,7 +27,7 @@ from swarmyard.config import AgentKind, HistoryMode, Profile, SandboxKind, Swarm
 from swarmyard.domain import Goal
 from swarmyard.errors import BudgetExceededError, ConfigError, SandboxError, SwarmyardError
 from swarmyard.ids import new_id
-from swarmyard.machines.environment import MACHINE_PYTHON
+from swarmyard.machines.environment import MACHINE_PYTHON, lean_python
 from swarmyard.machines.local import HOME as MACHINE_HOME
 from swarmyard.plane.server import BackgroundServer, Listen
 from swarmyard.plane.trajectory import MAX_FILE_BYTES, TrajectoryFiles
@@ -361,7 +361,8 @@ class MachineLauncher:
             agent = AgentKind.BUILTIN  # the planning call is always the built-in one: an external CLI cannot
         submit: tuple[str, str, int, str] | None = None  # (file, task, fencing token, title) for an agent w/o MCP
         if agent is AgentKind.BUILTIN:
-            argv: list[str] = [*MACHINE_PYTHON, "-m", "swarmyard.agents"]
+            python = lean_python()
+            argv: list[str] = [*python.argv, "-m", "swarmyard.agents"]
             settings = AgentSettings(
                 plane_url=relay, token=token, model=model, role=slot.role, max_steps=steps, exec_timeout_s=60.0,
                 workdir=Path("."), task_id=slot.task_id or None,
@@ -378,7 +379,7 @@ class MachineLauncher:
                 settings = replace(settings, synthesis=self.config.lead.synthesis.value)
             if slot.role is Role.PLANNER:
                 settings = replace(settings, plan_count=self.config.tasks.plan or 1)
-            env = settings.to_env()
+            env = {**python.env, **settings.to_env()}
         else:
             # An agent CLI calls its model before any tool, and the broker only serves a worker that holds a
             # claim: so the launcher claims for it, and the agent starts with its task in hand.
