@@ -75,8 +75,10 @@ def test_sigterm_right_after_the_line_ends_run_ui_with_the_run_s_status(
 
 def test_sigterm_right_after_the_line_ends_swarmyard_ui_with_status_0(folder: tuple[Path, dict[str, str]]) -> None:
     path, env = folder
-    runs = sorted((path / "runs").iterdir())
-    if not runs:  # this test alone: a run of its own first
+    # The module's first test leaves its run in the shared folder; run alone (or on another pytest-xdist worker,
+    # which makes the module's folder afresh) this one has no runs folder yet and makes a run of its own first.
+    runs = sorted((path / "runs").glob("*"))
+    if not runs:
         done = subprocess.run([str(SWARMYARD), "run", str(path / "conf" / "swarm.toml")], cwd=path, env=env,
                               capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
