@@ -231,6 +231,9 @@ class Machine:
     #: The sandbox's stderr (a memfd: no file to create per machine); read when a boot fails.
     log_fd: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The sandbox's pid 1 and its init (pid 2) as host ``(pid, start time)`` pairs, found once under the sandbox
+    #: process of this pid (see ``SupervisedBackend._check_answering``).
+    stop_watch: tuple[int, tuple[tuple[int, str], ...]] | None = None
 
     def move(self, state: MachineState, **changes: Any) -> None:
         """Change state along the transition table."""
@@ -690,8 +693,17 @@ class SupervisedBackend:
     def _check_answering(self, machine: Machine) -> None:
         """Refuse at once a call to a machine whose init a process inside has stopped (``kill -STOP``): the init
         would take the request and never answer it (an exec with no timeout would wait for ever)."""
-        inner = None if machine.proc is None else inside(machine.proc.pid, "pid")
-        if inner is not None and _init_stopped(inner):
+        # Asked before every call and twice a second by every waiting exec (hundreds at once in a swarm): the two
+        # processes are found once by a walk of /proc, then only their stat lines are read.
+        if machine.proc is None:
+            return
+        watch = machine.stop_watch
+        if watch is None or watch[0] != machine.proc.pid:
+            found = _sandbox_init_pids(machine.proc.pid)
+            watch = (machine.proc.pid, found)
+            if len(found) == 2:
+                machine.stop_watch = watch
+        if _stopped(watch[1]):
             raise MachineNotRespondingError(f"machine {machine.info.id} is not responding: its init is stopped (a "
                                             "process in it may stop it); a delete still works",
                                             machine_id=machine.info.id)
@@ -940,20 +952,45 @@ def _reaped(pid: int, started: str | None, timeout_s: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _init_stopped(inner: int) -> bool:
-    """Whether the sandbox's pid 1 (``inner``) or the init (its child that is pid 2 in the machine's namespace) is
-    stopped (state ``T`` or ``t``). Other children of pid 1 are orphans it reaped: theirs is not the init's state."""
+def _sandbox_init_pids(sandbox: int) -> tuple[tuple[int, str], ...]:
+    """The sandbox's pid 1 (the first process below ``sandbox``, bwrap, in another pid namespace) and the init
+    (its child that is pid 2 in the machine's namespace), as host ``(pid, start time)`` pairs; fewer while they
+    are not there. Other children of pid 1 are orphans it reaped: theirs is not the init's state."""
+    inner = inside(sandbox, "pid")
+    if inner is None:
+        return ()
     try:
         children = Path(f"/proc/{inner}/task/{inner}/children").read_text().split()
     except OSError:
-        return False  # ended while we looked: the exit is seen elsewhere
+        return ()  # ended while we looked: the exit is seen elsewhere
+    found = []
     for pid in (inner, *map(int, children)):
         try:
             status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                           if ":\t" in line)
         except OSError:
             continue
-        if status.get("NSpid", "").split()[-1:] in (["1"], ["2"]) and status.get("State", "")[:1] in ("T", "t"):
+        started = start_time(pid)
+        if status.get("NSpid", "").split()[-1:] in (["1"], ["2"]) and started is not None:
+            found.append((pid, started))
+    return tuple(found)
+
+
+def _stopped(processes: tuple[tuple[int, str], ...]) -> bool:
+    """Whether one of these ``(pid, start time)`` processes is stopped (state ``T`` or ``t``); one that has ended
+    (or whose pid another process has since) is not."""
+    for pid, started in processes:
+        try:
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fields = os.read(fd, 4096).rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if len(fields) > 19 and fields[19].decode() == started and fields[0] in (b"T", b"t"):
             return True
     return False
 
