@@ -45,6 +45,10 @@ def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path:
                 "machine_boot_s_median", "server_cpu_ms_per_request", "host_cpu_s_per_agent", "last_agent_up_s"):
         assert isinstance(got[key], int | float) and got[key] > 0, key
     assert 1 <= got["most_alive"] <= 4 and got["cores"] >= 1
+    # the host CPU per agent is its parts: the agent's own, the plane's and this bench process's, per agent
+    parts = ("agent_cpu_s_mean", "server_cpu_s_per_agent", "bench_cpu_s_per_agent")
+    assert all(got[key] > 0 for key in parts), {key: got[key] for key in parts}
+    assert sum(got[key] for key in parts) == pytest.approx(got["host_cpu_s_per_agent"], abs=0.003)
     # where the time went before each agent's first call: every phase measured, none past the run's end
     for phase in ("boot", "start", "to_call", "first_call"):
         assert 0 < got[f"phase_{phase}_s_median"] <= got[f"phase_{phase}_s_p90"] < got["wall_s"], phase

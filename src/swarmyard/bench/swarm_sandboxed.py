@@ -30,6 +30,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING
 from swarmyard.bench.result import BenchResult, BenchRow
 from swarmyard.bench.swarm_plane import MODEL, serve_plane, tree_cpu_s, wait_ready
 from swarmyard.domain import GoalSpec, TaskSpec
-from swarmyard.machines.environment import MACHINE_PYTHON
+from swarmyard.machines.environment import lean_python
 
 if TYPE_CHECKING:
     from swarmyard.agents.settings import AgentSettings
@@ -222,8 +223,10 @@ def _worker(machines: Machines, index: int, sock: Path, settings: AgentSettings,
         ready = machines.wait_until_ready(info.id)
         out.boot_s = time.perf_counter() - began
         out.ready_at = time.time()
-        agent_env = {**env, **replace(settings, plane_url=f"http://127.0.0.1:{ready.relay_port}").to_env()}
-        result = machines.exec(info.id, [*MACHINE_PYTHON, "-c", _AGENT], env=agent_env, timeout=timeout_s)
+        python = lean_python()  # as the machine launcher starts the agent
+        agent_env = {**python.env, **env,
+                     **replace(settings, plane_url=f"http://127.0.0.1:{ready.relay_port}").to_env()}
+        result = machines.exec(info.id, [*python.argv, "-c", _AGENT], env=agent_env, timeout=timeout_s)
         out.exit_code = result.exit_code
         for line in result.stderr.decode("utf-8", "replace").splitlines():
             if line.startswith("bench-rusage "):
@@ -241,9 +244,19 @@ def _worker(machines: Machines, index: int, sock: Path, settings: AgentSettings,
 
 
 def _warm_bytecode() -> None:
-    """Import the agent here first: its modules' bytecode is then current on disk, as on any host that ran it
-    once (machines see the package read-only and would compile whatever is stale, every one of them)."""
-    import swarmyard.agents.entry  # noqa: F401
+    """Make the agent's modules' bytecode current on disk, as on any host that ran it once: machines see the
+    package read-only and would compile whatever is stale, every one of them at each start. Compiled here, not
+    imported: an import writes no bytecode under ``PYTHONDONTWRITEBYTECODE`` (or ``-B``)."""
+    import compileall
+
+    import swarmyard
+    import swarmyard.agents.entry
+
+    compileall.compile_dir(Path(swarmyard.__file__).parent, quiet=2)
+    for module in list(sys.modules.values()):  # the standard library and packages the agent imports
+        source = getattr(module, "__file__", None)
+        if source and source.endswith(".py"):
+            compileall.compile_file(source, quiet=2)
 
 
 def measure(workers: int, *, steps: int = 1, latency_s: float = 30.0) -> SandboxedRun:
@@ -372,6 +385,11 @@ def summary_of(got: SandboxedRun, cores: int) -> dict[str, float | int | bool]:
         "machine_boot_s_median": round(_median(got.boot_s), 3),
         "server_cpu_ms_per_request": round(got.server_cpu_s * 1e3 / max(1, got.requests), 3),
         "host_cpu_s_per_agent": round(busy / max(1, got.workers), 3),
+        # its parts: the agent's own process, the plane's per agent, this process's (the Machines API: create,
+        # exec, delete, the sampler) per agent; the sandbox around the agent (bwrap, the init) is in none of them
+        "agent_cpu_s_mean": round(agent_cpu / max(1, len(got.agent_cpu_s)), 3),
+        "server_cpu_s_per_agent": round(got.server_cpu_s / max(1, got.workers), 3),
+        "bench_cpu_s_per_agent": round(got.bench_cpu_s / max(1, got.workers), 3),
         # the cores' share this run kept busy over its wall time (the agents, the plane, the machines' host side)
         "cpu_utilisation": round(busy / (got.wall_s * cores), 3) if got.wall_s else 0.0,
         "cores": cores,
