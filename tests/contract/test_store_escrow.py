@@ -43,10 +43,10 @@ def _rows(store: SqlStore, sql: str, params: tuple[Any, ...] = ()) -> list[tuple
 
 
 def _goal_row(store: SqlStore, goal_id: str) -> dict[str, int]:
-    [row] = _rows(store, "SELECT budget, reserved, settled, calls, escrowed, escrowed_calls, call_cap, allocated "
-                         "FROM goals WHERE id = ?", (goal_id,))
+    [row] = _rows(store, "SELECT budget, reserved, settled, calls, escrowed, escrowed_calls, call_cap, allocated, "
+                         "allocated_calls FROM goals WHERE id = ?", (goal_id,))
     return dict(zip(("budget", "reserved", "settled", "calls", "escrowed", "escrowed_calls", "call_cap",
-                     "allocated"), (int(v) for v in row), strict=True))
+                     "allocated", "allocated_calls"), (int(v) for v in row), strict=True))
 
 
 def _slice(store: SqlStore, task_id: str) -> dict[str, Any]:
@@ -78,8 +78,16 @@ def check_escrow_binds(store: SqlStore, goal_id: str) -> None:
     assert goal["escrowed_calls"] == sum(int(r[3]) for r in live)
     assert goal["settled"] + goal["reserved"] + goal["escrowed"] <= goal["budget"]
     assert min(goal["settled"], goal["reserved"], goal["escrowed"]) >= 0
+    tasks = _rows(store, "SELECT budget, call_cap, calls FROM tasks WHERE goal_id = ?", (goal_id,))
+    assert goal["allocated"] == sum(int(t[0]) for t in tasks) <= goal["budget"], "budget allocated twice or lost"
     if goal["call_cap"]:
         assert goal["calls"] + goal["escrowed_calls"] <= goal["call_cap"]
+        # a goal's calls are allocated: its tasks' own caps (an ended task's: the calls it made), and the calls of
+        # those with none; what its row counts and its slices carry is within that
+        assert goal["allocated_calls"] == sum(int(cap) or int(calls) for _, cap, calls in tasks), (
+            "calls allocated twice or lost")
+        assert goal["calls"] + goal["escrowed_calls"] <= goal["allocated_calls"] <= goal["call_cap"]
+        assert all(int(calls) <= int(cap) for _, cap, calls in tasks if int(cap))
     for _, _, amount, cap, s_reserved, s_settled, s_calls in live:
         assert int(s_reserved) >= 0 and int(s_settled) >= 0 and int(s_reserved) + int(s_settled) <= int(amount)
         if goal["call_cap"]:
@@ -206,26 +214,105 @@ def test_a_delegated_task_carves_from_its_parents_slice(escrow_store: Any) -> No
     check_escrow_binds(store, goal)
 
 
-def test_a_goal_call_cap_is_shared_not_carved(escrow_store: Any) -> None:
-    # a goal that caps calls gives no slices: its tasks share its calls first come, first served (a carved cap let
-    # one claim take the goal's every call while the goal had made none)
+def test_a_goal_call_cap_is_allocated_to_its_tasks_and_carved_at_claim(escrow_store: Any) -> None:
+    # a goal that caps calls allocates them to its tasks as they are made: a claim carves the calls its task's own
+    # cap has left, which no peer could make, so a hold inside the slice writes only the task's row
     store, _ = escrow_store
-    goal = store.create_goal(GoalSpec("g", 100_000, 5)).id
-    capped = store.create_task(goal, TaskSpec("a", budget_micro_usd=1_000, call_cap=5, priority=2)).id
-    uncapped = store.create_task(goal, TaskSpec("b", budget_micro_usd=1_000, priority=1)).id
-    a = store.claim(goal, "wa", 60)
-    b = store.claim(goal, "wb", 60)
-    assert a is not None and b is not None and (a.task.id, b.task.id) == (capped, uncapped)
-    assert _slice(store, capped)["token"] is None and _slice(store, uncapped)["token"] is None
-    assert _goal_row(store, goal)["escrowed_calls"] == 0 and _goal_row(store, goal)["escrowed"] == 0
-    for _ in range(2):  # the uncapped task takes 2 of the goal's 5 calls; the capped one the 3 left
-        store.reserve(uncapped, b.token, model="m", amount=1, method="x")
-    for _ in range(3):
-        store.reserve(capped, a.token, model="m", amount=1, method="x")
-    for task, token in ((capped, a.token), (uncapped, b.token)):
-        with pytest.raises(CallCapExceededError):
-            store.reserve(task, token, model="m", amount=1, method="x")
-    assert store.get_goal(goal).envelope.calls == 5
+    goal = store.create_goal(GoalSpec("g", 100_000, 10)).id
+    a = store.create_task(goal, TaskSpec("a", budget_micro_usd=1_000, call_cap=4, priority=3)).id
+    b = store.create_task(goal, TaskSpec("b", budget_micro_usd=1_000, call_cap=4, priority=2)).id
+    with pytest.raises(CallCapExceededError) as refused:  # 2 calls are left unallocated, 3 asked
+        store.create_task(goal, TaskSpec("d", budget_micro_usd=1_000, call_cap=3))
+    assert "2 calls left" in str(refused.value)
+    pooled = store.create_task(goal, TaskSpec("c", budget_micro_usd=1_000, priority=1)).id  # no cap of its own
+    assert _goal_row(store, goal)["allocated_calls"] == 8
+    ca, cb, cc = (store.claim(goal, w, 60) for w in ("wa", "wb", "wc"))
+    assert ca is not None and cb is not None and cc is not None
+    assert (ca.task.id, cb.task.id, cc.task.id) == (a, b, pooled)
+    assert _slice(store, a)["call_cap"] == 4 and _slice(store, b)["call_cap"] == 4
+    assert _slice(store, pooled)["token"] is None, "a task with no cap of its own got a slice of a capped goal"
+    assert _goal_row(store, goal)["escrowed_calls"] == 8
+    before = _goal_row(store, goal)
+    for _ in range(4):  # the whole of a's cap, on a's row only
+        store.reserve(a, ca.token, model="m", amount=1, method="x")
+    assert _goal_row(store, goal) == before, "a hold inside a slice with calls wrote the goal's row"
+    with pytest.raises(CallCapExceededError):
+        store.reserve(a, ca.token, model="m", amount=1, method="x")
+    for _ in range(2):  # the task with no cap of its own takes the 2 unallocated calls, on the goal's row
+        store.reserve(pooled, cc.token, model="m", amount=1, method="x")
+    with pytest.raises(CallCapExceededError):
+        store.reserve(pooled, cc.token, model="m", amount=1, method="x")
+    for _ in range(4):  # b was not starved by either
+        store.reserve(b, cb.token, model="m", amount=1, method="x")
+    with pytest.raises(CallCapExceededError):
+        store.reserve(b, cb.token, model="m", amount=1, method="x")
+    assert store.get_goal(goal).envelope.calls == 10
+    check_escrow_binds(store, goal)
+    for task, claim in ((a, ca), (b, cb), (pooled, cc)):
+        store.complete(task, claim.token)
+    assert _goal_row(store, goal)["calls"] == 10 and _goal_row(store, goal)["escrowed_calls"] == 0
+    check_escrow_binds(store, goal)
+
+
+def test_an_ended_tasks_unspent_budget_and_calls_are_given_out_again(escrow_store: Any) -> None:
+    store, _ = escrow_store
+    goal = store.create_goal(GoalSpec("g", 10_000, 6)).id
+    first = store.create_task(goal, TaskSpec("first", budget_micro_usd=8_000, call_cap=5)).id
+    with pytest.raises(BudgetExceededError):
+        store.create_task(goal, TaskSpec("later", budget_micro_usd=9_000, call_cap=5))
+    claim = store.claim(goal, "w", 60)
+    assert claim is not None
+    store.settle(store.reserve(first, claim.token, model="m", amount=2_000, method="x").id, 1_500)
+    done = store.complete(first, claim.token, "ok")
+    # its budget is what it spent, its cap the calls it made: the rest is the goal's to give out again
+    assert (done.envelope.limit, done.envelope.call_cap) == (1_500, 1)
+    row = _goal_row(store, goal)
+    assert (row["allocated"], row["allocated_calls"], row["settled"], row["escrowed"]) == (1_500, 1, 1_500, 0)
+    returned = [json.loads(e.body) for e in store.unsequenced_events(limit=1_000) if e.kind == "task.completed"]
+    assert [(e["returned"], e["returned_calls"], e["returned_to"]) for e in returned] == [(6_500, 4, None)]
+    later = store.create_task(goal, TaskSpec("later", budget_micro_usd=8_500, call_cap=5)).id
+    again = store.claim(goal, "w", 60)
+    assert again is not None and again.task.id == later
+    assert _slice(store, later)["slice"] == 8_500 and _slice(store, later)["call_cap"] == 5
+    with pytest.raises(IllegalTransitionError):  # once: the ended task gives nothing back a second time
+        store.cancel_task(first, "again")
+    with pytest.raises(BudgetExceededError):
+        store.create_task(goal, TaskSpec("more", budget_micro_usd=1))
+    store.fail(later, again.token, "no")
+    assert _goal_row(store, goal)["allocated"] == 1_500 and _goal_row(store, goal)["allocated_calls"] == 1
+    check_escrow_binds(store, goal)
+
+
+def test_a_delegated_task_carves_its_calls_from_its_parents_and_gives_back_what_it_did_not_use(
+        escrow_store: Any) -> None:
+    store, _ = escrow_store
+    goal = store.create_goal(GoalSpec("g", 100_000, 8, max_depth=2)).id
+    parent = store.create_task(goal, TaskSpec("p", budget_micro_usd=10_000, call_cap=5)).id
+    claim = store.claim(goal, "w", 60)
+    assert claim is not None and _slice(store, parent)["call_cap"] == 5
+    with pytest.raises(CallCapExceededError):  # all 5 of a parent that made none: it keeps one
+        store.delegate(parent, claim.token, TaskSpec("c", budget_micro_usd=1_000, call_cap=5))
+    child = store.delegate(parent, claim.token, TaskSpec("c", budget_micro_usd=3_000, call_cap=3)).id
+    assert store.get_task(parent).envelope.call_cap == 2 and _slice(store, parent)["call_cap"] == 2
+    assert _goal_row(store, goal)["escrowed_calls"] == 2 and _goal_row(store, goal)["allocated_calls"] == 5
+    pooled = store.delegate(parent, claim.token, TaskSpec("c2", budget_micro_usd=1_000)).id  # no cap: the pool's
+    child_claim = store.claim(goal, "w2", 60, task_id=child)
+    assert child_claim is not None and _slice(store, child)["call_cap"] == 3
+    store.settle(store.reserve(child, child_claim.token, model="m", amount=500, method="x").id, 500)
+    check_escrow_binds(store, goal)
+    store.complete(child, child_claim.token)  # its 2 unused calls and 2,500 unspent go back into the parent
+    assert store.get_task(parent).envelope.call_cap == 4 and _slice(store, parent)["call_cap"] == 4
+    assert _slice(store, parent)["slice"] == 8_500 and _goal_row(store, goal)["escrowed_calls"] == 4
+    check_escrow_binds(store, goal)
+    for _ in range(4):
+        store.reserve(parent, claim.token, model="m", amount=1, method="x")
+    pooled_claim = store.claim(goal, "w3", 60, task_id=pooled)
+    assert pooled_claim is not None
+    for _ in range(3):  # the goal's 3 unallocated calls
+        store.reserve(pooled, pooled_claim.token, model="m", amount=1, method="x")
+    with pytest.raises(CallCapExceededError):
+        store.reserve(pooled, pooled_claim.token, model="m", amount=1, method="x")
+    assert store.get_goal(goal).envelope.calls == 8
     check_escrow_binds(store, goal)
 
 
@@ -348,7 +435,7 @@ class EscrowMachine(RuleBasedStateMachine):
 
     url_factory: object
 
-    @initialize(cap=st.sampled_from([0, 14]))
+    @initialize(cap=st.sampled_from([0, 9, 14]))
     def setup(self, cap: int) -> None:
         self.clock = FakeClock()
         self.url = self.url_factory()  # type: ignore[operator]
@@ -432,12 +519,30 @@ class EscrowMachine(RuleBasedStateMachine):
             pass
 
     @precondition(lambda self: bool(self.held))
-    @rule(data=st.data(), budget=st.integers(0, 4_000))
-    def delegate(self, data: st.DataObject, budget: int) -> None:
+    @rule(data=st.data(), budget=st.integers(0, 4_000), calls=st.sampled_from([0, 1, 3]))
+    def delegate(self, data: st.DataObject, budget: int, calls: int) -> None:
         worker = data.draw(st.sampled_from(sorted(self.held)))
         task_id, token = self.held[worker]
-        with contextlib.suppress(BudgetExceededError, FencingError, DepthExceededError):
-            self.store.delegate(task_id, token, TaskSpec("sub", budget_micro_usd=budget, call_cap=3))
+        before = self.store.get_task(task_id).envelope
+        try:
+            self.store.delegate(task_id, token, TaskSpec("sub", budget_micro_usd=budget, call_cap=calls))
+        except (BudgetExceededError, CallCapExceededError, FencingError, DepthExceededError):
+            assert self.store.get_task(task_id).envelope == before, "a refused delegation carved its parent"
+
+    @rule(budget=st.integers(0, 5_000), calls=st.sampled_from([0, 1, 2, 4]))
+    def create_task(self, budget: int, calls: int) -> None:
+        """A later task gets what is unallocated, which ended tasks gave back: refused exactly when the goal's
+        unallocated budget, or calls, cannot cover it."""
+        row = _goal_row(self.store, self.goal)
+        fits = (row["budget"] - row["allocated"] >= budget
+                and (not row["call_cap"] or row["call_cap"] - row["allocated_calls"] >= calls))
+        try:
+            self.store.create_task(self.goal, TaskSpec("later", budget_micro_usd=budget, call_cap=calls))
+        except (BudgetExceededError, CallCapExceededError):
+            assert not fits, "a task the goal's unallocated budget and calls cover was refused"
+            assert _goal_row(self.store, self.goal) == row
+        else:
+            assert fits, "a task was allocated more than the goal had unallocated"
 
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:

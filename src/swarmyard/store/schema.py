@@ -202,9 +202,25 @@ def _m010_escrow(t: Types, postgres: bool) -> list[str]:
     ]
 
 
+def _m011_call_allocation(t: Types, postgres: bool) -> list[str]:
+    # A goal that caps calls allocates them to its tasks as they are made, like its budget: ``allocated_calls`` is
+    # what its tasks' own caps hold (a top-level task's carved from the goal's, a delegated one's from its
+    # parent's, or from the goal's when the parent has no cap) plus the calls made by its tasks with no cap of
+    # their own, each taken from the unallocated ones as it is made. A claim then carves the task's remaining calls
+    # into its slice without taking its peers' (the hoard of e62c9b0). An ended task's unused calls go back.
+    # An existing goal's is counted from its tasks; one whose tasks' caps add up to more than its cap (allowed
+    # before) gives no slices: its tasks share its calls on its row, as before.
+    return [
+        f"ALTER TABLE goals ADD COLUMN allocated_calls {t.bigint} NOT NULL DEFAULT 0",
+        "UPDATE goals SET allocated_calls = COALESCE((SELECT SUM(CASE WHEN t.call_cap > 0 THEN t.call_cap "
+        "ELSE t.calls END) FROM tasks t WHERE t.goal_id = goals.id), 0) WHERE call_cap > 0",
+    ]
+
+
 Migration = Callable[[Types, bool], list[str]]
 
 #: Applied in order; append new migrations, never edit old ones.
 MIGRATIONS: list[Migration] = [_m001_initial, _m002_claim_indexes, _m003_reservation_usage, _m004_quotas,
                           _m005_directions_scores, _m006_direction_order,
-                          _m007_replicas, _m008_lost_bodies, _m009_bodies_in_flight, _m010_escrow]
+                          _m007_replicas, _m008_lost_bodies, _m009_bodies_in_flight, _m010_escrow,
+                          _m011_call_allocation]

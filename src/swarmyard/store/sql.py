@@ -309,21 +309,29 @@ class SqlStore(DirectionStore, ReplicaStore):
         return self._task_row(cur, task_id)
 
     def create_task(self, goal_id: str, spec: TaskSpec) -> Task:
-        """Create a top-level task; its envelope is carved from the goal's unallocated budget."""
+        """Create a top-level task; its envelope is carved from the goal's unallocated budget, and, when the goal
+        caps calls, its own call cap from the goal's unallocated calls (``CallCapExceededError`` when they cannot
+        cover it). A task with no cap of its own on such a goal takes each call from the unallocated ones."""
         if spec.parent_id is not None:
             raise InvalidInputError("create_task makes top-level tasks; use delegate for sub-tasks",
                                     field="parent_id")
         budget = micro_usd(spec.budget_micro_usd, field="budget_micro_usd")
         now = self._now()
         with self._e.write() as cur:
-            self._validate_task(spec)
-            cur.execute("UPDATE goals SET allocated = allocated + ? WHERE id = ? AND budget - allocated >= ? "
-                        "RETURNING allocated", (budget, goal_id, budget))
+            calls = self._validate_task(spec)[4]
+            cur.execute("UPDATE goals SET allocated = allocated + ?, allocated_calls = allocated_calls + CASE WHEN "
+                        "call_cap > 0 THEN ? ELSE 0 END WHERE id = ? AND budget - allocated >= ? AND "
+                        "(call_cap = 0 OR call_cap - allocated_calls >= ?) RETURNING allocated",
+                        (budget, calls, goal_id, budget, calls))
             if cur.fetchone() is None:
                 goal = self._goal_row(cur, goal_id)
-                allocated = self._one(cur, "SELECT allocated FROM goals WHERE id = ?", (goal_id,))[0]
-                raise BudgetExceededError(f"goal {goal.id} (unallocated)", budget,
-                                          goal.budget_micro_usd - int(allocated))
+                allocated, allocated_calls = self._one(cur, "SELECT allocated, allocated_calls FROM goals "
+                                                            "WHERE id = ?", (goal_id,))
+                if goal.budget_micro_usd - int(allocated) < budget:
+                    raise BudgetExceededError(f"goal {goal.id} (unallocated)", budget,
+                                              goal.budget_micro_usd - int(allocated))
+                raise CallCapExceededError(f"goal {goal.id} (unallocated: {goal.call_cap - int(allocated_calls)} "
+                                           f"calls left, a cap of {calls} asked)", goal.call_cap)
             return self._insert_task(cur, goal_id, None, 0, spec, now)
 
     def delegate(self, parent_id: str, token: int, spec: TaskSpec) -> Task:
@@ -337,19 +345,37 @@ class SqlStore(DirectionStore, ReplicaStore):
             if parent.depth + 1 > goal.max_depth:
                 raise DepthExceededError(parent_id, parent.depth + 1, goal.max_depth)
             # carved from the parent's live slice when it has one: the slice gives it back to the goal, whose
-            # envelope the child's own claim carves it from again
+            # envelope the child's own claim carves it from again. On a goal that caps calls the child's cap is
+            # carved from its parent's (the parent keeps one at least: a cap of 0 means none of its own), or,
+            # under a parent with no cap of its own, from the goal's unallocated calls.
+            calls = _int(spec.call_cap, "call_cap") if goal.call_cap else 0
+            of_parent, of_goal = (calls, 0) if parent.envelope.call_cap else (0, calls)
             in_slice = "slice_token = fencing_token"
             cur.execute(f"UPDATE tasks SET budget = budget - ?, slice = slice - CASE WHEN {in_slice} THEN ? ELSE 0 "
-                        f"END WHERE id = ? AND budget - reserved - settled >= ? AND (slice_token IS NULL OR "
-                        f"NOT {in_slice} OR slice - slice_reserved - slice_settled >= ?) "
+                        f"END, call_cap = call_cap - ?, slice_call_cap = slice_call_cap - CASE WHEN {in_slice} "
+                        f"THEN ? ELSE 0 END WHERE id = ? AND budget - reserved - settled >= ? AND (slice_token IS "
+                        f"NULL OR NOT {in_slice} OR slice - slice_reserved - slice_settled >= ?) AND "
+                        f"(? = 0 OR (call_cap - calls >= ? AND call_cap > ?)) "
                         f"RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END",
-                        (budget, budget, parent_id, budget, budget))
+                        (budget, budget, of_parent, of_parent, parent_id, budget, budget, of_parent, of_parent,
+                         of_parent))
             carved = cur.fetchone()
             if carved is None:
-                raise BudgetExceededError(f"task {parent_id}", budget, min(parent.envelope.available,
-                                                                           self._slice_available(cur, parent_id)))
-            if carved[0]:
-                cur.execute("UPDATE goals SET escrowed = escrowed - ? WHERE id = ?", (budget, parent.goal_id))
+                available = min(parent.envelope.available, self._slice_available(cur, parent_id))
+                if available < budget:
+                    raise BudgetExceededError(f"task {parent_id}", budget, available)
+                left = parent.envelope.call_cap - parent.envelope.calls
+                raise CallCapExceededError(f"task {parent_id} ({left} calls left, a cap of {of_parent} asked for "
+                                           "its sub-task, and it keeps one)", parent.envelope.call_cap)
+            escrowed, escrowed_calls = (budget, of_parent) if carved[0] else (0, 0)
+            if (escrowed or escrowed_calls or of_goal) and self._one(
+                    cur, "UPDATE goals SET escrowed = escrowed - ?, escrowed_calls = escrowed_calls - ?, "
+                         "allocated_calls = allocated_calls + ? WHERE id = ? AND (? = 0 OR call_cap - allocated_calls >= ?) "
+                         "RETURNING id", (escrowed, escrowed_calls, of_goal, parent.goal_id, of_goal, of_goal)) is None:
+                left = self._one(cur, "SELECT call_cap - allocated_calls FROM goals WHERE id = ?",
+                                 (parent.goal_id,))[0]
+                raise CallCapExceededError(f"goal {parent.goal_id} (unallocated: {int(left)} calls left, a cap of "
+                                           f"{of_goal} asked)", goal.call_cap)
             child = TaskSpec(title=spec.title, prompt=spec.prompt, group=spec.group, budget_micro_usd=budget,
                              call_cap=spec.call_cap, parent_id=parent_id, priority=spec.priority)
             return self._insert_task(cur, parent.goal_id, parent_id, parent.depth + 1, child, now)
@@ -376,25 +402,27 @@ class SqlStore(DirectionStore, ReplicaStore):
     # Lock order, everywhere: a reservation, then its task, then the goal; never the other way.
 
     def _carve(self, cur: Cursor, task_id: str, token: int, now: float) -> bool:
-        """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend.
-        A goal that caps calls gives no slices: its tasks' holds count on the goal's row, exact, as before escrow,
-        and its tasks share its calls first come, first served. (Carving a task's remaining calls into its slice
-        let one claim take a goal's whole cap while the goal had made no call, and its peers' claims were then
-        refused every call until it ended.) False when no slice was carved; its holds then charge the goal's row
-        as well, which is correct, only slower."""
+        """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend, and,
+        when the goal caps calls, the calls its own cap has left. Those were allocated to it when it was made (or
+        delegated), so a slice takes no call a peer could make. A task with no cap of its own on such a goal gets
+        no slice: its calls come from the goal's unallocated ones, counted on the goal's row. So does every task
+        of a goal whose tasks' caps add up to more than its cap (a store older than call allocation): a carved
+        cap could take its peers' calls. False when no slice was carved; its holds then charge the goal's row as
+        well, which is correct, only slower."""
         self._return_slice(cur, task_id, None, now, stale_for=token)
         goal_cap = "(SELECT g.call_cap FROM goals g WHERE g.id = tasks.goal_id)"
         row = self._one(cur, "UPDATE tasks SET slice_token = ?, slice = budget - reserved - settled, "
-                             "slice_call_cap = 0, slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
+                             f"slice_call_cap = CASE WHEN {goal_cap} = 0 THEN 0 ELSE call_cap - calls END, "
+                             "slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
                              "WHERE id = ? AND fencing_token = ? AND state = 'claimed' AND slice_token IS NULL "
-                             f"AND {goal_cap} = 0 RETURNING goal_id, slice, slice_call_cap",
+                             f"AND (call_cap > 0 OR {goal_cap} = 0) RETURNING goal_id, slice, slice_call_cap",
                         (token, task_id, token))
         if row is None:
             return False
         goal_id, amount, calls = str(row[0]), int(row[1]), int(row[2])
         if self._one(cur, "UPDATE goals SET escrowed = escrowed + ?, escrowed_calls = escrowed_calls + ? "
-                          "WHERE id = ? AND budget - reserved - settled - escrowed >= ? "
-                          "AND (call_cap = 0 OR calls + escrowed_calls + ? <= call_cap) RETURNING id",
+                          "WHERE id = ? AND budget - reserved - settled - escrowed >= ? AND (call_cap = 0 OR "
+                          "(calls + escrowed_calls + ? <= call_cap AND allocated_calls <= call_cap)) RETURNING id",
                      (amount, calls, goal_id, amount, calls)) is None:
             cur.execute("UPDATE tasks SET slice_token = NULL WHERE id = ?", (task_id,))
             return False
@@ -586,7 +614,13 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 self._refuse_claim_write(cur, task_id, token, now, target)
             task = rows.task(row)
-            if target is not TaskState.CLAIMED:  # the claim ends: its slice goes back, in the same transaction
+            if target in (TaskState.DONE, TaskState.FAILED):
+                # the task ends: what it did not spend and the calls it did not make go back, where they can be
+                # given out again, and its slice with them (in the same transaction)
+                heir, returned, returned_calls = self._give_back(cur, task, token, now)
+                data = {**data, "returned": returned, "returned_calls": returned_calls, "returned_to": heir}
+                task = self._task_row(cur, task_id)
+            elif target is not TaskState.CLAIMED:  # the claim ends: its slice goes back, in the same transaction
                 self._return_slice(cur, task_id, token, now)
             self.follow_claim(cur, task_id, token, held_until)
             self._event(cur, event, now, {"goal": task.goal_id, "task": task_id, "token": token, **data})
@@ -636,17 +670,16 @@ class SqlStore(DirectionStore, ReplicaStore):
             task = self._task_row(cur, task_id, lock=True)
             if task.state not in (TaskState.PENDING, TaskState.CLAIMED):
                 raise IllegalTransitionError("task", task_id, task.state.value, TaskState.CANCELLED.value)
-            unspent = task.envelope.available
             cur.execute("UPDATE tasks SET state = 'cancelled', result = ?, lease_expires_at = NULL, "
-                        "budget = reserved + settled, revision = revision + 1 WHERE id = ? AND state = ? "
-                        f"RETURNING {rows.TASK_COLS}", (reason, task_id, task.state.value))
-            row = cur.fetchone()
-            if row is None:
+                        "revision = revision + 1 WHERE id = ? AND state = ? RETURNING id",
+                        (reason, task_id, task.state.value))
+            if cur.fetchone() is None:
                 raise IllegalTransitionError("task", task_id, "(changed meanwhile)", TaskState.CANCELLED.value)
-            heir = self._end_unspent(cur, task, unspent, now)
+            heir, unspent, unused = self._end_unspent(cur, task, now)
             self._event(cur, "task.cancelled", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
-                                                     "returned": unspent, "returned_to": heir})
-            return rows.task(row)
+                                                     "returned": unspent, "returned_calls": unused,
+                                                     "returned_to": heir})
+            return self._task_row(cur, task_id)
 
     def fail_unaffordable(self, goal_id: str, min_slice_micro_usd: int, *, group: str | None = None) -> list[Task]:
         """Fail every claimable task of the goal whose envelope cannot afford ``min_slice_micro_usd`` (one model
@@ -674,59 +707,86 @@ class SqlStore(DirectionStore, ReplicaStore):
         for task_id in found:
             with self._e.write() as cur:
                 task = self._task_row(cur, task_id, lock=True)
-                unspent = task.envelope.available
-                reason = (f"refused at claim: its slice ({unspent} micro-USD) cannot afford one model call "
-                          f"({min_slice} micro-USD)")
+                reason = (f"refused at claim: its slice ({task.envelope.available} micro-USD) cannot afford one "
+                          f"model call ({min_slice} micro-USD)")
                 row = self._one(cur, "UPDATE tasks SET state = 'failed', result = ?, lease_expires_at = NULL, "
-                                     "budget = reserved + settled, revision = revision + 1 "
-                                     f"WHERE id = ? AND {short} RETURNING {rows.TASK_COLS}",
+                                     f"revision = revision + 1 WHERE id = ? AND {short} RETURNING id",
                                 (reason, task_id, now, min_slice))
                 if row is None:
                     continue  # claimed, ended or given more budget meanwhile
-                heir = self._end_unspent(cur, task, unspent, now)
+                heir, unspent, unused = self._end_unspent(cur, task, now)
                 self._event(cur, "task.failed", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
                                                       "needed": min_slice, "returned": unspent,
-                                                      "returned_to": heir})
-                failed.append(rows.task(row))
+                                                      "returned_calls": unused, "returned_to": heir})
+                failed.append(self._task_row(cur, task_id))
         return failed
 
-    def _end_unspent(self, cur: Cursor, task: Task, unspent: int, now: float) -> str | None:
-        """What a task ended before it was done (cancelled, or failed at claim) leaves: its slice returned, its
-        ``unspent`` budget handed up (see ``_hand_up``), its claim's follower ended; the heir's id, or None."""
+    def _end_unspent(self, cur: Cursor, task: Task, now: float) -> tuple[str | None, int, int]:
+        """What a task ended before it was done (cancelled, or failed at claim) leaves: see ``_give_back``; its
+        claim's follower ended too."""
+        given = self._give_back(cur, task, None, now)
+        if task.state is TaskState.CLAIMED and task.fencing_token is not None:
+            self.follow_claim(cur, task.id, task.fencing_token, None)
+        return given
+
+    def _give_back(self, cur: Cursor, task: Task, token: int | None, now: float) -> tuple[str | None, int, int]:
+        """An ended task (done, failed, cancelled; ``task`` as it was before it ended, its row locked) gives back
+        what it can no longer use: its budget becomes what it spent and still holds (a hold in flight settles
+        inside it and gives up what it did not use, see ``_finish``), and, on a goal that caps calls, its own cap
+        becomes the calls it made. The unspent budget and the unused calls are handed up (see ``_hand_up``) and
+        its live slice (claim ``token``'s, any with None) is returned: the unspent part is then the goal's to give
+        out again, to a later task or a delegation, exactly once (this runs in the transaction that ends the task,
+        which only one can). The heir's id (None: the goal), the budget and the calls given back."""
+        unspent = task.envelope.available
+        goal_cap = self._one(cur, "SELECT call_cap FROM goals WHERE id = ?", (task.goal_id,))[0]
+        unused = task.envelope.call_cap - task.envelope.calls if int(goal_cap) and task.envelope.call_cap else 0
+        if unspent or unused:
+            cur.execute("UPDATE tasks SET budget = budget - ?, call_cap = call_cap - ? WHERE id = ?",
+                        (unspent, unused, task.id))
         # lock order: this task, its ancestors, then the goal: the slice goes back to the goal's row after the
         # unspent budget went up the chain (holding the goal's row while waiting for an ancestor's deadlocked with
         # that ancestor's own cancel or delegate, which holds it while waiting for the goal's)
-        heir = self._hand_up(cur, task.parent_id, unspent, task.goal_id)
-        self._return_slice(cur, task.id, None, now)
-        if task.state is TaskState.CLAIMED and task.fencing_token is not None:
-            self.follow_claim(cur, task.id, task.fencing_token, None)
+        heir = self._hand_up(cur, task.parent_id, unspent, task.goal_id, unused)
+        self._return_slice(cur, task.id, token, now)
+        return heir, unspent, unused
+
+    def _hand_up(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str, calls: int = 0) -> str | None:
+        """Give ``amount`` (and ``calls``, a goal's allocated calls) back where they can still be spent: to the
+        nearest live ancestor (see ``_give_to_live_ancestor``), else to the goal's unallocated budget and calls;
+        the heir's id, or None for the goal. Calls an heir with no cap of its own cannot take go to the goal's
+        unallocated calls, which such a task draws on."""
+        heir, took_calls = self._give_to_live_ancestor(cur, parent_id, amount, goal_id, calls)
+        if heir is None or not took_calls:
+            to_goal = amount if heir is None else 0
+            if to_goal or calls:
+                cur.execute("UPDATE goals SET allocated = allocated - ?, allocated_calls = allocated_calls - ? "
+                            "WHERE id = ?", (to_goal, calls, goal_id))
         return heir
 
-    def _hand_up(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
-        """Give ``amount`` back where it can still be spent: to the nearest live ancestor (see
-        ``_give_to_live_ancestor``), else to the goal's unallocated budget; the heir's id, or None for the goal."""
-        heir = self._give_to_live_ancestor(cur, parent_id, amount, goal_id)
-        if heir is None:
-            cur.execute("UPDATE goals SET allocated = allocated - ? WHERE id = ?", (amount, goal_id))
-        return heir
-
-    def _give_to_live_ancestor(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str) -> str | None:
+    def _give_to_live_ancestor(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str,
+                               calls: int = 0) -> tuple[str | None, bool]:
         """Add ``amount`` to the envelope of the nearest live (pending or claimed) task up the chain from
-        ``parent_id``, and to its live slice too if it has one (its holds are bounded by that slice); the id of
-        that task, or None when no ancestor is live. Each step's update is conditional on the ancestor still being
-        live, so an ancestor cancelled concurrently either passes this amount on with its own (our update came
-        first) or is skipped (its cancel came first)."""
+        ``parent_id``, and to its live slice too if it has one (its holds are bounded by that slice); ``calls`` to
+        its own call cap and its slice's, if it has a cap of its own. The id of that task, or None when no
+        ancestor is live, and whether it took the calls. Each step's update is conditional on the ancestor still
+        being live, so an ancestor cancelled concurrently either passes this amount on with its own (our update
+        came first) or is skipped (its cancel came first)."""
         while parent_id is not None:
             given = self._one(cur, "UPDATE tasks SET budget = budget + ?, slice = slice + CASE WHEN slice_token IS "
-                                   "NULL THEN 0 ELSE ? END WHERE id = ? AND state IN ('pending', 'claimed') "
-                                   "RETURNING slice_token", (amount, amount, parent_id))
+                                   "NULL THEN 0 ELSE ? END, call_cap = call_cap + CASE WHEN call_cap > 0 THEN ? "
+                                   "ELSE 0 END, slice_call_cap = slice_call_cap + CASE WHEN slice_token IS NOT NULL "
+                                   "AND call_cap > 0 THEN ? ELSE 0 END WHERE id = ? AND state IN ('pending', "
+                                   "'claimed') RETURNING slice_token, call_cap",
+                              (amount, amount, calls, calls, parent_id))
             if given is not None:
-                if given[0] is not None:
-                    cur.execute("UPDATE goals SET escrowed = escrowed + ? WHERE id = ?", (amount, goal_id))
-                return parent_id
+                took = bool(calls) and int(given[1]) > 0
+                if given[0] is not None and (amount or took):
+                    cur.execute("UPDATE goals SET escrowed = escrowed + ?, escrowed_calls = escrowed_calls + ? "
+                                "WHERE id = ?", (amount, calls if took else 0, goal_id))
+                return parent_id, took
             up = self._one(cur, "SELECT parent_id FROM tasks WHERE id = ?", (parent_id,))
             parent_id = None if up is None or up[0] is None else str(up[0])
-        return None
+        return None, False
 
     def current_claim(self, worker_id: str) -> Claim | None:
         """The worker's live claim (the one with the latest lease), if any."""
@@ -1064,13 +1124,13 @@ class SqlStore(DirectionStore, ReplicaStore):
         with self._e.write() as cur:
             row = self._one(cur, f"UPDATE tasks SET {_CHARGE} WHERE id = ? AND "
                                  "fencing_token = ? AND state = 'claimed' AND lease_expires_at > ? AND "
-                                 f"{_AFFORDS} RETURNING goal_id, worker_id, {_SLICE_OF_HOLD}",
+                                 f"{_AFFORDS} RETURNING goal_id, worker_id, {_SLICE_OF_HOLD}, call_cap",
                             (amount, amount, task_id, token, now, amount, amount, now))
             if row is None:
                 self._refuse_reserve(cur, task_id, token, now, amount)
-            goal_id, worker_id, slice_token = row
+            goal_id, worker_id, slice_token, own_calls = row
             return self._hold(cur, goal_id, task_id, worker_id, token, amount, model, method, now, body_digest,
-                              slice_token)
+                              slice_token, own_calls=bool(own_calls))
 
     def reserve_for_worker(self, worker_id: str, token_hash: str, *, model: str, amount: int,
                            method: str, body_digest: str | None = None) -> Reservation:
@@ -1094,13 +1154,13 @@ class SqlStore(DirectionStore, ReplicaStore):
                                  "AND w.revoked = 0 AND w.token_hash = ? "
                                  "ORDER BY t.lease_expires_at DESC LIMIT 1) "
                                  "AND worker_id = ? AND state = 'claimed' AND lease_expires_at > ? "
-                                 f"AND {_AFFORDS} RETURNING id, goal_id, fencing_token, {_SLICE_OF_HOLD}",
+                                 f"AND {_AFFORDS} RETURNING id, goal_id, fencing_token, {_SLICE_OF_HOLD}, call_cap",
                             (amount, amount, worker_id, now, token_hash, worker_id, now, amount, amount, now))
             if row is None:
                 self._refuse_worker_reserve(cur, worker_id, token_hash, now, amount)
-            task_id, goal_id, token, slice_token = row
+            task_id, goal_id, token, slice_token, own_calls = row
             return self._hold(cur, goal_id, task_id, worker_id, int(token), amount, model, method, now,
-                              body_digest, slice_token)
+                              body_digest, slice_token, own_calls=bool(own_calls))
 
     def _refuse_worker_reserve(self, cur: Cursor, worker_id: str, token_hash: str, now: float,
                                amount: int) -> NoReturn:
@@ -1118,9 +1178,12 @@ class SqlStore(DirectionStore, ReplicaStore):
         self._refuse_reserve(cur, claim[0], int(claim[1]), now, amount)
 
     def _hold(self, cur: Cursor, goal_id: str, task_id: str, worker_id: str, token: int, amount: int, model: str,
-              method: str, now: float, body_digest: str | None = None, slice_token: int | None = None) -> Reservation:
+              method: str, now: float, body_digest: str | None = None, slice_token: int | None = None, *,
+              own_calls: bool = False) -> Reservation:
         """The rest of a reservation once the task's envelope took it: the goal's envelope (only when the claim
-        has no live slice: ``slice_token`` None), the hold, its event."""
+        has no live slice: ``slice_token`` None), the hold, its event. ``own_calls``: the task has a call cap of
+        its own (allocated from the goal's when it was made); a task without one on a goal that caps calls takes
+        this call from the goal's unallocated ones."""
         if body_digest is not None:
             body_digest = _text(body_digest, "body_digest", limit=128)
             lost = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
@@ -1138,19 +1201,23 @@ class SqlStore(DirectionStore, ReplicaStore):
         reservation_id = new_id("rsv")
         # Inside a live slice the goal's row is not touched: the slice was carved from it at claim (money, and
         # calls when the goal caps them), so its checks already hold; the deadline was read by the task's update.
+        pooled = 0 if own_calls else 1
         if slice_token is None and self._one(
-                cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1 WHERE id = ? AND "
+                cur, "UPDATE goals SET reserved = reserved + ?, calls = calls + 1, allocated_calls = allocated_calls "
+                     "+ CASE WHEN call_cap > 0 THEN ? ELSE 0 END WHERE id = ? AND "
                      "(deadline IS NULL OR deadline > ?) AND budget - reserved - settled - escrowed >= ? AND "
-                     "(call_cap = 0 OR calls + escrowed_calls < call_cap) RETURNING id",
-                (amount, goal_id, now, amount)) is None:
+                     "(call_cap = 0 OR (calls + escrowed_calls < call_cap AND (? = 0 OR allocated_calls < call_cap))) "
+                     "RETURNING id", (amount, pooled, goal_id, now, amount, pooled)) is None:
             goal = self._goal_row(cur, goal_id)
-            deadline, cap, calls, available = self._one(
-                cur, "SELECT deadline, call_cap, calls + escrowed_calls, budget - reserved - settled - escrowed "
-                     "FROM goals WHERE id = ?", (goal_id,))
+            deadline, cap, calls, allocated_calls, available = self._one(
+                cur, "SELECT deadline, call_cap, calls + escrowed_calls, allocated_calls, "
+                     "budget - reserved - settled - escrowed FROM goals WHERE id = ?", (goal_id,))
             if deadline is not None and now >= deadline:
                 raise DeadlinePassedError(goal.id, deadline)
             if cap and int(calls) >= int(cap):
                 raise CallCapExceededError(f"goal {goal.id}", int(cap))
+            if cap and pooled and int(allocated_calls) >= int(cap):
+                raise CallCapExceededError(f"goal {goal.id} (its calls not allocated to a task's own cap)", int(cap))
             raise BudgetExceededError(f"goal {goal.id}", amount, int(available))
         cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest, slice_token) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1201,11 +1268,11 @@ class SqlStore(DirectionStore, ReplicaStore):
                 # Lock order: the reservation (just updated), its task, then the goal. A hold of a slice still
                 # live is charged to its task's row only; one of a slice returned since (its held amount went
                 # to the goal's row with it) or of no slice is charged to the goal's row too.
-                # A task ended with its budget pinned to what it spent and held (cancelled, or failed as unable to
-                # afford a call) gives up what this hold did not use, as it gave up the rest of its unspent budget:
+                # A task ended with its budget pinned to what it spent and held (done, failed or cancelled, see
+                # _give_back) gives up what this hold did not use, as it gave up the rest of its unspent budget:
                 # it can spend nothing more. (SET reads the row before the update, RETURNING after it.)
                 in_slice = "slice_token IS NOT NULL AND slice_token = ?"
-                pinned = "state IN ('cancelled', 'failed') AND budget = reserved + settled"
+                pinned = "state IN ('done', 'cancelled', 'failed') AND budget = reserved + settled"
                 unused = current.amount - charged
                 task_row = self._one(cur, f"UPDATE tasks SET budget = budget - CASE WHEN {pinned} THEN ? ELSE 0 END, "
                                           "reserved = reserved - ?, settled = settled + ?, "

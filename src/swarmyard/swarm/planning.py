@@ -34,7 +34,8 @@ _PLAN_PROMPT = (
 
 
 def create_planning_task(store: TasksStore, goal: Goal, count: int) -> Task:
-    """The planner's task: a small slice of the budget (one share in ``count + 2``) and two calls."""
+    """The planner's task: a small slice of the budget (one share in ``count + 2``) and two calls (one when the goal
+    has only one)."""
     return store.create_task(
         goal.id,
         TaskSpec(
@@ -42,7 +43,7 @@ def create_planning_task(store: TasksStore, goal: Goal, count: int) -> Task:
             _PLAN_PROMPT.format(objective=goal.objective, count=count),
             group=PLANNER_GROUP,
             budget_micro_usd=goal.budget_micro_usd // (count + 2),
-            call_cap=2,
+            call_cap=min(2, goal.call_cap),  # allocated from the goal's calls, the first task made
             priority=20,
         ),
     )

@@ -68,9 +68,18 @@ def create_round_tasks(
     # hold back a share for the lead and for later rounds, so the synthesis is never starved
     shares = len(layout) * (policy.rounds - round_index) + 1
     budget = goal.budget_micro_usd // (shares * policy.rounds) if shares else 0
-    calls = max(1, goal.call_cap // ((len(layout) + 1) * policy.rounds))
-    return [
-        store.create_task(
+    # each task's calls are allocated to it from the goal's (a claim escrows them with its slice): a share each,
+    # while the unallocated calls last; a task given none (a cap smaller than the tasks) takes each call from
+    # the goal's unallocated ones, first come, first served
+    share = goal.call_cap // ((len(layout) + 1) * policy.rounds)
+    free = unallocated_calls(store, goal)
+    made_now = []
+    for title, prompt, group, copy, copies in layout:
+        if (f"{title}{_suffix(policy.rounds, round_index, copy, copies)}", group) in made:
+            continue
+        calls = min(share, free)
+        free -= calls
+        made_now.append(store.create_task(
             goal.id,
             TaskSpec(
                 f"{title}{_suffix(policy.rounds, round_index, copy, copies)}",
@@ -80,10 +89,17 @@ def create_round_tasks(
                 budget_micro_usd=budget,
                 call_cap=calls,
             ),
-        )
-        for title, prompt, group, copy, copies in layout
-        if (f"{title}{_suffix(policy.rounds, round_index, copy, copies)}", group) not in made
-    ]
+        ))
+    return made_now
+
+
+def unallocated_calls(store: TasksStore, goal: Goal) -> int:
+    """The goal's calls not allocated to a task: its cap less its tasks' own caps (an ended task's is the calls it
+    made) and the calls made by its tasks with no cap of their own; 0 when the goal has no cap."""
+    if not goal.call_cap:
+        return 0
+    taken = sum(t.envelope.call_cap or t.envelope.calls for t in store.list_tasks(goal.id))
+    return max(0, goal.call_cap - taken)
 
 
 def _suffix(rounds: int, round_index: int, copy: int, copies: int) -> str:
@@ -124,8 +140,9 @@ def _with_sources(finding: Finding) -> str:
 def create_lead_task(store: TasksStore, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
     """The synthesis task, with what is left of the budget: ``findings`` are those it reads, ``note`` says
     which tasks reached no result and why."""
+    # what ended tasks did not spend (or call) was handed back, so it is the lead's too
     unallocated = goal.budget_micro_usd - sum(t.envelope.limit for t in store.list_tasks(goal.id))
-    calls = max(1, goal.call_cap - sum(t.envelope.call_cap for t in store.list_tasks(goal.id)))
+    calls = unallocated_calls(store, goal)
     return store.create_task(
         goal.id,
         TaskSpec(
