@@ -14,7 +14,8 @@ goal of the run (the store's only goal unless ``goal_id`` is given):
   (and the reservation events say the same), what they still reserve is the sum of their ``unknown`` holds, their
   call counts are their holds, nothing is over its envelope and no hold was charged past its amount; with
   escrow, the goal's spent + reserved + its live slices stay within its budget, its ``escrowed`` is the sum of
-  its live slices, each slice's holds are what it counts, and every slice was returned at most once;
+  its live slices, each slice's holds are what it counts, and every slice was returned at most once; a goal that
+  caps calls has allocated them to its tasks exactly, and its counted and escrowed calls are within that;
 - **no machine left behind**: no folder, cgroup or process of any machine the run made (its
   ``machine.created`` events, and the folder names a :class:`MachineWatch` saw: a machine made in a parked
   launcher is named after its slot), nor a machine folder owned by one of ``owners`` (the run's runner
@@ -221,6 +222,14 @@ def check_escrow(db: _Db, events: list[tuple[int, str, dict[str, Any]]], goal_id
         f"goal over its budget with escrow: settled {settled} + reserved {reserved} + slices {escrowed} > {budget}")
     if call_cap:
         assert calls + escrowed_calls <= call_cap, f"goal over its call cap with escrow: {calls} + {escrowed_calls}"
+        # its calls are allocated to its tasks: their own caps (an ended task's, the calls it made) and the calls
+        # of those with none; what the goal's row counts and its slices carry is within that
+        [(allocated_calls,)] = db.rows("SELECT allocated_calls FROM goals WHERE id = ?", (goal_id,))
+        caps = db.rows("SELECT call_cap, calls FROM tasks WHERE goal_id = ?", (goal_id,))
+        assert int(allocated_calls) == sum(int(cap) or int(made) for cap, made in caps), (
+            f"goal allocates {allocated_calls} calls, its tasks hold {sum(int(c) or int(m) for c, m in caps)}")
+        assert calls + escrowed_calls <= int(allocated_calls) <= call_cap, (
+            f"goal's calls past their allocation: {calls} + {escrowed_calls} > {allocated_calls} or > {call_cap}")
     for task_id, token, amount, slice_cap, s_reserved, s_settled, s_calls in live:
         assert int(s_reserved) + int(s_settled) <= int(amount), f"task {task_id} over its slice {amount}"
         if call_cap:
@@ -341,8 +350,8 @@ def check_audit(run_dir: Path, store_url: str | None, env: dict[str, str] | None
     argv = [sys.executable, "-m", "swarmyard.cli", "audit", "verify", str(run_dir)]
     if not (run_dir / "run.json").exists() and store_url is not None:
         argv = [*argv[:-1], str(run_dir / "audit"), "--store", store_url, "--no-witness"]
-    elif store_url is not None and not store_url.startswith("sqlite:"):
-        argv += ["--store", store_url]
+    elif store_url is not None and (not store_url.startswith("sqlite:") or not (run_dir / "store.db").exists()):
+        argv += ["--store", store_url]  # a run's store elsewhere than in its folder (its swarm file's [run] store)
     verify = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert verify.stdout.startswith("OK") and "tables match" in verify.stdout, verify.stdout

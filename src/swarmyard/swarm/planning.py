@@ -43,7 +43,7 @@ def create_planning_task(store: TasksStore, goal: Goal, count: int) -> Task:
             _PLAN_PROMPT.format(objective=goal.objective, count=count),
             group=PLANNER_GROUP,
             budget_micro_usd=goal.budget_micro_usd // (count + 2),
-            call_cap=min(2, goal.call_cap),  # allocated from the goal's calls, the first task made
+            call_cap=min(2, goal.call_cap) or 2,  # allocated from a capped goal's calls, the first task made
             priority=20,
         ),
     )
