@@ -112,14 +112,14 @@ class Synthesis(StrEnum):
 
     FREE = "free"  # one submission, drafted in the lead's conversation with the findings in its brief
     DIGEST = "digest"  # in parts a small model can write: one sentence per finding, then the answer, composed
-    QUOTED = "quoted"  # no model call: the findings' verdicts tallied, and the lines they cite, quoted
+    QUOTED = "quoted"  # no model call: the objective, then the lines each finding cites, quoted, with its id
 
 
 class FindingMode(StrEnum):
     """How the built-in worker writes its finding (``swarmyard.agents.quoted``)."""
 
     FREE = "free"  # the model writes it
-    QUOTED = "quoted"  # the model chooses a verdict and the lines it rests on; the finding is written from them
+    QUOTED = "quoted"  # the model chooses the lines its question rests on; the finding is written from them
 
 
 class MachineLifetime(StrEnum):
@@ -451,8 +451,8 @@ class WorkersConfig(_Frozen):
     #: the built-in agent's finding is the result of its last tool call, attached as it is (the model writes its
     #: title): what a tool computed reaches the finding without a model retyping it
     attach_result: Annotated[bool, Field(strict=True)] = False
-    #: ``quoted``: the built-in agent's model chooses a verdict and the lines its searches returned, and the finding
-    #: is written from them (``Yes: "the line" (path:line)``): no sentence of the model's reaches it
+    #: ``quoted``: the built-in agent's model chooses among the lines its searches returned, and the finding is
+    #: written from them (``"the line" (path:line)``): no sentence of the model's reaches it
     finding: FindingMode = FindingMode.FREE
 
     @model_validator(mode="after")

@@ -7,8 +7,8 @@ first scout makes a quote up: the plane refuses the finding with the reason, the
 its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): every scout stores a
 finding that cites its files (none ends with a no-result placeholder), every quote of every stored finding is
 found, by this test, on the cited line of the cited file, and the synthesis cites those findings and no other,
-each of its claims naming one. In both, every finding and the synthesis hold only swarmyard's fixed text, the
-findings' verdicts and quotes found on their lines (``assert_only_template_and_quotes``): no sentence of a model's.
+each of its claims naming one. In both, every finding and the synthesis hold only swarmyard's fixed text and
+quotes found on their lines (``assert_only_template_and_quotes``): no sentence of a model's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from test_swarm_model import run_while_progressing
 
-from swarmyard.agents import quoted, verdicts
+from swarmyard.agents import quoted
 from swarmyard.config import load_config
 from swarmyard.domain import CitationKind, Finding, TaskState
 from swarmyard.plane.sources import normalized
@@ -123,11 +123,10 @@ def _assert_quotes_on_their_lines(findings: list[Finding]) -> int:
     return checked
 
 
-#: A finding written from the model's verdict and cited lines: ``Yes: "the line" (path:line); ...``.
+#: A finding written from the lines the model cited: ``"the line" (path:line); ...``.
 _SPAN = quotes.SPAN.pattern.replace("?P<quote>", "?:").replace("?P<ref>", "?:")
-_QUOTED_FINDING = re.compile(rf'({"|".join(v.capitalize() for v in verdicts.VERDICTS)}): {_SPAN}(?:; {_SPAN})*')
-_POINT = re.compile(rf'- ({"|".join(v.capitalize() for v in verdicts.VERDICTS)}): '
-                    rf'(.*) \[(fnd_[0-9a-z]+)\]')
+_QUOTED_FINDING = re.compile(rf'{_SPAN}(?:; {_SPAN})*')
+_POINT = re.compile(r'- (.*) \[(fnd_[0-9a-z]+)\]')
 
 
 def _assert_quotes_hold(text: str) -> int:
@@ -142,34 +141,30 @@ def _assert_quotes_hold(text: str) -> int:
 
 def assert_only_template_and_quotes(scouts: list[Finding], synthesis: Finding, swarm: Path) -> None:
     """Every sentence of every finding and of the synthesis is swarmyard's fixed text or a quote found on the
-    line it cites: a scout's finding is its lens's title and ``Verdict: "quote" (path:line)``; the synthesis is
-    the tally of the findings' first words, the heading with the objective, and per finding its verdict (its
-    first word), the quotes it cites and its id; with nothing else (not even a note, every task reached one)."""
+    line it cites: a scout's finding is its lens's title and ``"quote" (path:line)``; the synthesis is the heading
+    with the objective, then per finding the quotes it cites and its id; with nothing else (no verdict, no tally,
+    not even a note: every task reached one)."""
     config = load_config(swarm)
     titles = {lens.title for lens in config.tasks.lenses}
-    first: dict[str, str] = {}
+    ids = set()
     for finding in scouts:
         assert finding.title in titles, finding.title
-        shape = _QUOTED_FINDING.fullmatch(finding.body)
-        assert shape is not None, finding.body
+        assert _QUOTED_FINDING.fullmatch(finding.body) is not None, finding.body
         assert _assert_quotes_hold(finding.body) >= 1
         cited = {(c.ref, normalized(c.quote)) for c in finding.citations if c.kind is CitationKind.SOURCE}
         assert {(ref, normalized(quote)) for ref, quote in quotes.spans(finding.body)} <= cited, finding
-        first[finding.id] = shape[1].lower()
-    answer, listed = synthesis.body.split("\n\n")
-    heading, *points = listed.splitlines()
+        ids.add(finding.id)
+    heading, *points = synthesis.body.splitlines()
     assert heading == quoted.HEADING.format(objective=config.goal.objective), heading
     seen = []
     for point in points:
         shape = _POINT.fullmatch(point)
         assert shape is not None, point
-        verdict, said, ref = shape.groups()
-        assert verdict.lower() == first[ref], (point, first)
+        said, ref = shape.groups()
         assert said == quoted.NO_LINE or quotes.without(said).replace(";", "").strip() == "", point
         assert said == quoted.NO_LINE or _assert_quotes_hold(said) >= 1
-        seen.append((ref, verdict.lower()))
-    assert sorted(seen) == sorted(first.items())
-    assert answer == verdicts.answer_sentence(verdicts.Tally(tuple(seen))), answer
+        seen.append(ref)
+    assert sorted(seen) == sorted(ids)
 
 
 def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is_stored(short_tmp: Path) -> None:
@@ -182,13 +177,14 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
         "scripted-scout": [
             # the first scout searches, then cites words its file does not hold; asked again, it copies the line
             _tool("textsearch", pattern="provider key"),
-            _tool("submit_finding", verdict="no", cite=[f"{key_file}:{key_no}: {made_up}"]),
-            _tool("submit_finding", verdict="yes", cite=[f"{key_file}:{key_no}: {key_line}"]),
+            # (on a line its search did not return: a searched line is quoted whole, whatever words are given)
+            _tool("submit_finding", cite=[f"{key_file}:1: {made_up}"]),
+            _tool("submit_finding", cite=[f"{key_file}:{key_no}: {key_line}"]),
             _tool("textsearch", pattern="afford"),
-            _tool("submit_finding", verdict="yes", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            _tool("submit_finding", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
             _tool("textsearch", pattern="loopback"),
             # a part of the line is a quote too
-            _tool("submit_finding", verdict="yes", cite=[f"{box_file}:{box_no}: {box_line.split(':')[0]}"]),
+            _tool("submit_finding", cite=[f"{box_file}:{box_no}: {box_line.split(':')[0]}"]),
         ],
         "scripted-lead": [],  # the lead's synthesis is written from the findings: no model call
     }
@@ -205,14 +201,15 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     refusals = [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
     assert len(refusals) == 1, refusals
     [refusal] = refusals
-    assert refusal["ref"] == f"{key_file}:{key_no}"
-    assert "does not hold the quoted words" in refusal["reason"] and key_line.strip() in refusal["reason"]
+    first_line = (SOURCES / key_file).read_text().split("\n")[0]
+    assert refusal["ref"] == f"{key_file}:1"
+    assert "does not hold the quoted words" in refusal["reason"] and first_line.strip() in refusal["reason"]
 
     # nothing made up was stored: the first scout's finding is its corrected one, with the real line quoted
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     assert len(scouts) == 3 and not any(made_up in c.quote for f in findings for c in f.citations)
     [key] = [f for f in scouts if f.title == "the provider key"]
-    assert key.body == f'Yes: "{key_line}" ({key_file}:{key_no})'
+    assert key.body == f'"{key_line}" ({key_file}:{key_no})'
     assert [(c.kind, c.ref) for c in key.citations] == [(CitationKind.SOURCE, f"{key_file}:{key_no}")]
     assert _assert_quotes_on_their_lines(scouts) == 3
     assert f'source {key_file}:{key_no} "{key_line}"' in (run_dir / "report.md").read_text()  # shown as quoted
@@ -223,9 +220,7 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     # the lead's synthesis cites the scouts' findings
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
-    # its answer is the tally of the findings' verdicts, then each one's verdict and quotes: nothing else
-    assert synthesis.body.startswith("Yes: all 3 findings say yes [fnd_"), synthesis.body
-    assert verdicts.check(synthesis.body) is None
+    # it is the question, then each finding's quotes and id: nothing else
     assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)
 
 
@@ -255,7 +250,5 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == real
     assert set(grounding.FINDING_ID.findall(synthesis.body)) == real, synthesis.body
     assert grounding.problem(synthesis.body, [], {f.id: f.title for f in scouts}, [], "") is None, synthesis.body
-    # its decision is the tally of the verdicts its points carry, read from the store
-    assert verdicts.check(synthesis.body) is None, synthesis.body
-    # and nothing in any finding or in the synthesis is the model's: fixed text, verdicts and quotes on their lines
+    # and nothing in any finding or in the synthesis is the model's: fixed text and quotes on their lines
     assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)

@@ -1,9 +1,9 @@
 """The README's demo (``examples/three-scouts.toml``) prints nothing a model wrote: every sentence of every finding
 and of the synthesis is swarmyard's fixed text or a quote found on the line it cites.
 
-Its scouts' model chooses a verdict and the lines its search returned (``[workers] finding = "quoted"``) and the
-lead makes no model call (``[lead] synthesis = "quoted"``): the synthesis is the tally of the findings' first
-words, then each finding's verdict and the lines it cites. Through ``swarmyard run FILE --json`` in a subprocess,
+Its scouts' model chooses among the lines its search returned (``[workers] finding = "quoted"``) and the lead
+makes no model call (``[lead] synthesis = "quoted"``): the synthesis is the objective, then the lines each finding
+cites. No verdict is asked of the model and none is tallied. Through ``swarmyard run FILE --json`` in a subprocess,
 in real governed bubblewrap machines with the real textsearch tool, on the scripted provider (the shipped double
 for a paid model). The test on the embedded model (``model``) is ``test_demo_citations``'s, which checks the same.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_demo_citations import (
     EXAMPLE,
+    SOURCES,
     _findings,
     _line_of,
     _replace,
@@ -27,7 +28,6 @@ from test_demo_citations import (
     short_tmp,
 )
 
-from swarmyard.agents import quoted
 from swarmyard.domain import CitationKind
 from swarmyard.wasi.catalog import built_dir
 
@@ -45,7 +45,7 @@ def _refusals(run_dir: Path) -> list[dict[str, str]]:
     return [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
 
 
-def test_the_findings_and_the_synthesis_are_verdicts_and_quotes_and_a_made_up_quote_is_refused(
+def test_the_findings_and_the_synthesis_are_quotes_and_a_made_up_quote_is_refused(
         short_tmp: Path) -> None:
     assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
     key_file, key_no, key_line = _line_of("provider key")
@@ -55,15 +55,17 @@ def test_the_findings_and_the_synthesis_are_verdicts_and_quotes_and_a_made_up_qu
         "scripted-scout": [
             # the key's scout cites a line its file does not hold: refused with the reason, asked again
             _tool("textsearch", pattern="provider key"),
-            _tool("submit_finding", verdict="no", cite=[f"{key_file}:{key_no}: {MADE_UP}"]),
+            # (on a line its search did not return: a searched line is quoted whole, whatever words are given)
+            _tool("submit_finding", cite=[f"{key_file}:1: {MADE_UP}"]),
             # words the model adds of its own (a title, a body) are not what its finding is written from
-            _tool("submit_finding", verdict="yes", cite=[f"{key_file}:{key_no}: {key_line}"],
+            _tool("submit_finding", cite=[f"{key_file}:{key_no}: {key_line}"],
                   title="Key leaked", body="The budget for the API key has been exceeded."),
             _tool("textsearch", pattern="afford"),
-            _tool("submit_finding", verdict="no", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            # a part of its line, cut mid-word (which could say what the line does not): the line is quoted whole
+            _tool("submit_finding", cite=[f"{budget_file}:{budget_no}: {budget_line[3:40]}"]),
             _tool("textsearch", pattern="loopback"),
             # a line named by its path:line alone: its words are the search's
-            _tool("submit_finding", verdict="yes", cite=[f"{box_file}:{box_no}"]),
+            _tool("submit_finding", cite=[f"{box_file}:{box_no}"]),
         ],
         "scripted-lead": [],  # a lead that asked its model anything would fail: the script holds no reply
     }
@@ -75,30 +77,30 @@ def test_the_findings_and_the_synthesis_are_verdicts_and_quotes_and_a_made_up_qu
 
     # (c) the made-up quote was refused, with the line as it reads, and stored nowhere
     [refusal] = _refusals(run_dir)
-    assert refusal["ref"] == f"{key_file}:{key_no}" and key_line.strip() in refusal["reason"], refusal
+    first_line = (SOURCES / key_file).read_text().split("\n")[0]
+    assert refusal["ref"] == f"{key_file}:1" and first_line.strip() in refusal["reason"], refusal
     assert not any(MADE_UP in f.body or any(MADE_UP in c.quote for c in f.citations) for f in findings)
-    assert not any("exceeded" in f.body or f.title == "Key leaked" for f in findings)
+    assert not any("exceeded" in f.body or f.title == "Key leaked" or f.body.startswith("No") for f in findings)
 
     # (a) every finding and the synthesis: swarmyard's words and quotes found on their lines, nothing else
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     by_title = {f.title: f for f in scouts}
-    assert by_title["the budget"].body == f'No: "{budget_line}" ({budget_file}:{budget_no})'
-    assert by_title["the sandbox"].body == f'Yes: "{box_line}" ({box_file}:{box_no})'
+    assert by_title["the budget"].body == f'"{budget_line}" ({budget_file}:{budget_no})'
+    assert by_title["the sandbox"].body == f'"{box_line}" ({box_file}:{box_no})'
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     assert_only_template_and_quotes(scouts, synthesis, EXAMPLE)
 
-    # (b) the tally is the findings' own first words: the budget's "No" is counted as no
-    key, budget, box = by_title["the provider key"], by_title["the budget"], by_title["the sandbox"]
-    assert synthesis.body.startswith(
-        f"Mixed: 2 of 3 findings say yes [{key.id}] [{box.id}]; 1 of 3 findings says no [{budget.id}].\n\n"
-    ), synthesis.body
+    # (b) the synthesis is the question and each finding's lines, with no verdict or tally of its own
+    budget = by_title["the budget"]
+    assert f'- "{budget_line}" ({budget_file}:{budget_no}) [{budget.id}]' in synthesis.body.splitlines()
+    assert not any(word in synthesis.body for word in ("Mixed", "Yes:", "No:", "findings say", "findings says"))
     assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == {f.id for f in scouts}
 
 
-def test_the_tally_follows_each_findings_first_word_when_scouts_write_their_own(short_tmp: Path) -> None:
-    # Scouts that write their own bodies ([workers] finding = "free") and a quoted lead: a finding opening "No:"
-    # is counted as no (the digest lead's own verdict once counted such a one as yes), and none of the scouts'
-    # sentences reaches the synthesis, only the lines the plane checked for them.
+def test_a_quoted_synthesis_of_scouts_that_write_their_own_holds_only_the_lines_checked_for_them(
+        short_tmp: Path) -> None:
+    # Scouts that write their own bodies ([workers] finding = "free") and a quoted lead: none of the scouts'
+    # sentences, nor the verdicts they open with, reaches the synthesis, only the lines the plane checked for them.
     key_file, key_no, key_line = _line_of("provider key")
     budget_file, budget_no, budget_line = _line_of("afford")
     box_file, box_no, box_line = _line_of("loopback")
@@ -126,11 +128,17 @@ def test_the_tally_follows_each_findings_first_word_when_scouts_write_their_own(
     by_title = {f.title: f for f in findings if groups[f.task_id] != "lead"}
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
     key, budget, box = by_title["key"], by_title["budget"], by_title["sandbox"]
-    assert [quoted.verdict_of(f.body) for f in (key, budget, box)] == ["yes", "no", "unclear"]
-    assert synthesis.body.startswith(
-        f"Mixed: 1 of 3 findings says yes [{key.id}]; 1 of 3 findings says no [{budget.id}]; 1 of 3 findings is "
-        f"unclear [{box.id}].\n\n"), synthesis.body
-    assert f'- No: "{budget_line}" ({budget_file}:{budget_no}) [{budget.id}]' in synthesis.body.splitlines()
-    for sentence in ("exceeded", invented, "stays with the broker", "depends"):
+    assert budget.body.startswith("No: the budget has been exceeded.")  # the scout's own words were stored
+    heading, *points = synthesis.body.splitlines()
+    assert heading.startswith('Asked "') and heading.endswith(":"), heading
+    assert points == [f'- "{line}" ({path}:{no}) [{finding.id}]' for finding, (path, no, line) in sorted(
+        [(key, (key_file, key_no, key_line)), (budget, (budget_file, budget_no, budget_line)),
+         (box, (box_file, box_no, box_line))], key=lambda pair: points_order(synthesis.body, pair[0].id))]
+    for sentence in ("exceeded", invented, "stays with the broker", "depends", "Yes", "No:", "Mixed"):
         assert sentence not in synthesis.body
     assert re.search(r"\[fnd_", synthesis.body)
+
+
+def points_order(body: str, finding_id: str) -> int:
+    """Where ``finding_id`` stands in ``body`` (the synthesis lists its findings in the order its brief shows them)."""
+    return body.index(finding_id)

@@ -170,8 +170,10 @@ def _shown(result: Any) -> Any:
 
 
 def _question(prompt: str, title: str) -> str:
-    """The question a task's prompt asks (its first sentence ending with a question mark), else its title."""
-    found = re.search(r"[^.?!\n]*\?", prompt)
+    """The question a task's own prompt asks (its first sentence ending with a question mark, after the goal's
+    ``Objective:`` paragraph a run puts first), else the objective's, else its title."""
+    head, _, own = prompt.partition("\n\n") if prompt.startswith("Objective:") else ("", "", prompt)
+    found = re.search(r"[^.?!\n]*\?", own) or re.search(r"[^.?!\n]*\?", head.removeprefix("Objective:"))
     return found[0].strip() if found else title
 
 
@@ -211,7 +213,7 @@ class BuiltinAgent:
         self._known = governed.known(wasi, settings.profile)
         if settings.attach_result:
             self._offered, self._known = with_attached(self._offered), with_attached(self._known)
-        #: a worker whose finding is its verdict and the lines it cites, written by the agent (``quoted``)
+        #: a worker whose finding is the lines it cites, written by the agent (``quoted``)
         self._quoted = settings.finding == QUOTED and settings.role is Role.WORKER
         if self._quoted:
             from swarmyard.agents import quoted  # a quoted run's alone: not imported by every worker's start
@@ -340,8 +342,8 @@ class BuiltinAgent:
                 )
                 said = f"Result of {action.tool}:\n{_clip(_shown(result))}"
                 if self._quoted and _source_lines(result):
-                    # a 0.5B model asked for its verdict far from its question answered "unclear" three times in
-                    # three: the question is put again right after the lines it is to be answered from
+                    # the question is put again right after the lines it is to be answered from (a 0.5B model
+                    # loses a question asked far above them)
                     said += "\n\n" + instructions.QUOTED_ASK.format(question=_question(task.prompt, task.title))
                 messages.append({"role": "user", "content": said})
         except BudgetError as exc:
@@ -463,8 +465,8 @@ class BuiltinAgent:
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
     def _quoted_finding(self, action: Action) -> Action:
-        """The finding a quoted worker's model chose: its task's title, and its verdict and the lines it cited,
-        written as ``Yes: "the line" (path:line)`` (``quoted.finding``); each line cited with its quote. A line is
+        """The finding a quoted worker's model chose: its task's title and the lines it cited, written as
+        ``"the line" (path:line)`` (``quoted.finding``); each line cited with its quote. A line is
         given as the search returned it (``path:line: text``) or by its ``path:line`` alone (its words are then
         the search's)."""
         from swarmyard.agents import quoted
@@ -473,17 +475,19 @@ class BuiltinAgent:
         searched = dict(line.split(": ", 1) for line in self._lines if ": " in line)
         cited: list[tuple[str, str]] = []
         for given in [str(c).strip() for c in cite] if isinstance(cite, list) else []:
-            if given in searched:
-                cited.append((given, searched[given]))
-            elif (m := _SOURCE_LINE.match(given)) is not None and m["quote"] is not None:
-                cited.append((f"{m['path']}:{m['line']}", m["quote"]))
-        body = quoted.finding(action.args, cited)  # a quote too short to check is the plane's to refuse
+            m = _SOURCE_LINE.match(given)
+            ref = f"{m['path']}:{m['line']}" if m is not None else given
+            if ref in searched:  # a line the search returned is quoted whole, whatever part of it was given
+                cited.append((ref, searched[ref]))
+            elif m is not None and m["quote"] is not None:
+                cited.append((ref, m["quote"]))
+        body = quoted.finding(cited)  # a quote too short to check is the plane's to refuse
         return Action(FINISH, {"title": self._title or "finding", "body": body,
                                "cite": [f"{ref}: {quote}" for ref, quote in cited]})
 
     async def _quoted_synthesis(self, task: ClaimedTask) -> AgentOutcome:
-        """The synthesis with no model call (``synthesis = "quoted"``): the tally of the findings' first words,
-        then each finding's verdict and the lines the plane checked for it (``quoted.synthesis``)."""
+        """The synthesis with no model call (``synthesis = "quoted"``): the objective, then per finding the lines
+        the plane checked for it and its id (``quoted.synthesis``)."""
         from swarmyard.agents import quoted
 
         self._draft = StepDraft(1)

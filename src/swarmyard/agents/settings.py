@@ -99,8 +99,8 @@ class AgentSettings:
     flow: tuple[str, ...] = ()
     #: the finding's body is the last tool call's result as the tool gave it (the model writes the title)
     attach_result: bool = False
-    #: a worker's finding: ``free`` (the model writes it) or ``quoted`` (the model chooses a verdict and the lines
-    #: it rests on, and the finding is written from them: ``swarmyard.agents.quoted``)
+    #: a worker's finding: ``free`` (the model writes it) or ``quoted`` (the model chooses the lines its question
+    #: rests on, and the finding is written from them: ``swarmyard.agents.quoted``)
     finding: str = FREE
     #: a lead's synthesis is also submitted as an artifact (scored where the run has an evaluator), and cited
     synthesis_artifact: bool = False

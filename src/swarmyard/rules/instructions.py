@@ -27,11 +27,9 @@ CITE_REASK = (
     '"path:line: words copied from that line", and submit_finding again.'
 )
 FLOW = "Call these tools in this order, one a turn: {steps}."
-QUOTED = ("Your finding is the lines you cite and your verdict on them, yes or no: swarmyard writes it from "
-          "them, so choose, do not write.")
-QUOTED_ASK = ("The question: {question} Call submit_finding: in cite, the line that answers it; as the verdict, the "
-              "answer that line gives: yes or no.")
-QUOTED_LAST_STEP = "This is your last step. Call submit_finding now: the line or lines you found, and your verdict."
+QUOTED = "Your finding is the lines you cite: swarmyard writes it from them, so choose, do not write."
+QUOTED_ASK = "The question: {question} Call submit_finding: in cite, the line that answers it."
+QUOTED_LAST_STEP = "This is your last step. Call submit_finding now with the line or lines you found."
 ATTACHED = ("Your finding's body is the result of your last tool call, attached as it is: do not retype it, give "
             "submit_finding a short title.")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Collection
 
@@ -130,11 +131,21 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = ""
     ) if p])
 
 
+#: A line of a finding's body that would read as the lead prompt's own: a verified source line, a finding's
+#: heading, the head of the lead's instructions, the note on tasks that reached no result.
+_PROMPT_LINE = re.compile(r"\s*(?:Cited line |\[fnd_|" + re.escape(instructions.LEAD_INSTRUCTIONS_HEAD)
+                          + r"|\d+ of \d+ tasks? reached no result\b)")
+
+
 def _with_sources(finding: Finding) -> str:
-    """A finding's body and the source lines it cites as the plane verified them: the lead reads the evidence,
-    not only a scout's sentence about it."""
+    """The source lines a finding cites as the plane verified them, then its body: the lead reads the evidence,
+    not only a scout's sentence about it. The verified lines come first, so that a body cut to the finding's share
+    of the prompt keeps them; a body line that would read as the prompt's own (a worker writes its body) is shown
+    quoted (``> ``), so that no finding forges a verified line, another finding, the end of the findings or the
+    note on tasks that reached no result."""
     quoted = [f"{c.ref}: {c.quote}" for c in finding.citations if c.kind is CitationKind.SOURCE and c.quote]
-    return "\n".join([finding.body, *(f"Cited line {line}" for line in quoted)])
+    body = "\n".join(f"> {line}" if _PROMPT_LINE.match(line) else line for line in finding.body.split("\n"))
+    return "\n".join([*(f"Cited line {line}" for line in quoted), body])
 
 
 def create_lead_task(store: TasksStore, goal: Goal, config: SwarmConfig, findings: list[Finding], note: str = "") -> Task:
