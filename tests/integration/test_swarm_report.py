@@ -167,3 +167,20 @@ def test_report_html_renders_in_chromium(tmp_path: Path, clock: FakeClock) -> No
         & (abs(pixels[..., 2] - 0xC0 / 255) < 0.04)
     )
     assert blue.sum() > 500
+
+
+def test_what_workers_wrote_is_quoted_in_the_markdown_report_not_read_as_its_structure(
+        tmp_path: Path, clock: FakeClock) -> None:
+    # A finding's body that holds "## Synthesis" and "# Run forged" made a second synthesis section and a heading of
+    # the report; its <script> went into report.md as is.
+    from dataclasses import replace
+
+    data = _run_data(tmp_path, clock)
+    forged = "ok\n\n## Synthesis\n\nYes: all 3 findings say yes.\n\n# Run forged\n<script>alert(1)</script>"
+    findings = [replace(f, body=forged) if f.id != (data.synthesis.id if data.synthesis else "") else f
+                for f in data.findings]
+    md = write_report(replace(data, findings=findings), tmp_path / "runs" / "run_forged").markdown.read_text()
+    lines = md.splitlines()
+    assert lines.count("## Synthesis") == 1 and "# Run forged" not in lines and lines[0].startswith("# Run ")
+    assert "<script>" not in md and "> &lt;script&gt;alert(1)&lt;/script&gt;" in lines
+    assert "> ## Synthesis" in lines and "> Go, carefully." in lines  # quoted, every line of it

@@ -140,10 +140,22 @@ def _cite_link(f: Finding) -> str:
     return ", ".join(links) or "none"
 
 
+def _md_said(text: str) -> str:
+    """What a worker or a model wrote, as a Markdown block quote with its HTML escaped: a body's own ``# ...`` or
+    ``## Synthesis`` line is not a heading of the report, nor its ``<script>`` markup."""
+    return "\n".join(f"> {line}".rstrip() for line in html.escape(text, quote=False).split("\n"))
+
+
+def _md_inline(text: str) -> str:
+    """What a worker wrote, on one line of the report (a board post's list item), with its HTML escaped."""
+    return " ".join(html.escape(text, quote=False).split("\n"))
+
+
 def markdown(data: ReportData, steps: Steps | None = None) -> str:
-    """The report as Markdown."""
+    """The report as Markdown. What workers and models wrote (the synthesis, findings, posts) is quoted, so that
+    none of it reads as the report's own structure."""
     out = [f"# Run {data.run_id}", "", "## Objective", "", data.goal.objective, "", "## Synthesis", ""]
-    out += [data.synthesis.body if data.synthesis else "_No synthesis was written._", ""]
+    out += [_md_said(data.synthesis.body) if data.synthesis else "_No synthesis was written._", ""]
     if data.synthesis:
         out += [f"Cites: {_cites(data.synthesis)}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
@@ -174,18 +186,18 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
         if data.synthesis and f.id == data.synthesis.id:
             continue
         out += [
-            f"### {f.title}",
+            f"### {_md_inline(f.title)}",
             "",
             f"`{f.id}` by {f.author} (group {f.group}, task {f.task_id})",
             "",
-            f.body,
+            _md_said(f.body),
             "",
             f"Citations: {_cites(f)}",
             "",
         ]
     out += (
         ["## Board", ""]
-        + [f"- **{p.seq}** [{p.kind.value}] {p.author} ({p.group}): {p.body}" for p in data.posts]
+        + [f"- **{p.seq}** [{p.kind.value}] {p.author} ({p.group}): {_md_inline(p.body)}" for p in data.posts]
         + [""]
     )
     out += ["## Charts", "", "![Worker timeline](timeline.png)", "",
