@@ -116,6 +116,16 @@ def test_textsearch_finds_lines_in_a_folder(built: Path, data: Path, runner: Was
     assert runner.call(_spec(built, "textsearch", data), {"pattern": "ledger"})["matches"] == []
 
 
+def test_textsearch_cuts_a_long_line_between_characters_not_inside_one(built: Path, data: Path,
+                                                                      runner: WasiRunner) -> None:
+    # 399 ASCII bytes, then an "é" (2 bytes) across the 400-byte cut: the cut used to split it, and the line came
+    # back ending in U+FFFD, words the file does not hold, so no citation of it could be checked
+    line = "x" * 399 + "é and the rest of the line"
+    (data / "long.txt").write_text(line + "\n", encoding="utf-8")
+    [match] = runner.call(_spec(built, "textsearch", data), {"pattern": "rest of", "path": "long.txt"})["matches"]
+    assert match["text"] == "x" * 399 and line.startswith(match["text"])
+
+
 def test_sqlquery_answers_a_query_over_a_database_and_over_a_csv(built: Path, data: Path,
                                                                  runner: WasiRunner) -> None:
     spec = _spec(built, "sqlquery", data)

@@ -1,7 +1,8 @@
 /*
  * textsearch: every line holding a literal pattern, in a file or a folder (walked in name order) under /data.
  * Arguments: pattern, path (default "."), ignore_case (true/false), max_matches (default 100).
- * Result: {"matches": [{"path", "line", "text"}], "files": N, "truncated": bool}; a line is cut at 400 bytes.
+ * Result: {"matches": [{"path", "line", "text"}], "files": N, "truncated": bool}; a line is cut at 400 bytes, back
+ * to the start of the UTF-8 character there (so a cut line is still the line's own words, never half a character).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -39,8 +40,9 @@ static void search_file(const char *rel) {
                 fputs("{\"path\":", stdout);
                 put_json_cstr(rel);
                 printf(",\"line\":%ld,\"text\":", line);
-                size_t n = (size_t)(stop - start);
-                put_json_string(start, n > 400 ? 400 : n);
+                size_t n = (size_t)(stop - start), cut = n > 400 ? 400 : n;
+                while (cut < n && cut > 0 && ((unsigned char)start[cut] & 0xC0) == 0x80) cut--;
+                put_json_string(start, cut);
                 putchar('}');
                 found++;
                 break;
