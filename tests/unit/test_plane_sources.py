@@ -51,3 +51,12 @@ def test_lines_are_numbered_as_the_workers_tools_number_them_by_newline_alone() 
 def test_a_line_number_is_ascii_digits() -> None:
     refused = FILES.problem("keys.md:\u0661", "A worker never holds a provider API key.")  # ARABIC-INDIC ONE
     assert refused is not None and "is not path:line" in refused
+
+
+def test_a_quote_starting_or_ending_inside_a_word_is_refused() -> None:
+    # "ever holds a provider API key." is in "A worker never holds ...", and says the opposite (found by an attack)
+    cut = FILES.problem("keys.md:1", "ever holds a provider API key.")
+    assert cut is not None and "inside a word" in cut and "A worker never holds a provider API key." in cut
+    assert FILES.problem("keys.md:1", "A worker never holds a provider API") is None  # whole words: borne out
+    assert FILES.problem("keys.md:1", "A worker never holds a provider AP") is not None  # ends inside "API"
+    assert FILES.problem("notes/budget.md:1", "is refused with HTTP 402.") is None  # punctuation is no word

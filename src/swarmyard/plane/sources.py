@@ -32,6 +32,18 @@ def normalized(text: str) -> str:
     return " ".join(text.translate(_MARKS).split()).strip("\"'“”‘’ ")
 
 
+def _holds(line: str, said: str) -> bool:
+    """Whether ``said`` stands in ``line`` as whole words: not starting or ending inside a word of it."""
+    start = line.find(said)
+    while start >= 0:
+        end = start + len(said)
+        if ((start == 0 or not (line[start - 1].isalnum() and said[0].isalnum()))
+                and (end == len(line) or not (line[end].isalnum() and said[-1].isalnum()))):
+            return True
+        start = line.find(said, start + 1)
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class SourceFiles:
     """One task's sources: each file's path (as its worker sees it under ``task/``) and its lines."""
@@ -60,9 +72,13 @@ class SourceFiles:
         said, line = normalized(quote), normalized(lines[number - 1])
         if not said or len(said) < min(MIN_QUOTE_CHARS, len(line)):  # an empty quote is on every line
             return f"the quote {quote!r} is too short to check: copy at least {MIN_QUOTE_CHARS} characters of the line"
-        if said in line:
+        if _holds(line, said):
             return None
-        elsewhere = [str(i) for i, text in enumerate(lines, 1) if said in normalized(text)]
+        if said in line:
+            return (f"the quote starts or ends inside a word of line {number} of {path} (part of a word can say what "
+                    f"the line does not: 'ever holds' in 'never holds'): quote whole words; it reads: "
+                    f"{lines[number - 1].strip()[:400]!r}")
+        elsewhere = [str(i) for i, text in enumerate(lines, 1) if _holds(normalized(text), said)]
         if elsewhere:
             return f"the quoted words are on line {', '.join(elsewhere[:5])} of {path}, not line {number}"
         return f"line {number} of {path} does not hold the quoted words; it reads: {lines[number - 1].strip()[:400]!r}"
