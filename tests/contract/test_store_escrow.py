@@ -194,6 +194,26 @@ def test_a_slice_too_small_for_one_call_is_refused_at_claim(escrow_store: Any) -
     check_escrow_binds(store, goal)
 
 
+def test_a_claim_that_finds_the_affordable_task_locked_by_another_claim_is_nothing_claimable(
+        escrow_store: Any, store_url: str) -> None:
+    # PostgreSQL's pick skips a row another claim holds locked; the refusal that followed re-read the tasks
+    # without asking whether they could afford a call, and answered a non-retryable 402 for a task that could
+    # (an attack: 4 of 90 racing claims). Here the other claim is a session holding the row.
+    store, _ = escrow_store
+    goal = store.create_goal(GoalSpec("g", 100_000, 0)).id
+    task = store.create_task(goal, TaskSpec("t", budget_micro_usd=100_000)).id
+    if not store_url.startswith("postgresql"):
+        assert store.claim(goal, "w", 60, min_slice_micro_usd=18) is not None
+        return
+    import psycopg
+
+    with psycopg.connect(store_url) as other:
+        other.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task,))
+        assert store.claim(goal, "w", 60, min_slice_micro_usd=18) is None
+    assert store.claim(goal, "w", 60, min_slice_micro_usd=18) is not None
+    check_escrow_binds(store, goal)
+
+
 def test_a_delegated_task_carves_from_its_parents_slice(escrow_store: Any) -> None:
     store, _ = escrow_store
     goal = store.create_goal(GoalSpec("g", 100_000, 0)).id

@@ -560,12 +560,15 @@ class SqlStore(DirectionStore, ReplicaStore):
     @staticmethod
     def _refuse_small_slice(cur: Cursor, goal_id: str, claimable: str, plain: tuple[str, list[Any]], now: float,
                             min_slice: int) -> None:
-        """Nothing claimable could afford one call: name the best claimable task that cannot, if there is one."""
+        """Nothing was claimed: when every claimable task is too small for one call, name the best of them. One
+        that could afford it (taken or locked by a concurrent claim: PostgreSQL's pick skips locked rows) means
+        nothing is claimable for now, not a refusal."""
         filters, params = plain
         cur.execute(f"SELECT id, budget - reserved - settled FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
-                    "ORDER BY priority DESC, n LIMIT 1", [goal_id, now, *params])
+                    "ORDER BY (budget - reserved - settled >= ?) DESC, priority DESC, n LIMIT 1",
+                    [goal_id, now, *params, min_slice])
         row = cur.fetchone()
-        if row is not None:
+        if row is not None and int(row[1]) < min_slice:
             raise BudgetExceededError(f"task {row[0]} (its slice at claim)", min_slice, int(row[1]))
 
     def _claim_pg(self, goal_id: str, worker_id: str, now: float, expires: float, claimable: str, pick: str,
