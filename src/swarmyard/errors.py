@@ -568,15 +568,22 @@ class BudgetExceededError(BudgetError):
 
 
 class CallCapExceededError(BudgetError):
-    """A task or goal has used all its model calls."""
+    """A task or goal has used all its model calls, or cannot allocate the calls a new task asks for (``asked``)."""
 
     code = "call_cap_exceeded"
     status = 429
 
-    def __init__(self, envelope: str, cap: int) -> None:
-        super().__init__(f"{envelope} has used all {cap} of its model calls", envelope=envelope, cap=cap)
+    def __init__(self, envelope: str, cap: int, *, asked: int | None = None) -> None:
+        said = (f"{envelope} has used all {cap} of its model calls" if asked is None else
+                f"{envelope} cannot give {asked} of its cap of {cap} model calls")
+        details: dict[str, Any] = {"envelope": envelope, "cap": cap}
+        if asked is not None:
+            details["asked"] = asked
+        super().__init__(said, **details)
         self.envelope = envelope
         self.cap = cap
+        #: the calls a new task or sub-task asked to be allocated (``None``: a call refused, its cap used)
+        self.asked = asked
 
 
 class DeadlinePassedError(BudgetError):

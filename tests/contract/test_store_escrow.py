@@ -243,7 +243,8 @@ def test_a_goal_call_cap_is_allocated_to_its_tasks_and_carved_at_claim(escrow_st
     b = store.create_task(goal, TaskSpec("b", budget_micro_usd=1_000, call_cap=4, priority=2)).id
     with pytest.raises(CallCapExceededError) as refused:  # 2 calls are left unallocated, 3 asked
         store.create_task(goal, TaskSpec("d", budget_micro_usd=1_000, call_cap=3))
-    assert "2 calls left" in str(refused.value)
+    assert "2 calls left" in str(refused.value) and refused.value.asked == 3
+    assert "has used all" not in str(refused.value)  # none was used: the message says what was asked
     pooled = store.create_task(goal, TaskSpec("c", budget_micro_usd=1_000, priority=1)).id  # no cap of its own
     assert _goal_row(store, goal)["allocated_calls"] == 8
     ca, cb, cc = (store.claim(goal, w, 60) for w in ("wa", "wb", "wc"))

@@ -331,7 +331,7 @@ class SqlStore(DirectionStore, ReplicaStore):
                     raise BudgetExceededError(f"goal {goal.id} (unallocated)", budget,
                                               goal.budget_micro_usd - int(allocated))
                 raise CallCapExceededError(f"goal {goal.id} (unallocated: {goal.call_cap - int(allocated_calls)} "
-                                           f"calls left, a cap of {calls} asked)", goal.call_cap)
+                                           "calls left)", goal.call_cap, asked=calls)
             return self._insert_task(cur, goal_id, None, 0, spec, now)
 
     def delegate(self, parent_id: str, token: int, spec: TaskSpec) -> Task:
@@ -365,8 +365,8 @@ class SqlStore(DirectionStore, ReplicaStore):
                 if available < budget:
                     raise BudgetExceededError(f"task {parent_id}", budget, available)
                 left = parent.envelope.call_cap - parent.envelope.calls
-                raise CallCapExceededError(f"task {parent_id} ({left} calls left, a cap of {of_parent} asked for "
-                                           "its sub-task, and it keeps one)", parent.envelope.call_cap)
+                raise CallCapExceededError(f"task {parent_id} ({left} calls left, and it keeps one)",
+                                           parent.envelope.call_cap, asked=of_parent)
             escrowed, escrowed_calls = (budget, of_parent) if carved[0] else (0, 0)
             if (escrowed or escrowed_calls or of_goal) and self._one(
                     cur, "UPDATE goals SET escrowed = escrowed - ?, escrowed_calls = escrowed_calls - ?, "
@@ -374,8 +374,8 @@ class SqlStore(DirectionStore, ReplicaStore):
                          "RETURNING id", (escrowed, escrowed_calls, of_goal, parent.goal_id, of_goal, of_goal)) is None:
                 left = self._one(cur, "SELECT call_cap - allocated_calls FROM goals WHERE id = ?",
                                  (parent.goal_id,))[0]
-                raise CallCapExceededError(f"goal {parent.goal_id} (unallocated: {int(left)} calls left, a cap of "
-                                           f"{of_goal} asked)", goal.call_cap)
+                raise CallCapExceededError(f"goal {parent.goal_id} (unallocated: {int(left)} calls left)",
+                                           goal.call_cap, asked=of_goal)
             child = TaskSpec(title=spec.title, prompt=spec.prompt, group=spec.group, budget_micro_usd=budget,
                              call_cap=spec.call_cap, parent_id=parent_id, priority=spec.priority)
             return self._insert_task(cur, parent.goal_id, parent_id, parent.depth + 1, child, now)
