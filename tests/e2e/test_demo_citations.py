@@ -129,6 +129,13 @@ _QUOTED_FINDING = re.compile(rf'{_SPAN}(?:; {_SPAN})*')
 _POINT = re.compile(r'- (.*) \[(fnd_[0-9a-z]+)\]')
 
 
+def asked_again(run_dir: Path) -> int:
+    """How many times a quoted scout's model was asked again for citing no line its search returned."""
+    said = [line for path in sorted((run_dir / "agents" / "messages").glob("*.jsonl"))
+            for line in path.read_text().splitlines() if "could not be used (cite the line" in line]
+    return len(said)
+
+
 def _assert_quotes_hold(text: str) -> int:
     """Every ``"quote" (path:line)`` in ``text`` is on that line of the example's sources; how many there are."""
     found = quotes.spans(text)
@@ -194,16 +201,9 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
     [run_dir] = (short_tmp / "runs").iterdir()
     findings, groups = _findings(run_dir)
 
-    # the refusal, as the scout's trajectory holds it: the typed error and its reason, the line as it reads
-    steps = [json.loads(line) for path in sorted((run_dir / "agents").glob("*.jsonl"))
-             for line in path.read_text().splitlines() if line.strip()]
-    results = [json.loads(s["result"]) for s in steps if str(s.get("result", "")).startswith('{"error"')]
-    refusals = [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
-    assert len(refusals) == 1, refusals
-    [refusal] = refusals
-    first_line = (SOURCES / key_file).read_text().split("\n")[0]
-    assert refusal["ref"] == f"{key_file}:1"
-    assert "does not hold the quoted words" in refusal["reason"] and first_line.strip() in refusal["reason"]
+    # the refusal: a quoted finding cites only lines its search returned, so the agent asked its model again
+    # (the plane's own refusal of a made-up quote, in free mode: test_demo_citations_hostile)
+    assert asked_again(run_dir) == 1
 
     # nothing made up was stored: the first scout's finding is its corrected one, with the real line quoted
     scouts = [f for f in findings if groups[f.task_id] != "lead"]

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from test_demo_citations import (
     EXAMPLE,
-    SOURCES,
     _findings,
     _line_of,
     _replace,
     _run,
     _scripted_variant,
     _tool,
+    asked_again,
     assert_only_template_and_quotes,
     short_tmp,
 )
@@ -75,10 +75,11 @@ def test_the_findings_and_the_synthesis_are_quotes_and_a_made_up_quote_is_refuse
     [run_dir] = (short_tmp / "runs").iterdir()
     findings, groups = _findings(run_dir)
 
-    # (c) the made-up quote was refused, with the line as it reads, and stored nowhere
-    [refusal] = _refusals(run_dir)
-    first_line = (SOURCES / key_file).read_text().split("\n")[0]
-    assert refusal["ref"] == f"{key_file}:1" and first_line.strip() in refusal["reason"], refusal
+    # (c) the made-up quote, on a line the search did not return, was refused by the agent itself (a quoted
+    # finding cites only lines its search returned) and the model asked again; it never reached the plane, and is
+    # stored nowhere. (The plane's own refusal of a made-up quote, in free mode: test_demo_citations_hostile.)
+    assert _refusals(run_dir) == []
+    assert asked_again(run_dir) == 1
     assert not any(MADE_UP in f.body or any(MADE_UP in c.quote for c in f.citations) for f in findings)
     assert not any("exceeded" in f.body or f.title == "Key leaked" or f.body.startswith("No") for f in findings)
 

@@ -60,3 +60,10 @@ def test_a_quote_starting_or_ending_inside_a_word_is_refused() -> None:
     assert FILES.problem("keys.md:1", "A worker never holds a provider API") is None  # whole words: borne out
     assert FILES.problem("keys.md:1", "A worker never holds a provider AP") is not None  # ends inside "API"
     assert FILES.problem("notes/budget.md:1", "is refused with HTTP 402.") is None  # punctuation is no word
+
+
+def test_a_quote_holding_a_line_break_is_refused() -> None:
+    # its words pass once the break is a space, but a reader of the stored quote sees only its first line
+    for brk in ("\n", "\r", "\u2028"):
+        broken = FILES.problem("keys.md:1", f"A worker never holds{brk}a provider API key.")
+        assert broken is not None and "line break" in broken

@@ -465,8 +465,8 @@ class BuiltinAgent:
         return AgentOutcome(ending, task.task_id, finding_id, steps, self.malformed)
 
     def _quoted_finding(self, action: Action) -> Action:
-        """The finding a quoted worker's model chose: its task's title and the lines it cited, written as
-        ``"the line" (path:line)`` (``quoted.finding``); each line cited with its quote. A line is
+        """The finding a quoted worker's model chose: its task's title and the lines it cited among those its
+        searches returned, each quoted whole, written as ``"the line" (path:line)`` (``quoted.finding``). A line is
         given as the search returned it (``path:line: text``) or by its ``path:line`` alone (its words are then
         the search's)."""
         from swarmyard.agents import quoted
@@ -479,8 +479,8 @@ class BuiltinAgent:
             ref = f"{m['path']}:{m['line']}" if m is not None else given
             if ref in searched:  # a line the search returned is quoted whole, whatever part of it was given
                 cited.append((ref, searched[ref]))
-            elif m is not None and m["quote"] is not None:
-                cited.append((ref, m["quote"]))
+            # any other is left out (none left: the model is asked again): part of a line it was not shown can
+            # drop the line's "never" and pass every check ("the whole environment" of "never the whole ...")
         body = quoted.finding(cited)  # a quote too short to check is the plane's to refuse
         return Action(FINISH, {"title": self._title or "finding", "body": body,
                                "cite": [f"{ref}: {quote}" for ref, quote in cited]})

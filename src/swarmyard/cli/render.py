@@ -43,6 +43,16 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+#: Control characters but the line break and the tab: a worker's words printed as they are could move the cursor,
+#: clear the screen or recolour what follows (ESC sequences), and make a terminal show what the store does not hold.
+_CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal may print it: each control character (ESC, CR, ...) but ``\\n`` and ``\\t`` as U+FFFD."""
+    return text.translate(_CONTROLS)
+
+
 def print_json(value: Any) -> None:
     """Print ``value`` as JSON on stdout."""
     sys.stdout.write(json.dumps(to_jsonable(value), indent=2, sort_keys=True) + "\n")
@@ -54,7 +64,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+        table.add_row(*("" if cell is None else shown(str(cell)) for cell in row))
     stdout.print(table)
 
 

@@ -336,7 +336,7 @@ def command(
     if as_json:
         print(json.dumps(figures.to_dict()))
     else:
-        print(data.synthesis.body if data.synthesis else "(no synthesis was written)")
+        print(render.shown(data.synthesis.body) if data.synthesis else "(no synthesis was written)")
     for task in data.tasks:
         if task.state is TaskState.FAILED:
             render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,

@@ -197,7 +197,7 @@ def show(run: str = typer.Argument(help="The run id (a folder of the runs folder
         render.print_json(info)
         return
     out = render.stdout
-    out.print(f"run {info['run']} ({info['status']}): {info['objective']}", highlight=False, markup=False)
+    out.print(f"run {info['run']} ({info['status']}): {render.shown(info['objective'])}", highlight=False, markup=False)
     out.print(f"goal {info['goal']}, policy {info['policy']}; {info['calls']} calls, {info['tokens']} tokens, "
               f"{format_usd(info['spent_micro_usd'])} of {format_usd(info['budget_micro_usd'])}",
               highlight=False, markup=False)
@@ -210,7 +210,7 @@ def show(run: str = typer.Argument(help="The run id (a folder of the runs folder
     render.print_table("findings", ["finding", "title", "by", "score", "cites"],
                        [[f["id"], f["title"][:50], f["author"], "-" if f["score"] is None else f["score"],
                          f["citations"]] for f in info["findings"]])
-    out.print(f"synthesis: {info['synthesis'] or '(none)'}", highlight=False, markup=False)
+    out.print(f"synthesis: {render.shown(info['synthesis'] or '(none)')}", highlight=False, markup=False)
     if info["audit_root"]:
         out.print(f"audit: {info['audit_size']} events, root {info['audit_root']}", highlight=False, markup=False)
     out.print(f"report: {info['report'] or '-'}", highlight=False, markup=False)

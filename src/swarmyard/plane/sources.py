@@ -69,6 +69,8 @@ class SourceFiles:
         lines = self.lines[path]
         if not 1 <= number <= len(lines):
             return f"{path} has {len(lines)} lines, no line {number}"
+        if len(quote.strip().splitlines()) > 1:  # normalized() would make the break a space, and pass it
+            return "the quote holds a line break: a quote is words of the one line it cites"
         said, line = normalized(quote), normalized(lines[number - 1])
         if not said or len(said) < min(MIN_QUOTE_CHARS, len(line)):  # an empty quote is on every line
             return f"the quote {quote!r} is too short to check: copy at least {MIN_QUOTE_CHARS} characters of the line"

@@ -119,7 +119,8 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = ""
     """The lead's task: the objective, every finding with its id, the note on the tasks that reached no result
     (``grounding.nothing_found``: their placeholders are not findings to read), then its instructions (a small
     model copies what it read last, so the instructions end the prompt, with the shape of the answer)."""
-    block = findings_block([(f.id, f"{f.title} (by {f.author}, group {f.group})", _with_sources(f))
+    # a title is one line of the finding's heading: a worker's line breaks in it would start lines of the prompt
+    block = findings_block([(f.id, f"{' '.join(f.title.split())} (by {f.author}, group {f.group})", _with_sources(f))
                             for f in findings])
     return "\n\n".join([p for p in (
         f"Objective: {goal.objective}",
@@ -143,7 +144,8 @@ def _with_sources(finding: Finding) -> str:
     of the prompt keeps them; a body line that would read as the prompt's own (a worker writes its body) is shown
     quoted (``> ``), so that no finding forges a verified line, another finding, the end of the findings or the
     note on tasks that reached no result."""
-    quoted = [f"{c.ref}: {c.quote}" for c in finding.citations if c.kind is CitationKind.SOURCE and c.quote]
+    quoted = [f"{c.ref}: {' '.join(c.quote.split())}" for c in finding.citations
+              if c.kind is CitationKind.SOURCE and c.quote]
     body = "\n".join(f"> {line}" if _PROMPT_LINE.match(line) else line for line in finding.body.split("\n"))
     return "\n".join([*(f"Cited line {line}" for line in quoted), body])
 
