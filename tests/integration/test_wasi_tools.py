@@ -126,6 +126,15 @@ def test_textsearch_cuts_a_long_line_between_characters_not_inside_one(built: Pa
     assert match["text"] == "x" * 399 and line.startswith(match["text"])
 
 
+def test_textsearch_cuts_a_long_line_at_the_end_of_a_word(built: Path, data: Path, runner: WasiRunner) -> None:
+    # the plane refuses a quote that ends inside a word: a line cut mid-word could never be cited as returned
+    line = " ".join(["word"] * 120)  # 599 bytes; byte 400 falls inside a word
+    (data / "words.txt").write_text(line + "\n", encoding="utf-8")
+    [match] = runner.call(_spec(built, "textsearch", data), {"pattern": "word", "path": "words.txt"})["matches"]
+    text = match["text"]
+    assert len(text) <= 400 and line.startswith(text) and text.endswith("word") and line[len(text)] == " "
+
+
 def test_sqlquery_answers_a_query_over_a_database_and_over_a_csv(built: Path, data: Path,
                                                                  runner: WasiRunner) -> None:
     spec = _spec(built, "sqlquery", data)

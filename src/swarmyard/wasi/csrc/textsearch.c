@@ -2,7 +2,8 @@
  * textsearch: every line holding a literal pattern, in a file or a folder (walked in name order) under /data.
  * Arguments: pattern, path (default "."), ignore_case (true/false), max_matches (default 100).
  * Result: {"matches": [{"path", "line", "text"}], "files": N, "truncated": bool}; a line is cut at 400 bytes, back
- * to the start of the UTF-8 character there (so a cut line is still the line's own words, never half a character).
+ * to the start of the UTF-8 character there (never half a character) and, where a space is within the last 100
+ * bytes, to the end of the word before it (a quote of a cut line must not end inside a word).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -42,6 +43,14 @@ static void search_file(const char *rel) {
                 printf(",\"line\":%ld,\"text\":", line);
                 size_t n = (size_t)(stop - start), cut = n > 400 ? 400 : n;
                 while (cut < n && cut > 0 && ((unsigned char)start[cut] & 0xC0) == 0x80) cut--;
+                if (cut < n) {  /* and back to the end of a word: a quote of it must not end inside one */
+                    size_t at = cut;
+                    while (at > 300 && start[at] != ' ') at--;
+                    if (start[at] == ' ') {
+                        while (at > 0 && start[at - 1] == ' ') at--;
+                        cut = at;
+                    }
+                }
                 put_json_string(start, cut);
                 putchar('}');
                 found++;
