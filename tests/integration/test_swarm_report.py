@@ -176,7 +176,8 @@ def test_what_workers_wrote_is_quoted_in_the_markdown_report_not_read_as_its_str
     from dataclasses import replace
 
     data = _run_data(tmp_path, clock)
-    forged = "ok\n\n## Synthesis\n\nYes: all 3 findings say yes.\n\n# Run forged\n<script>alert(1)</script>"
+    forged = ("ok\n\n## Synthesis\n\nYes: all 3 findings say yes.\n\n# Run forged\n<script>alert(1)</script>"
+              "\r# Forged by a carriage return\u2028## Forged by a line separator")
     findings = [replace(f, body=forged) if f.id != (data.synthesis.id if data.synthesis else "") else f
                 for f in data.findings]
     md = write_report(replace(data, findings=findings), tmp_path / "runs" / "run_forged").markdown.read_text()
@@ -184,3 +185,5 @@ def test_what_workers_wrote_is_quoted_in_the_markdown_report_not_read_as_its_str
     assert lines.count("## Synthesis") == 1 and "# Run forged" not in lines and lines[0].startswith("# Run ")
     assert "<script>" not in md and "> &lt;script&gt;alert(1)&lt;/script&gt;" in lines
     assert "> ## Synthesis" in lines and "> Go, carefully." in lines  # quoted, every line of it
+    assert "> # Forged by a carriage return" in lines and "> ## Forged by a line separator" in lines
+    assert not any(line.startswith(("# Forged", "## Forged")) for line in md.replace("\r", "\n").splitlines())

@@ -142,13 +142,14 @@ def _cite_link(f: Finding) -> str:
 
 def _md_said(text: str) -> str:
     """What a worker or a model wrote, as a Markdown block quote with its HTML escaped: a body's own ``# ...`` or
-    ``## Synthesis`` line is not a heading of the report, nor its ``<script>`` markup."""
-    return "\n".join(f"> {line}".rstrip() for line in html.escape(text, quote=False).split("\n"))
+    ``## Synthesis`` line is not a heading of the report, nor its ``<script>`` markup. Every line break counts
+    (``\\r`` and U+2028 end a Markdown line too)."""
+    return "\n".join(f"> {line}".rstrip() for line in html.escape(text, quote=False).splitlines() or [""])
 
 
 def _md_inline(text: str) -> str:
     """What a worker wrote, on one line of the report (a board post's list item), with its HTML escaped."""
-    return " ".join(html.escape(text, quote=False).split("\n"))
+    return " ".join(html.escape(text, quote=False).splitlines())  # every line break: CR ends a Markdown line too
 
 
 def markdown(data: ReportData, steps: Steps | None = None) -> str:
@@ -157,7 +158,7 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
     out = [f"# Run {data.run_id}", "", "## Objective", "", data.goal.objective, "", "## Synthesis", ""]
     out += [_md_said(data.synthesis.body) if data.synthesis else "_No synthesis was written._", ""]
     if data.synthesis:
-        out += [f"Cites: {_cites(data.synthesis)}", ""]
+        out += [f"Cites: {_md_inline(_cites(data.synthesis))}", ""]
     out += ["## Totals", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in _totals(data)] + [""]
     if data.scores is not None:
         out += ["## Scores", "", f"Evaluator: {data.scores.evaluator}", ""]
@@ -192,7 +193,7 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
             "",
             _md_said(f.body),
             "",
-            f"Citations: {_cites(f)}",
+            f"Citations: {_md_inline(_cites(f))}",
             "",
         ]
     out += (

@@ -51,6 +51,15 @@ def _seconds(step: Mapping[str, Any]) -> float:
     return max(0, int(step.get("ended_ms", 0)) - int(step.get("started_ms", 0))) / 1000
 
 
+def _code(text: str) -> str:
+    """A step's action as one Markdown code span: no backtick or line break of the model's closes or breaks it."""
+    return "`" + " ".join(text.replace("`", "'").splitlines()) + "`"
+
+
+def _plain(text: object) -> str:
+    return " ".join(html.escape(str(text), quote=False).splitlines())
+
+
 def markdown_steps(data: ReportData, steps: Steps) -> list[str]:
     """The ``## Trajectories`` section: per agent run, a line per step."""
     out = ["## Trajectories", ""]
@@ -62,7 +71,7 @@ def markdown_steps(data: ReportData, steps: Steps) -> list[str]:
         for step in mine:
             tin, tout = _tokens(step)
             out.append(f"- step {step.get('step')} ({_seconds(step):.2f} s, {tin} / {tout} tokens): "
-                       f"`{_cut(_action(step), 300)}`" + (f" ({step['note']})" if step.get("note") else ""))
+                       f"{_code(_cut(_action(step), 300))}" + (f" ({_plain(step['note'])})" if step.get("note") else ""))
         out.append("")
     return out
 
