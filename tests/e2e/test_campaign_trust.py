@@ -168,14 +168,20 @@ def test_match_tokens_gives_every_cell_of_a_seed_the_same_allowance(short_tmp: P
         (trial,) = cell["trials"]
         with sqlite3.connect(runs / trial["run_id"] / "store.db") as db:
             (ceiling, settled), = db.execute("SELECT budget, settled FROM goals").fetchall()
-            workers = db.execute("SELECT budget, settled FROM tasks WHERE group_name != 'lead'").fetchall()
-            (lead,), = db.execute("SELECT budget FROM tasks WHERE group_name = 'lead'").fetchall()
+            # the allowance each task was given when it was made (an ended task's budget row is then cut to what
+            # it used, the rest handed back): its task.created event
+            made = {body["task"]: body["budget"] for (raw,) in db.execute(
+                "SELECT body FROM events WHERE kind = 'task.created'") for body in [json.loads(raw)]}
+            workers = [(made[task], used) for task, used in db.execute(
+                "SELECT id, settled FROM tasks WHERE group_name != 'lead'")]
+            (lead,), = [(made[task],) for (task,) in db.execute("SELECT id FROM tasks WHERE group_name = 'lead'")]
         n = cell["n"]
         # the workers' tokens in all are the same in every cell (one micro-USD a token), each worker its share,
-        # and the lead one share more, outside the match
+        # and the lead one share more (and what the workers left), outside the match
         assert len(workers) == n and sum(budget for budget, _ in workers) == 3000 == cell["allowance"]
-        assert {budget for budget, _ in workers} == {3000 // n} and lead == 3000 // n
-        assert ceiling == 3000 + lead
+        assert {budget for budget, _ in workers} == {3000 // n} and ceiling == 3000 + 3000 // n
+        # the lead: its share, and what the workers did not use, handed back when their tasks ended
+        assert lead == ceiling - sum(used for _, used in workers) >= 3000 // n
         assert all(used <= budget for budget, used in workers)  # the allowance held
         assert settled == trial["tokens_in"] + trial["tokens_out"] > 0  # what it used, in tokens
         assert trial["calls"] > 3  # the allowance bound, not a call cap
