@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # types only: the agent in every machine imports this module,
 
 #: A finding's id as a synthesis names it.
 FINDING_ID = re.compile(r"\bfnd_[0-9a-z]{6,40}\b")
-#: The opening of the note on tasks that reached no result (``N of M tasks reached no result``).
-_NOTE = re.compile(r"\d+ of \d+ tasks? reached no result\b")
+#: The opening of the note on tasks that reached no result (``N of M tasks reached no result``), as
+#: :func:`nothing_found` writes it: the lead's prompt quotes a finding's line that would read as one.
+NOTE = re.compile(r"\d+ of \d+ tasks? reached no result\b")
 _ITEM = re.compile(r"^\s*(?:[-*+\u2022]|\(?\d+[.)])\s+")
 
 
@@ -55,7 +56,7 @@ def outcomes(tasks: Iterable[Task], findings: Iterable[Finding],
 def note_in(text: str) -> str | None:
     """The note on tasks that reached no result, where ``text`` (a lead's prompt, a synthesis) holds one."""
     for block in _blocks(text):
-        if _NOTE.match(block):
+        if NOTE.match(block):
             return block
     return None
 
@@ -116,7 +117,7 @@ def claims(body: str) -> list[str]:
     """The claims of a synthesis: its paragraphs and list items, less headings, remarks and the note."""
     out: list[str] = []
     for block in _blocks(body):
-        if _NOTE.match(block):
+        if NOTE.match(block):
             continue
         units: list[str] = []
         for line in block.splitlines():

@@ -11,7 +11,7 @@ from swarmyard.clock import Clock
 from swarmyard.config import PolicyKind, SwarmConfig
 from swarmyard.domain import LEAD_GROUP as LEAD_GROUP  # where the lead's group was first defined
 from swarmyard.domain import CitationKind, Finding, Goal, GoalSpec, Task, TaskSpec
-from swarmyard.rules import instructions
+from swarmyard.rules import grounding, instructions
 from swarmyard.rules.policies import Explore, Policy, group_prompt
 from swarmyard.store.protocol import Store, TasksStore
 
@@ -135,7 +135,7 @@ def lead_prompt(goal: Goal, prompt: str, findings: list[Finding], note: str = ""
 #: A line of a finding's body that would read as the lead prompt's own: a verified source line, a finding's
 #: heading, the head of the lead's instructions, the note on tasks that reached no result.
 _PROMPT_LINE = re.compile(r"\s*(?:Cited line |\[fnd_|" + re.escape(instructions.LEAD_INSTRUCTIONS_HEAD)
-                          + r"|\d+ of \d+ tasks? reached no result\b)")
+                          + "|" + grounding.NOTE.pattern + ")")
 
 
 def _with_sources(finding: Finding) -> str:
