@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,19 @@ from swarmyard.store.protocol import LedgerStore, Store
 
 T = TypeVar("T")
 
+#: What ends a line (``str.splitlines``'s breaks: CR, LF, VT, FF, the file/group/record separators, NEL, U+2028,
+#: U+2029), a run of them folded into one space in a finding's title.
+_LINE_BREAKS = re.compile(r"[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
+
+
+def _one_line(title: str) -> str:
+    """A finding's title as one line: each run of line breaks becomes a space, nothing else changes.
+
+    Folded, not refused: a title is a heading with no file line to check it against (a quote's line break is
+    refused because no line of a file holds one), folding loses no word, and a refusal would cost the worker a
+    model call to say again what a space mends. What shows a title (the lead's prompt, report.md) still folds it:
+    a finding stored before this, or by another door, is shown as one line too."""
+    return _LINE_BREAKS.sub(" ", title)
 
 
 class Offload(Protocol):
@@ -325,7 +339,8 @@ class WorkerTools:
         return m.PostResult.model_construct(post=post)
 
     def submit_finding(self, token: str, req: m.SubmitFindingRequest) -> m.FindingResult:
-        """Record a finding under the worker's claim."""
+        """Record a finding under the worker's claim; its title is stored as one line (:func:`_one_line`), so the
+        lead's prompt, the report and the dashboard all show it as stored."""
         who = self._fenced(token, req.task_id, req.fencing_token, write=True)
         redact = self._tokens.redact
         body = redact(req.body)
@@ -336,7 +351,7 @@ class WorkerTools:
             # checked before it is stored: a quote the task's files do not hold is refused with the reason
             check_sources(self._sources, self._store.get_task(req.task_id), citations, body=body)
         finding = self._store.submit_finding(req.task_id, req.fencing_token, author=who.worker_id,
-                                             title=redact(req.title), body=body, citations=citations)
+                                             title=redact(_one_line(req.title)), body=body, citations=citations)
         self._renew_after(req.task_id, req.fencing_token, wrote=True)
         return m.FindingResult.model_construct(finding=finding)
 
