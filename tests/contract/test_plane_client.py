@@ -1,7 +1,7 @@
 """The plane's client against the plane itself: it covers every worker tool the plane mounts, and each answer the
 real server sends (assembled as ``swarmyard serve`` assembles it, served on loopback TCP) reads into the client's
 type field for field as the server's own pydantic model reads it. Both faces: the blocking one over httpx, the
-async one over the built-in agent's lean client."""
+async one over the built-in agent's lean client, and the agent's own reads (its board, findings and scores)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,28 @@ from typing import Any
 import httpx
 import pytest
 
+from swarmyard.agents.tools import PlaneTools
 from swarmyard.auth.tokens import TokenAuthority
 from swarmyard.domain import Citation, CitationKind, GoalSpec, PostKind, Task, TaskSpec, TaskState
 from swarmyard.errors import StaleFencingTokenError
 from swarmyard.plane import tool_results as r
 from swarmyard.plane.assembly import assemble
-from swarmyard.plane.client import AsyncToolClient, Fence, ToolClient, tool_path
+from swarmyard.plane.client import (
+    AsyncToolClient,
+    Fence,
+    ToolClient,
+    board_post_call,
+    board_read_call,
+    read_findings_call,
+    submit_artifact_call,
+    tool_path,
+)
 from swarmyard.plane.lean_client import Connections, LeanClient, tcp_opener
 from swarmyard.plane.server import Listen
 from swarmyard.plane.settings import PlaneSettings
 from swarmyard.plane.tools import TOOL_NAMES, TOOLS
 from swarmyard.store import open_store
+from swarmyard.store.protocol import Store
 
 RESPONSES = {spec.name: spec.response for spec in TOOLS}
 
@@ -46,6 +57,7 @@ class _Scripted:
 class Served:
     port: int
     tokens: list[str]
+    store: Store
 
 
 @pytest.fixture
@@ -60,7 +72,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
     try:
         with made.background(Listen(socket_path=None, tcp_host="127.0.0.1", tcp_port=0)) as server:
             assert server.tcp_port is not None
-            yield Served(server.tcp_port, [tokens.issue(goal, "main", ttl_s=3600)[0] for _ in range(2)])
+            yield Served(server.tcp_port, [tokens.issue(goal, "main", ttl_s=3600)[0] for _ in range(3)], store)
     finally:
         store.close()
 
@@ -151,6 +163,7 @@ def _check(results: dict[str, Any], seen: Recorded) -> None:
     assert results["board_read"].posts[-1].kind is PostKind(results["board_post"].post.kind)
     assert results["read_findings"].findings[-1] == results["submit_finding"].finding
     assert results["submit_artifact"].score["score"] in (3, 7)
+    assert results["submit_artifact"].scored == results["submit_artifact"].score["score"]
     assert results["delegate"].task.parent_id == claimed.task.id
 
 
@@ -189,3 +202,31 @@ def test_the_async_face_over_the_agents_lean_client(served: Served) -> None:
         loop.run_until_complete(lean.aclose())
     finally:
         loop.close()
+
+
+def test_the_agents_reads_of_the_real_plane(served: Served) -> None:
+    """What the built-in agent shows its model is the plane's answer as sent; what it reads of it (the posts it
+    cites, the findings a lead reads, the score it keeps) is the server model's reading of the same answer."""
+    seen = Recorded()
+    lean = LeanClient(Connections(tcp_opener("127.0.0.1", served.port), "the plane"), host="plane",
+                      headers={"Authorization": f"Bearer {served.tokens[2]}"}, timeout_s=30)
+    tools = PlaneTools(_AsyncRecording(lean, seen))
+    calls = {"board_post": board_post_call("halfway there", PostKind.PROGRESS), "board_read": board_read_call(limit=20),
+             "submit_artifact": submit_artifact_call(b"score=5 an attempt", "text/plain"),
+             "read_findings": read_findings_call(limit=200)}
+    loop = asyncio.new_event_loop()
+    try:
+        claimed = loop.run_until_complete(tools.claim())
+        assert claimed is not None
+        for name, call in calls.items():
+            data, read = loop.run_until_complete(tools.answer(call))
+            assert data == json.loads(seen.raw[name]), name
+            assert type(read) is r.RESULTS[name], name
+            assert _as_json(read) == RESPONSES[name].model_validate_json(seen.raw[name]).model_dump(mode="json"), name
+        loop.run_until_complete(lean.aclose())
+    finally:
+        loop.close()
+    # the score the agent keeps is the one the plane recorded for its artifact
+    scored = r.parse(r.ArtifactResult, json.loads(seen.raw["submit_artifact"])).scored
+    goal = served.store.get_task(claimed.task_id).goal_id
+    assert [s.score for s in served.store.list_scores(goal) if s.task_id == claimed.task_id] == [scored] == [5]

@@ -126,7 +126,7 @@ def test_a_bad_history_setting_is_refused() -> None:
 def test_context_block_and_posts_round_trip() -> None:
     posts = [{"body": history.attempt_post(s, c)} for s, c in ((3, "x"), (9, "y"), (9, "y"), (5, "z"))]
     posts.append({"body": "a note that is no attempt"})
-    attempts = history.attempts_on(posts)
+    attempts = history.attempts_on(p["body"] for p in posts)
     assert [a.score for a in attempts] == [3, 9, 9, 5]
     assert history.context_block("scored_history", attempts, 2).splitlines() == [
         f"4 attempts have been scored. {history.HISTORY_HEAD}", "[score 9] y", "[score 5] z"]

@@ -1,16 +1,28 @@
 """The plane's tool client reads answers strictly: a field of the wrong type or missing is a ``bad_response``, the
-claim's fields are filled into later calls, and an error answer is the plane's typed error."""
+claim's fields are filled into later calls, and an error answer is the plane's typed error. The built-in agent's
+tools read the posts, findings and scores they act on the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
+from swarmyard.agents.tools import PlaneTools
+from swarmyard.domain import PostKind
 from swarmyard.errors import LeaseExpiredError, SwarmyardError
 from swarmyard.plane import tool_results as r
-from swarmyard.plane.client import Fence, ToolClient
+from swarmyard.plane.client import (
+    Fence,
+    ToolCall,
+    ToolClient,
+    board_post_call,
+    board_read_call,
+    read_findings_call,
+    submit_artifact_call,
+)
 from swarmyard.plane.lean_client import Response
 
 _TASK = {"id": "t1", "goal_id": "g1", "parent_id": None, "depth": 0, "group": "main", "title": "lens", "prompt": "",
@@ -30,6 +42,16 @@ class Scripted:
         self.sent.append((url, json))
         status, body = self.answers.pop(0)
         return Response(status, {}, _dumps(body))
+
+
+class AsyncScripted:
+    """:class:`Scripted` for an async client (the built-in agent's tools)."""
+
+    def __init__(self, *answers: tuple[int, Any]) -> None:
+        self.sync = Scripted(*answers)
+
+    async def post(self, url: str, *, json: Any = None) -> Response:
+        return self.sync.post(url, json=json)
 
 
 def _dumps(body: Any) -> bytes:
@@ -74,3 +96,45 @@ def test_an_empty_claim_keeps_the_claim_held_and_a_refusal_is_typed() -> None:
     with pytest.raises(LeaseExpiredError) as refused:
         tools.call("heartbeat", {"task_id": "t1", "fencing_token": 3})
     assert refused.value.details["task_id"] == "t1"
+
+
+_POST = {"goal_id": "g1", "seq": 3, "kind": "progress", "group": "main", "author": "w1", "task_id": "t1",
+         "fencing_token": 7, "body": "halfway", "created_at": 1.0}
+_ARTIFACT = {"sha256": "ab" * 32, "goal_id": "g1", "task_id": "t1", "size": 1, "media_type": "text/plain",
+             "author": "w1", "created_at": 1.0}
+
+
+def test_the_agents_tools_give_the_answer_as_sent_and_read() -> None:
+    answer = {"post": _POST, "added": "by a newer plane"}
+    http = AsyncScripted((200, answer))
+    data, read = asyncio.run(PlaneTools(http).answer(board_post_call("halfway", PostKind.PROGRESS)))
+    # the model is shown what the plane said; the agent reads the post it names
+    assert data == answer
+    assert read == r.PostResult(r.parse(r.PostResult, {"post": _POST}).post)
+    assert (read.post.seq, read.post.kind) == (3, PostKind.PROGRESS)
+    assert http.sync.sent == [("/v1/tools/board_post", {"kind": "progress", "body": "halfway"})]
+
+
+@pytest.mark.parametrize(("call", "answer"), [
+    (board_post_call("halfway"), {"post": {**_POST, "seq": "3"}}),
+    (board_read_call(limit=20), {"posts": [_POST, {**_POST, "body": None}], "cursor": 3}),
+    (board_read_call(limit=20), {"posts": _POST, "cursor": 3}),
+    (read_findings_call(limit=20), {"findings": [{"id": "f1", "title": "t", "body": "b"}], "cursor": None,
+                                    "broadcasts": [], "broadcast_cursor": 0}),
+    (submit_artifact_call(b"x"), {"artifact": {**_ARTIFACT, "sha256": None}}),
+    (submit_artifact_call(b"x"), {"artifact": _ARTIFACT, "score": 7}),  # a score is the evaluator's object
+    (submit_artifact_call(b"x"), {"artifact": _ARTIFACT, "direction": {"direction": "proof"}}),
+])
+def test_a_malformed_answer_to_the_agents_tools_is_a_bad_response(call: ToolCall[Any],
+                                                                   answer: dict[str, Any]) -> None:
+    with pytest.raises(SwarmyardError) as bad:
+        asyncio.run(PlaneTools(AsyncScripted((200, answer))).answer(call))
+    assert bad.value.code == "bad_response" and call.result.__name__ in bad.value.message
+
+
+@pytest.mark.parametrize(("score", "scored"), [
+    (None, None), ({"score": 8, "signature": "s"}, 8), ({"score": -2}, -2), ({"score": True}, None),
+    ({"score": 8.0}, None), ({"score": "8"}, None), ({"signature": "s"}, None),
+])
+def test_the_score_read_is_an_integer_as_the_plane_records_it(score: Any, scored: int | None) -> None:
+    assert r.parse(r.ArtifactResult, {"artifact": _ARTIFACT, "score": score}).scored == scored

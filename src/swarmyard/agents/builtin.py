@@ -11,7 +11,6 @@ without a finding and the coordinator counts a failed try (a placeholder would e
 from __future__ import annotations
 
 import asyncio
-import base64
 import csv
 import io
 import json
@@ -34,11 +33,12 @@ from swarmyard.agents.actions import (
     salvage_submission,
     with_attached,
 )
-from swarmyard.agents.explore import Explorer, direction_post, score_of
+from swarmyard.agents.explore import Explorer, direction_post
 from swarmyard.agents.model import ChatModel, ModelReply
 from swarmyard.agents.settings import DIGEST, QUOTED, AgentSettings, Role
 from swarmyard.agents.tools import MAX_RESULT_CHARS, ClaimedTask, LocalTools, PlaneTools
 from swarmyard.agents.trajectory import StepDraft, TrajectoryReporter, now_ms
+from swarmyard.domain import Post, PostKind
 from swarmyard.errors import (
     BudgetError,
     BudgetExceededError,
@@ -50,6 +50,14 @@ from swarmyard.errors import (
     UnoriginalFindingError,
     UnverifiedCitationError,
 )
+from swarmyard.plane.client import (
+    ToolCall,
+    board_post_call,
+    board_read_call,
+    read_findings_call,
+    submit_artifact_call,
+)
+from swarmyard.plane.tool_results import FindingResult
 from swarmyard.rules import grounding, instructions, no_result, originality
 
 log = logging.getLogger(__name__)
@@ -181,12 +189,6 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
 
-def _items(data: Any, key: str) -> list[dict[str, Any]]:
-    if isinstance(data, dict):
-        data = data.get(key, [])
-    return [item for item in data or [] if isinstance(item, dict)]
-
-
 def refused_task(exc: BudgetExceededError) -> str | None:
     """The task a refused claim names (its envelope is ``task ID (...)``), or None."""
     envelope = exc.envelope if isinstance(exc.envelope, str) else ""
@@ -231,7 +233,9 @@ class BuiltinAgent:
         self._posts_seen: list[str] = []
         #: SHA-256 of every artifact this agent submitted: its finding cites them (and so carries their score)
         self._artifacts_sent: list[str] = []
-        self._board: list[dict[str, Any]] = []
+        #: the integer score of the last artifact submitted (``None``: unscored, or its submission was refused)
+        self._last_score: int | None = None
+        self._board: list[Post] = []
         self._me = ""
         self._last_text = ""  # the model's latest non-empty reply text, for a partial finding
         self._tools_run = 0  # tool calls carried out: with the text above, the work a partial finding holds
@@ -281,7 +285,7 @@ class BuiltinAgent:
             messages[-1]["content"] += self.explorer.brief()
         brief = messages[-1]["content"]
         if self._history:
-            self.attempts = history.attempts_on(await self._attempt_posts())
+            self.attempts = history.attempts_on(p.body for p in await self._attempt_posts())
             messages[-1]["content"] = self._with_history(brief)
         ending = Ending.STEP_CAP
         steps = 0
@@ -330,7 +334,7 @@ class BuiltinAgent:
                 self._lines += [line for line in _source_lines(result) or () if line not in self._lines]
                 await self._step_done(task, action, result)
                 self._tools_run += 1
-                if self._history and action.tool == "submit_artifact" and score_of(result) is not None:
+                if self._history and action.tool == "submit_artifact" and self._last_score is not None:
                     # the next attempt starts afresh from the brief and the scored attempts the setting keeps
                     messages[:] = [messages[0], {"role": "user", "content": self._with_history(brief)}]
                     continue
@@ -595,34 +599,29 @@ class BuiltinAgent:
         # a small model copies what it read last: the lead's instructions come after what it is to read
         parts = [f"Task: {task.title}"] + ([] if lead else [task.prompt])
         try:
-            posts = _items(await self._plane.call("board_read", {"limit": 20}), "posts")
+            posts = list((await self._plane.board_read(limit=20)).posts)
         except SwarmyardError as exc:
             posts = []
             log.info("board_read failed: %s", exc.message)
         self._board = posts
         # where the context is built from scored attempts, they come in the history block, as many as it keeps
-        shown = [p for p in posts if not (self._history and history.attempts_on([p]))]
+        shown = [p for p in posts if not (self._history and history.attempts_on([p.body]))]
         if posts:
-            self._posts_seen = [str(p.get("seq")) for p in posts if p.get("seq") is not None]
+            self._posts_seen = [str(p.seq) for p in posts]
         if shown:
             parts.append(
                 "Board:\n"
-                + "\n".join(
-                    f"[post {p.get('seq')}] {p.get('author', '')}: {_cut(str(p.get('body', '')), _POST_CHARS)}"
-                    for p in shown[-10:]
-                )
+                + "\n".join(f"[post {p.seq}] {p.author}: {_cut(p.body, _POST_CHARS)}" for p in shown[-10:])
             )
         if lead:
             # the coordinator hands the lead the findings in its task; those ids count as seen, and only
             # findings the task does not hold yet are added
             self._findings_seen = re.findall(r"\[(fnd_[0-9a-z]+)\]", task.prompt)
             self._note = grounding.note_in(task.prompt) or ""
-            found = _items(await self._plane.call("read_findings", {"limit": 200}), "findings")
+            found = (await self._plane.read_findings(limit=200)).findings
             # what it may not copy: the findings its prompt shows (its group's own are none) and any it read
-            self._read = {**originality.findings_in(task.prompt),
-                          **{str(f["id"]): str(f.get("body", "")) for f in found if "id" in f}}
-            more = [(str(f["id"]), str(f.get("title", "")), str(f.get("body", "")))
-                    for f in found if "id" in f and str(f["id"]) not in self._findings_seen]
+            self._read = {**originality.findings_in(task.prompt), **{f.id: f.body for f in found}}
+            more = [(f.id, f.title, f.body) for f in found if f.id not in self._findings_seen]
             self._findings_seen += [ref for ref, _, _ in more]
             if more:
                 parts.append("Findings:\n" + findings_block(more))
@@ -643,7 +642,7 @@ class BuiltinAgent:
             await asyncio.sleep(max(0.0, self._renewed_at + self._settings.heartbeat_s - time.monotonic()))
             self._renewed_at = time.monotonic()
             try:
-                await self._plane.call("heartbeat", {})
+                await self._plane.heartbeat()
             except SwarmyardError as exc:
                 log.info("heartbeat failed: %s", exc.message)
                 return
@@ -750,16 +749,14 @@ class BuiltinAgent:
                 case "write_file":
                     return self._local.write_file(str(args["path"]), str(args["content"]))
                 case "board_post":
-                    posted = await self._plane.call(
-                        "board_post", {"kind": "progress", "body": str(args["body"])}
-                    )
+                    posted, read = await self._plane.answer(board_post_call(str(args["body"]), PostKind.PROGRESS))
                     # the agent's own post is citable too: a finding often rests on the notes it posted
-                    post = posted.get("post") if isinstance(posted, dict) else None
-                    if isinstance(post, dict) and post.get("seq") is not None:
-                        self._posts_seen.append(str(post["seq"]))
+                    self._posts_seen.append(str(read.post.seq))
                     return posted
-                case "board_read" | "read_findings":
-                    return await self._plane.call(action.tool, {"limit": 20})
+                case "board_read":
+                    return (await self._plane.answer(board_read_call(limit=20)))[0]
+                case "read_findings":
+                    return (await self._plane.answer(read_findings_call(limit=20)))[0]
                 case "submit_artifact":
                     return await self._submit_artifact(str(args["content"]))
                 case _:
@@ -771,22 +768,19 @@ class BuiltinAgent:
             return f"error ({exc.code}): {exc.message}"
 
     async def _post_direction(self, direction: str) -> None:
-        post = await self._plane.call("board_post", {"kind": "direction", "body": direction_post(direction)})
-        if isinstance(post, dict):
-            inner = post.get("post", post)
-            self._me = str(inner.get("author") or self._me) if isinstance(inner, dict) else self._me
-            if isinstance(inner, dict) and inner.get("seq") is not None:
-                self._posts_seen.append(str(inner["seq"]))
+        post = (await self._plane.board_post(direction_post(direction), PostKind.DIRECTION)).post
+        self._me = post.author
+        self._posts_seen.append(str(post.seq))
 
-    async def _attempt_posts(self) -> list[dict[str, Any]]:
+    async def _attempt_posts(self) -> tuple[Post, ...]:
         """The group's board as far as attempts go (its first 500 posts; a read that fails reads none)."""
         try:
-            return _items(await self._plane.call("board_read", {"limit": 500}), "posts")
+            return (await self._plane.board_read(limit=500)).posts
         except (BudgetError, FencingError):
             raise
         except SwarmyardError as exc:
             log.info("board_read failed: %s", exc.message)
-            return []
+            return ()
 
     def _with_history(self, brief: str) -> str:
         block = history.context_block(self._history, self.attempts, self._settings.history_top_k)
@@ -795,24 +789,22 @@ class BuiltinAgent:
     async def _submit_artifact(self, content: str) -> Any:
         """Store one attempt; under ``explore`` its score drives staying, switching or adopting; where the
         context is built from scored attempts, a scored one is posted for the group and the group's are read."""
-        result = await self._plane.call(
-            "submit_artifact",
-            {"data_base64": base64.b64encode(content.encode()).decode(), "media_type": "text/plain"},
-        )
-        stored = result.get("artifact") if isinstance(result, dict) else None
-        if isinstance(stored, dict) and isinstance(stored.get("sha256"), str):
-            self._artifacts_sent.append(stored["sha256"])
-        if self._history and (score := score_of(result)) is not None:
-            await self._plane.call("board_post", {"kind": "progress", "body": history.attempt_post(score, content)})
-            self.attempts = history.attempts_on(await self._attempt_posts()) or [history.Attempt(score, content)]
+        self._last_score = None
+        result, stored = await self._plane.answer(submit_artifact_call(content.encode(), "text/plain"))
+        self._artifacts_sent.append(stored.artifact.sha256)
+        self._last_score = score = stored.scored
+        if self._history and score is not None:
+            await self._plane.board_post(history.attempt_post(score, content), PostKind.PROGRESS)
+            self.attempts = (history.attempts_on(p.body for p in await self._attempt_posts())
+                             or [history.Attempt(score, content)])
         if self.explorer is None:
             return result
         # the plane has already moved the worker (switch or adopt) in the store; follow it and say so
-        note = self.explorer.after_attempt(result)
+        note = self.explorer.after_attempt(stored.direction)
         if note is None or self.explorer.direction is None:
             return result
         await self._post_direction(self.explorer.direction)
-        return {**result, "note": note} if isinstance(result, dict) else result
+        return {**result, "note": note}
 
     def _citations(self, cite: object) -> list[dict[str, str]]:
         refs = [str(c) for c in cite] if isinstance(cite, list) else []
@@ -897,16 +889,14 @@ class BuiltinAgent:
         body = _cut(f"{action.tool} {json.dumps(action.args, ensure_ascii=False)} -> "
                     f"{json.dumps(result, ensure_ascii=False, default=str)}", _EVIDENCE_CHARS)
         try:
-            posted = await self._plane.call("board_post", {"kind": "progress", "body": body})
+            post = (await self._plane.board_post(body, PostKind.PROGRESS)).post
         except (BudgetError, FencingError):
             raise
         except SwarmyardError as exc:
             log.info("board_post of the evidence failed: %s", exc.message)
             return
-        post = posted.get("post") if isinstance(posted, dict) else None
-        if isinstance(post, dict) and post.get("seq") is not None:
-            self._posts_seen.append(str(post["seq"]))
-            self._evidence = str(post["seq"])
+        self._posts_seen.append(str(post.seq))
+        self._evidence = str(post.seq)
 
     async def _write_findings_table(self, findings: list[tuple[str, str, str]]) -> None:
         """``findings.csv`` in the working folder (finding, title, line: a row a line of each body), so a lead's
@@ -933,10 +923,7 @@ class BuiltinAgent:
         if self._settings.synthesis_artifact and self._settings.role is Role.LEAD:
             await self._submit_artifact(body)  # scored by the run's evaluator; the synthesis cites it
         args = {**args, "cite": cite}
-        data = await self._plane.call(
-            FINISH, {"title": title, "body": body, "citations": self._citations(args.get("cite"))}
-        )
-        if isinstance(data, dict):
-            inner = data.get("finding", data)
-            return str(inner.get("id")) if isinstance(inner, dict) and inner.get("id") else None
-        return None
+        # the citations as the agent writes them (a quote only where it has one), not as ``Citation.to_dict``
+        submitted = await self._plane.run(ToolCall(
+            FINISH, {"title": title, "body": body, "citations": self._citations(args.get("cite"))}, FindingResult))
+        return submitted.finding.id

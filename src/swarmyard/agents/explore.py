@@ -10,10 +10,10 @@ only tells its model and posts the new direction on the board for its peers to r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from swarmyard.plane.tool_results import DirectionResult
+    from swarmyard.plane.tool_results import DirectionMove, DirectionResult
 
 
 class _Tools(Protocol):
@@ -23,13 +23,6 @@ class _Tools(Protocol):
 def direction_post(name: str) -> str:
     """The body of the board post that says which direction a worker took."""
     return f"direction: {name}"
-
-
-def score_of(result: Any) -> int | None:
-    """The integer score in a ``submit_artifact`` answer, or ``None`` (no evaluator, or a failed scoring)."""
-    score = result.get("score") if isinstance(result, dict) else None
-    value = score.get("score") if isinstance(score, dict) else score
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(slots=True)
@@ -55,15 +48,15 @@ class Explorer:
         return (f"\n\nYour direction: {self.direction}. Submit each attempt with submit_artifact; its answer gives "
                 "the score and says when to change direction.")
 
-    def after_attempt(self, result: Any) -> str | None:
-        """Follow the move a scored attempt answered with; what to tell the model when the direction changed."""
-        move = result.get("direction") if isinstance(result, dict) else None
-        if not isinstance(move, dict) or not isinstance(move.get("direction"), str):
+    def after_attempt(self, move: DirectionMove | None) -> str | None:
+        """Follow the move a scored attempt answered with (``None``: none, the attempt was not scored); what to
+        tell the model when the direction changed."""
+        if move is None:
             return None
-        new, old, reason = str(move["direction"]), str(move.get("previous", "")), str(move.get("reason", ""))
+        new, old, reason = move.direction, move.previous, move.reason
         self.direction = new
         if reason == "stay" or new == old:
             return None
         why = ("a free direction scored clearly better than yours" if reason == "adopt"
-               else f"{move.get('stale')} attempts in a row did not beat your best ({move.get('best')})")
+               else f"{move.stale} attempts in a row did not beat your best ({move.best})")
         return f"Change of direction: work on {new!r} from now on (was {old!r}): {why}."

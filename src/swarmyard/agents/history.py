@@ -13,9 +13,8 @@ task, or a peer on the same board reads it from.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 SCORED_HISTORY = "scored_history"
 SINGLE_DRAFT = "single_draft_refinement"
@@ -46,11 +45,11 @@ def attempt_post(score: int, content: str) -> str:
     return f"attempt score {score}:\n{content[:ATTEMPT_CHARS]}"
 
 
-def attempts_on(posts: Iterable[Mapping[str, Any]]) -> list[Attempt]:
-    """The scored attempts recorded on a board's posts."""
+def attempts_on(bodies: Iterable[str]) -> list[Attempt]:
+    """The scored attempts recorded on a board's posts (their bodies)."""
     out = []
-    for post in posts:
-        if m := _POST.match(str(post.get("body", ""))):
+    for body in bodies:
+        if m := _POST.match(body):
             out.append(Attempt(int(m["score"]), m["content"]))
     return out
 

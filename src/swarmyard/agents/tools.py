@@ -8,16 +8,19 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmyard.errors import InvalidInputError
-from swarmyard.plane.client import AsyncToolClient
+from swarmyard.plane.client import AsyncToolClient, ToolCall
+from swarmyard.plane.tool_results import parse
 
 if TYPE_CHECKING:
     from swarmyard.plane.lean_client import HttpClient
 
 #: Longest tool output handed back to the model (small models have small contexts).
 MAX_RESULT_CHARS = 2000
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,12 @@ class PlaneTools(AsyncToolClient):
         self.task = None if task is None or token is None else ClaimedTask(task.id, token, task.title, task.prompt,
                                                                            task.group)
         return self.task
+
+    async def answer(self, call: ToolCall[T]) -> tuple[Any, T]:
+        """``call``'s answer twice: its JSON as the plane sent it (what the model is shown, and the trajectory
+        records) and read as its type (what the agent reads; a malformed answer is a ``bad_response`` error)."""
+        data = await self.call(call.name, call.body)
+        return data, parse(call.result, data)
 
 
 class LocalTools:

@@ -90,8 +90,16 @@ class ArtifactResult:
     """The stored artifact and, with an evaluator, its signed score (and, under ``explore``, the move)."""
 
     artifact: Artifact
+    #: the evaluator's signed score as it gave it (its fields are the evaluator's: see :attr:`scored`)
     score: dict[str, Any] | None = None
     direction: DirectionMove | None = None
+
+    @property
+    def scored(self) -> int | None:
+        """The integer score, as the plane reads it to record the score (``None``: no evaluator, or a score with
+        no integer ``score``, which the plane does not record)."""
+        value = None if self.score is None else self.score.get("score")
+        return value if type(value) is int else None
 
 
 @dataclass(frozen=True, slots=True)
