@@ -41,3 +41,30 @@ def test_the_agent_imports_neither_pydantic_nor_httpx() -> None:
     # that use them
     assert modules.isdisjoint({"swarmyard.plane.transport", "swarmyard.plane.failover", "swarmyard.agents.planner",
                                "swarmyard.agents.verdicts"})
+
+
+def _started(env: dict[str, str]) -> set[str]:
+    """The modules ``python -m swarmyard.agents`` imported before it stopped (no token: a config error)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **env}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1 and "SWARMYARD_TOKEN" in done.stderr, done.stderr  # stopped after its imports
+    modules = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert {"swarmyard.agents.entry", "asyncio"} <= modules  # the probe saw the agent's imports
+    return modules
+
+
+def test_an_agent_on_its_relay_or_socket_loads_no_tls_and_no_decimal() -> None:
+    # the lean client speaks plain HTTP to the machine's relay or the plane's socket: asyncio goes without ssl
+    for env in ({"SWARMYARD_PLANE_URL": "http://127.0.0.1:8431"},
+                {"SWARMYARD_PLANE_URL": "http://plane", "SWARMYARD_PLANE_SOCKET": "/nonexistent/plane.sock"}):
+        modules = _started(env)
+        assert modules.isdisjoint({"ssl", "_ssl", "decimal", "_decimal"}), sorted(modules & {"ssl", "decimal"})
+        assert "swarmyard.money" not in modules  # its Decimal, for a refusal's figures only
+
+
+def test_an_agent_reaching_the_plane_through_httpx_keeps_tls() -> None:
+    # https, several replicas or a path: httpx serves them, with TLS where the URL asks for it
+    for url in ("https://plane.example:8443", "http://127.0.0.1:1,http://127.0.0.1:2", "http://127.0.0.1:8431/p"):
+        assert "ssl" in _started({"SWARMYARD_PLANE_URL": url}), url

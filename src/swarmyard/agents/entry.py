@@ -10,12 +10,12 @@ import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from swarmyard.agents import governed
 from swarmyard.agents.actions import TOOLS, with_attached
 from swarmyard.agents.builtin import AgentOutcome, BuiltinAgent
 from swarmyard.agents.model import BrokerChatModel
+from swarmyard.agents.plane_route import lean_route
 from swarmyard.agents.settings import QUOTED, AgentSettings, Role
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
@@ -53,27 +53,20 @@ def _transport(plane_url: str, socket: str | None) -> httpx.AsyncBaseTransport |
 
 def _lean(plane_url: str, socket: str | None, headers: Mapping[str, str]) -> ClosingHttpClient | None:
     """A client without httpx (see :mod:`swarmyard.plane.lean_client`) for the plane's socket or the machine's
-    loopback relay, where the URL is one of those and has no path; ``None`` for any other URL."""
-    try:
-        url = urlsplit(plane_url)
-        port = url.port
-    except ValueError:
+    loopback relay (:func:`~swarmyard.agents.plane_route.lean_route`); ``None`` for any other URL."""
+    route = lean_route(plane_url, socket)
+    if route is None:
         return None
-    if url.path.strip("/") or url.query or url.username is not None or url.password is not None:
-        return None
-    host = url.netloc
-    if socket:
-        return LeanClient(Connections(unix_opener(socket), socket), host=host, headers=headers, timeout_s=_TIMEOUT_S)
-    if url.scheme == "http" and url.hostname in ("127.0.0.1", "localhost") and port is not None:
-        return LeanClient(Connections(tcp_opener("127.0.0.1", port), f"127.0.0.1:{port}"), host=host,
-                          headers=headers, timeout_s=_TIMEOUT_S)
-    return None
+    host, where = route
+    connections = (Connections(unix_opener(where), where) if isinstance(where, str) else
+                   Connections(tcp_opener("127.0.0.1", where), f"127.0.0.1:{where}"))
+    return LeanClient(connections, host=host, headers=headers, timeout_s=_TIMEOUT_S)
 
 
 def _client(settings: AgentSettings, env: Mapping[str, str]) -> ClosingHttpClient:
     base, socket = settings.plane_url, env.get("SWARMYARD_PLANE_SOCKET")
     headers = {"Authorization": f"Bearer {settings.token}"}
-    lean = _lean(base, socket, headers) if socket or "," not in base else None
+    lean = _lean(base, socket, headers)
     if lean is not None:
         return lean
     import httpx

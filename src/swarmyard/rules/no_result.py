@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 
 from swarmyard.errors import BudgetError, BudgetExceededError, CallCapExceededError, DeadlinePassedError
-from swarmyard.money import format_usd
 
 _PREFIX = "No result was reached for "
 #: A whole placeholder: the fixed opening, the task's title in quotes, and the reason on the same line.
@@ -80,6 +79,8 @@ def stopped_by(exc: BudgetError, step: int) -> str:
         cap = _int(exc.cap)
         return f"{whose} call cap ran out {at}" + (f" (all {cap} of its model calls were made)" if cap else "")
     if isinstance(exc, BudgetExceededError):
+        from swarmyard.money import format_usd  # decimal, not loaded at every agent's start
+
         needed, available = _int(exc.needed), _int(exc.available)
         figures = (f" ({whose} envelope had {format_usd(available)} left, the next call "
                    f"could cost up to {format_usd(needed)})" if needed is not None and available is not None
