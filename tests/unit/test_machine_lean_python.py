@@ -72,3 +72,18 @@ def test_the_agent_starts_in_a_machine_without_site(machines: Machines) -> None:
     # and as the machine launcher starts it: it runs, and stops on its missing configuration
     agent = machines.exec(info.id, [*lean.argv, "-m", "swarmyard.agents"], env=dict(lean.env), timeout=60)
     assert agent.exit_code == 1 and b"SWARMYARD_PLANE_URL" in agent.stderr, agent.stderr
+
+
+def test_the_agents_bytecode_is_current_once_its_python_is_asked_for() -> None:
+    # a machine reads the package read-only: a module without current bytecode would be compiled by every agent
+    import importlib.util
+
+    import swarmyard.agents.builtin as builtin
+
+    lean_python()
+    source = Path(builtin.__file__)
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if not os.access(cached.parent if cached.parent.exists() else source.parent, os.W_OK):
+        pytest.skip("the package folder is not writable here")
+    header = cached.read_bytes()[:16]
+    assert int.from_bytes(header[8:12], "little") == int(source.stat().st_mtime) & 0xFFFFFFFF  # for this source
