@@ -18,6 +18,7 @@ import pytest
 
 from conftest import LivePlane, claimed_worker
 from loopback import serve_in_thread
+from rigs.chat import ScriptedChat
 from swarmyard.agents.actions import (
     TOOLS,
     action_schema,
@@ -55,23 +56,6 @@ from swarmyard.errors import (
     UpstreamUnknownError,
 )
 from swarmyard.store import SqlStore, open_store
-
-
-class ScriptedModel:
-    """Replies from a list; a ``BudgetError`` in the list is raised."""
-
-    def __init__(self, replies: list[ModelReply | str | Exception]) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-        self.only: list[frozenset[str] | None] = []
-
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        self.seen.append(list(messages))
-        self.only.append(only)
-        item = self.replies.pop(0) if self.replies else "not json at all"
-        if isinstance(item, Exception):
-            raise item
-        return item if isinstance(item, ModelReply) else ModelReply(item)
 
 
 @dataclass
@@ -117,7 +101,7 @@ def _setup(live_plane: Callable[..., LivePlane], *, claimable: bool = True, peer
     return setup
 
 
-def _agent(tmp_path: Path, model: ScriptedModel, setup: Setup, **overrides: Any) -> BuiltinAgent:
+def _agent(tmp_path: Path, model: ScriptedChat, setup: Setup, **overrides: Any) -> BuiltinAgent:
     settings = AgentSettings(
         plane_url="http://plane", token=setup.token, model="m", workdir=tmp_path, **overrides
     )
@@ -194,7 +178,7 @@ def test_action_schema_has_one_branch_per_tool() -> None:
 def test_loop_survives_malformed_output_and_submits(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, peer_posts=True)
     submit = json.dumps({"title": "Risks", "body": "Three risks.", "cite": [str(setup.peer_post_seq), "fnd_unknown"]})
-    model = ScriptedModel(
+    model = ScriptedChat(
         ["garbage", '{"tool": "nope"}', _action("board_post", body="looking at licences"),
          ModelReply("", (("submit_finding", submit),))]
     )
@@ -213,7 +197,7 @@ def test_loop_survives_malformed_output_and_submits(tmp_path: Path, live_plane: 
 def test_reasks_are_bounded_and_the_step_cap_still_submits(tmp_path: Path,
                                                            live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
-    model = ScriptedModel([])
+    model = ScriptedChat([], then="not json at all")  # malformed, every time
     outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3, max_reasks=2).run())
     assert outcome.ending is Ending.STEP_CAP
     assert len(model.seen) == 3 * 3
@@ -224,7 +208,7 @@ def test_reasks_are_bounded_and_the_step_cap_still_submits(tmp_path: Path,
 def test_the_last_step_may_only_submit(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     submit = ModelReply("", (("submit_finding", json.dumps({"title": "Risks", "body": "Licences, cost."})),))
-    model = ScriptedModel([_action("board_post", body="a"), _action("board_post", body="b"), submit])
+    model = ScriptedChat([_action("board_post", body="a"), _action("board_post", body="b"), submit])
     outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3).run())
     assert outcome.ending is Ending.SUBMITTED and outcome.steps == 3
     assert model.only == [None, None, frozenset({"submit_finding"})]
@@ -237,7 +221,7 @@ def test_a_submission_cut_off_at_max_tokens_is_submitted_as_written(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     cut = '{"tool": "submit_finding", "arguments": {"title": "Risks", "body": "Licences, cost, and the'
-    model = ScriptedModel([_action("board_post", body="a"), cut])
+    model = ScriptedChat([_action("board_post", body="a"), cut])
     outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=2).run())
     assert outcome.ending is Ending.SUBMITTED and outcome.malformed == 1 and len(model.seen) == 2
     [finding] = setup.findings_by(setup.worker_id)
@@ -249,7 +233,7 @@ def test_a_partial_finding_salvages_the_last_cut_off_answer(tmp_path: Path,
     # cut-off JSON naming no tool is re-asked, not taken as a submission; when the run ends on the budget,
     # what it began to say is the partial finding's body, not the raw JSON
     setup = _setup(live_plane)
-    model = ScriptedModel(['{"title": "T", "body": "half a thought', BudgetError("no money left")])
+    model = ScriptedChat(['{"title": "T", "body": "half a thought', BudgetError("no money left")])
     outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=3).run())
     assert outcome.ending is Ending.BUDGET and outcome.malformed == 1
     [finding] = setup.findings_by(setup.worker_id)
@@ -258,7 +242,7 @@ def test_a_partial_finding_salvages_the_last_cut_off_answer(tmp_path: Path,
 
 def test_budget_refusal_ends_with_a_partial_finding(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
-    model = ScriptedModel([_action("board_read"), BudgetError("no money left")])
+    model = ScriptedChat([_action("board_read"), BudgetError("no money left")])
     outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.BUDGET
     assert [f.title for f in setup.findings_by(setup.worker_id)] == ["risks (partial)"]
@@ -268,7 +252,7 @@ def test_a_conversation_too_long_for_the_model_is_compacted_and_asked_again(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     setup.plane.store.create_task(setup.goal_id, TaskSpec(title="long", prompt="evidence " * 2000, priority=5))
-    model = ScriptedModel([_action("board_read"), ContextLengthError("m", 5000, 4096),
+    model = ScriptedChat([_action("board_read"), ContextLengthError("m", 5000, 4096),
                            ContextLengthError("m", 4500, 4096), _action("submit_finding", title="t", body="b")])
     outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.SUBMITTED and outcome.steps == 2
@@ -283,7 +267,7 @@ def test_a_model_failing_in_passing_is_asked_again_then_gives_up_with_a_partial_
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     flaky = [ProviderError("broker answered 502", retryable=True) for _ in range(4)]
-    model = ScriptedModel([flaky[0], ModelReply(_action("board_read"), ()), *flaky[1:]])
+    model = ScriptedChat([flaky[0], ModelReply(_action("board_read"), ()), *flaky[1:]])
     outcome = asyncio.run(_agent(tmp_path, model, setup, retry_backoff_s=0.0, max_retries=2).run())
     assert outcome.ending is Ending.MODEL_ERROR and outcome.steps == 2
     assert len(model.seen) == 5  # one retry that worked, then a first try and two retries that did not
@@ -294,7 +278,7 @@ def test_a_model_failing_in_passing_is_asked_again_then_gives_up_with_a_partial_
 def test_a_lead_whose_model_fails_submits_no_placeholder(tmp_path: Path,
                                                         live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, peer_findings=("market",))
-    model = ScriptedModel([ProviderError("broker answered 400: bad request", retryable=False)])
+    model = ScriptedChat([ProviderError("broker answered 400: bad request", retryable=False)])
     with pytest.raises(ProviderError, match="stopped on a model error at step 1 of 8"):
         asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     assert len(model.seen) == 1
@@ -307,7 +291,7 @@ def test_a_worker_whose_every_call_fails_submits_nothing_and_raises(
         tmp_path: Path, live_plane: Callable[..., LivePlane], error: ProviderError) -> None:
     # a placeholder finding would end the task done, and the coordinator's max_failures would never apply
     setup = _setup(live_plane)
-    model = ScriptedModel([error])
+    model = ScriptedChat([error])
     with pytest.raises(ProviderError, match=f"stopped on a model error at step 1 of 4, before any work "
                                             f"\\({error.code}\\)") as raised:
         asyncio.run(_agent(tmp_path, model, setup, max_steps=4, retry_backoff_s=0.0).run())
@@ -321,7 +305,7 @@ def test_work_cut_short_by_a_model_error_is_a_partial_finding_that_says_so(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     call = ModelReply("", (("board_post", json.dumps({"body": "licences first"})),))
-    model = ScriptedModel([call, ProviderError("upstream answered 401", upstream_status=401)])
+    model = ScriptedChat([call, ProviderError("upstream answered 401", upstream_status=401)])
     outcome = asyncio.run(_agent(tmp_path, model, setup, max_steps=4).run())
     assert outcome.ending is Ending.MODEL_ERROR and outcome.steps == 2
     [partial] = setup.findings_by(setup.worker_id)
@@ -333,7 +317,7 @@ def test_work_cut_short_by_a_model_error_is_a_partial_finding_that_says_so(
 def test_a_step_cap_placeholder_names_the_limit(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane)
     calls = [ModelReply("", (("board_post", json.dumps({"body": str(i)})),)) for i in range(3)]
-    outcome = asyncio.run(_agent(tmp_path, ScriptedModel(calls), setup, max_steps=3).run())
+    outcome = asyncio.run(_agent(tmp_path, ScriptedChat(calls), setup, max_steps=3).run())
     assert outcome.ending is Ending.STEP_CAP
     [partial] = setup.findings_by(setup.worker_id)
     assert partial.body == "No result was reached for 'risks': the step cap ran out (3 of 3 steps)."
@@ -347,7 +331,7 @@ def test_the_leads_brief_gives_every_finding_an_equal_share(tmp_path: Path,
     claim = store.claim(setup.goal_id, "wrk_long", 60, task_id=peer.id)
     assert claim is not None
     store.submit_finding(peer.id, claim.token, author="wrk_long", title="long", body="z" * 20_000)
-    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.")])
+    model = ScriptedChat([_action("submit_finding", title="Go", body="Go.")])
     asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     brief = model.seen[0][1]["content"]
     assert all(f"[{ref}]" in brief for ref in setup.peer_findings)
@@ -361,7 +345,7 @@ def test_the_leads_brief_lists_each_finding_once_and_ends_with_its_instructions(
     store = setup.plane.store
     # the coordinator's lead task holds the first finding already (as lead_prompt writes it); the second is new
     store.create_task(setup.goal_id, TaskSpec(title="synthesis", prompt=f"[{first}] market\nbig\n\nDecide."))
-    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.")])
+    model = ScriptedChat([_action("submit_finding", title="Go", body="Go.")])
     asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     brief = model.seen[0][1]["content"]
     assert brief.count(f"[{first}]") == 1 and brief.count(f"[{second}]") == 1
@@ -372,7 +356,7 @@ def test_the_leads_brief_lists_each_finding_once_and_ends_with_its_instructions(
 
 def test_no_task_means_no_model_call(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, claimable=False)
-    model = ScriptedModel([])
+    model = ScriptedChat([])
     outcome = asyncio.run(_agent(tmp_path, model, setup).run())
     assert outcome.ending is Ending.NO_TASK
     assert model.seen == []
@@ -382,7 +366,7 @@ def test_lead_reads_findings_and_cites_them_all_when_the_model_forgets(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, peer_findings=("market", "risks"))
     first, second = setup.peer_findings
-    model = ScriptedModel([_action("submit_finding", title="Go", body="Go, because market is big.")])
+    model = ScriptedChat([_action("submit_finding", title="Go", body="Go, because market is big.")])
     outcome = asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     assert outcome.ending is Ending.SUBMITTED
     assert f"[{first}] market" in model.seen[0][1]["content"]
@@ -394,7 +378,7 @@ def test_a_lead_citing_one_finding_twice_cites_each_finding_once(
         tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     setup = _setup(live_plane, peer_findings=("market", "risk"))
     first, second = setup.peer_findings
-    model = ScriptedModel([_action("submit_finding", title="Go", body="Go.", cite=[second, second])])
+    model = ScriptedChat([_action("submit_finding", title="Go", body="Go.", cite=[second, second])])
     asyncio.run(_agent(tmp_path, model, setup, role=Role.LEAD).run())
     [synthesis] = setup.findings_by(setup.worker_id)
     assert synthesis.citations == (Citation(CitationKind.FINDING, second), Citation(CitationKind.FINDING, first))
@@ -550,7 +534,7 @@ def test_a_finding_cites_the_agents_artifacts_and_carries_their_best_score(
     token, me = plane.tokens.issue(goal.id, "main", ttl_s=3600)
     task = plane.store.create_task(goal.id, TaskSpec(title="sorter", prompt="write a sorter"))
     setup = Setup(plane, goal.id, task.id, token, me.worker_id)
-    model = ScriptedModel([_action("submit_artifact", content="print(1)"),
+    model = ScriptedChat([_action("submit_artifact", content="print(1)"),
                            _action("submit_artifact", content="print(sorted([3, 1]))"),
                            _action("submit_finding", title="sorter", body="The second attempt sorts.")])
     outcome = asyncio.run(_agent(tmp_path, model, setup).run())

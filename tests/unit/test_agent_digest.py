@@ -20,6 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import LivePlane
+from rigs.chat import ScriptedChat
 from swarmyard.agents import verdicts
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply
@@ -38,22 +39,6 @@ POINT_2 = "A free platform feature could erase the market, so speed matters more
 REASON = "Paying demand is there for clinicians, and a fast launch beats the platforms' free feature."
 
 
-class ScriptedModel:
-    def __init__(self, replies: list[str | ModelReply | Exception]) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-        self.only: list[frozenset[str] | None] = []
-        self.specs: list[dict[str, Any] | None] = []
-
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None,
-                    specs: dict[str, Any] | None = None) -> ModelReply:
-        self.seen.append([dict(m) for m in messages])
-        self.only.append(only)
-        self.specs.append(specs)
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply if isinstance(reply, ModelReply) else ModelReply(reply)
 
 
 def _verdict(said: str) -> ModelReply:
@@ -87,8 +72,8 @@ def _lead(live_plane: Callable[..., LivePlane], bodies: list[tuple[str, str]]) -
 
 
 def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str | ModelReply | Exception],
-         max_steps: int = 4) -> tuple[Any, ScriptedModel]:
-    model = ScriptedModel(replies)
+         max_steps: int = 4) -> tuple[Any, ScriptedChat]:
+    model = ScriptedChat(replies)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
                                        max_steps=max_steps, role=Role.LEAD, synthesis="digest"))

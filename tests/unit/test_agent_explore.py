@@ -13,34 +13,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from conftest import LivePlane
+from rigs.chat import ScriptedChat, TableScorer
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending
 from swarmyard.agents.explore import direction_post
-from swarmyard.agents.model import ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.domain import GoalSpec, TaskSpec
-
-
-class ScriptedModel:
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        self.seen.append([dict(m) for m in messages])
-        return ModelReply(self.replies.pop(0))
-
-
-class TableScorer:
-    """An evaluator stand-in (the real one is its own process with hidden data): scores an artifact by its text."""
-
-    def __init__(self, scores: dict[str, int]) -> None:
-        self.scores = scores
-
-    async def score(self, goal: str, data: bytes, split: str) -> dict[str, Any]:
-        return {"goal": goal, "split": split, "score": self.scores[data.decode()], "signature": "sig"}
 
 
 @dataclass
@@ -86,8 +65,8 @@ def _attempt(text: str) -> str:
 FINISH = json.dumps({"action": {"tool": "submit_finding", "args": {"title": "t", "body": "what was found"}}})
 
 
-def _run(tmp_path: Path, goal: Goal, replies: list[str]) -> tuple[BuiltinAgent, ScriptedModel]:
-    model = ScriptedModel(replies)
+def _run(tmp_path: Path, goal: Goal, replies: list[str]) -> tuple[BuiltinAgent, ScriptedChat]:
+    model = ScriptedChat(replies)
     agent = BuiltinAgent(
         model, PlaneTools(goal.plane.client(goal.token)), LocalTools(tmp_path, exec_timeout_s=5),
         AgentSettings(plane_url="http://plane", token=goal.token, model="m", workdir=tmp_path, max_steps=10,
@@ -98,7 +77,7 @@ def _run(tmp_path: Path, goal: Goal, replies: list[str]) -> tuple[BuiltinAgent, 
     return agent, model
 
 
-def _told(model: ScriptedModel) -> str:
+def _told(model: ScriptedChat) -> str:
     return "\n".join(str(m.get("content")) for m in model.seen[-1])
 
 

@@ -16,34 +16,14 @@ from typing import Any
 import pytest
 
 from conftest import LivePlane
+from rigs.chat import ScriptedChat, TableScorer
 from swarmyard.agents import history
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending
-from swarmyard.agents.model import ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.broker.chat import ChatRequest, Message, Role, Tool
 from swarmyard.broker.providers.attempts import attempt_answer, propose
 from swarmyard.domain import GoalSpec, PostKind, TaskSpec
 from swarmyard.errors import ConfigError
-
-
-class ScriptedModel:
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        self.seen.append([dict(m) for m in messages])
-        return ModelReply(self.replies.pop(0))
-
-
-class TableScorer:
-    """An evaluator stand-in: scores an artifact by its text."""
-
-    def __init__(self, scores: dict[str, int]) -> None:
-        self.scores = scores
-
-    async def score(self, goal: str, data: bytes, split: str) -> dict[str, Any]:
-        return {"goal": goal, "split": split, "score": self.scores[data.decode()], "signature": b"sig"}
 
 
 def _attempt(text: str) -> str:
@@ -55,7 +35,7 @@ SCORES = {"aaaa": 10, "bbbb": 30, "cccc": 20}
 
 
 def _run(tmp_path: Path, live_plane: Callable[..., LivePlane], replies: list[str], *,
-         peer_attempts: tuple[tuple[int, str], ...] = (), **settings: Any) -> tuple[ScriptedModel, LivePlane, str]:
+         peer_attempts: tuple[tuple[int, str], ...] = (), **settings: Any) -> tuple[ScriptedChat, LivePlane, str]:
     plane = live_plane(TableScorer({**SCORES, **{c: s for s, c in peer_attempts}}))
     store = plane.store
     goal = store.create_goal(GoalSpec(objective="o", budget_micro_usd=1_000_000, call_cap=100))
@@ -67,7 +47,7 @@ def _run(tmp_path: Path, live_plane: Callable[..., LivePlane], replies: list[str
             store.post(peer.id, claim.token, PostKind.PROGRESS, history.attempt_post(score, content), author="wrk_peer")
     store.create_task(goal.id, TaskSpec(title="guess", prompt="guess the code"))
     token, _ = plane.tokens.issue(goal.id, "main", ttl_s=3600)
-    model = ScriptedModel(replies)
+    model = ScriptedChat(replies)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
                                        max_steps=10, **settings))

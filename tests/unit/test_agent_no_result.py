@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_agent_builtin import ScriptedModel
 
 from conftest import LivePlane
+from rigs.chat import ScriptedChat
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending
 from swarmyard.agents.model import ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
@@ -40,7 +40,7 @@ def test_the_placeholder_names_the_limit_that_ran_out(tmp_path: Path, live_plane
     goal = plane.store.create_goal(GoalSpec("speech app?", budget_micro_usd=200_000, call_cap=100))
     plane.store.create_task(goal.id, TaskSpec(title="price", prompt="find the price"))
     token, me = plane.tokens.issue(goal.id, "main", ttl_s=3600)
-    model = ScriptedModel([POST, refusal] if refusal is not None else [POST, POST, POST])
+    model = ScriptedChat([POST, refusal] if refusal is not None else [POST, POST, POST])
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path, max_steps=3))
     outcome = asyncio.run(agent.run())

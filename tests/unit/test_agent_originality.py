@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import LivePlane
+from rigs.chat import ScriptedChat
 from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
-from swarmyard.agents.model import ModelReply
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.domain import GoalSpec, TaskSpec
 from swarmyard.rules.originality import copied_share, problem, repeated_share
@@ -42,22 +42,14 @@ def test_the_measures_on_the_demos_failures() -> None:
     assert problem("", prompt=PROMPT) is None  # empty bodies are refused elsewhere (says_something)
 
 
-class ScriptedModel:
-    def __init__(self, replies: list[str]) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-
-    async def reply(self, messages: list[dict[str, Any]], *, only: frozenset[str] | None = None) -> ModelReply:
-        self.seen.append([dict(m) for m in messages])
-        return ModelReply(self.replies.pop(0))
 
 
 def _finish(body: str, title: str = "t") -> str:
     return json.dumps({"action": {"tool": "submit_finding", "args": {"title": title, "body": body}}})
 
 
-def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str], role: Role) -> tuple[str, ScriptedModel]:
-    model = ScriptedModel(replies)
+def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str], role: Role) -> tuple[str, ScriptedChat]:
+    model = ScriptedChat(replies)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
                                        max_steps=3, role=role))
@@ -66,7 +58,7 @@ def _run(tmp_path: Path, plane: LivePlane, token: str, replies: list[str], role:
     return plane.store.get_finding(outcome.finding_id).body, model
 
 
-def _reasked(model: ScriptedModel) -> str:
+def _reasked(model: ScriptedChat) -> str:
     return str(model.seen[1][-1]["content"])
 
 
@@ -147,7 +139,7 @@ def test_a_lead_answering_with_a_findings_heading_is_asked_again(tmp_path: Path,
 
 def test_a_lead_that_only_ever_copies_submits_no_copy(tmp_path: Path, live_plane: Callable[..., LivePlane]) -> None:
     plane, token, _ = _lead(live_plane, SCOUT)
-    model = ScriptedModel([_finish(SCOUT)] * 9)
+    model = ScriptedChat([_finish(SCOUT)] * 9)
     agent = BuiltinAgent(model, PlaneTools(plane.client(token)), LocalTools(tmp_path, exec_timeout_s=5),
                          AgentSettings(plane_url="http://plane", token=token, model="m", workdir=tmp_path,
                                        max_steps=3, role=Role.LEAD))
