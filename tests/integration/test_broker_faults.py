@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import pytest
 
 from conftest import claimed_worker
 from loopback import serve_in_thread
+from rigs.network import stream_server
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
@@ -98,24 +98,8 @@ class Upstream:
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     up = Upstream()
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(up._handle, "127.0.0.1", 0))
-    up.port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield up
-
-    async def shutdown() -> None:
-        server.close()
-        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-    asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    with stream_server(up._handle) as up.port:
+        yield up
 
 
 @dataclass

@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import pytest
 
 from conftest import claimed_worker
 from loopback import serve_in_thread
+from rigs.network import stream_server
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.anthropic import AnthropicProvider
@@ -107,15 +107,8 @@ class Upstream:
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     up = Upstream()
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(up.handle, "127.0.0.1", 0))
-    up.port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield up
-    loop.call_soon_threadsafe(server.close)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with stream_server(up.handle) as up.port:
+        yield up
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -31,3 +32,29 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def stream_server(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> Iterator[int]:
+    """Serve ``handle`` (an asyncio connection handler: an upstream written on the bare socket) on a free loopback
+    port, on an event loop of its own in a thread, until the block ends; yields the port. At the end the server
+    closes and the handlers still running are cancelled."""
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+
+        async def shutdown() -> None:
+            server.close()
+            pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
