@@ -6,8 +6,6 @@ forks with an identity of their own, the async twin, and bad input refused with 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,10 +26,8 @@ def _providers(folder: Path) -> Path:
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-bx-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 @pytest.fixture

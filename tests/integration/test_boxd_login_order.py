@@ -5,9 +5,6 @@ machine nor a slot of ``max_machines`` is left behind, and the error is the plan
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +16,9 @@ pytestmark = [pytest.mark.bwrap]
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-lo-"))
-    (path / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["m1"]\n')
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    (short_tmp / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["m1"]\n')
+    return short_tmp
 
 
 def test_a_refused_login_deletes_its_machine_and_frees_its_slot(folder: Path) -> None:

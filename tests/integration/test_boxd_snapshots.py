@@ -4,8 +4,6 @@ same disk digest in every machine made from one version, ``from_snapshot=NAME[:V
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +17,8 @@ pytestmark = [pytest.mark.bwrap]
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-bs-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 @pytest.fixture

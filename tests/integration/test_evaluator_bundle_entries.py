@@ -8,8 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,11 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
+def folder(short_tmp: Path) -> Path:
     # a short path: a socket's path must fit in 108 bytes
-    made = Path(tempfile.mkdtemp(prefix="bund-"))
-    yield made
-    shutil.rmtree(made)
+    return short_tmp
 
 
 def _make_fifo(path: Path) -> None:

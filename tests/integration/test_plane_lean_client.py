@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,10 +53,9 @@ _APP = Starlette(routes=[Route("/echo", _echo, methods=["POST"]), Route("/refuse
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-"))  # short: Unix socket paths are limited to 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited to 108 bytes
+    return short_tmp
 
 
 @pytest.fixture

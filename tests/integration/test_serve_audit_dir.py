@@ -7,19 +7,17 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-aud-", dir="/tmp"))  # short: Unix socket paths are limited
-    (path / "state").mkdir(mode=0o700)
-    yield path
+def folder(short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited
+    (short_tmp / "state").mkdir(mode=0o700)
+    return short_tmp
 
 
 def _env(folder: Path) -> dict[str, str]:
