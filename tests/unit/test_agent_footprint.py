@@ -41,6 +41,8 @@ def test_the_agent_imports_neither_pydantic_nor_httpx() -> None:
     # that use them
     assert modules.isdisjoint({"swarmyard.plane.transport", "swarmyard.plane.failover", "swarmyard.agents.planner",
                                "swarmyard.agents.verdicts"})
+    # nor the nouns only the host side uses (goals, claims, reservations, ...): their classes are built at import
+    assert "swarmyard.domain.shared" in modules and "swarmyard.domain.host" not in modules
 
 
 def _started(env: dict[str, str]) -> set[str]:
