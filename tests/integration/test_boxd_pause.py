@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +18,12 @@ pytestmark = [pytest.mark.bwrap]
 
 
 @pytest.fixture
-def boxd() -> Iterator[Boxd]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-bp-"))
+def boxd(short_tmp: Path) -> Iterator[Boxd]:
+    folder = short_tmp
     (folder / "providers.toml").write_text('[providers.script]\nkind = "scripted"\nmodels = ["m"]\n')
     client = Boxd(providers=folder / "providers.toml", provider_objects={"script": ScriptedProvider({})}, model="m")
     yield client
     client.close()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _burn_host_cpu(seconds: float) -> None:

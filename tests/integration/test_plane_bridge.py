@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import socket
 import ssl
@@ -49,11 +48,10 @@ async def _held(request: Request) -> Response:
 
 
 @pytest.fixture
-def folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-b-"))  # short: Unix socket paths are limited to 108 bytes
-    monkeypatch.setenv("SWARMYARD_STATE_DIR", str(path / "state"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited to 108 bytes
+    monkeypatch.setenv("SWARMYARD_STATE_DIR", str(short_tmp / "state"))
+    return short_tmp
 
 
 @pytest.fixture

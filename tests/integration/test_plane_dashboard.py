@@ -4,8 +4,6 @@ bad input that change nothing, trajectories kept within their bounds, and the SS
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +43,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig(store_url: str, clock: FakeClock) -> Iterator[Rig]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-ui-"))
+def rig(store_url: str, clock: FakeClock, short_tmp: Path) -> Iterator[Rig]:
+    folder = short_tmp
     store = open_store(store_url, clock=clock, blob_dir=folder / "blobs")
     tokens = TokenAuthority(b"k" * 32, store, clock)
     files = TrajectoryFiles(folder / "agents", max_file_bytes=4096)
@@ -61,7 +59,6 @@ def rig(store_url: str, clock: FakeClock) -> Iterator[Rig]:
                                                      base_url="http://plane", timeout=30) as http:
         yield Rig(store, http, tokens.issue_operator(), token, who.worker_id, goal.id, task.id, claim.token, files)
     store.close()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _step(**over: Any) -> dict[str, Any]:
@@ -193,10 +190,10 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line[len("data: "):])
 
 
-def test_a_stopping_server_ends_open_streams(store_url: str, clock: FakeClock) -> None:
+def test_a_stopping_server_ends_open_streams(store_url: str, clock: FakeClock, short_tmp: Path) -> None:
     import threading
 
-    folder = Path(tempfile.mkdtemp(prefix="sy-ui-"))
+    folder = short_tmp
     store = open_store(store_url, clock=clock, blob_dir=folder / "blobs")
     tokens = TokenAuthority(b"k" * 32, store, clock)
     goal = store.create_goal(GoalSpec(objective="o", budget_micro_usd=1_000, call_cap=10))
@@ -217,4 +214,3 @@ def test_a_stopping_server_ends_open_streams(store_url: str, clock: FakeClock) -
         assert not server._thread.is_alive()
     finally:
         store.close()
-        shutil.rmtree(folder, ignore_errors=True)

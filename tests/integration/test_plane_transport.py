@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,13 +28,11 @@ async def _close(request: Request) -> Response:
 
 
 @pytest.fixture
-def sock() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="sy-"))  # short: Unix socket paths are limited to 108 bytes
-    listen = Listen(socket_path=folder / "t.sock")
+def sock(short_tmp: Path) -> Iterator[Path]:
+    listen = Listen(socket_path=short_tmp / "t.sock")  # short: Unix socket paths are limited to 108 bytes
     app = Starlette(routes=[Route("/echo", _echo, methods=["GET", "POST", "PUT"]), Route("/close", _close)])
     with BackgroundServer(app, listen):
-        yield folder / "t.sock"
-    shutil.rmtree(folder, ignore_errors=True)
+        yield short_tmp / "t.sock"
 
 
 def test_round_trips_reuse_one_connection(sock: Path) -> None:

@@ -237,15 +237,13 @@ def test_resume_without_a_run(tmp_path: Path) -> None:
         asyncio.run(coordinator.run(resume=True))
 
 
-def test_a_witness_cosigns_every_checkpoint_and_its_loss_is_reported(tmp_path: Path) -> None:
-    import tempfile
-
+def test_a_witness_cosigns_every_checkpoint_and_its_loss_is_reported(tmp_path: Path, short_tmp: Path) -> None:
     from conftest import serving_witness
     from swarmyard.audit.verify import verify_run
     from swarmyard.audit.witness import Witness
 
     clock = FakeClock()
-    sock = Path(tempfile.mkdtemp(prefix="sy-w-")) / "w.sock"  # short: Unix socket paths are limited
+    sock = short_tmp / "w.sock"  # short: Unix socket paths are limited
     witness = Witness.from_files("witness.test", tmp_path / "w.key", tmp_path / "w.json", clock=clock)
     with serving_witness(witness, sock) as client:
         coordinator, _ = _coordinator(tmp_path, _config("team"), clock=clock)

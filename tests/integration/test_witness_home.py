@@ -5,9 +5,6 @@ another's logs: each check-then-record re-reads the state under a lock. Two real
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +19,9 @@ from swarmyard.errors import WitnessRefusedError
 
 
 @pytest.fixture
-def home() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-wh-"))
-    path.chmod(0o711)  # the witness's own user (started as root) passes through to its home
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def home(short_tmp: Path) -> Path:
+    short_tmp.chmod(0o711)  # the witness's own user (started as root) passes through to its home
+    return short_tmp
 
 
 class _Log:
