@@ -70,3 +70,16 @@ def test_an_agent_reaching_the_plane_through_httpx_keeps_tls() -> None:
     # https, several replicas or a path: httpx serves them, with TLS where the URL asks for it
     for url in ("https://plane.example:8443", "http://127.0.0.1:1,http://127.0.0.1:2", "http://127.0.0.1:8431/p"):
         assert "ssl" in _started({"SWARMYARD_PLANE_URL": url}), url
+
+
+def test_a_full_agent_without_wasi_tools_loads_neither_seccomp_nor_wasi() -> None:
+    # the exec lock is a governed agent's, the WASI runtime an agent's given WASI tools: each at its start, not all
+    probe = ("import json, sys\nfrom pathlib import Path\nfrom swarmyard.agents import governed\n"
+             "governed.lock('full', 'agent')\nassert governed.wasi_tools('', Path('.')) is None\n"
+             "print(json.dumps(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    modules = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "swarmyard.agents.governed" in modules
+    assert modules.isdisjoint({"swarmyard.guest.seccomp", "swarmyard.wasi", "swarmyard.wasi.catalog"})

@@ -31,12 +31,12 @@ def lock(profile: str, who: str) -> None:
     execute the interpreter and its loader, and the loader runs any program under /usr it is given; after this,
     nothing. ``SandboxError`` when the kernel refuses the filter (``who`` names the process), ``ConfigError`` for a
     profile that is neither ``full`` nor ``governed``."""
-    from swarmyard.guest.seccomp import lock_exec
-
     if profile not in (FULL, GOVERNED):
         raise ConfigError(f"must be {FULL!r} or {GOVERNED!r}, not {profile!r}", field="SWARMYARD_PROFILE")
     if profile != GOVERNED:
         return
+    from swarmyard.guest.seccomp import lock_exec  # a governed process's alone: it loads platform
+
     try:
         lock_exec()
     except OSError as exc:  # a governed process does not run without it
@@ -75,10 +75,10 @@ class WasiTools:
 def wasi_tools(text: str, workdir: Path) -> WasiTools | None:
     """The tools named in ``SWARMYARD_WASI_TOOLS`` (a JSON list of specs), folders and relative modules taken
     from ``workdir``; ``None`` when there are none."""
-    from swarmyard.wasi.catalog import WasiToolSpec
-
     if not text:
         return None
+    from swarmyard.wasi.catalog import WasiToolSpec  # loaded by the agents given WASI tools alone
+
     try:
         raw = json.loads(text)
         specs = [WasiToolSpec.from_dict(item) for item in raw]
