@@ -9,18 +9,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from swarmyard.agents.builtin import AgentOutcome, BuiltinAgent, Ending
-    from swarmyard.agents.settings import AgentSettings, Role
-
 __all__ = ["AgentOutcome", "AgentSettings", "BuiltinAgent", "Ending", "Role"]
 
+#: the module each public name is imported from, when first asked for
 _HOMES = {"AgentOutcome": "builtin", "BuiltinAgent": "builtin", "Ending": "builtin", "AgentSettings": "settings",
           "Role": "settings"}
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"swarmyard.agents.{home}"), name)
+if TYPE_CHECKING:
+    from swarmyard.agents.builtin import AgentOutcome, BuiltinAgent, Ending
+    from swarmyard.agents.settings import AgentSettings, Role
+else:
+    def __getattr__(name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"swarmyard.agents.{home}"), name)
