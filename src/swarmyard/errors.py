@@ -35,6 +35,7 @@
     │   └── MigrationError              the schema is newer than this code, or a migration failed
     ├── BudgetError
     │   ├── BudgetExceededError (402)   an envelope cannot afford the worst case (``envelope``, ``needed``, ``available``)
+    │   │   └── NoCallsLeftError (402)  a claim refused: its task has no model call left (``envelope``, ``cap``, ``goal_id``)
     │   ├── CallCapExceededError (429)  a task or goal used all its model calls
     │   └── DeadlinePassedError (403)   the goal's deadline has passed
     ├── SandboxError                    a machine could not be made, run or torn down as asked
@@ -563,6 +564,31 @@ class BudgetExceededError(BudgetError):
             available=available,
         )
         self.envelope = envelope
+        self.needed = needed
+        self.available = available
+
+
+class NoCallsLeftError(BudgetExceededError):
+    """A claim refused: its task has no model call left, all of its own cap made (``goal_id`` None) or, for a task
+    with no cap of its own, all of its goal's (``goal_id``) made or allocated to other tasks.
+
+    A kind of ``BudgetExceededError`` because it is one to its caller: the task's envelope cannot afford one call
+    (here its calls, not its money), so whatever handles a claim refused for its slice (an agent ends
+    ``claim_refused``, the run fails the tasks no call fits in) handles this one the same way. ``needed`` and
+    ``available`` are still micro-USD: the least call, and what the task's money would afford."""
+
+    code = "no_calls_left"
+    status = 402
+
+    def __init__(self, envelope: str, cap: int, *, goal_id: str | None = None, needed: int = 0,
+                 available: int = 0) -> None:
+        whose = (f"all {cap} of its own model calls were made" if goal_id is None else
+                 f"goal {goal_id}'s cap of {cap} model calls is all made or allocated to other tasks")
+        SwarmyardError.__init__(self, f"{envelope} has no model call left: {whose}", envelope=envelope, cap=cap,
+                                goal_id=goal_id, needed=needed, available=available)
+        self.envelope = envelope
+        self.cap = cap
+        self.goal_id = goal_id
         self.needed = needed
         self.available = available
 

@@ -30,6 +30,7 @@ from swarmyard.errors import (
     DepthExceededError,
     FencingError,
     IllegalTransitionError,
+    NoCallsLeftError,
 )
 from swarmyard.store import SqlStore, open_store, rows
 from swarmyard.store import sql as store_sql
@@ -275,6 +276,71 @@ def test_a_goal_call_cap_is_allocated_to_its_tasks_and_carved_at_claim(escrow_st
     check_escrow_binds(store, goal)
 
 
+def test_a_task_with_no_call_left_is_skipped_at_claim_and_named_when_nothing_else_is(escrow_store: Any) -> None:
+    # a claim used to hand out a task whose own cap was used up: its slice held money it could not spend until the
+    # lease ran out, and its worker learnt at its first model call (429)
+    store, _ = escrow_store
+    goal = store.create_goal(GoalSpec("g", 100_000, 10)).id
+    used = store.create_task(goal, TaskSpec("used", budget_micro_usd=1_000, call_cap=2, priority=5)).id
+    other = store.create_task(goal, TaskSpec("other", budget_micro_usd=1_000, call_cap=3)).id
+    first = store.claim(goal, "w", 60, calls=True)
+    assert first is not None and first.task.id == used
+    for _ in range(2):
+        store.reserve(used, first.token, model="m", amount=1, method="x")
+    store.release(used, first.token)
+    claim = store.claim(goal, "w2", 60, calls=True)  # the used one is first by priority, and skipped
+    assert claim is not None and claim.task.id == other
+    before = _rows(store, "SELECT id, fencing_token, slice_token FROM tasks WHERE goal_id = ? ORDER BY id", (goal,))
+    with pytest.raises(NoCallsLeftError) as refused:
+        store.claim(goal, "w3", 60, calls=True)
+    assert isinstance(refused.value, BudgetExceededError) and refused.value.status == 402
+    assert refused.value.envelope.startswith(f"task {used} ") and refused.value.cap == 2
+    assert refused.value.goal_id is None and "all 2 of its own model calls were made" in str(refused.value)
+    with pytest.raises(NoCallsLeftError):  # named, and by one that names the least call's price
+        store.claim(goal, "w3", 60, task_id=used, min_slice_micro_usd=1)
+    assert _rows(store, "SELECT id, fencing_token, slice_token FROM tasks WHERE goal_id = ? ORDER BY id",
+                 (goal,)) == before, "a refused claim was made"
+    # a claimer that makes no call (one that claims a task to end it) still gets it
+    ending = store.claim(goal, "coordinator", 60, task_id=used)
+    assert ending is not None
+    store.fail(used, ending.token, "no calls left")
+    check_escrow_binds(store, goal)
+
+
+def test_a_task_with_no_cap_of_its_own_is_claimable_while_its_goal_has_calls(escrow_store: Any) -> None:
+    # a task with no cap of its own on a capped goal takes its calls from the goal's unallocated ones: with none
+    # left it is not handed out; a live peer's unused calls come back when it ends, so it is not failed until no
+    # live task holds any, and then it is, once, with the reason
+    store, _ = escrow_store
+    goal = store.create_goal(GoalSpec("g", 100_000, 4)).id
+    capped = store.create_task(goal, TaskSpec("capped", budget_micro_usd=1_000, call_cap=2)).id
+    pooled = store.create_task(goal, TaskSpec("pooled", budget_micro_usd=1_000, priority=5)).id
+    claim = store.claim(goal, "w", 60, calls=True)
+    assert claim is not None and claim.task.id == pooled
+    for _ in range(2):  # the goal's 2 unallocated calls
+        store.reserve(pooled, claim.token, model="m", amount=1, method="x")
+    store.release(pooled, claim.token)
+    peer = store.claim(goal, "w2", 60, calls=True)
+    assert peer is not None and peer.task.id == capped
+    with pytest.raises(NoCallsLeftError) as refused:
+        store.claim(goal, "w3", 60, calls=True)
+    assert refused.value.goal_id == goal and refused.value.cap == 4 and pooled in refused.value.envelope
+    assert store.fail_unaffordable(goal, 0) == [], "failed while a live peer held calls it may give back"
+    store.complete(capped, peer.token, "done with no call")  # its 2 calls go back to the goal
+    again = store.claim(goal, "w3", 60, calls=True)
+    assert again is not None and again.task.id == pooled
+    for _ in range(2):
+        store.reserve(pooled, again.token, model="m", amount=1, method="x")
+    store.release(pooled, again.token)
+    with pytest.raises(NoCallsLeftError):
+        store.claim(goal, "w4", 60, calls=True)
+    [failed] = store.fail_unaffordable(goal, 0)
+    assert failed.id == pooled and failed.state is TaskState.FAILED
+    assert "no model call left" in (failed.result or "") and "cap of 4 calls" in (failed.result or "")
+    assert store.fail_unaffordable(goal, 0) == [] and store.claim(goal, "w4", 60, calls=True) is None
+    check_escrow_binds(store, goal)
+
+
 def test_an_ended_tasks_unspent_budget_and_calls_are_given_out_again(escrow_store: Any) -> None:
     store, _ = escrow_store
     goal = store.create_goal(GoalSpec("g", 10_000, 6)).id
@@ -475,13 +541,28 @@ class EscrowMachine(RuleBasedStateMachine):
     def _tokens(self) -> dict[str, Any]:
         return {t.id: t.fencing_token for t in self.store.list_tasks(self.goal)}
 
-    @rule(worker=st.sampled_from(WORKERS), least=st.sampled_from([0, 0, 1_500, 7_000]), crash=st.booleans())
-    def claim(self, worker: str, least: int, crash: bool) -> None:
+    def _has_call(self, task_id: str) -> bool:
+        """Whether the task could make one more model call: its own cap, or its goal's unallocated calls."""
+        task = self.store.get_task(task_id).envelope
+        if task.call_cap:
+            return task.calls < task.call_cap
+        row = _goal_row(self.store, self.goal)
+        return not row["call_cap"] or (row["allocated_calls"] < row["call_cap"]
+                                       and row["calls"] + row["escrowed_calls"] < row["call_cap"])
+
+    @rule(worker=st.sampled_from(WORKERS), least=st.sampled_from([0, 0, 1_500, 7_000]), crash=st.booleans(),
+          calls=st.booleans())
+    def claim(self, worker: str, least: int, crash: bool, calls: bool) -> None:
         before = self._tokens()
         if crash:  # PostgreSQL's claim committed and the process died before the slice moved
             self.store._carve = lambda *a: False  # type: ignore[method-assign]
         try:
-            claim = self.store.claim(self.goal, worker, LEASE_S, min_slice_micro_usd=least)
+            claim = self.store.claim(self.goal, worker, LEASE_S, min_slice_micro_usd=least, calls=calls)
+        except NoCallsLeftError as refused:
+            assert calls or least
+            assert not self._has_call(refused.envelope.split()[1]), "refused a task with a call left"
+            assert self._tokens() == before, "a claim refused for its calls was made"
+            return
         except BudgetExceededError as refused:
             assert least and refused.available < least
             assert self._tokens() == before, "a claim refused as too small was made"
@@ -491,6 +572,9 @@ class EscrowMachine(RuleBasedStateMachine):
                 del self.store._carve
         if claim is not None:
             assert claim.task.envelope.available >= least
+            # the rule: a claimer that calls models is never handed a task that can make no call
+            assert not (calls or least) or claim.task.envelope.call_cap == 0 or (
+                claim.task.envelope.calls < claim.task.envelope.call_cap), "handed a task with no call left"
             self.held[worker] = (claim.task.id, claim.token)
 
     @precondition(lambda self: bool(self.held))
@@ -582,8 +666,14 @@ class EscrowMachine(RuleBasedStateMachine):
             was = before[task.id]
             assert was.state is TaskState.PENDING or (
                 was.state is TaskState.CLAIMED and was.lease_expires_at is not None and was.lease_expires_at <= now)
-            assert was.envelope.available < least and task.state is TaskState.FAILED
-            assert task.envelope.available == 0 and "cannot afford one model call" in (task.result or "")
+            assert task.state is TaskState.FAILED and task.envelope.available == 0
+            if was.envelope.available < least:
+                assert "cannot afford one model call" in (task.result or "")
+            else:  # no call left, and no live task of the goal holds unused calls it could give back
+                assert "no model call left" in (task.result or "")
+                assert was.envelope.call_cap == 0 or was.envelope.calls >= was.envelope.call_cap
+                assert not any(t.envelope.call_cap > t.envelope.calls for t in self.store.list_tasks(self.goal)
+                               if t.state in (TaskState.PENDING, TaskState.CLAIMED))
         assert self.store.fail_unaffordable(self.goal, least) == [], "a task was failed twice"
         allocated = _goal_row(self.store, self.goal)["allocated"]
         assert sum(t.envelope.limit for t in self.store.list_tasks(self.goal)) == allocated

@@ -300,7 +300,8 @@ class WorkerTools:
                 raise ForbiddenError(f"task {req.task_id} is outside worker {who.worker_id}'s goal and group",
                                      task_id=req.task_id, worker_id=who.worker_id)
         claim = self._store.claim(who.goal_id, who.worker_id, self._settings.lease_s, task_id=req.task_id,
-                                  group=who.group, min_slice_micro_usd=self.call_floor(req.model, req.max_tokens))
+                                  group=who.group, min_slice_micro_usd=self.call_floor(req.model, req.max_tokens),
+                                  calls=True)  # a worker calls models: a task with no call left is not handed out
         if claim is None:
             return m.ClaimResult.model_construct(task=None, fencing_token=None, lease_expires_at=None)
         self._remember((claim.task.id, claim.token), who.worker_id)

@@ -104,8 +104,8 @@ class TasksStore(Protocol):
 
     def fail_unaffordable(self, goal_id: str, min_slice_micro_usd: int, *, group: str | None = None) -> list[Task]:
         """Fail, each exactly once, the goal's claimable tasks (of ``group``) whose envelope cannot afford one
-        call's worst case (those ``claim(min_slice_micro_usd=)`` refuses); their unspent budget goes where a
-        cancelled task's goes."""
+        call's worst case, or that have no model call left and can get none back (those ``claim`` refuses a
+        claimer that makes calls); their unspent budget goes where a cancelled task's goes."""
         ...
 
     def list_tasks(self, goal_id: str, *, state: TaskState | None = None, group: str | None = None) -> list[Task]:
@@ -114,10 +114,12 @@ class TasksStore(Protocol):
 
     # -- claims ---------------------------------------------------------------------------------------------
     def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
-              group: str | None = None, min_slice_micro_usd: int = 0) -> Claim | None:
+              group: str | None = None, min_slice_micro_usd: int = 0, calls: bool = False) -> Claim | None:
         """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable.
-        The claim carves the task's slice of the budget from the goal's envelope; a task whose slice could not
-        afford ``min_slice_micro_usd`` (one call's worst case) is refused with ``BudgetExceededError``."""
+        The claim carves the task's slice of the budget from the goal's envelope. For a claimer that makes model
+        calls (``calls``, or one naming ``min_slice_micro_usd``, one call's worst case) a task that cannot make
+        one is skipped, and, when nothing else is claimable, refused: ``BudgetExceededError`` for a slice too
+        small, ``NoCallsLeftError`` for a task with no call left."""
         ...
 
     def return_ended_slices(self, goal_id: str | None = None, *, every: bool = False) -> list[str]:

@@ -54,6 +54,7 @@ from swarmyard.errors import (
     InvalidTokenError,
     LeaseExpiredError,
     MigrationError,
+    NoCallsLeftError,
     NotFoundError,
     PayloadTooLargeError,
     QuotaExceededError,
@@ -127,6 +128,14 @@ _AFFORDS = ("budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_
             f"NOT {_IN_SLICE} OR slice - slice_reserved - slice_settled >= ?) AND NOT EXISTS (SELECT 1 FROM goals g "
             "WHERE g.id = tasks.goal_id AND g.deadline <= ?)")
 _SLICE_OF_HOLD = f"CASE WHEN {_IN_SLICE} THEN slice_token END"
+# A claimable task (a row of ``tasks``) that has a model call left: one of its own cap, or, with no cap of its own,
+# one of its goal's not yet made or allocated to another task (a goal with no cap: always).
+_HAS_CALLS = ("(calls < call_cap OR (call_cap = 0 AND NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = tasks.goal_id "
+              "AND g.call_cap > 0 AND (g.allocated_calls >= g.call_cap OR g.calls + g.escrowed_calls >= g.call_cap))))")
+# ... and one that no live task of its goal could give calls back to (a live task's unused calls go back when it
+# ends, to its nearest live ancestor or to the goal): a task with none left and this true can never make a call.
+_NO_CALLS_EVER = (f"NOT {_HAS_CALLS} AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.goal_id = tasks.goal_id AND "
+                  "o.id <> tasks.id AND o.state IN ('pending', 'claimed') AND o.call_cap > o.calls)")
 
 
 def claim_pick(filters: str = "") -> str:
@@ -495,12 +504,16 @@ class SqlStore(DirectionStore, ReplicaStore):
 
     # -- claims ---------------------------------------------------------------------------------------------
     def claim(self, goal_id: str, worker_id: str, lease_s: float, *, task_id: str | None = None,
-              group: str | None = None, min_slice_micro_usd: int = 0) -> Claim | None:
+              group: str | None = None, min_slice_micro_usd: int = 0, calls: bool = False) -> Claim | None:
         """Claim ``task_id`` or any claimable task of the goal (in ``group``); ``None`` if nothing is claimable.
 
-        The claim carves the task's slice from the goal's envelope (see ``_carve``). ``min_slice_micro_usd``: one
-        model call's worst case; a task that could not afford it is refused here, with ``BudgetExceededError``
-        naming it, rather than at its first call (the claim is not made)."""
+        The claim carves the task's slice from the goal's envelope (see ``_carve``). ``calls``: the claimer will
+        make model calls (so does one that names ``min_slice_micro_usd``, one call's worst case). A task that could
+        not make one is skipped: its money cannot afford the least call, or it has no call left (its own cap made,
+        or, with no cap of its own, its goal's all made or allocated). When no task is claimable but such ones,
+        the best of them is named in the refusal, ``BudgetExceededError`` or its kind ``NoCallsLeftError``,
+        rather than at its first call (the claim is not made). A claimer that makes no call (one that claims to
+        end a task) is handed any claimable task."""
         worker_id = _text(worker_id, "worker_id", limit=200)
         if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) or not 0 < lease_s <= 86400:
             raise InvalidInputError("lease_s must be a number of seconds in (0, 86400]", field="lease_s")
@@ -516,18 +529,21 @@ class SqlStore(DirectionStore, ReplicaStore):
             filters += " AND group_name = ?"
             fparams.append(group)
         plain = (filters, list(fparams))
+        calls = calls or bool(min_slice)
         if min_slice:
             filters += " AND budget - reserved - settled >= ?"
             fparams.append(min_slice)
+        if calls:
+            filters += f" AND {_HAS_CALLS}"
         if self._e.postgres:
             # SKIP LOCKED must see the whole claimable set in one scan (it cannot be split by UNION).
             pick = (f"SELECT id FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
                     "ORDER BY priority DESC, n LIMIT 1 FOR UPDATE SKIP LOCKED")
             claim = self._claim_pg(goal_id, worker_id, now, expires, claimable, pick, [goal_id, now, *fparams],
                                    task_id)
-            if claim is None and min_slice:
+            if claim is None and calls:
                 with self._e.read() as cur:
-                    self._refuse_small_slice(cur, goal_id, claimable, plain, now, min_slice)
+                    self._refuse_claim(cur, goal_id, claimable, plain, now, min_slice)
             if claim is not None:
                 # a second transaction: the claim stays one statement; a crash in between leaves the task
                 # without a slice, and its holds charge the goal's row too (correct, only slower)
@@ -547,8 +563,8 @@ class SqlStore(DirectionStore, ReplicaStore):
             if row is None:
                 if task_id is not None:
                     self._task_row(cur, task_id)  # NotFoundError for an unknown id
-                if min_slice:
-                    self._refuse_small_slice(cur, goal_id, claimable, plain, now, min_slice)
+                if calls:
+                    self._refuse_claim(cur, goal_id, claimable, plain, now, min_slice)
                 return None
             task = rows.task(row)
             assert task.fencing_token is not None
@@ -558,18 +574,29 @@ class SqlStore(DirectionStore, ReplicaStore):
             return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
 
     @staticmethod
-    def _refuse_small_slice(cur: Cursor, goal_id: str, claimable: str, plain: tuple[str, list[Any]], now: float,
-                            min_slice: int) -> None:
-        """Nothing was claimed: when every claimable task is too small for one call, name the best of them. One
-        that could afford it (taken or locked by a concurrent claim: PostgreSQL's pick skips locked rows) means
-        nothing is claimable for now, not a refusal."""
+    def _refuse_claim(cur: Cursor, goal_id: str, claimable: str, plain: tuple[str, list[Any]], now: float,
+                      min_slice: int) -> None:
+        """Nothing was claimed: when no claimable task can make a call (too small for one, or no call left), name
+        the best of them. One that could (taken or locked by a concurrent claim: PostgreSQL's pick skips locked
+        rows) means nothing is claimable for now, not a refusal."""
         filters, params = plain
-        cur.execute(f"SELECT id, budget - reserved - settled FROM tasks WHERE goal_id = ? AND {claimable}{filters} "
-                    "ORDER BY (budget - reserved - settled >= ?) DESC, priority DESC, n LIMIT 1",
-                    [goal_id, now, *params, min_slice])
+        money = "budget - reserved - settled"
+        cur.execute(f"SELECT id, {money}, CASE WHEN {_HAS_CALLS} THEN 1 ELSE 0 END, call_cap, goal_id FROM tasks "
+                    f"WHERE goal_id = ? AND {claimable}{filters} ORDER BY ({money} >= ? AND {_HAS_CALLS}) DESC, "
+                    "priority DESC, n LIMIT 1", [goal_id, now, *params, min_slice])
         row = cur.fetchone()
-        if row is not None and int(row[1]) < min_slice:
-            raise BudgetExceededError(f"task {row[0]} (its slice at claim)", min_slice, int(row[1]))
+        if row is None:
+            return
+        available, has_calls = int(row[1]), bool(int(row[2]))
+        if available < min_slice:
+            raise BudgetExceededError(f"task {row[0]} (its slice at claim)", min_slice, available)
+        if not has_calls:
+            cap = int(row[3])
+            if not cap:
+                cap = int(SqlStore._one(cur, "SELECT call_cap FROM goals WHERE id = ?", (row[4],))[0])
+            raise NoCallsLeftError(f"task {row[0]} (its calls at claim)", cap,
+                                   goal_id=None if int(row[3]) else str(row[4]), needed=min_slice,
+                                   available=available)
 
     def _claim_pg(self, goal_id: str, worker_id: str, now: float, expires: float, claimable: str, pick: str,
                   params: list[Any], task_id: str | None) -> Claim | None:
@@ -685,21 +712,21 @@ class SqlStore(DirectionStore, ReplicaStore):
             return self._task_row(cur, task_id)
 
     def fail_unaffordable(self, goal_id: str, min_slice_micro_usd: int, *, group: str | None = None) -> list[Task]:
-        """Fail every claimable task of the goal whose envelope cannot afford ``min_slice_micro_usd`` (one model
-        call's worst case), of ``group`` if given: the tasks ``claim(min_slice_micro_usd=)`` refuses, which no agent
-        can work on. A run calls this once an agent's claim was refused, so such a task ends instead of staying
-        pending.
+        """Fail every claimable task of the goal that no agent can work on, of ``group`` if given: one whose
+        envelope cannot afford ``min_slice_micro_usd`` (one model call's worst case), or one with no model call
+        left that none can come back to (``_NO_CALLS_EVER``: no other live task of the goal holds unused calls,
+        which it would hand back when it ends). These are the tasks ``claim(min_slice_micro_usd=, calls=True)``
+        refuses; a task with no call left while a peer may still give some back stays pending. A run calls this
+        once an agent's claim was refused, so such a task ends instead of staying pending.
 
-        Each task in its own transaction, by one conditional update (still claimable, still unaffordable), so it
-        ends exactly once, with ``task.failed`` and a reason naming its slice. No slice is carved for it (a stale
-        one of a lapsed claim is returned); like a cancelled task, its unspent budget goes to its nearest live
-        ancestor, else to the goal's unallocated budget. The tasks failed, in claim order."""
+        Each task in its own transaction, by one conditional update (still claimable, still refused), so it
+        ends exactly once, with ``task.failed`` and a reason naming its slice or its calls. No slice is carved for
+        it (a stale one of a lapsed claim is returned); like a cancelled task, its unspent budget goes to its
+        nearest live ancestor, else to the goal's unallocated budget. The tasks failed, in claim order."""
         min_slice = micro_usd(min_slice_micro_usd, field="min_slice_micro_usd")
-        if not min_slice:
-            return []
         now = self._now()
         claimable = "(state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?))"
-        short = f"{claimable} AND budget - reserved - settled < ?"
+        short = f"{claimable} AND (budget - reserved - settled < ? OR {_NO_CALLS_EVER})"
         of_group, params = ("", [goal_id, now, min_slice]) if group is None else (
             " AND group_name = ?", [goal_id, now, min_slice, group])
         with self._e.read() as cur:
@@ -710,13 +737,20 @@ class SqlStore(DirectionStore, ReplicaStore):
         for task_id in found:
             with self._e.write() as cur:
                 task = self._task_row(cur, task_id, lock=True)
-                reason = (f"refused at claim: its slice ({task.envelope.available} micro-USD) cannot afford one "
-                          f"model call ({min_slice} micro-USD)")
+                if task.envelope.available < min_slice:
+                    reason = (f"refused at claim: its slice ({task.envelope.available} micro-USD) cannot afford one "
+                              f"model call ({min_slice} micro-USD)")
+                elif task.envelope.call_cap:
+                    reason = (f"refused at claim: it has no model call left (all {task.envelope.call_cap} of its "
+                              "own were made)")
+                else:
+                    reason = (f"refused at claim: it has no model call left (its goal's cap of "
+                              f"{self._goal_row(cur, task.goal_id).call_cap} calls is all made or allocated)")
                 row = self._one(cur, "UPDATE tasks SET state = 'failed', result = ?, lease_expires_at = NULL, "
                                      f"revision = revision + 1 WHERE id = ? AND {short} RETURNING id",
                                 (reason, task_id, now, min_slice))
                 if row is None:
-                    continue  # claimed, ended or given more budget meanwhile
+                    continue  # claimed, ended or given more budget or calls meanwhile
                 heir, unspent, unused = self._end_unspent(cur, task, now)
                 self._event(cur, "task.failed", now, {"goal": task.goal_id, "task": task_id, "reason": reason,
                                                       "needed": min_slice, "returned": unspent,
