@@ -5,29 +5,21 @@ are not asserted; its shape, and that each figure is read from a run that went t
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
-
-CLI = "from swarmyard.cli.main import main; main()"
 
 
 def bench(tmp_path: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return subprocess.run([sys.executable, "-c", CLI, "bench", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli("bench", *args, cwd=tmp_path, timeout_s=timeout)
 
 
 def test_compare_runs_each_size_as_a_real_run_and_reports_the_ratio(tmp_path: Path) -> None:

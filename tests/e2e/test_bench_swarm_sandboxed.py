@@ -4,29 +4,21 @@ with the real agent in each. Its figures are measurements and are not asserted; 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
+
 pytestmark = [
     pytest.mark.bwrap,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (scripts/test installs it)"),
 ]
-
-CLI = "from swarmyard.cli.main import main; main()"
 
 
 def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return subprocess.run([sys.executable, "-c", CLI, "bench", "swarm", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    return run_cli("bench", "swarm", *args, cwd=tmp_path, timeout_s=1200)
 
 
 def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path: Path) -> None:
@@ -61,9 +53,5 @@ def test_sandboxed_bench_reports_wall_over_ideal_memory_and_saturation(tmp_path:
 
 
 def test_sandboxed_is_an_option_of_the_swarm_bench_only(tmp_path: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    done = subprocess.run([sys.executable, "-c", CLI, "bench", "store", "--sandboxed"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli("bench", "store", "--sandboxed", cwd=tmp_path, timeout_s=120)
     assert done.returncode == 1 and "takes no --sandboxed" in done.stderr

@@ -9,18 +9,15 @@ client, has it: its ``Boxd()`` makes machines on that client's plane (their goal
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import sqlite3
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
+from rigs.scripted import tool_call
+from rigs.swarm_files import scripted_run
 from swarmyard.boxd import Boxd
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
@@ -38,51 +35,22 @@ else:
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-br-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 def test_a_run_worker_without_spawn_is_refused_a_boxd_client(folder: Path) -> None:
     replies = {
         "scripted-worker": [
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "try.py", "content": _TRY}}]},
-            {"tool_calls": [{"name": "shell", "arguments": {"command": f"{sys.executable} try.py 2>&1"}}]},
-            {"tool_calls": [{"name": "submit_finding", "arguments": {"title": "boxd", "body": "{{last_message}}"}}]},
+            tool_call("write_file", path="try.py", content=_TRY),
+            tool_call("shell", command=f"{sys.executable} try.py 2>&1"),
+            tool_call("submit_finding", title="boxd", body="{{last_message}}"),
         ],
-        "scripted-lead": [{"tool_calls": [{"name": "submit_finding",
-                                           "arguments": {"title": "synthesis", "body": "Read it."}}]}],
+        "scripted-lead": [tool_call("submit_finding", title="synthesis", body="Read it.")],
     }
-    (folder / "replies.json").write_text(json.dumps(replies))
-    (folder / "swarm.toml").write_text(f"""
-[goal]
-objective = "Can a worker make machines?"
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "boxd"
-prompt = "Try Boxd()."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 5
-model = "scripted-worker"
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=600)
+    swarm = scripted_run(folder, replies, objective="Can a worker make machines?", lens=("boxd", "Try Boxd()."),
+                         workers={"exec_timeout_s": 120, "max_steps": 5})
+    done = run_cli("run", str(swarm), cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
     [run_dir] = (folder / "runs").iterdir()
     with sqlite3.connect(run_dir / "store.db") as db:

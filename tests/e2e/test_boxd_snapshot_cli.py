@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import CLI, cli_env, run_cli
+from rigs.scripted import tool_call
+from rigs.swarm_files import scripted_run
 from swarmyard.boxd import Boxd
 from swarmyard.machines import live
 from swarmyard.machines.supervised import default_root
@@ -40,20 +40,15 @@ with Boxd(providers=sys.argv[1], root=sys.argv[2]) as boxd:
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-sc-"))
-    (path / "root").mkdir()
-    (path / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["m1"]\n')
-    (path / "script.py").write_text(_SCRIPT)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    (short_tmp / "root").mkdir()
+    (short_tmp / "providers.toml").write_text('[providers.sim]\nkind = "simulated"\nmodels = ["m1"]\n')
+    (short_tmp / "script.py").write_text(_SCRIPT)
+    return short_tmp
 
 
 def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", *args,
-                           "--root", str(folder / "root"), "--json"],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    return run_cli("machines", "snapshot", *args, "--root", str(folder / "root"), "--json", cwd=folder)
 
 
 def test_a_live_machine_of_another_process_is_snapshotted_from_the_cli(folder: Path) -> None:
@@ -130,42 +125,16 @@ def test_a_machine_of_a_running_swarm_is_snapshotted_from_the_cli(folder: Path) 
     wait = ("echo 'made in a run' > notes.txt; i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; "
             "i=$((i+1)); done; cat notes.txt")
     replies = {
-        "scripted-worker": [{"tool_calls": [{"name": "shell", "arguments": {"command": wait}}]},
-                            {"tool_calls": [{"name": "submit_finding",
-                                             "arguments": {"title": "notes", "body": "{{last_message}}"}}]}],
-        "scripted-lead": [{"tool_calls": [{"name": "submit_finding",
-                                           "arguments": {"title": "synthesis", "body": "Done."}}]}],
+        "scripted-worker": [tool_call("shell", command=wait),
+                            tool_call("submit_finding", title="notes", body="{{last_message}}")],
+        "scripted-lead": [tool_call("submit_finding", title="synthesis", body="Done.")],
     }
-    (folder / "replies.json").write_text(json.dumps(replies))
-    (folder / "swarm.toml").write_text(f"""
-[goal]
-objective = "Write notes."
-budget_usd = "1"
-call_cap = 50
-deadline_s = 300
-[[tasks.lenses]]
-title = "notes"
-prompt = "Write notes."
-[workers]
-count = 1
-concurrency = 1
-exec_timeout_s = 120
-max_steps = 4
-model = "scripted-worker"
-[lead]
-model = "scripted-lead"
-[providers.script]
-kind = "scripted"
-models = ["scripted-worker", "scripted-lead"]
-replies = "replies.json"
-[run]
-runs_dir = "{folder / 'runs'}"
-sandbox = "local"
-""")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
+    swarm = scripted_run(folder, replies, objective="Write notes.", lens=("notes", "Write notes."),
+                         workers={"exec_timeout_s": 120, "max_steps": 4})
+    env = cli_env(folder)
     root = default_root()
     log = (folder / "run.log").open("w")
-    run = subprocess.Popen([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml"], cwd=folder, env=env,
+    run = subprocess.Popen([sys.executable, "-c", CLI, "run", str(swarm)], cwd=folder, env=env,
                            stdout=log, stderr=log, text=True)
     try:
         found = None
@@ -178,9 +147,7 @@ sandbox = "local"
                 break
             waited.wait(0.05)
         assert found is not None, (folder / "run.log").read_text()[-3000:]
-        made = subprocess.run([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", "create", name,
-                               "--from", found.id, "--json"], cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=600)
+        made = run_cli("machines", "snapshot", "create", name, "--from", found.id, "--json", cwd=folder, env=env)
         assert made.returncode == 0, made.stderr
         assert json.loads(made.stdout)[0]["source"] == f"machine {found.id}"
         assert (root / "baselines" / f"{name}.v1" / "notes.txt").read_text() == "made in a run\n"
@@ -191,8 +158,7 @@ sandbox = "local"
             run.kill()
             run.wait()
         log.close()
-        subprocess.run([sys.executable, "-m", "swarmyard.cli", "machines", "snapshot", "delete", name], cwd=folder,
-                       env=env, capture_output=True, timeout=120)
+        run_cli("machines", "snapshot", "delete", name, cwd=folder, env=env, timeout_s=120)
 
 
 def _owned_by(root: Path, machine_id: str, pid: int) -> bool:

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-CLI = "from swarmyard.cli.main import main; main()"
+from rigs.cli import run_cli
 
 
 def _bench(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "LANG": "C.UTF-8"}
-    return subprocess.run([sys.executable, "-c", CLI, "bench", "campaign", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    return run_cli("bench", "campaign", *args, cwd=cwd, timeout_s=900)
 
 
 def test_with_no_file_named_and_none_here_it_says_what_to_do(tmp_path: Path) -> None:

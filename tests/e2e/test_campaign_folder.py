@@ -9,18 +9,15 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "campaigns"
-CLI = "from swarmyard.cli.main import main; main()"
 SWARM = (EXAMPLES / "hidden-code-simulated.toml").as_posix()
 CAMPAIGN = f'[campaign]\nname = "c"\nswarm = "{SWARM}"\nseeds = [1]\n[sweep]\nn = [1]\n'
 HOLD = ("import sys; from pathlib import Path; from swarmyard.campaign.record import hold\n"
@@ -28,17 +25,14 @@ HOLD = ("import sys; from pathlib import Path; from swarmyard.campaign.record im
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-cf-"))  # each trial's plane socket lives under it: keep it short
-    (path / "c.toml").write_text(CAMPAIGN)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    """The campaign's folder (each trial's plane socket lives under it: a short one)."""
+    (short_tmp / "c.toml").write_text(CAMPAIGN)
+    return short_tmp
 
 
 def _campaign(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "LANG": "C.UTF-8"}
-    return subprocess.run([sys.executable, "-c", CLI, "campaign", "c.toml", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_cli("campaign", "c.toml", *args, cwd=cwd)
 
 
 @pytest.mark.parametrize("args", [(), ("--resume",)])

@@ -9,16 +9,13 @@ reply says back the agent's last-step nudge (the scripted ``{{last_message}}``),
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
+from rigs.scripted import tool_call
+from rigs.swarm_files import machine_swarm
 from swarmyard.domain import LEAD_GROUP
 from swarmyard.rules.instructions import LAST_STEP
 from swarmyard.store import open_store
@@ -28,7 +25,6 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-CLI = "from swarmyard.cli.main import main; main()"
 BODY = ("The market for on-device speech models is driven by privacy regulation and offline use in cars, phones "
         "and hearing aids. Three buyer groups dominate: handset makers, automotive suppliers and medical device "
         "firms.")
@@ -52,60 +48,17 @@ for ft in range(1, 10):
 print(json.dumps(call('submit_finding', {'task_id': tid, 'fencing_token': ft, 'title': 'synthesis',
                                          'body': open('/tmp/f.txt').read()})))
 """
-SWARM = """
-[goal]
-objective = "Look around the machine."
-budget_usd = "0.50"
-call_cap = 20
-deadline_s = 200
-max_depth = 1
-[[tasks.lenses]]
-title = "look"
-prompt = "Look around your machine."
-[policy]
-kind = "team"
-[workers]
-agent = "builtin"
-count = 1
-concurrency = 1
-max_steps = 2
-model = "w"
-[lead]
-agent = "builtin"
-model = "l"
-max_steps = 2
-[providers.s]
-kind = "scripted"
-models = ["w", "l"]
-replies = "replies.json"
-"""
-
-
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    """An ordinary folder with a short path (the plane's Unix socket lives in the run folder)."""
-    path = Path(tempfile.mkdtemp(prefix="sy-lc-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def test_a_leads_shell_cannot_store_a_workers_finding(folder: Path) -> None:
+def test_a_leads_shell_cannot_store_a_workers_finding(short_tmp: Path) -> None:
     shell = f"printf '%s' '{BODY}' > /tmp/f.txt; cat > /tmp/b.py <<'PY'\n{POST}\nPY\npython3 /tmp/b.py"
-    replies = {"w": [{"tool_calls": [{"name": "submit_finding", "arguments": {"title": "market", "body": BODY}}]}],
-               "l": [{"tool_calls": [{"name": "shell", "arguments": {"command": shell}}]},
-                     {"tool_calls": [{"name": "submit_finding",
-                                      "arguments": {"title": "synthesis", "body": "{{last_message}}"}}]}]}
-    (folder / "replies.json").write_text(json.dumps(replies))
-    (folder / "swarm.toml").write_text(SWARM)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    out = subprocess.run([sys.executable, "-c", CLI, "run", "swarm.toml", "--quiet"], cwd=folder, env=env,
-                         capture_output=True, text=True, timeout=600)
+    replies = {"w": [tool_call("submit_finding", title="market", body=BODY)],
+               "l": [tool_call("shell", command=shell),
+                     tool_call("submit_finding", title="synthesis", body="{{last_message}}")]}
+    machine_swarm(short_tmp, replies, lead_max_steps=2)
+    out = run_cli("run", "swarm.toml", "--quiet", cwd=short_tmp)
     # both of the lead's submissions are refused, so it reaches no result: that is no synthesis, and the run says so
     assert out.returncode == 1, out.stderr[-2000:]
     assert "ended without a synthesis: the lead reached no result" in out.stderr
-    (run_dir,) = (folder / "runs").iterdir()
+    (run_dir,) = (short_tmp / "runs").iterdir()
     goal = json.loads((run_dir / "run.json").read_text())["goal_id"]
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
     try:

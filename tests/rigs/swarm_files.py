@@ -1,5 +1,5 @@
 """Swarm files for one-lens runs: on the scripted provider (optionally priced and scored), or on an
-OpenAI-compatible upstream."""
+OpenAI-compatible upstream; a built-in worker and lead on the scripted provider looking around their machine."""
 
 from __future__ import annotations
 
@@ -106,21 +106,22 @@ SORT_OBJECTIVE = "Write a Python program that sorts the integers on stdin."
 def scripted_run(folder: Path, replies: Mapping[str, Sequence[Mapping[str, Any]]], *,
                  objective: str = "Should a small team build a speech app?",
                  lens: tuple[str, str] = ("market", "Size the market."), budget_usd: str = "1",
-                 workers: Mapping[str, int | float] | None = None, priced: bool = False,
+                 workers: Mapping[str, int | float | str] | None = None, priced: bool = False,
                  bundle: Path | None = None) -> Path:
     """``folder/conf/swarm.toml`` with its ``replies.json``: one lens for one scripted worker (model
     ``scripted-worker``), then a scripted lead (``scripted-lead``), in local machines, its runs under
     ``folder/runs``.
 
     ``replies`` are the scripted provider's replies per model; ``workers`` holds the ``[workers]`` settings beside
-    count = 1, concurrency = 1 and the model (``exec_timeout_s``, ``max_steps``, ...); ``priced`` prices both
+    count = 1, concurrency = 1 and the model (``exec_timeout_s``, ``max_steps``, ``baseline``: a string is written
+    as a TOML string); ``priced`` prices both
     models (2 and 8 USD per million tokens in and out), so the ledger moves with every call; ``bundle`` is copied
     to ``conf/bundles/<its name>`` and named in ``[evaluator]``: the run is scored.
     """
     conf = folder / "conf"
     conf.mkdir(exist_ok=True)
     (conf / "replies.json").write_text(json.dumps(replies))
-    settings = "".join(f"{key} = {value}\n" for key, value in (workers or {}).items())
+    settings = "".join(f"{key} = {json.dumps(value)}\n" for key, value in (workers or {}).items())
     prices = "".join(f'[providers.script.prices.{model}]\ninput_usd_per_mtok = "2"\noutput_usd_per_mtok = "8"\n'
                      for model in ("scripted-worker", "scripted-lead")) if priced else ""
     evaluator = ""
@@ -196,4 +197,41 @@ output_usd_per_mtok = "2"
 runs_dir = "{folder / 'runs'}"
 sandbox = "local"
 """)
+    return path
+
+
+def machine_swarm(folder: Path, replies: Mapping[str, Sequence[Mapping[str, Any]]], *, lead_max_steps: int,
+                  extra: str = "") -> Path:
+    """``folder/swarm.toml`` with ``folder/replies.json``: one built-in worker (model ``w``, two steps) looks around
+    its machine, then a built-in lead (``l``), both on the scripted provider, in a team; ``extra`` is TOML added at
+    the end. No ``[run]`` table: the run's folder is ``folder/runs`` (the CLI's default, run from ``folder``)."""
+    (folder / "replies.json").write_text(json.dumps(replies))
+    path = folder / "swarm.toml"
+    path.write_text(f"""
+[goal]
+objective = "Look around the machine."
+budget_usd = "0.50"
+call_cap = 20
+deadline_s = 200
+max_depth = 1
+[[tasks.lenses]]
+title = "look"
+prompt = "Look around your machine."
+[policy]
+kind = "team"
+[workers]
+agent = "builtin"
+count = 1
+concurrency = 1
+max_steps = 2
+model = "w"
+[lead]
+agent = "builtin"
+model = "l"
+max_steps = {lead_max_steps}
+[providers.s]
+kind = "scripted"
+models = ["w", "l"]
+replies = "replies.json"
+{extra}""")
     return path
