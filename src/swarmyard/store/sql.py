@@ -131,6 +131,27 @@ _AFFORDS = ("budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_
             "slice_call_cap = 0 OR slice_calls < slice_call_cap))) AND NOT EXISTS (SELECT 1 FROM goals g "
             "WHERE g.id = tasks.goal_id AND g.deadline <= ?)")
 _SLICE_OF_HOLD = f"CASE WHEN {_IN_SLICE} THEN slice_token END"
+# A new hold's row (parameters: id, goal, task, model, amount, method, created, updated, worker, plane, body digest,
+# slice token). The checked forms insert it only when no call of the same body of the same worker is lost
+# (``unknown``) or, with a plane, in flight on another replica (parameters then: worker, digest, and worker,
+# digest, plane): one statement, each check an index probe of its partial index. CAST: under PostgreSQL an
+# untyped NULL selected into a BIGINT column would be taken for text.
+_HOLD_ROW = (f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest, slice_token) SELECT ?, ?, ?, "
+             "?, ?, NULL, 'held', ?, ?, ?, 0, 0, 0, ?, ?, ?, CAST(? AS BIGINT)")
+_INSERT_HOLD = _HOLD_ROW
+_UNLESS_LOST = (" WHERE NOT EXISTS (SELECT 1 FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
+                "state = 'unknown')")
+_INSERT_HOLD_UNLESS_LOST = _HOLD_ROW + _UNLESS_LOST + " RETURNING 1"
+# A hold's end (parameters: state, actual, actual, actual, updated, input tokens, output tokens, id): the overage is
+# what the actual cost passed the hold by (none for a release), and the row as it now is comes back, then the slice
+# token the hold was charged to.
+_FINISH_HELD = ("UPDATE reservations SET state = ?, actual = ?, overage = CASE WHEN ? > amount THEN ? - amount "
+                "ELSE 0 END, updated_at = ?, input_tokens = ?, output_tokens = ? WHERE id = ? AND state = 'held' "
+                f"RETURNING {rows.RESERVATION_COLS}, slice_token")
+#: The same from the state given as one more parameter.
+_FINISH_FROM = _FINISH_HELD.replace("state = 'held'", "state = ?")
+_INSERT_HOLD_UNLESS_LOST_OR_BUSY = (_HOLD_ROW + _UNLESS_LOST + " AND NOT EXISTS (SELECT 1 FROM reservations WHERE "
+                                    "worker_id = ? AND body_digest = ? AND state = 'held' AND plane_id <> ?) RETURNING 1")
 # A claimable task (a row of ``tasks``) that has a model call left: one of its own cap, or, with no cap of its own,
 # one of its goal's not yet made or allocated to another task (a goal with no cap: always).
 _HAS_CALLS = ("(calls < call_cap OR (call_cap = 0 AND NOT EXISTS (SELECT 1 FROM goals g WHERE g.id = tasks.goal_id "
@@ -1262,21 +1283,22 @@ class SqlStore(DirectionStore, ReplicaStore):
         has no live slice: ``slice_token`` None), the hold, its event. ``own_calls``: the task has a call cap of
         its own (allocated from the goal's when it was made); a task without one on a goal that caps calls takes
         this call from the goal's unallocated ones."""
+        reservation_id = new_id("rsv")
         if body_digest is not None:
             body_digest = _text(body_digest, "body_digest", limit=128)
-            lost = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
-                                  "state = 'unknown' LIMIT 1", (worker_id, body_digest))
-            if lost is not None:  # raised inside the transaction: the task's charge is rolled back with it
-                raise DuplicateOfUnknownError(str(lost[0]))
-            if self.plane_id is not None:
-                # held by another replica: maybe one killed with the call in flight, whose hold stays held
-                # until a sweep marks it unknown (its client, an SDK, resends the body at once elsewhere)
-                busy = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
-                                      "state = 'held' AND plane_id <> ? LIMIT 1",
-                                 (worker_id, body_digest, self.plane_id))
-                if busy is not None:
-                    raise DuplicateInFlightError(str(busy[0]))
-        reservation_id = new_id("rsv")
+        values = (reservation_id, goal_id, task_id, model, amount, method, now, now, worker_id, self.plane_id,
+                  body_digest, slice_token)
+        if body_digest is None:
+            cur.execute(_INSERT_HOLD, values)
+        else:
+            # one statement checks and writes: nothing is inserted when a call of this body is lost or in flight
+            if self.plane_id is None:
+                written = self._one(cur, _INSERT_HOLD_UNLESS_LOST, (*values, worker_id, body_digest))
+            else:
+                written = self._one(cur, _INSERT_HOLD_UNLESS_LOST_OR_BUSY,
+                                    (*values, worker_id, body_digest, worker_id, body_digest, self.plane_id))
+            if written is None:  # raised inside the transaction: the task's charge is rolled back with it
+                self._refuse_duplicate(cur, worker_id, body_digest)
         # Inside a live slice the goal's row is not touched: the slice was carved from it at claim (money, and
         # calls when the goal caps them), so its checks already hold; the deadline was read by the task's update.
         pooled = 0 if own_calls else 1
@@ -1297,15 +1319,25 @@ class SqlStore(DirectionStore, ReplicaStore):
             if cap and pooled and int(allocated_calls) >= int(cap):
                 raise CallCapExceededError(f"goal {goal.id} (its calls not allocated to a task's own cap)", int(cap))
             raise BudgetExceededError(f"goal {goal.id}", amount, int(available))
-        cur.execute(f"INSERT INTO reservations ({rows.RESERVATION_COLS}, plane_id, body_digest, slice_token) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD.value,
-                     method, now, now, 0, 0, 0, worker_id, self.plane_id, body_digest, slice_token))
         self._event(cur, "reservation.held", now, {"goal": goal_id, "task": task_id,
                                                    "reservation": reservation_id, "model": model,
                                                    "amount": amount, "method": method, "token": token})
         return Reservation(reservation_id, goal_id, task_id, model, amount, None, ReservationState.HELD, method,
                            now, now, worker_id=worker_id)
+
+    def _refuse_duplicate(self, cur: Cursor, worker_id: str, body_digest: str) -> NoReturn:
+        """Explain why a hold of ``body_digest`` was not written: a call of that body is lost, or in flight on
+        another replica (maybe one killed with the call in flight, whose hold stays held until a sweep marks it
+        unknown, while its client, an SDK, resends the body at once elsewhere)."""
+        lost = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
+                              "state = 'unknown' LIMIT 1", (worker_id, body_digest))
+        if lost is not None:
+            raise DuplicateOfUnknownError(str(lost[0]))
+        busy = self._one(cur, "SELECT id FROM reservations WHERE worker_id = ? AND body_digest = ? AND "
+                              "state = 'held' AND plane_id <> ? LIMIT 1", (worker_id, body_digest, self.plane_id))
+        if busy is None:  # the hold refused by the insert's own snapshot is gone from this read's: refuse anyway
+            raise DuplicateInFlightError("(ended meanwhile)")
+        raise DuplicateInFlightError(str(busy[0]))
 
     def _refuse_reserve(self, cur: Cursor, task_id: str, token: int, now: float, amount: int) -> NoReturn:
         """Explain why the task's conditional charge matched no row, in the order the rules are documented."""
@@ -1339,23 +1371,31 @@ class SqlStore(DirectionStore, ReplicaStore):
                 allowed_from: frozenset[ReservationState], tokens: tuple[int, int] = (0, 0)) -> Reservation:
         now = self._now()
         with self._e.write() as cur:
-            current = self._reservation_row(cur, reservation_id)
-            if current.state not in allowed_from:
-                raise IllegalTransitionError("reservation", reservation_id, current.state.value, target.value)
+            # The common case (a broker's own hold, still held) in one statement that checks and writes; any other
+            # (an unknown hold reconciled, a refusal to explain) reads the row first.
+            finished = None
+            if ReservationState.HELD in allowed_from:
+                finished = self._one(cur, _FINISH_HELD, (target.value, actual, actual, actual, now, *tokens,
+                                                         reservation_id))
+            if finished is not None:
+                current = replace(rows.reservation(finished), state=ReservationState.HELD)
+            else:
+                current = self._reservation_row(cur, reservation_id)
+                if current.state not in allowed_from:
+                    raise IllegalTransitionError("reservation", reservation_id, current.state.value, target.value)
+                # Conditional on the state just read: under PostgreSQL a concurrent finish of the same hold (a
+                # late settle racing an operator's reconcile) matches no row here, so the envelopes move only once.
+                finished = self._one(cur, _FINISH_FROM,
+                                     (target.value, actual, actual, actual, now, *tokens, reservation_id,
+                                      current.state.value))
+                if finished is None:
+                    raise IllegalTransitionError("reservation", reservation_id, "(changed meanwhile)", target.value)
             charged = 0 if actual is None else min(actual, current.amount)
             overage = 0 if actual is None else actual - charged
             if overage:
                 log.warning("reservation %s: actual cost %d exceeds the held worst case %d; charged %d",
                             reservation_id, actual, current.amount, charged)
-            # Conditional on the state just read: under PostgreSQL a concurrent finish of the same hold (a late
-            # settle racing an operator's reconcile) matches no row here, so the envelopes move only once.
-            finished = self._one(cur, "UPDATE reservations SET state = ?, actual = ?, overage = ?, updated_at = ?, "
-                                      "input_tokens = ?, output_tokens = ? WHERE id = ? AND state = ? "
-                                      "RETURNING slice_token",
-                                 (target.value, actual, overage, now, tokens[0], tokens[1], reservation_id,
-                                  current.state.value))
-            if finished is None:
-                raise IllegalTransitionError("reservation", reservation_id, "(changed meanwhile)", target.value)
+            slice_token = finished[-1]  # the slice the hold was charged to (None: the goal's row)
             if target is not ReservationState.UNKNOWN:
                 # Lock order: the reservation (just updated), its task, then the goal. A hold of a slice still
                 # live is charged to its task's row only; one of a slice returned since (its held amount went
@@ -1372,8 +1412,8 @@ class SqlStore(DirectionStore, ReplicaStore):
                                           f"slice_settled = slice_settled + CASE WHEN {in_slice} THEN ? ELSE 0 END "
                                           f"WHERE id = ? RETURNING CASE WHEN {in_slice} THEN 1 ELSE 0 END, "
                                           f"CASE WHEN {pinned} THEN 1 ELSE 0 END, parent_id",
-                                     (unused, current.amount, charged, finished[0], current.amount, finished[0],
-                                      charged, current.task_id, finished[0]))
+                                     (unused, current.amount, charged, slice_token, current.amount, slice_token,
+                                      charged, current.task_id, slice_token))
                 if task_row is not None and task_row[1] and unused:  # the ancestors before the goal's row
                     parent = None if task_row[2] is None else str(task_row[2])
                     self._hand_up(cur, parent, unused, current.goal_id)
