@@ -588,7 +588,7 @@ class EscrowMachine(RuleBasedStateMachine):
 
     url_factory: object
 
-    @initialize(cap=st.sampled_from([0, 9, 14]))
+    @initialize(cap=st.sampled_from([0, 9, 12, 14, 30]))
     def setup(self, cap: int) -> None:
         self.clock = FakeClock()
         self.url = self.url_factory()  # type: ignore[operator]
@@ -653,6 +653,19 @@ class EscrowMachine(RuleBasedStateMachine):
             self.open.append(self.store.reserve(task_id, token, model="m", amount=amount, method="x").id)
         except (BudgetExceededError, CallCapExceededError, FencingError):
             assert self.store.get_task(task_id).envelope == before, "a refused hold charged its task"
+
+    @precondition(lambda self: bool(self.held))
+    @rule(data=st.data())
+    def use_up_calls(self, data: st.DataObject) -> None:
+        """A worker calls until it is refused: its task's own cap, its allowance or the goal's calls run out (a
+        later claim then meets a task with no call left)."""
+        worker = data.draw(st.sampled_from(sorted(self.held)))
+        task_id, token = self.held[worker]
+        for _ in range(40):
+            try:
+                self.open.append(self.store.reserve(task_id, token, model="m", amount=1, method="x").id)
+            except (BudgetExceededError, CallCapExceededError, FencingError):
+                return
 
     @precondition(lambda self: bool(self.open))
     @rule(data=st.data(), fraction=st.integers(0, 120), how=st.sampled_from(["settle", "release", "lose"]))
