@@ -42,7 +42,8 @@ class ClaimTaskRequest(_Body):
     """Claim a task of the worker's goal and group (a named one, or the next claimable). ``model`` and
     ``max_tokens``: what the worker's model calls will ask the broker for, when it knows; a task whose envelope
     cannot afford the least such call is refused (402 ``budget_exceeded``), and without them the least call of
-    any model the broker routes."""
+    any model the broker routes. A task with no model call left (its own cap, or its goal's, used up) is skipped
+    for one that has, and named when none has (402 ``no_calls_left``)."""
 
     task_id: Id | None = None
     model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
