@@ -13,7 +13,6 @@ import logging
 import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -1374,24 +1373,23 @@ class SqlStore(DirectionStore, ReplicaStore):
             # The common case (a broker's own hold, still held) in one statement that checks and writes; any other
             # (an unknown hold reconciled, a refusal to explain) reads the row first.
             finished = None
-            if ReservationState.HELD in allowed_from:
+            was = ReservationState.HELD
+            if was in allowed_from:
                 finished = self._one(cur, _FINISH_HELD, (target.value, actual, actual, actual, now, *tokens,
                                                          reservation_id))
-            if finished is not None:
-                current = replace(rows.reservation(finished), state=ReservationState.HELD)
-            else:
-                current = self._reservation_row(cur, reservation_id)
-                if current.state not in allowed_from:
-                    raise IllegalTransitionError("reservation", reservation_id, current.state.value, target.value)
+            if finished is None:
+                was = self._reservation_row(cur, reservation_id).state
+                if was not in allowed_from:
+                    raise IllegalTransitionError("reservation", reservation_id, was.value, target.value)
                 # Conditional on the state just read: under PostgreSQL a concurrent finish of the same hold (a
                 # late settle racing an operator's reconcile) matches no row here, so the envelopes move only once.
                 finished = self._one(cur, _FINISH_FROM,
-                                     (target.value, actual, actual, actual, now, *tokens, reservation_id,
-                                      current.state.value))
+                                     (target.value, actual, actual, actual, now, *tokens, reservation_id, was.value))
                 if finished is None:
                     raise IllegalTransitionError("reservation", reservation_id, "(changed meanwhile)", target.value)
-            charged = 0 if actual is None else min(actual, current.amount)
-            overage = 0 if actual is None else actual - charged
+            current = rows.reservation(finished)  # as it now stands
+            overage = current.overage
+            charged = 0 if actual is None else actual - overage
             if overage:
                 log.warning("reservation %s: actual cost %d exceeds the held worst case %d; charged %d",
                             reservation_id, actual, current.amount, charged)
@@ -1423,9 +1421,8 @@ class SqlStore(DirectionStore, ReplicaStore):
             self._event(cur, f"reservation.{target.value}", now, {
                 "goal": current.goal_id, "task": current.task_id, "reservation": reservation_id,
                 "amount": current.amount, "actual": actual, "charged": charged, "overage": overage,
-                "from": current.state.value, "input_tokens": tokens[0], "output_tokens": tokens[1]})
-        return replace(current, state=target, actual=actual, overage=overage, updated_at=now,
-                       input_tokens=tokens[0], output_tokens=tokens[1])
+                "from": was.value, "input_tokens": tokens[0], "output_tokens": tokens[1]})
+        return current
 
     _OPEN = frozenset({ReservationState.HELD, ReservationState.UNKNOWN})
 
