@@ -17,16 +17,14 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from conftest import claimed_worker
-from loopback import serve_in_thread
+from rigs.broker import loopback_broker
 from rigs.network import stream_server
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.upstream import Timeouts
-from swarmyard.clock import FakeClock
 from swarmyard.domain import ReservationState
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 #: seconds from a call's start to its goal's deadline (the broker's clock is a fake one that does not move, so
 #: every call gets the whole of it)
@@ -77,18 +75,13 @@ class Rig:
 
 @pytest.fixture
 def rig(store_url: str, upstream: Silent) -> Iterator[Rig]:
-    clock = FakeClock()
-    store = open_store(store_url, clock=clock)
-    worker = claimed_worker(store, clock, secret=b"d" * 32, deadline=clock.now() + DEADLINE_S)
     # the upstream's read timeout is far past the deadline: only the deadline can end these calls
     provider = OpenAICompatProvider(f"http://127.0.0.1:{upstream.port}/v1", None, name="oa",
                                     timeouts=Timeouts(connect_s=2, read_s=600))
     routes = (ModelRoute("slow", "oa", upstream_model="up-slow", input_per_mtok=1_000_000,
                          output_per_mtok=1_000_000),)
-    app = create_broker_app(store, worker.tokens, {"oa": provider}, BrokerSettings(routes=routes), clock)
-    with serve_in_thread(app) as url:
-        yield Rig(url, store, worker.token, worker.goal_id, app.state.broker)
-    store.close()
+    with loopback_broker(store_url, {"oa": provider}, routes, secret=b"d" * 32, deadline_in_s=DEADLINE_S) as on:
+        yield Rig(on.url, on.store, on.worker.token, on.worker.goal_id, on.broker)
 
 
 def _ask(rig: Rig, text: str, *, stream: bool) -> httpx.Response:

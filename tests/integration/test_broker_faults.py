@@ -15,17 +15,15 @@ import httpx
 import openai
 import pytest
 
-from conftest import claimed_worker
-from loopback import serve_in_thread
+from rigs.broker import loopback_broker
 from rigs.network import stream_server
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.app import Broker
 from swarmyard.broker.keys import Secret
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.upstream import Timeouts
-from swarmyard.clock import FakeClock
 from swarmyard.domain import ReservationState
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 UPSTREAM_KEY = "sk-upstream-DO-NOT-LEAK-7f3a9c"
 
@@ -115,18 +113,15 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path, upstream: Upstream) -> Iterator[Rig]:
-    clock = FakeClock()
     db = tmp_path / "store.db"
-    store = open_store(f"sqlite:///{db}", clock=clock)
-    worker = claimed_worker(store, clock, secret=b"k" * 32, budget=20_000, call_cap=1000)
     provider = OpenAICompatProvider(f"http://127.0.0.1:{upstream.port}/v1", Secret(UPSTREAM_KEY), name="up",
                                     timeouts=Timeouts(connect_s=2, read_s=0.3))
     routes = tuple(ModelRoute(name, "up", upstream_model=f"up-{name}", input_per_mtok=1_000_000,
                               output_per_mtok=1_000_000) for name in ("ok", "drop", "slow", "500", "429"))
-    app = create_broker_app(store, worker.tokens, {"up": provider}, BrokerSettings(routes=routes), clock)
-    with serve_in_thread(app) as url:
-        yield Rig(url, store, worker.token, worker.goal_id, worker.task_id, db, app.state.broker)
-    store.close()
+    with loopback_broker(f"sqlite:///{db}", {"up": provider}, routes, secret=b"k" * 32, budget=20_000,
+                         call_cap=1000) as on:
+        worker = on.worker
+        yield Rig(on.url, on.store, worker.token, worker.goal_id, worker.task_id, db, on.broker)
 
 
 def _states(rig: Rig) -> Counter[str]:

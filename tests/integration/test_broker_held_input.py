@@ -10,13 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import claimed_worker
-from loopback import serve_in_thread
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from rigs.broker import loopback_broker
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
-from swarmyard.clock import FakeClock
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 
 @dataclass
@@ -31,15 +29,12 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    clock = FakeClock()
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    worker = claimed_worker(store, clock, secret=b"h" * 32, budget=10_000_000, call_cap=100)
     script = ScriptedProvider({"*": [Say("ok", input_tokens=5, output_tokens=1)] * 5})
     route = ModelRoute("m", "scripted", input_per_mtok=1_000_000, output_per_mtok=1_000_000)
-    app = create_broker_app(store, worker.tokens, {"scripted": script}, BrokerSettings(routes=(route,)), clock)
-    with serve_in_thread(app) as url:
-        yield Rig(url, store, worker.goal_id, {"authorization": f"Bearer {worker.token}"}, app.state.broker, script)
-    store.close()
+    with loopback_broker(f"sqlite:///{tmp_path / 'store.db'}", {"scripted": script}, [route], secret=b"h" * 32,
+                         budget=10_000_000, call_cap=100) as on:
+        yield Rig(on.url, on.store, on.worker.goal_id, {"authorization": f"Bearer {on.worker.token}"}, on.broker,
+                  script)
 
 
 def test_a_body_of_tool_ids_is_held_for_its_size(rig: Rig) -> None:

@@ -18,17 +18,15 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from conftest import claimed_worker
-from loopback import serve_in_thread
+from rigs.broker import loopback_broker
 from rigs.network import stream_server
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.anthropic import AnthropicProvider
 from swarmyard.broker.providers.openai_compat import OpenAICompatProvider
 from swarmyard.broker.providers.upstream import Timeouts
-from swarmyard.clock import FakeClock
 from swarmyard.domain import ReservationState
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 _USAGE = {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
 _WHOLE = json.dumps({"id": "c1", "object": "chat.completion", "model": "m", "usage": _USAGE,
@@ -124,9 +122,6 @@ class Rig:
 
 @pytest.fixture
 def rig(store_url: str, upstream: Upstream) -> Iterator[Rig]:
-    clock = FakeClock()
-    store = open_store(store_url, clock=clock)
-    worker = claimed_worker(store, clock, secret=b"u" * 32, budget=1_000_000, call_cap=1000)
     timeouts = Timeouts(connect_s=2, read_s=5)
     providers = {
         "oa": OpenAICompatProvider(f"http://127.0.0.1:{upstream.port}/v1", None, name="oa", timeouts=timeouts),
@@ -136,10 +131,9 @@ def rig(store_url: str, upstream: Upstream) -> Iterator[Rig]:
                               output_per_mtok=1_000_000) for name in (*WHOLE, *LOST))
     routes += tuple(ModelRoute(name, "an", upstream_model=f"up-{name}", input_per_mtok=1_000_000,
                                output_per_mtok=1_000_000) for name in LOST_MESSAGES)
-    app = create_broker_app(store, worker.tokens, providers, BrokerSettings(routes=routes), clock)
-    with serve_in_thread(app) as url:
-        yield Rig(url, store, store_url, worker.token, worker.goal_id, worker.task_id, app.state.broker)
-    store.close()
+    with loopback_broker(store_url, providers, routes, secret=b"u" * 32, budget=1_000_000, call_cap=1000) as on:
+        worker = on.worker
+        yield Rig(on.url, on.store, store_url, worker.token, worker.goal_id, worker.task_id, on.broker)
 
 
 def _ask(rig: Rig, model: str) -> httpx.Response:

@@ -11,15 +11,13 @@ import anthropic
 import openai
 import pytest
 
-from conftest import claimed_worker
-from loopback import serve_in_thread
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from rigs.broker import loopback_broker
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.app import Broker
 from swarmyard.broker.providers.scripted import CallTools, Say, ScriptedProvider
 from swarmyard.broker.settings import Tokenizer
-from swarmyard.clock import FakeClock
 from swarmyard.domain import Price, ReservationState
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 
 @dataclass
@@ -37,19 +35,14 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    clock = FakeClock()
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    worker = claimed_worker(store, clock, secret=b"s" * 32, budget=10_000_000, task_budget=5_000_000, task_call_cap=50)
-    store.set_price(Price("gpt-test", 1_000_000, 2_000_000))
     script = ScriptedProvider()
-    settings = BrokerSettings(routes=(
-        ModelRoute("gpt-test", "scripted", tokenizer=Tokenizer.CL100K, max_output_tokens=1000),
-        ModelRoute("claude-test", "scripted", input_per_mtok=3_000_000, output_per_mtok=15_000_000),
-    ))
-    app = create_broker_app(store, worker.tokens, {"scripted": script}, settings, clock)
-    with serve_in_thread(app) as url:
-        yield Rig(url, store, script, worker.token, worker.goal_id, worker.task_id, app.state.broker)
-    store.close()
+    routes = (ModelRoute("gpt-test", "scripted", tokenizer=Tokenizer.CL100K, max_output_tokens=1000),
+              ModelRoute("claude-test", "scripted", input_per_mtok=3_000_000, output_per_mtok=15_000_000))
+    with loopback_broker(f"sqlite:///{tmp_path / 'store.db'}", {"scripted": script}, routes, secret=b"s" * 32,
+                         prices=[Price("gpt-test", 1_000_000, 2_000_000)], budget=10_000_000, task_budget=5_000_000,
+                         task_call_cap=50) as on:
+        worker = on.worker
+        yield Rig(on.url, on.store, script, worker.token, worker.goal_id, worker.task_id, on.broker)
 
 
 def _oa(rig: Rig) -> openai.OpenAI:

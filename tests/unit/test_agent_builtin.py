@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import LivePlane, claimed_worker
-from loopback import serve_in_thread
+from conftest import LivePlane
+from rigs.broker import loopback_broker
 from rigs.chat import ScriptedChat
 from swarmyard.agents.actions import (
     TOOLS,
@@ -31,7 +31,7 @@ from swarmyard.agents.builtin import AgentSettings, BuiltinAgent, Ending, Role
 from swarmyard.agents.model import BrokerChatModel, ModelReply, OutputMode
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.auth.tokens import TokenAuthority
-from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
+from swarmyard.broker import ModelRoute
 from swarmyard.broker.providers.scripted import CallTools, Fail, FailKind, Say, ScriptedProvider
 from swarmyard.clock import FakeClock
 from swarmyard.domain import (
@@ -55,7 +55,7 @@ from swarmyard.errors import (
     ProviderError,
     UpstreamUnknownError,
 )
-from swarmyard.store import SqlStore, open_store
+from swarmyard.store import SqlStore
 
 
 @dataclass
@@ -430,16 +430,12 @@ class BrokerRig:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerRig]:
-    clock = FakeClock()
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", clock=clock)
-    worker = claimed_worker(store, clock, secret=b"s" * 32, budget=10_000_000, task_budget=5_000, task_call_cap=2)
-    store.set_price(Price("m", 1_000_000, 1_000_000))
     script = ScriptedProvider()
-    settings = BrokerSettings(routes=(ModelRoute("m", "scripted", max_output_tokens=1000),
-                                      ModelRoute("tiny", "scripted", context_tokens=64)))
-    with serve_in_thread(create_broker_app(store, worker.tokens, {"scripted": script}, settings, clock)) as url:
-        yield BrokerRig(url, store, script, worker.token)
-    store.close()
+    routes = (ModelRoute("m", "scripted", max_output_tokens=1000), ModelRoute("tiny", "scripted", context_tokens=64))
+    with loopback_broker(f"sqlite:///{tmp_path / 'store.db'}", {"scripted": script}, routes, secret=b"s" * 32,
+                         prices=[Price("m", 1_000_000, 1_000_000)], budget=10_000_000, task_budget=5_000,
+                         task_call_cap=2) as on:
+        yield BrokerRig(on.url, on.store, script, on.worker.token)
 
 
 async def _ask(rig: BrokerRig, mode: OutputMode = OutputMode.TOOLS) -> tuple[ModelReply, BrokerChatModel]:
