@@ -16,6 +16,7 @@ deadline gets.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -270,7 +271,11 @@ class Broker:
         if chat.stream:
             return await self._stream(provider, upstream, hold, fmt, chat, state, started, deadline)
         self.holds.settle_soon(hold, usage)  # the usage is known: whatever happens next, this call is billed
-        self._ended(hold, chat, provider, started, usage=usage, answer=answer)
+        if self.watchers:
+            # told on the loop's next turn, as the settlement is written: once the answer's bytes are out, not
+            # on their way (the call's record and the metrics' update are tens of microseconds a call)
+            asyncio.get_running_loop().call_soon(
+                functools.partial(self._ended, hold, chat, provider, started, usage=usage, answer=answer))
         try:
             # rendered here (orjson: the same compact UTF-8 JSON as Starlette's, several times faster), so that
             # a failure to render is this endpoint's to answer, not the server's

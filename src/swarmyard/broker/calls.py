@@ -70,13 +70,15 @@ def tell(watchers: list[CallWatcher], call: CallEnd) -> None:
             log.exception("a model-call watcher failed on reservation %s", call.reservation_id or "-")
 
 
+_KINDS = {"OpenAICompatProvider": "openai_compatible", "AnthropicProvider": "anthropic", "LocalProvider": "local",
+          "ScriptedProvider": "scripted", "SimulatedProvider": "simulated"}
+
+
 def provider_kind(provider: object) -> str:
     """The ``gen_ai.provider.name`` of a provider object: the conventions' well-known value where there is one
     (``openai`` only for OpenAI's own API; ``anthropic``), else ``swarmyard.<kind>`` (``openai_compatible``,
     ``local``, ``scripted``, ``simulated``)."""
-    kind = {"OpenAICompatProvider": "openai_compatible", "AnthropicProvider": "anthropic",
-            "LocalProvider": "local", "ScriptedProvider": "scripted",
-            "SimulatedProvider": "simulated"}.get(type(provider).__name__, type(provider).__name__.lower())
+    kind = _KINDS.get(type(provider).__name__, type(provider).__name__.lower())
     if kind == "anthropic":
         return "anthropic"
     if kind == "openai_compatible" and getattr(getattr(provider, "_client", None), "_host", "") == "api.openai.com":
