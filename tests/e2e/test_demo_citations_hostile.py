@@ -12,78 +12,56 @@ the synthesis says only the limit that really ran out.
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
-from test_demo_citations import (
-    _assert_quotes_on_their_lines,
-    _findings,
-    _line_of,
-    _replace,
-    _run,
-    _scripted_variant,
-    _tool,
-    short_tmp,
-)
+from test_demo_citations import _assert_quotes_on_their_lines
 
+from rigs.demo import SOURCES, demo_swarm, line_of, run_demo
+from rigs.scripted import tool_call
 from swarmyard.wasi.catalog import built_dir
-
-__all__ = ["short_tmp"]  # the fixture, shared with the demo's own test
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 
 MADE_UP = "the sandbox hands the provider key to every worker in plain text"
 
 
-def _writing(swarm: Path) -> Path:
-    """The example with scouts that write their findings' words themselves (``finding = "free"``): a hostile
-    scout's every word reaches the plane, which checks its citations whatever the agent does with them."""
-    swarm.write_text(_replace(swarm.read_text(), 'finding = "quoted"', 'finding = "free"'))
-    return swarm
-
-
-def _refusals(run_dir: Path) -> list[dict[str, str]]:
-    steps = [json.loads(line) for path in sorted((run_dir / "agents").glob("*.jsonl"))
-             for line in path.read_text().splitlines() if line.strip()]
-    results = [json.loads(s["result"]) for s in steps if str(s.get("result", "")).startswith('{"error"')]
-    return [r["error"] for r in results if r["error"].get("code") == "unverified_citation"]
-
-
 def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(short_tmp: Path) -> None:
     assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
-    key_file, key_no, key_line = _line_of("provider key")
-    budget_file, budget_no, budget_line = _line_of("afford")
-    box_file, box_no, box_line = _line_of("loopback")
+    key_file, key_no, key_line = line_of("provider key")
+    budget_file, budget_no, budget_line = line_of("afford")
+    box_file, box_no, box_line = line_of("loopback")
     replies = {
         "scripted-scout": [
-            _tool("textsearch", pattern="provider key"),
-            _tool("submit_finding", title="k1", body="passwd", cite=["/etc/passwd:1: root:x:0:0:root:/root:/bin/bash"]),
-            _tool("submit_finding", title="k2", body="up", cite=[f"../sources/{key_file}:{key_no}: {key_line}"]),
-            _tool("submit_finding", title="k3", body="look-alike",
+            tool_call("textsearch", pattern="provider key"),
+            tool_call("submit_finding", title="k1", body="passwd", cite=["/etc/passwd:1: root:x:0:0:root:/root:/bin/bash"]),
+            tool_call("submit_finding", title="k2", body="up", cite=[f"../sources/{key_file}:{key_no}: {key_line}"]),
+            tool_call("submit_finding", title="k3", body="look-alike",
                   cite=[f"{key_file}:{key_no}: {key_line.replace('a', chr(0x430), 1)}"]),
-            _tool("submit_finding", title="k4", body="short", cite=[f"{key_file}:{key_no}: x"]),
+            tool_call("submit_finding", title="k4", body="short", cite=[f"{key_file}:{key_no}: x"]),
             # a claim of its own in the placeholder's shape, with no citation: the step cap then ends the task
-            _tool("submit_finding", title="key", body=f"No result was reached for 'the provider key': {MADE_UP}"),
-            _tool("textsearch", pattern="afford"),
-            _tool("submit_finding", title="b1", body="empty", cite=[f"{budget_file}:{budget_no}: "]),
-            _tool("submit_finding", title="b2", body="range", cite=[f"{budget_file}:999999999: {budget_line}"]),
-            _tool("submit_finding", title="b3", body="marks", cite=[f"{budget_file}:{budget_no}: ``````********````"]),
-            _tool("submit_finding", title="b4", body="wrong line", cite=[f"{budget_file}:{budget_no + 1}: {budget_line}"]),
-            _tool("submit_finding", title="budget", body="A call past the budget is refused.",
+            tool_call("submit_finding", title="key", body=f"No result was reached for 'the provider key': {MADE_UP}"),
+            tool_call("textsearch", pattern="afford"),
+            tool_call("submit_finding", title="b1", body="empty", cite=[f"{budget_file}:{budget_no}: "]),
+            tool_call("submit_finding", title="b2", body="range", cite=[f"{budget_file}:999999999: {budget_line}"]),
+            tool_call("submit_finding", title="b3", body="marks", cite=[f"{budget_file}:{budget_no}: ``````********````"]),
+            tool_call("submit_finding", title="b4", body="wrong line", cite=[f"{budget_file}:{budget_no + 1}: {budget_line}"]),
+            tool_call("submit_finding", title="budget", body="A call past the budget is refused.",
                   cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
-            _tool("textsearch", pattern="loopback"),
-            _tool("submit_finding", title="sandbox", body="out", cite=[f"{box_file}:{box_no}: {box_line}",
+            tool_call("textsearch", pattern="loopback"),
+            tool_call("submit_finding", title="sandbox", body="out", cite=[f"{box_file}:{box_no}: {box_line}",
                                                                        "task/../../etc/hostname:1: localhost"]),
-            _tool("submit_finding", title="sandbox", body="Only loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
+            tool_call("submit_finding", title="sandbox", body="Only loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
         ],
         "scripted-lead": [{"say": "The budget and the sandbox hold; the key was not looked at."}] * 6,
     }
-    done = _run(short_tmp, _writing(_scripted_variant(short_tmp, replies)))
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = (short_tmp / "runs").iterdir()
+    # scouts that write their findings' words themselves (finding = "free"): a hostile scout's every word reaches
+    # the plane, which checks its citations whatever the agent does with them
+    demo = run_demo(short_tmp, demo_swarm(short_tmp, replies, finding="free"))
+    run_dir = demo.run_dir
 
-    refused = [(r["ref"], r["reason"]) for r in _refusals(run_dir)]
+    refused = [(r["ref"], r["reason"]) for r in demo.refusals()]
     reasons = "\n".join(f"{ref} {why}" for ref, why in refused)
     # (a quote the flow's constrained finding cannot spell may be dropped by the agent before the plane sees it:
     # these are the ones every run sends)
@@ -94,8 +72,7 @@ def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(shor
                      f"on line {budget_no} of {budget_file}, not line {budget_no + 1}"):
         assert expected in reasons, (expected, reasons)
 
-    findings, groups = _findings(run_dir)
-    scouts = [f for f in findings if groups[f.task_id] != "lead"]
+    findings, scouts = demo.findings, demo.scouts()
     assert sorted(f.title for f in scouts) == ["budget", "sandbox", "the provider key (partial)"]
     [key] = [f for f in scouts if f.title.startswith("the provider key")]
     assert key.body == "No result was reached for 'the provider key': the step cap ran out (6 of 6 steps)."
@@ -107,37 +84,29 @@ def test_made_up_citations_and_a_claim_dressed_as_a_placeholder_are_refused(shor
 def test_a_source_holding_a_form_feed_is_numbered_as_the_scouts_tools_number_it(short_tmp: Path) -> None:
     # Numbered by str.splitlines, a form feed started a line of its own: the honest citation of line 2 was refused
     # and a quote from line 1 cited as line 2 was stored. Lines end at a newline alone, as textsearch and grep say.
-    import shutil
-
-    from test_demo_citations import SOURCES
-
     sources = short_tmp / "sources"
     shutil.copytree(SOURCES, sources)
     (sources / "notes.md").write_text("Intro text.\fThe provider key is copied into every sandbox.\n"
                                       "The broker keeps the key; agents never see it.\n")
-    budget_file, budget_no, budget_line = _line_of("afford")
-    box_file, box_no, box_line = _line_of("loopback")
+    budget_file, budget_no, budget_line = line_of("afford")
+    box_file, box_no, box_line = line_of("loopback")
     replies = {
         "scripted-scout": [
-            _tool("textsearch", pattern="provider key"),
-            _tool("submit_finding", title="made up", body="No: the key is in every sandbox.",
+            tool_call("textsearch", pattern="provider key"),
+            tool_call("submit_finding", title="made up", body="No: the key is in every sandbox.",
                   cite=["notes.md:2: The provider key is copied into every sandbox."]),
-            _tool("submit_finding", title="key", body="Yes: the broker keeps the key.",
+            tool_call("submit_finding", title="key", body="Yes: the broker keeps the key.",
                   cite=["notes.md:2: The broker keeps the key; agents never see it."]),
-            _tool("textsearch", pattern="afford"),
-            _tool("submit_finding", title="budget", body="Yes: refused.", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
-            _tool("textsearch", pattern="loopback"),
-            _tool("submit_finding", title="sandbox", body="Yes: loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
+            tool_call("textsearch", pattern="afford"),
+            tool_call("submit_finding", title="budget", body="Yes: refused.", cite=[f"{budget_file}:{budget_no}: {budget_line}"]),
+            tool_call("textsearch", pattern="loopback"),
+            tool_call("submit_finding", title="sandbox", body="Yes: loopback.", cite=[f"{box_file}:{box_no}: {box_line}"]),
         ],
         "scripted-lead": [{"say": "The key, the budget and the sandbox hold."}] * 6,
     }
-    swarm = _writing(_scripted_variant(short_tmp, replies))
-    swarm.write_text(swarm.read_text().replace(f'files = ["{SOURCES}"]', f'files = ["{sources}"]'))
-    done = _run(short_tmp, swarm)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [run_dir] = (short_tmp / "runs").iterdir()
-    refused = [(r["ref"], r["reason"]) for r in _refusals(run_dir)]
+    demo = run_demo(short_tmp, demo_swarm(short_tmp, replies, finding="free", sources=sources))
+    refused = [(r["ref"], r["reason"]) for r in demo.refusals()]
     assert ("notes.md:2", "the quoted words are on line 1 of notes.md, not line 2") in refused, refused
-    findings, _ = _findings(run_dir)
+    findings = demo.findings
     stored = [c.quote for f in findings for c in f.citations if c.ref == "notes.md:2"]
     assert stored == ["The broker keeps the key; agents never see it."], stored
