@@ -12,18 +12,13 @@ says so in its JSON figures. Before, the claim was made, the first call refused,
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sqlite3
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from invariants import check_run, store_url_of
+from rigs.cli import cli_env, run_cli
 from rigs.scripted import tool_call as _tool
 
 pytestmark = [
@@ -36,11 +31,10 @@ REASON = "refused at claim: its slice (4000 micro-USD) cannot afford one model c
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-cr-"))  # the plane's socket lives in the run folder: keep it short
-    (path / "tmp").mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    # the plane's socket lives in the run folder: keep it short
+    (short_tmp / "tmp").mkdir()
+    return short_tmp
 
 
 def _swarm(folder: Path) -> Path:
@@ -87,10 +81,7 @@ sandbox = "local"
 
 
 def test_a_task_no_call_fits_in_is_failed_once_and_the_run_goes_on(folder: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
-           "TMPDIR": str(folder / "tmp")}
-    done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "--json", str(_swarm(folder))],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    done = run_cli("run", "--json", str(_swarm(folder)), cwd=folder, env=cli_env(folder, TMPDIR=str(folder / "tmp")))
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout)
     [run_dir] = (folder / "runs").iterdir()

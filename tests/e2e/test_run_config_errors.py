@@ -4,15 +4,13 @@ missing or malformed evaluator bundle, an agent with a baseline of its own besid
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from rigs.cli import cli_env, run_cli
 
 EXAMPLE_BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "sort-numbers"
 
@@ -33,21 +31,17 @@ replies = "replies.json"
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-cfg-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    return short_tmp
 
 
 def _run(folder: Path, text: str) -> subprocess.CompletedProcess[str]:
     (folder / "conf").mkdir(exist_ok=True)
     (folder / "conf" / "swarm.toml").write_text(text)
     (folder / "conf" / "replies.json").write_text('{"*": [{"say": "done"}]}')
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8",
-           "TMPDIR": str(folder / "tmp"), "SWARMYARD_STATE_DIR": str(folder / "state")}
+    env = cli_env(folder, TMPDIR=str(folder / "tmp"), SWARMYARD_STATE_DIR=str(folder / "state"))
     (folder / "tmp").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "conf/swarm.toml"], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_cli("run", "conf/swarm.toml", cwd=folder, env=env, timeout_s=120)
 
 
 def _bad_bundle(folder: Path) -> None:

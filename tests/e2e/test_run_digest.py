@@ -6,16 +6,11 @@ each citing its finding. Checked from the store: the opening is the one the stor
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rigs.cli import run_cli
 from swarmyard.agents import verdicts
 from swarmyard.domain import LEAD_GROUP
 from swarmyard.store import open_store
@@ -64,11 +59,9 @@ replies = "replies.json"
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
+def folder(short_tmp: Path) -> Path:
     """An ordinary folder with a short path (the plane's Unix socket lives in the run folder)."""
-    path = Path(tempfile.mkdtemp(prefix="sy-dg-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return short_tmp
 
 
 def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -> None:
@@ -83,9 +76,7 @@ def test_a_digest_lead_prints_its_answer_and_a_point_per_finding(folder: Path) -
                "l": [verdict("yes"), {"say": POINTS[0]}, verdict("no"), {"say": POINTS[1]}, {"say": REASON}]}
     (folder / "replies.json").write_text(json.dumps(replies))
     (folder / "swarm.toml").write_text(SWARM)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "LANG": "C.UTF-8"}
-    out = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", "swarm.toml", "--quiet"], cwd=folder,
-                         env=env, capture_output=True, text=True, timeout=600)
+    out = run_cli("run", "swarm.toml", "--quiet", cwd=folder)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = (folder / "runs").iterdir()
     goal = json.loads((run_dir / "run.json").read_text())["goal_id"]

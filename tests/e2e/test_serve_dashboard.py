@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,10 +18,9 @@ from rigs.network import free_port as _free_port
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-sd-"))  # short: Unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited
+    return short_tmp
 
 
 def test_serve_has_the_dashboard_and_keeps_trajectories(folder: Path) -> None:

@@ -5,11 +5,8 @@ whole state for every open stream); its tool calls do. Counted by ``swarmyard_da
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,10 +16,9 @@ from rigs.network import free_port as _free_port
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-dw-"))  # short: Unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited
+    return short_tmp
 
 
 def _wakes(http: httpx.Client, operator: dict[str, str]) -> float:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,10 +17,9 @@ from swarmyard.plane.trajectory import MAX_FILE_BYTES
 
 
 @pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="sy-tf-"))  # short: Unix socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def folder(short_tmp: Path) -> Path:
+    # short: Unix socket paths are limited
+    return short_tmp
 
 
 def test_a_worker_cannot_hide_the_file_full_line(folder: Path) -> None:
