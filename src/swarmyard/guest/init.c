@@ -888,56 +888,73 @@ static void prune_mounts(void) {
     }
 }
 
-/* Attach IMAGE (an ext4 file system image the size of the machine's disk quota) to a free loop device and mount
- * it at DIR: the overlay's upper and work folders live there, so a full disk is ENOSPC inside the machine and the
- * host loses at most the image's size. The device detaches itself when the file system is unmounted (with the
- * launcher's mount namespace, when the sandbox's last process exits). */
-static int mount_space(const char *image, const char *dir) {
-    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
-    int file = open(image, O_RDWR | O_CLOEXEC);
-    int done = -1;
-    if (ctl < 0 || file < 0) {
-        fprintf(stderr, "launch: cannot open the disk image %s: %s\n", image, strerror(errno));
-        goto out;
-    }
-    /* One machine at a time from taking a free device to its mount (the lock goes with the close below): with
-     * hundreds booting at once, another launcher opening the same free device for writing made this mount
-     * EBUSY, and each retry's device was the next one's free device again. */
-    if (flock(ctl, LOCK_EX) != 0) {
-        fprintf(stderr, "launch: cannot lock /dev/loop-control: %s\n", strerror(errno));
-        goto out;
-    }
-    for (int tries = 0; tries < 64 && done != 0; tries++) {
+/* Attach IMAGE (an ext4 file system image the size of the machine's disk quota) to a free loop device and mount it at
+ * DIR: the overlay's upper and work folders live there, so a full disk is ENOSPC inside the machine and the host
+ * loses at most the image's size. The device detaches itself when the file system is unmounted (with the
+ * launcher's mount namespace, when the sandbox's last process exits).
+ *
+ * Taking a free device and binding the image to it are done one machine at a time, under a lock on
+ * /dev/loop-control: with hundreds booting at once, another launcher opening the same free device made the mount
+ * EBUSY, and each retry's device was the next one's free device again. A bound device is no longer free, so no
+ * other launcher is handed it, and the mount runs outside the lock, beside the other machines' mounts. Both slow
+ * parts stay out of it: the mount (ext4 reads and writes its superblock and starts a kernel thread per file system)
+ * and the write-back of the image's pages (its copy was just written, and binding it writes them back first). Held
+ * over them, the lock made every machine's boot wait for each earlier one's disk I/O: 80 launchers queued behind
+ * one holder in ext4_fill_super or in write-back, about 0.1 s each on a host with its disk busy. */
+static int attach_free(int ctl, int file, char *device, size_t size) {
+    for (int tries = 0; tries < 64; tries++) {
         int number = ioctl(ctl, LOOP_CTL_GET_FREE);
-        if (number < 0) break;
-        char device[32];
-        snprintf(device, sizeof device, "/dev/loop%d", number);
+        if (number < 0) return -1;
+        snprintf(device, size, "/dev/loop%d", number);
         int loop = open(device, O_RDWR | O_CLOEXEC);
         if (loop < 0 && errno == ENOENT) {
             /* A /dev that is not devtmpfs (a container's) gets no node for a device made on demand. */
             if (mknod(device, S_IFBLK | 0600, makedev(7, (unsigned)number)) == 0 || errno == EEXIST)
                 loop = open(device, O_RDWR | O_CLOEXEC);
         }
-        if (loop < 0) break;
+        if (loop < 0) return -1;
         struct loop_config config;
         memset(&config, 0, sizeof config);
         config.fd = (uint32_t)file;
         config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-        if (ioctl(loop, LOOP_CONFIGURE, &config) != 0) {
-            int busy = errno == EBUSY; /* another launcher took the same free device first */
-            close(loop);
-            if (busy) continue;
-            break;
+        if (ioctl(loop, LOOP_CONFIGURE, &config) == 0) return loop;
+        int busy = errno == EBUSY; /* another launcher took the same free device first */
+        close(loop);
+        if (!busy) return -1;
+    }
+    errno = EBUSY;
+    return -1;
+}
+
+static int mount_space(const char *image, const char *dir) {
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    int file = open(image, O_RDWR | O_CLOEXEC);
+    int done = -1;
+    int err = 0;
+    if (ctl < 0 || file < 0) {
+        fprintf(stderr, "launch: cannot open the disk image %s: %s\n", image, strerror(errno));
+        goto out;
+    }
+    fsync(file); /* outside the lock; a failure shows again when the device is bound */
+    for (int tries = 0; tries < 64 && done != 0; tries++) {
+        if (flock(ctl, LOCK_EX) != 0) {
+            fprintf(stderr, "launch: cannot lock /dev/loop-control: %s\n", strerror(errno));
+            goto out;
         }
+        char device[32];
+        int loop = attach_free(ctl, file, device, sizeof device);
+        err = errno;
+        flock(ctl, LOCK_UN);
+        if (loop < 0) break;
         /* noinit_itable: the image's inode tables stay holes (the kernel would zero them in the background). */
         done = mount(device, dir, "ext4", MS_NOSUID | MS_NODEV, "noinit_itable");
-        int busy = done != 0 && errno == EBUSY;
+        err = errno;
         close(loop); /* unmounted, the device clears itself at this last close (LO_FLAGS_AUTOCLEAR) */
         /* EBUSY: the device was still held as another machine's went (hundreds of machines booting and ending at
          * once); take another free one. */
-        if (done != 0 && !busy) break;
+        if (done != 0 && err != EBUSY) break;
     }
-    if (done != 0) fprintf(stderr, "launch: cannot mount the disk image %s: %s\n", image, strerror(errno));
+    if (done != 0) fprintf(stderr, "launch: cannot mount the disk image %s: %s\n", image, strerror(err));
 out:
     if (ctl >= 0) close(ctl);
     if (file >= 0) close(file);

@@ -138,29 +138,18 @@ def mount_space(image: Path, target: Path) -> None:
     control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
-        # one machine at a time from a free device to its mount, as the compiled init does (see mount_space in
-        # swarmyard/guest/init.c); released when ``control`` is closed
-        fcntl.flock(control, fcntl.LOCK_EX)
+        # as the compiled init does (see mount_space in swarmyard/guest/init.c): a free device is taken and bound
+        # one machine at a time, and the slow parts (the image's write-back, the mount) run outside that lock
+        os.fsync(backing)
         for _ in range(64):
-            number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
-            device = f"/dev/loop{number}"
-            if not os.path.exists(device):
-                # A /dev that is not devtmpfs (a container's) gets no node for a device made on demand.
-                with contextlib.suppress(FileExistsError):
-                    os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, number))
-            loop = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            fcntl.flock(control, fcntl.LOCK_EX)
             try:
-                config = bytearray(_LOOP_CONFIG_SIZE)
-                struct.pack_into("=I", config, 0, backing)
-                struct.pack_into("=I", config, _LO_FLAGS_OFFSET, _LO_FLAGS_AUTOCLEAR)
-                try:
-                    fcntl.ioctl(loop, _LOOP_CONFIGURE, bytes(config))
-                except OSError as exc:
-                    if exc.errno == errno.EBUSY:
-                        continue  # another machine took that free device first
-                    raise
+                device, loop = _attach_free(control, backing)
+            finally:
+                fcntl.flock(control, fcntl.LOCK_UN)
+            try:
                 if _libc().mount(device.encode(), os.fsencode(target), b"ext4", _MS_NOSUID | _MS_NODEV,
-                                b"noinit_itable") != 0:
+                                 b"noinit_itable") != 0:
                     err = ctypes.get_errno()
                     if err == errno.EBUSY:
                         # still held as another machine's went (the close below clears it): take another
@@ -175,6 +164,30 @@ def mount_space(image: Path, target: Path) -> None:
     finally:
         os.close(backing)
         os.close(control)
+
+
+def _attach_free(control: int, backing: int) -> tuple[str, int]:
+    """Bind ``backing`` to a free loop device: its path and an open descriptor (the caller holds the lock)."""
+    for _ in range(64):
+        number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
+        device = f"/dev/loop{number}"
+        if not os.path.exists(device):
+            # A /dev that is not devtmpfs (a container's) gets no node for a device made on demand.
+            with contextlib.suppress(FileExistsError):
+                os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, number))
+        loop = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+        config = bytearray(_LOOP_CONFIG_SIZE)
+        struct.pack_into("=I", config, 0, backing)
+        struct.pack_into("=I", config, _LO_FLAGS_OFFSET, _LO_FLAGS_AUTOCLEAR)
+        try:
+            fcntl.ioctl(loop, _LOOP_CONFIGURE, bytes(config))
+        except OSError as exc:
+            os.close(loop)
+            if exc.errno == errno.EBUSY:
+                continue  # another machine took that free device first
+            raise
+        return device, loop
+    raise SandboxError("no free loop device for a machine's disk", retryable=True)
 
 
 def _mount(options: str, target: Path) -> None:
