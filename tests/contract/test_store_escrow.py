@@ -387,6 +387,39 @@ def test_tasks_with_no_cap_of_their_own_carve_a_fair_share_of_the_goals_calls(es
         store.close()
 
 
+def test_concurrent_claims_carve_allowances_within_the_goals_calls(store_url: str) -> None:
+    # under PostgreSQL claims carve in transactions of their own: each sized its share from an unlocked read of the
+    # goal, two shares took the same calls, the later carve failed, and its task's every call went to the goal's
+    # row, refused once the other allowances held all of the goal's calls (a bench of 8 concurrent workers)
+    store = open_store(store_url, pool_size=12)
+    try:
+        goal = store.create_goal(GoalSpec("g", 10**9, 80)).id
+        for i in range(8):
+            store.create_task(goal, TaskSpec(f"t{i}", budget_micro_usd=10_000))
+        start = threading.Barrier(8)
+        claims: list[Any] = []
+
+        def claim(worker: str) -> None:
+            start.wait()
+            claims.append(store.claim(goal, worker, 60, calls=True))
+
+        threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(claims) == 8 and all(c is not None for c in claims)
+        allowances = [_slice(store, c.task.id)["call_cap"] for c in claims]
+        assert all(_slice(store, c.task.id)["token"] == c.token for c in claims), "a claim carved no slice"
+        assert all(a >= 1 for a in allowances) and sum(allowances) <= 80, allowances
+        for c, allowance in zip(claims, allowances, strict=True):
+            for _ in range(allowance):
+                store.reserve(c.task.id, c.token, model="m", amount=1, method="x")
+        check_escrow_binds(store, goal)
+    finally:
+        store.close()
+
+
 def test_a_used_allowance_is_named_while_the_goal_has_calls_to_give_out(escrow_store: Any) -> None:
     store, _ = escrow_store
     goal = store.create_goal(GoalSpec("g", 100_000, 10)).id

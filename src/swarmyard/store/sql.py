@@ -475,21 +475,29 @@ class SqlStore(DirectionStore, ReplicaStore):
 
     def _allowance(self, cur: Cursor, task_id: str, now: float) -> int:
         """The calls a claim of a task with no cap of its own carves: its goal's unallocated calls shared evenly
-        between it and the goal's other claimable tasks with no cap of their own (at least one while any is
-        unallocated; the peers counted up to ``FAIR_SHARE_PEERS``). 0 on a goal with no cap.
+        between it and the goal's other tasks with no cap of their own still waiting for calls (claimable, or
+        claimed without a slice yet), at least one while any is unallocated; the peers counted up to
+        ``FAIR_SHARE_PEERS``. 0 on a goal with no cap.
 
         Why a fair share rather than a fixed chunk: the allowance is fixed for the claim (a top-up would be a write
         of the goal's row on the hold's path, which is what the allowance avoids), so a chunk too small would stop
         a lone task that the goal's calls could still serve, and one too large would leave its peers none. Shared
         out, a task alone gets every unallocated call, as it could use before; k waiting tasks get a k-th each,
         and what one does not call goes back when its claim ends, for the next claim."""
-        row = self._one(cur, "SELECT g.id, g.call_cap, g.call_cap - g.allocated_calls FROM goals g JOIN tasks t "
-                             "ON t.goal_id = g.id WHERE t.id = ?", (task_id,))
+        # The goal's row is locked for the rest of the carve (after the task's, which ``_return_slice`` locked:
+        # the lock order): under PostgreSQL concurrent carves size their shares one at a time, so the shares never
+        # add up past the unallocated calls (a carve that found its share taken would carve no slice, and its task
+        # would take every call from the goal's row, refused once the others' allowances held them all).
+        lock = " FOR UPDATE" if self._e.postgres else ""
+        row = self._one(cur, "SELECT id, call_cap, call_cap - allocated_calls FROM goals WHERE id = (SELECT goal_id "
+                             f"FROM tasks WHERE id = ?){lock}", (task_id,))
         if row is None or not int(row[1]) or int(row[2]) <= 0:
             return 0
+        # peers: pending, lapsed, or claimed and not yet carved (under PostgreSQL a claim carves in a transaction of
+        # its own: concurrent claims are all made before their carves run)
         peers = self._one(cur, "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE goal_id = ? AND call_cap = 0 AND "
-                               "id <> ? AND (state = 'pending' OR (state = 'claimed' AND lease_expires_at <= ?)) "
-                               "LIMIT ?) p", (row[0], task_id, now, FAIR_SHARE_PEERS))[0]
+                               "id <> ? AND (state = 'pending' OR (state = 'claimed' AND (slice_token IS NULL OR "
+                               "lease_expires_at <= ?))) LIMIT ?) p", (row[0], task_id, now, FAIR_SHARE_PEERS))[0]
         return max(1, int(row[2]) // (1 + int(peers)))
 
     def _return_slice(self, cur: Cursor, task_id: str, token: int | None, now: float, *,
