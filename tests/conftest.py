@@ -53,6 +53,9 @@ HOST_GROUPS = {
     "test_boxd_held_guarantees.py": "host",
     "test_machines_idle.py": "host",
     "test_machines_hibernate.py": "host",
+    # the machines bench makes a private network (a hub), and its test and the doctor's read the host's swap, which
+    # the hibernation test turns on for its length
+    "test_machines_bench.py": "host",
     # not a resource but a build: the two modules that use `wasi_built` on one worker build the tools once
     "test_wasi_tools.py": "wasi-build",
     "test_wasi_bench.py": "wasi-build",
