@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_swarm_model import run_while_progressing
 
+from rigs.model_runs import run_while_progressing
 from swarmyard.store import open_store
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.bwrap]

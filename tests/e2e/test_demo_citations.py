@@ -1,14 +1,19 @@
 """The README's demo (``examples/three-scouts.toml``) is grounded: its scouts search files shipped with it and every
 quote a finding cites is checked by the plane against the cited file and line before the finding is stored.
 
-Through the door a user uses: ``swarmyard run FILE --json`` in a subprocess, in real governed bubblewrap machines
-with the real textsearch WASI tool. Once on the scripted provider (the shipped double for a paid model), whose
-first scout makes a quote up: the plane refuses the finding with the reason, the scout is asked again with it and
-its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``): every scout stores a
-finding that cites its files (none ends with a no-result placeholder), every quote of every stored finding is
-found, by this test, on the cited line of the cited file, and the synthesis cites those findings and no other,
-each of its claims naming one. In both, every finding and the synthesis hold only swarmyard's fixed text and
-quotes found on their lines (``assert_only_template_and_quotes``): no sentence of a model's.
+Through the door a user uses: ``swarmyard run FILE`` in a subprocess, in real governed bubblewrap machines with
+the real textsearch WASI tool. Once on the scripted provider (the shipped double for a paid model), with ``--json``,
+whose first scout makes a quote up: the plane refuses the finding with the reason, the scout is asked again with
+it and its corrected finding is stored. Once on the embedded Qwen model (``model``, ``slow``), as ``bash
+scripts/demo`` runs it: every scout stores one finding, that cites its files (none ends with a no-result
+placeholder), every quote of every stored finding is found, by this test, on the cited line of the cited file, and
+the synthesis cites those findings and nothing else, each of its claims naming one; the synthesis is what the run
+prints on stdout and its last line of stderr is the totals line. In both, every finding and the synthesis hold only
+swarmyard's fixed text and quotes found on their lines (``assert_only_template_and_quotes``): no sentence of a
+model's.
+
+The model run also holds what a run of the same example on SmolLM2 (two steps a scout) showed: the run's
+structure (the three scouts' tasks, one finding each, a synthesis citing them, the report, the totals line).
 """
 
 from __future__ import annotations
@@ -20,16 +25,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_swarm_model import run_while_progressing
 
+from rigs.model_runs import model_env, run_while_progressing
 from swarmyard.agents import quoted
+from swarmyard.cli.render import shown
 from swarmyard.config import load_config
-from swarmyard.domain import CitationKind, Finding, TaskState
+from swarmyard.domain import CitationKind, Finding, Goal, Task, TaskState
 from swarmyard.plane.sources import normalized
 from swarmyard.rules import grounding, no_result, quotes
 from swarmyard.store import open_store
@@ -97,12 +104,18 @@ def _tool(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 def _findings(run_dir: Path) -> tuple[list[Finding], dict[str, str]]:
+    findings, tasks, _ = _run_records(run_dir)
+    return findings, {t.id: t.group for t in tasks}
+
+
+def _run_records(run_dir: Path) -> tuple[list[Finding], list[Task], Goal]:
+    """The run's findings, its tasks (every one done) and its goal, from its store."""
     store = open_store(f"sqlite:///{run_dir / 'store.db'}")
     try:
         (goal,) = store.list_goals()
         tasks = store.list_tasks(goal.id)
         assert all(t.state is TaskState.DONE for t in tasks), [(t.title, t.state, t.result) for t in tasks]
-        return store.read_findings(goal.id, limit=100), {t.id: t.group for t in tasks}
+        return store.read_findings(goal.id, limit=100), tasks, goal
     finally:
         store.close()
 
@@ -229,16 +242,25 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     assert (built_dir() / "textsearch.wasm").is_file(), "build the WASI tools: python -m swarmyard.wasi.build"
     # the example itself, as `bash scripts/demo` runs it (its runs folder under this test's folder), killed only
     # when it stops making progress: on a busy 2-core host a model call may take minutes
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8"}
-    done = run_while_progressing([sys.executable, "-m", "swarmyard.cli", "run", str(EXAMPLE), "--json"],
-                                 cwd=short_tmp, env=env, idle_s=900)
+    done = run_while_progressing([sys.executable, "-m", "swarmyard.cli", "run", str(EXAMPLE)],
+                                 cwd=short_tmp, env=model_env(short_tmp), idle_s=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout)
+    totals = done.stderr.strip().splitlines()[-1]
+    assert totals.startswith("run run_") and " calls, " in totals and " tokens, " in totals, done.stderr[-2000:]
     [run_dir] = (short_tmp / "runs").iterdir()
-    findings, groups = _findings(run_dir)
+    findings, tasks, goal = _run_records(run_dir)
+    groups = {t.id: t.group for t in tasks}
     scouts = [f for f in findings if groups[f.task_id] != "lead"]
     (synthesis,) = [f for f in findings if groups[f.task_id] == "lead"]
-    assert len(scouts) == 3 and synthesis.body.strip(), figures
+    assert len(scouts) == 3 and synthesis.body.strip(), done.stderr[-2000:]
+    # the synthesis is what the run prints; each scout's task is one of the example's, and every task (the lead's
+    # too) stored one finding
+    assert done.stdout.strip() == shown(synthesis.body).strip(), done.stdout
+    assert sorted(t.title for t in tasks if t.group != "lead") == ["the budget", "the provider key", "the sandbox"]
+    per_task = Counter(f.task_id for f in findings)
+    assert set(per_task) == {t.id for t in tasks} and max(per_task.values()) == 1, per_task
+    report = (run_dir / "report.md").read_text()
+    assert goal.objective in report and synthesis.body.strip()[:50] in report
     # every scout reached a finding that cites lines of its files, and every quote is found on its line, here
     assert not any(no_result.is_placeholder(f.body) for f in scouts), [f.body for f in scouts]
     grounded = [f for f in scouts if any(c.kind is CitationKind.SOURCE for c in f.citations)]
@@ -247,7 +269,8 @@ def test_the_demo_on_the_embedded_model_ends_with_findings_whose_quotes_are_on_t
     # the synthesis rests on those findings only: its citations and every id it names are real findings, and
     # each of its claims names one
     real = {f.id for f in scouts}
-    assert {c.ref for c in synthesis.citations if c.kind is CitationKind.FINDING} == real
+    assert {c.ref for c in synthesis.citations} == real, synthesis.citations  # findings only, each of them
+    assert all(c.kind is CitationKind.FINDING for c in synthesis.citations), synthesis.citations
     assert set(grounding.FINDING_ID.findall(synthesis.body)) == real, synthesis.body
     assert grounding.problem(synthesis.body, [], {f.id: f.title for f in scouts}, [], "") is None, synthesis.body
     # and nothing in any finding or in the synthesis is the model's: fixed text and quotes on their lines

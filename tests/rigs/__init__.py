@@ -14,6 +14,8 @@
   a built-in worker and lead looking around their machine (``machine_swarm``).
 - ``demo``: the README's grounded demo on the scripted provider, run through the CLI (``demo_swarm``,
   ``run_demo``), and what the plane refused its agents.
+- ``model_runs``: a CLI run on the embedded model to its end, stopped only when it stops making progress
+  (``run_while_progressing``), and the environment it gets (``model_env``: no key, the assembled model linked).
 
 The ``bwrap`` mark is the rig's too: ``tests/conftest.py`` skips a test that carries it where bubblewrap is not
 installed, so a module says ``pytest.mark.bwrap`` and nothing else.
