@@ -4,13 +4,17 @@ The shipped ``examples/reconciliation/swarm.toml`` (governed workers whose flow 
 then a finding that attaches its answer; a lead that merges the findings with sqlquery and submits the merged list
 as an artifact) runs on an instance of a seed no example uses, generated here by the family's generator, in real
 bubblewrap machines. The score is the evaluator's holdout score of the lead's artifact: all 15 records, within the
-seed's reference run's 22 model calls and 44,726 tokens, with no hold left and no provider key in any machine.
+seed's reference run's 22 model calls and 44,726 tokens, with no hold left and no provider key in any machine; the
+run prints its figures (the JSON's every field, the table's every row).
+
+What a run of the same file on SmolLM2 would show (the run completes, every worker and the lead ask the model,
+the figures are printed) is asserted here on the file's own model; a providers table naming SmolLM2 is served in
+tests/integration/test_broker_local.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import subprocess
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from rigs.model_runs import model_env
 from swarmyard.families import generate, reconciliation
 
 pytestmark = [
@@ -41,11 +46,10 @@ def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tm
     swarm = short_tmp / "swarm.toml"
     swarm.write_text(text.replace('"seed-1', f'"seed-{SEED}')
                      + f'\n[run]\nruns_dir = "{short_tmp / "runs"}"\nsandbox = "local"\n')
-    # the model file is assembled once into the user's cache: the run keeps HOME, and nothing else of ours
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", str(short_tmp)),
-           "LANG": "C.UTF-8"}
-    if os.environ.get("XDG_CACHE_HOME"):
-        env["XDG_CACHE_HOME"] = os.environ["XDG_CACHE_HOME"]
+    env = model_env(short_tmp)  # the model assembled once for the host, linked into a cache of this run's own
+    # the figures table as a terminal as wide as its rows shows it: at rich's default 80 columns off a terminal,
+    # its longest row names wrap onto two lines
+    env["COLUMNS"] = "200"
     # no timeout of ours: the swarm file's deadline and each agent's exec timeout bound the run
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm), "--json"], cwd=short_tmp,
                           env=env, capture_output=True, text=True, check=False)
@@ -67,8 +71,15 @@ def test_the_embedded_model_finds_all_fifteen_records_of_an_unseen_seed(short_tm
     assert re.findall(r"TX-[0-9]{5}", synthesis) == truth  # merged: sorted, each once
     assert any(c["kind"] == "artifact" for c in cites)
     assert figures["score"] == 1_000_000, done.stderr[-3000:]
+    assert set(figures) >= {"score", "wall_s", "calls", "tokens_in", "tokens_out", "spend_micro_usd",
+                            "leftover_holds", "keys_found"}
+    # every shard's worker and the lead asked the model at least once (how often more is the model's choice)
+    assert figures["calls"] >= len(shards) + 1 and figures["tokens_in"] > 0, figures
     assert figures["calls"] <= SEED_CALLS, figures
     assert figures["tokens_in"] + figures["tokens_out"] <= SEED_TOKENS, figures
     assert (figures["leftover_holds"], figures["keys_found"]) == (0, 0)
     # no key held, so none could be found: the table says so rather than a bare 0
     assert figures["keys_held"] is False and "0 (no key held)" in done.stderr
+    for row in ("wall time", "time per worker", "model calls", "settled spend", "leftover holds",
+                "provider keys found in sandboxes"):
+        assert row in done.stderr, row
