@@ -1,4 +1,8 @@
-"""The SDKs against the broker in front of the embedded local model (SmolLM2, loaded once for the module)."""
+"""The SDKs against the broker in front of the embedded local model (SmolLM2, loaded once for the module).
+
+The provider is built as a run builds it, from a providers table that names the model (``kind = "local"``,
+``models = ["smollm2-135m-instruct"]``); the broker's route is the test's own (priced, and silent on the window).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from conftest import claimed_worker
 from loopback import serve_in_thread
 from swarmyard.broker import BrokerSettings, ModelRoute, create_broker_app
 from swarmyard.broker.app import Broker
-from swarmyard.broker.providers.local import SMOLLM2_SHA256, LocalProvider, ModelFile, smollm2
+from swarmyard.broker.providers.configured import LocalSlots, build
+from swarmyard.broker.providers.local import SMOLLM2_SHA256, LocalProvider, ModelFile
 from swarmyard.broker.settings import Tokenizer
 from swarmyard.clock import FakeClock
+from swarmyard.config import ProviderConfig, ProviderKind
 from swarmyard.domain import ReservationState
 from swarmyard.errors import ConfigError
 from swarmyard.store import SqlStore, open_store
@@ -37,9 +43,14 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     clock = FakeClock()
-    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('local') / 'store.db'}", clock=clock)
+    folder = tmp_path_factory.mktemp("local")
+    store = open_store(f"sqlite:///{folder / 'store.db'}", clock=clock)
     worker = claimed_worker(store, clock, secret=b"l" * 32)
-    provider = LocalProvider(smollm2(), slot_tokens=1024, n_parallel=2)
+    table = {"local": ProviderConfig(kind=ProviderKind.LOCAL, models=("smollm2-135m-instruct",))}
+    providers, (route,) = build(table, cache_dir=folder / "cache", env={}, local_slots=LocalSlots(2, 1024))
+    provider = providers["local"]
+    assert isinstance(provider, LocalProvider) and provider.model.sha256 == SMOLLM2_SHA256
+    assert (route.name, route.tokenizer, route.context_tokens) == ("smollm2-135m-instruct", Tokenizer.PROVIDER, 1024)
     settings = BrokerSettings(routes=(ModelRoute("local", "local", tokenizer=Tokenizer.PROVIDER,
                                                  input_per_mtok=100, output_per_mtok=100, max_output_tokens=256),))
     app = create_broker_app(store, worker.tokens, {"local": provider}, settings, clock)
