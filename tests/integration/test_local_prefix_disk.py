@@ -48,6 +48,8 @@ def test_a_fresh_process_reads_only_the_suffix_of_a_start_saved_before(tmp_path:
 
 
 def test_another_start_gets_its_own_file_and_the_oldest_beyond_the_limit_go(tmp_path: Path) -> None:
-    _ask(tmp_path, *[(f"Variant {n}. {SYSTEM}", "Say hi.") for n in range(KEEP + 1)])
+    # the starts differ only in their last words: each is a start of its own (its own file), and the model reads
+    # only those last words of the later ones (a slot still holds the shared part), not every start whole
+    _ask(tmp_path, *[(f"{SYSTEM} Variant {n}.", "Say hi.") for n in range(KEEP + 1)])
     assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == KEEP
     assert not list(tmp_path.glob("*.part"))
