@@ -2,7 +2,10 @@
 
 Each size N is one ``swarmyard run`` in a fresh process (``python -m swarmyard.cli run FILE --quiet``) of N
 workers, all N at once (concurrency N), in real ``local`` machines with the built-in agent in each, on one
-simulated upstream that answers every call after S seconds (the broker's ``simulated`` provider). The figures come
+simulated upstream that answers every call after S seconds (the broker's ``simulated`` provider). The workers'
+model answers words that are no action, so each worker's time is its step cap's calls; the lead's model (the same
+provider in its ``attempts`` behaviour, same latency) answers a finding on its first call, so every run ends with a
+synthesis and exits 0, the lead's part being one call of S seconds at every size. The figures come
 from the run's own store: its wall time is from its first event to ``run.closed`` (the last machine deleted), and
 the process's tail is how long after ``run.closed`` it exited (the bench's monotonic clock around the subprocess,
 put on the wall clock the store's events use). The ratio compared is the largest run's wall time over the
@@ -52,6 +55,7 @@ class RunTimes:
     host_busy: float = 0.0  # that over the process's time times the cores (1: every core busy throughout)
     run_cpu_s: float = 0.0  # the CPU of the run's process tree (plane, sandboxes, agents), reaped at its exit
     run_s: float = 0.0  # the process's own time, start to exit
+    said: str = ""  # the last line the process wrote on stderr (why it failed, when it did)
 
 
 def _swarm_file(folder: Path, workers: int, latency_s: float) -> Path:
@@ -71,12 +75,20 @@ concurrency = {workers}
 max_steps = {STEPS}
 model = "sim-1"
 [lead]
-model = "sim-1"
+model = "sim-lead"
 [providers.sim]
 kind = "simulated"
 models = ["sim-1"]
 latency_s = {latency_s}
 [providers.sim.prices.sim-1]
+input_usd_per_mtok = "1"
+output_usd_per_mtok = "2"
+[providers.simlead]
+kind = "simulated"
+simulate = "attempts"
+models = ["sim-lead"]
+latency_s = {latency_s}
+[providers.simlead.prices.sim-lead]
 input_usd_per_mtok = "1"
 output_usd_per_mtok = "2"
 [run]
@@ -122,7 +134,8 @@ def measure(workers: int, latency_s: float) -> RunTimes:
         return RunTimes(workers, done.returncode, closed - first, exited - closed,
                         (worker_made[-1] - first) if worker_made else 0.0,
                         tuple(t - first for t in calls), (ended - first) if ended else 0.0, len(made), busy,
-                        busy / max(1e-9, total), tree, exited - wall)
+                        busy / max(1e-9, total), tree, exited - wall,
+                        (done.stderr.strip().splitlines() or [""])[-1][:300])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -175,6 +188,8 @@ def run(sizes: list[int], latency_s: float) -> BenchResult:
         result.summary[f"run_host_cpu_s_per_worker_{n}"] = round(times.host_cpu_s / n, 3)
         result.summary[f"run_own_cpu_s_per_worker_{n}"] = round(times.run_cpu_s / n, 3)
         result.summary[f"run_own_cpu_share_{n}"] = round(times.run_cpu_s / max(1e-9, times.run_s * cores), 3)
+        if times.exit_code:
+            result.notes.append(f"{n} workers: swarmyard run exit {times.exit_code}: {times.said}")
         if times.machines < n + 1:
             result.notes.append(f"{n} workers: {times.machines} machines made (expected {n} and the lead's)")
     small, large = min(got), max(got)
@@ -186,7 +201,7 @@ def run(sizes: list[int], latency_s: float) -> BenchResult:
     result.summary.update(upstream_latency_s=latency_s, compared=sorted(got))
     result.notes.append(
         f"each size is one swarmyard run in a fresh process, every worker at once in a local machine with the "
-        f"built-in agent, {STEPS} steps each, then the lead; the upstream is the simulated provider answering "
-        f"after {latency_s:g} s. Times come from the run's store (first event, machine.created, the broker's "
-        "holds, run.closed) and the process's exit")
+        f"built-in agent, {STEPS} steps each, then the lead (one call: its model answers a synthesis); the "
+        f"upstream is the simulated provider answering after {latency_s:g} s. Times come from the run's store "
+        "(first event, machine.created, the broker's holds, run.closed) and the process's exit")
     return result
