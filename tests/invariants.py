@@ -222,14 +222,12 @@ def check_escrow(db: _Db, events: list[tuple[int, str, dict[str, Any]]], goal_id
         f"goal over its budget with escrow: settled {settled} + reserved {reserved} + slices {escrowed} > {budget}")
     if call_cap:
         assert calls + escrowed_calls <= call_cap, f"goal over its call cap with escrow: {calls} + {escrowed_calls}"
-        # its calls are allocated to its tasks: their own caps (an ended task's, the calls it made), and, of those
-        # with none, the calls made and their live allowance's calls not made; what the goal's row counts and its
-        # slices carry is within that
+        # its calls are allocated to its tasks: their own caps (an ended task's, the calls it made) and the calls
+        # of those with none; what the goal's row counts and its slices carry is within that
         [(allocated_calls,)] = db.rows("SELECT allocated_calls FROM goals WHERE id = ?", (goal_id,))
-        caps = db.rows("SELECT call_cap, calls, CASE WHEN slice_token IS NULL THEN 0 ELSE slice_call_cap - slice_calls "
-                       "END FROM tasks WHERE goal_id = ?", (goal_id,))
-        held = sum(int(cap) or int(made) + int(unmade) for cap, made, unmade in caps)
-        assert int(allocated_calls) == held, f"goal allocates {allocated_calls} calls, its tasks hold {held}"
+        caps = db.rows("SELECT call_cap, calls FROM tasks WHERE goal_id = ?", (goal_id,))
+        assert int(allocated_calls) == sum(int(cap) or int(made) for cap, made in caps), (
+            f"goal allocates {allocated_calls} calls, its tasks hold {sum(int(c) or int(m) for c, m in caps)}")
         assert calls + escrowed_calls <= int(allocated_calls) <= call_cap, (
             f"goal's calls past their allocation: {calls} + {escrowed_calls} > {allocated_calls} or > {call_cap}")
     for task_id, token, amount, slice_cap, s_reserved, s_settled, s_calls in live:

@@ -462,18 +462,17 @@ def test_every_write_is_an_audit_event_in_order(store: SqlStore) -> None:
     r = store.reserve(task.id, claim.token, model="m", amount=5, method="bytes")
     store.settle(r.id, 3)
     store.record_event("machine.created", {"machine": "m1", "goal": goal})
-    assert store.sequence_events() == 8
+    assert store.sequence_events() == 7
     kinds = [e.kind for e in store.read_events(0, 100)]
-    # the task has no cap of its own on a goal that caps calls: its claim carves an allowance of them with its slice
-    assert kinds == ["goal.created", "task.created", "task.claimed", "task.slice_carved", "board.posted",
-                     "reservation.held", "reservation.settled", "machine.created"]
+    assert kinds == ["goal.created", "task.created", "task.claimed", "board.posted", "reservation.held",
+                     "reservation.settled", "machine.created"]
     assert [e.leaf_index for e in store.read_events(2, 4)] == [2, 3]
     # Every leaf is canonical JSON, including the claim event PostgreSQL splices together in SQL.
     for event in store.read_events(0, 100):
         assert canonical_json(json.loads(event.body)) == event.body
     claimed = json.loads(store.read_events(2, 3)[0].body)
     assert (claimed["task"], claimed["token"], claimed["worker"]) == (task.id, claim.token, "w")
-    assert store.sequence_events() == 8  # idempotent
+    assert store.sequence_events() == 7  # idempotent
 
 
 def test_reopening_keeps_everything(store_url: str, clock: FakeClock) -> None:

@@ -123,11 +123,8 @@ def _enum(kind: type[E], value: object, field: str) -> E:
 _IN_SLICE = "slice_token = fencing_token"
 _CHARGE = (f"reserved = reserved + ?, calls = calls + 1, slice_reserved = slice_reserved + CASE WHEN {_IN_SLICE} "
            f"THEN ? ELSE 0 END, slice_calls = slice_calls + CASE WHEN {_IN_SLICE} THEN 1 ELSE 0 END")
-# A task with no cap of its own carries an allowance of its goal's calls in its slice (``slice_call_cap``, 0 on a
-# goal with no cap: none to count), which binds its holds there.
 _AFFORDS = ("budget - reserved - settled >= ? AND (call_cap = 0 OR calls < call_cap) AND (slice_token IS NULL OR "
-            f"NOT {_IN_SLICE} OR (slice - slice_reserved - slice_settled >= ? AND (call_cap > 0 OR "
-            "slice_call_cap = 0 OR slice_calls < slice_call_cap))) AND NOT EXISTS (SELECT 1 FROM goals g "
+            f"NOT {_IN_SLICE} OR slice - slice_reserved - slice_settled >= ?) AND NOT EXISTS (SELECT 1 FROM goals g "
             "WHERE g.id = tasks.goal_id AND g.deadline <= ?)")
 _SLICE_OF_HOLD = f"CASE WHEN {_IN_SLICE} THEN slice_token END"
 # A new hold's row (parameters: id, goal, task, model, amount, method, created, updated, worker, plane, body digest,
@@ -158,11 +155,7 @@ _HAS_CALLS = ("(calls < call_cap OR (call_cap = 0 AND NOT EXISTS (SELECT 1 FROM 
 # ... and one that no live task of its goal could give calls back to (a live task's unused calls go back when it
 # ends, to its nearest live ancestor or to the goal): a task with none left and this true can never make a call.
 _NO_CALLS_EVER = (f"NOT {_HAS_CALLS} AND NOT EXISTS (SELECT 1 FROM tasks o WHERE o.goal_id = tasks.goal_id AND "
-                  "o.id <> tasks.id AND o.state IN ('pending', 'claimed') AND (o.call_cap > o.calls OR "
-                  "(o.slice_token IS NOT NULL AND o.slice_call_cap > o.slice_calls)))")
-#: How many waiting peers a claim counts when it shares out its goal's unallocated calls (see ``_allowance``):
-#: the count is one more read on the claim's path, so it stops here.
-FAIR_SHARE_PEERS = 1_000
+                  "o.id <> tasks.id AND o.state IN ('pending', 'claimed') AND o.call_cap > o.calls)")
 
 
 def claim_pick(filters: str = "") -> str:
@@ -437,35 +430,29 @@ class SqlStore(DirectionStore, ReplicaStore):
     # -- escrow ---------------------------------------------------------------------------------------------
     # Lock order, everywhere: a reservation, then its task, then the goal; never the other way.
 
-    def _carve(self, cur: Cursor, task_id: str, token: int, now: float, *, own_cap: bool = True) -> bool:
+    def _carve(self, cur: Cursor, task_id: str, token: int, now: float) -> bool:
         """Move the claim's slice from the goal's envelope to the task's row: what the task may still spend, and,
         when the goal caps calls, the calls its own cap has left. Those were allocated to it when it was made (or
-        delegated), so a slice takes no call a peer could make. A task with no cap of its own (``own_cap`` False)
-        on such a goal carves an allowance instead: its fair share of the goal's unallocated calls, allocated to
-        it for this claim (see ``_allowance``), so its holds too write only its row; what it did not call goes
-        back with the slice. With no call unallocated it gets no slice, and takes each call from the goal's row.
-        So does every task of a goal whose tasks' caps add up to more than its cap (a store older than call
-        allocation): a carved cap could take its peers' calls. False when no slice was carved; its holds then
-        charge the goal's row as well, which is correct, only slower."""
+        delegated), so a slice takes no call a peer could make. A task with no cap of its own on such a goal gets
+        no slice: its calls come from the goal's unallocated ones, counted on the goal's row. So does every task
+        of a goal whose tasks' caps add up to more than its cap (a store older than call allocation): a carved
+        cap could take its peers' calls. False when no slice was carved; its holds then charge the goal's row as
+        well, which is correct, only slower."""
         self._return_slice(cur, task_id, None, now, stale_for=token)
-        allowance = 0 if own_cap else self._allowance(cur, task_id, now)
         goal_cap = "(SELECT g.call_cap FROM goals g WHERE g.id = tasks.goal_id)"
         row = self._one(cur, "UPDATE tasks SET slice_token = ?, slice = budget - reserved - settled, "
-                             f"slice_call_cap = CASE WHEN {goal_cap} = 0 THEN 0 WHEN call_cap > 0 THEN call_cap - calls "
-                             "ELSE ? END, slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
+                             f"slice_call_cap = CASE WHEN {goal_cap} = 0 THEN 0 ELSE call_cap - calls END, "
+                             "slice_reserved = 0, slice_settled = 0, slice_calls = 0 "
                              "WHERE id = ? AND fencing_token = ? AND state = 'claimed' AND slice_token IS NULL "
-                             f"AND (call_cap > 0 OR {goal_cap} = 0 OR ? > 0) "
-                             "RETURNING goal_id, slice, slice_call_cap, call_cap",
-                        (token, allowance, task_id, token, allowance))
+                             f"AND (call_cap > 0 OR {goal_cap} = 0) RETURNING goal_id, slice, slice_call_cap",
+                        (token, task_id, token))
         if row is None:
             return False
         goal_id, amount, calls = str(row[0]), int(row[1]), int(row[2])
-        pooled = calls if not int(row[3]) else 0  # the allowance, allocated to the task now
-        if self._one(cur, "UPDATE goals SET escrowed = escrowed + ?, escrowed_calls = escrowed_calls + ?, "
-                          "allocated_calls = allocated_calls + ? "
+        if self._one(cur, "UPDATE goals SET escrowed = escrowed + ?, escrowed_calls = escrowed_calls + ? "
                           "WHERE id = ? AND budget - reserved - settled - escrowed >= ? AND (call_cap = 0 OR "
-                          "(calls + escrowed_calls + ? <= call_cap AND allocated_calls + ? <= call_cap)) RETURNING id",
-                     (amount, calls, pooled, goal_id, amount, calls, pooled)) is None:
+                          "(calls + escrowed_calls + ? <= call_cap AND allocated_calls <= call_cap)) RETURNING id",
+                     (amount, calls, goal_id, amount, calls)) is None:
             cur.execute("UPDATE tasks SET slice_token = NULL WHERE id = ?", (task_id,))
             return False
         # the claim's token is named slice_token: a slice's events are the store's moves, not writes of the claim
@@ -473,40 +460,11 @@ class SqlStore(DirectionStore, ReplicaStore):
                                                     "amount": amount, "calls": calls})
         return True
 
-    def _allowance(self, cur: Cursor, task_id: str, now: float) -> int:
-        """The calls a claim of a task with no cap of its own carves: its goal's unallocated calls shared evenly
-        between it and the goal's other tasks with no cap of their own still waiting for calls (claimable, or
-        claimed without a slice yet), at least one while any is unallocated; the peers counted up to
-        ``FAIR_SHARE_PEERS``. 0 on a goal with no cap.
-
-        Why a fair share rather than a fixed chunk: the allowance is fixed for the claim (a top-up would be a write
-        of the goal's row on the hold's path, which is what the allowance avoids), so a chunk too small would stop
-        a lone task that the goal's calls could still serve, and one too large would leave its peers none. Shared
-        out, a task alone gets every unallocated call, as it could use before; k waiting tasks get a k-th each,
-        and what one does not call goes back when its claim ends, for the next claim."""
-        # The goal's row is locked for the rest of the carve (after the task's, which ``_return_slice`` locked:
-        # the lock order): under PostgreSQL concurrent carves size their shares one at a time, so the shares never
-        # add up past the unallocated calls (a carve that found its share taken would carve no slice, and its task
-        # would take every call from the goal's row, refused once the others' allowances held them all).
-        lock = " FOR UPDATE" if self._e.postgres else ""
-        row = self._one(cur, "SELECT id, call_cap, call_cap - allocated_calls FROM goals WHERE id = (SELECT goal_id "
-                             f"FROM tasks WHERE id = ?){lock}", (task_id,))
-        if row is None or not int(row[1]) or int(row[2]) <= 0:
-            return 0
-        # peers: pending, lapsed, or claimed and not yet carved (under PostgreSQL a claim carves in a transaction of
-        # its own: concurrent claims are all made before their carves run)
-        peers = self._one(cur, "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE goal_id = ? AND call_cap = 0 AND "
-                               "id <> ? AND (state = 'pending' OR (state = 'claimed' AND (slice_token IS NULL OR "
-                               "lease_expires_at <= ?))) LIMIT ?) p", (row[0], task_id, now, FAIR_SHARE_PEERS))[0]
-        return max(1, int(row[2]) // (1 + int(peers)))
-
     def _return_slice(self, cur: Cursor, task_id: str, token: int | None, now: float, *,
-                      stale_for: int | None = None, own_cap: bool | None = None) -> int | None:
+                      stale_for: int | None = None) -> int | None:
         """Return the task's live slice to the goal (the one of claim ``token``; any with ``token`` None; any but
         claim ``stale_for``'s with that set): the goal's row takes what the slice holds, spent and counted, and
         gives up the slice. Exactly once: the conditional update of ``slice_token`` matches one transaction only.
-        A task with no cap of its own (``own_cap`` False; None: as its row says now) also gives back the calls of
-        its allowance it did not make, to the goal's unallocated ones.
         The returned amount (what the slice did not spend or hold), or None when no slice was live."""
         if token is None:
             lock = " FOR UPDATE" if self._e.postgres else ""
@@ -515,19 +473,13 @@ class SqlStore(DirectionStore, ReplicaStore):
                 return None
             token = int(live[0])
         row = self._one(cur, "UPDATE tasks SET slice_token = NULL WHERE id = ? AND slice_token = ? RETURNING goal_id, "
-                             "slice, slice_call_cap, slice_reserved, slice_settled, slice_calls, call_cap",
-                        (task_id, token))
+                             "slice, slice_call_cap, slice_reserved, slice_settled, slice_calls", (task_id, token))
         if row is None:
             return None
-        goal_id, amount, call_cap, reserved, settled, calls, task_cap = str(row[0]), *(int(v) for v in row[1:])
-        # an allowance (a slice's calls on a capped goal, of a task with no cap of its own): its unmade calls are
-        # unallocated again; the ones made stay allocated, as a call taken from the goal's row is
-        uncapped = not task_cap if own_cap is None else not own_cap
-        unmade = call_cap - calls if uncapped and call_cap else 0
+        goal_id, amount, call_cap, reserved, settled, calls = str(row[0]), *(int(v) for v in row[1:])
         cur.execute("UPDATE goals SET escrowed = escrowed - ?, escrowed_calls = escrowed_calls - ?, "
-                    "reserved = reserved + ?, settled = settled + ?, calls = calls + ?, "
-                    "allocated_calls = allocated_calls - ? WHERE id = ?",
-                    (amount, call_cap, reserved, settled, calls, unmade, goal_id))
+                    "reserved = reserved + ?, settled = settled + ?, calls = calls + ? WHERE id = ?",
+                    (amount, call_cap, reserved, settled, calls, goal_id))
         unspent = amount - reserved - settled
         self._event(cur, "task.slice_returned", now, {"goal": goal_id, "task": task_id, "slice_token": token,
                                                       "returned": unspent,
@@ -616,7 +568,7 @@ class SqlStore(DirectionStore, ReplicaStore):
                 # a second transaction: the claim stays one statement; a crash in between leaves the task
                 # without a slice, and its holds charge the goal's row too (correct, only slower)
                 with self._e.write() as cur:
-                    self._carve(cur, claim.task.id, claim.token, now, own_cap=claim.task.envelope.call_cap > 0)
+                    self._carve(cur, claim.task.id, claim.token, now)
             return claim
         pick = claim_pick(filters)
         params = [goal_id, *fparams, goal_id, now, *fparams]
@@ -638,7 +590,7 @@ class SqlStore(DirectionStore, ReplicaStore):
             assert task.fencing_token is not None
             self._event(cur, "task.claimed", now, {"goal": goal_id, "task": task.id, "worker": worker_id,
                                                    "token": task.fencing_token, "expires_ms": _ms(expires)})
-            self._carve(cur, task.id, task.fencing_token, now, own_cap=task.envelope.call_cap > 0)
+            self._carve(cur, task.id, task.fencing_token, now)
             return Claim(task=task, token=task.fencing_token, worker_id=worker_id, expires_at=expires)
 
     @staticmethod
@@ -852,8 +804,7 @@ class SqlStore(DirectionStore, ReplicaStore):
         # unspent budget went up the chain (holding the goal's row while waiting for an ancestor's deadlocked with
         # that ancestor's own cancel or delegate, which holds it while waiting for the goal's)
         heir = self._hand_up(cur, task.parent_id, unspent, task.goal_id, unused)
-        # its cap was just cut to the calls it made (0 for none): whether it had one of its own is read from before
-        self._return_slice(cur, task.id, token, now, own_cap=task.envelope.call_cap > 0)
+        self._return_slice(cur, task.id, token, now)
         return heir, unspent, unused
 
     def _hand_up(self, cur: Cursor, parent_id: str | None, amount: int, goal_id: str, calls: int = 0) -> str | None:
@@ -1355,20 +1306,6 @@ class SqlStore(DirectionStore, ReplicaStore):
             raise DeadlinePassedError(goal.id, goal.deadline)
         if task.envelope.call_cap and task.envelope.calls >= task.envelope.call_cap:
             raise CallCapExceededError(f"task {task.id}", task.envelope.call_cap)
-        if not task.envelope.call_cap:
-            allowance = self._one(cur, "SELECT slice_call_cap, slice_calls FROM tasks WHERE id = ? AND "
-                                       "slice_token = fencing_token", (task.id,))
-            if allowance is not None and 0 < int(allowance[0]) <= int(allowance[1]):
-                # named by what binds: the goal's cap when its calls are all made, or all allocated, else the
-                # allowance (a later claim of the task carves another from the goal's unallocated calls)
-                if goal.envelope.calls >= goal.call_cap:
-                    raise CallCapExceededError(f"goal {goal.id}", goal.call_cap)
-                allocated = int(self._one(cur, "SELECT allocated_calls FROM goals WHERE id = ?", (goal.id,))[0])
-                if allocated >= goal.call_cap:
-                    raise CallCapExceededError(f"goal {goal.id} (its calls not allocated to a task's own cap)",
-                                               goal.call_cap)
-                raise CallCapExceededError(f"task {task.id} (its allowance of its goal's calls, carved at claim)",
-                                           int(allowance[0]))
         in_slice = self._slice_available(cur, task.id)
         if in_slice < task.envelope.available:
             raise BudgetExceededError(f"task {task.id} (its slice)", amount, in_slice)
