@@ -386,7 +386,7 @@ class MachineLauncher:
             try:
                 claim = self.store.claim(self._goal.id, who.worker_id, self.config.workers.lease_s,
                                          task_id=slot.task_id, group=slot.group,
-                                         min_slice_micro_usd=self.claim_floor(slot.role))
+                                         min_slice_micro_usd=self.claim_floor(slot.role), calls=True)
             except BudgetExceededError as exc:  # as the plane refuses the built-in agent's claim
                 log.warning("%s: claim refused: %s", slot.name, exc.message)
                 return WorkerSpan(who.worker_id, None, started, time.time(), "claim_refused", 0, slot.name,
