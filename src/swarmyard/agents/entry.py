@@ -20,7 +20,14 @@ from swarmyard.agents.settings import QUOTED, AgentSettings, Role
 from swarmyard.agents.tools import LocalTools, PlaneTools
 from swarmyard.agents.trajectory import TrajectoryReporter
 from swarmyard.errors import SwarmyardError
-from swarmyard.plane.lean_client import Connections, LeanClient, tcp_opener, unix_opener
+from swarmyard.plane.lean_client import (
+    Connections,
+    LeanClient,
+    connect_errors,
+    http_errors,
+    tcp_opener,
+    unix_opener,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -129,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         outcome = asyncio.run(run_agent(settings, env))
     except SwarmyardError as exc:
         sys.stderr.write(f"agent error ({exc.code}): {exc.message}\n")
+        return 1
+    except connect_errors() as exc:  # the plane's socket or relay is not there: nothing was sent
+        sys.stderr.write(f"agent error (plane_unreachable): {exc}\n")
+        return 1
+    except http_errors() as exc:  # a tool call's answer was lost on its way back
+        sys.stderr.write(f"agent error (plane_connection_lost): {type(exc).__name__}: {exc}\n")
         return 1
     sys.stdout.write(json.dumps({"ending": outcome.ending.value, "task_id": outcome.task_id,
                                  "finding_id": outcome.finding_id, "steps": outcome.steps,
