@@ -180,7 +180,10 @@ def test_findings_citations_must_resolve(store: SqlStore) -> None:
     assert [f.id for f in store.read_findings(goal)] == [first.id, second.id]
     assert [f.id for f in store.read_findings(goal, after=first.id)] == [second.id]
     before = _snapshot(store, goal)
+    # past a 64-bit integer (SQLite's binding overflowed: a 500), and what int() takes but is no sequence number
+    beyond = [str(2**63), "9" * 23, f" {post.seq}", f"{post.seq} ", f"+{post.seq}", "1_0", "\u0663", "-1"]
     for bad in (Citation(CitationKind.POST, "99"), Citation(CitationKind.POST, "x"),
+                *(Citation(CitationKind.POST, ref) for ref in beyond),
                 Citation(CitationKind.ARTIFACT, foreign.sha256), Citation(CitationKind.FINDING, "fnd_nope")):
         with pytest.raises(InvalidInputError):
             store.submit_finding(task.id, claim.token, author="w", title="bad", body="b", citations=[bad])

@@ -140,6 +140,19 @@ def test_a_findings_title_is_stored_as_one_line(plane: Plane) -> None:
     assert [f.title for f in plane.store.read_findings(goal_id)] == [folded]
 
 
+def test_a_post_citation_past_a_64_bit_integer_is_a_typed_400(plane: Plane) -> None:
+    # SQLite's binding overflowed on it: the plane answered 500 internal_error
+    goal_id, tasks = _goal(plane, "main")
+    token, _ = plane.tokens.issue(goal_id, "main", ttl_s=3600)
+    fence = {"task_id": tasks["main"], "fencing_token": plane.ok("claim_task", token)["fencing_token"]}
+    for ref in (str(2**63), "9" * 23):
+        answer = plane.call("submit_finding", token, **fence, title="t", body="b",
+                            citations=[{"kind": "post", "ref": ref}])
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "invalid_input"
+    assert plane.store.read_findings(goal_id) == []
+
+
 def test_claim_with_nothing_claimable_returns_null(plane: Plane) -> None:
     goal_id, _ = _goal(plane)
     token, _ = plane.tokens.issue(goal_id, "main", ttl_s=3600)

@@ -79,6 +79,7 @@ E = TypeVar("E")
 POLICIES = frozenset({"independent", "team", "explore", "groups"})
 BROADCAST_GROUP = "*"  # posts in this group are visible to every group
 _MAX_TEXT = 1_000_000
+_MAX_SEQ = 2**63 - 1  # a sequence number is a 64-bit integer on both engines
 
 
 def _ms(seconds: float) -> int:
@@ -1024,11 +1025,13 @@ class SqlStore(DirectionStore, ReplicaStore):
     # -- findings -------------------------------------------------------------------------------------------
     def _resolve(self, cur: Cursor, goal_id: str, citation: Citation) -> None:
         if citation.kind is CitationKind.POST:
-            try:
-                seq = int(citation.ref)
-            except ValueError:
+            # digits only, within a 64-bit integer: int() would also take ' 7', '1_0' or '٣', and a number past
+            # 2**63 - 1 overflows SQLite's binding (an OverflowError, not a typed answer)
+            ref = citation.ref
+            if not (ref.isascii() and ref.isdigit()) or len(ref) > 19 or int(ref) > _MAX_SEQ:
                 raise InvalidInputError(f"post citation {citation.ref!r} is not a sequence number",
-                                        field="citations") from None
+                                        field="citations")
+            seq = int(ref)
             row = self._one(cur, "SELECT 1 FROM posts WHERE goal_id = ? AND seq = ?", (goal_id, seq))
         elif citation.kind is CitationKind.ARTIFACT:
             row = self._one(cur, "SELECT 1 FROM artifacts WHERE goal_id = ? AND sha256 = ?", (goal_id, citation.ref))
