@@ -149,6 +149,8 @@ def _first_json_object(text: str) -> Any:
         value, _ = json.JSONDecoder().raw_decode(stripped[start:])
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"the reply is not valid JSON: {exc.msg}", field="reply") from exc
+    except RecursionError:  # nested past the parser's stack
+        raise InvalidInputError("the reply is nested too deeply", field="reply") from None
     return value
 
 
@@ -193,7 +195,7 @@ def parse_reply(text: str, tools: dict[str, ToolSpec] = TOOLS, *, choices: Colle
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidInputError("args is not a JSON object", field="args") from exc
     return check_action(inner.get("tool"), args, tools, choices=choices)
 
@@ -205,6 +207,8 @@ def parse_tool_call(name: str, arguments: str, tools: dict[str, ToolSpec] = TOOL
         args = json.loads(arguments or "{}")
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"arguments of {name} are not JSON: {exc.msg}", field="args") from exc
+    except RecursionError:  # nested past the parser's stack
+        raise InvalidInputError(f"arguments of {name} are nested too deeply", field="args") from None
     return check_action(name, args, tools, choices=choices)
 
 

@@ -110,7 +110,7 @@ class BrokerChatModel:
         try:
             data = response.json()
             message = data["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             raise ProviderError("the broker's answer is not a chat completion") from exc
         calls = tuple(
             (str(c["function"]["name"]), str(c["function"].get("arguments") or "{}"))
@@ -141,7 +141,7 @@ def _refusal(response: HttpResponse) -> SwarmyardError:
     """
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     status = response.status_code
     if not isinstance(body, dict) or not isinstance(body.get("error"), dict):

@@ -65,7 +65,12 @@ def parse_plan(value: Any, count: int) -> list[PlannedLens]:
     """
     if isinstance(value, str):
         text = value.strip()
-        value = json.loads(text) if text.startswith("[") else _first_json_object(text)
+        try:
+            value = json.loads(text) if text.startswith("[") else _first_json_object(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"the plan is not JSON: {exc.msg}", field="lenses") from exc
+        except RecursionError:  # nested past the parser's stack
+            raise InvalidInputError("the plan is nested too deeply", field="lenses") from None
     items = value.get("lenses") if isinstance(value, dict) else value
     if not isinstance(items, list):
         raise InvalidInputError("the plan has no lenses list", field="lenses")
@@ -92,6 +97,8 @@ def _read(reply: ModelReply, count: int) -> list[PlannedLens]:
                 return parse_plan(json.loads(arguments or "{}"), count)
             except json.JSONDecodeError as exc:
                 raise InvalidInputError(f"arguments are not JSON: {exc.msg}", field="lenses") from exc
+            except RecursionError:  # nested past the parser's stack
+                raise InvalidInputError("arguments are nested too deeply", field="lenses") from None
     return parse_plan(reply.text, count)
 
 

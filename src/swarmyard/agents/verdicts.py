@@ -44,7 +44,7 @@ def read(text: str, tool_calls: Sequence[tuple[str, str]]) -> str | None:
     for raw in candidates:
         try:
             data = json.loads(raw) if isinstance(raw, str) and raw.strip().startswith("{") else raw
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(data, dict):
             action = data.get("action")

@@ -101,7 +101,7 @@ def decode(response: httpx.Response | HttpResponse) -> Any:
     """The JSON body of a response (``{"error": ...}`` for errors; non-JSON bodies are wrapped)."""
     try:
         return response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's stack
         return {"error": {"code": "bad_response", "message": response.text[:500], "retryable": False}}
 
 
