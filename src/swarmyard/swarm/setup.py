@@ -146,7 +146,9 @@ def _with_sources(finding: Finding) -> str:
     note on tasks that reached no result."""
     quoted = [f"{c.ref}: {' '.join(c.quote.split())}" for c in finding.citations
               if c.kind is CitationKind.SOURCE and c.quote]
-    body = "\n".join(f"> {line}" if _PROMPT_LINE.match(line) else line for line in finding.body.split("\n"))
+    # every line break a reader may break at (CR, VT, FF, NEL, U+2028, ...: what str.splitlines breaks at), not
+    # only LF: a forged line after a CR starts a line of the prompt as surely as one after an LF
+    body = "\n".join(f"> {line}" if _PROMPT_LINE.match(line) else line for line in finding.body.splitlines())
     return "\n".join([*(f"Cited line {line}" for line in quoted), body])
 
 
