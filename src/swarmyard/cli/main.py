@@ -47,8 +47,10 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
 ) -> None:
     render.state.debug = debug
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    # a log line may carry a worker's words (an agent's stderr, why a task failed): printed as `shown` prints them
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(render.ShownFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
 def _register() -> None:

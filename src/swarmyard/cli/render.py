@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from swarmyard.controls import shown as shown  # what the CLI prints of a worker's or a model's words
 from swarmyard.errors import SwarmyardError
 
 
@@ -43,14 +45,12 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-#: Control characters but the line break and the tab: a worker's words printed as they are could move the cursor,
-#: clear the screen or recolour what follows (ESC sequences), and make a terminal show what the store does not hold.
-_CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+class ShownFormatter(logging.Formatter):
+    """Log lines as ``shown`` prints them: a log line's arguments may be a worker's words (an agent's stderr, a
+    task's failure), and its ESC sequences would reach the terminal as they are."""
 
-
-def shown(text: str) -> str:
-    """``text`` as a terminal may print it: each control character (ESC, CR, ...) but ``\\n`` and ``\\t`` as U+FFFD."""
-    return text.translate(_CONTROLS)
+    def format(self, record: logging.LogRecord) -> str:
+        return shown(super().format(record))
 
 
 def print_json(value: Any) -> None:

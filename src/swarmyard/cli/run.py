@@ -26,14 +26,16 @@ if TYPE_CHECKING:
 
 
 def summary_line(summary: ProgressSummary) -> str:
-    """The run so far in one line: tasks, calls, spend, elapsed time and the workers' current errors."""
+    """The run so far in one line: tasks, calls, spend, elapsed time and the workers' current errors (their words
+    as ``render.shown`` prints them)."""
     elapsed = int(summary.elapsed_s)
     failed = f", {summary.tasks_failed} failed" if summary.tasks_failed else ""
     held = f" + {format_usd(summary.held_micro_usd)} held" if summary.held_micro_usd else ""
     line = (f"tasks {summary.tasks_done}/{summary.tasks_total} done{failed}, {summary.calls} calls, "
             f"{format_usd(summary.settled_micro_usd)} settled{held}, {elapsed // 60}:{elapsed % 60:02d} elapsed")
     if summary.errors:
-        line += "; errors: " + "; ".join(f"{slot} {code}: {message[:80]}" for slot, code, message in summary.errors)
+        line += "; errors: " + "; ".join(f"{slot} {code}: {render.shown(message[:80])}"
+                                         for slot, code, message in summary.errors)
     return line
 
 
@@ -74,7 +76,8 @@ class WorkerSpanPrinter:
         for r in self.rows:
             # as text, not rich markup: a task title or a worker's board post '[/x]' raised MarkupError and
             # ended the run; '[link=...]' drew a link on the operator's terminal
-            table.add_row(*(Text(cell) for cell in (r.worker, r.task, r.state, str(r.steps), str(r.tokens),
+            # and no control character: rich strips a few (BEL, CR, ...) but prints ESC sequences as they are
+            table.add_row(*(Text(render.shown(cell)) for cell in (r.worker, r.task, r.state, str(r.steps), str(r.tokens),
                                                     format_usd(r.spent_micro_usd), r.last_post)))
         return table
 
@@ -231,7 +234,7 @@ def scores_line(scores: RunScores) -> str:
                else f"no holdout score ({scores.holdout_note or 'not scored'})")
     reached = (f"best search score {best.score} by {best.worker} at {best.at_s:.1f} s" if best is not None
                else "no search score")
-    return f"evaluator {scores.evaluator}: {holdout}; {reached}"
+    return render.shown(f"evaluator {scores.evaluator}: {holdout}; {reached}")
 
 
 def command(
@@ -339,8 +342,9 @@ def command(
         print(render.shown(data.synthesis.body) if data.synthesis else "(no synthesis was written)")
     for task in data.tasks:
         if task.state is TaskState.FAILED:
-            render.stderr.print(f"task {task.title!r} ({task.id}) failed: {task.result or '-'}", highlight=False,
-                                markup=False)
+            # why it failed may be a worker's words (its agent's stderr): no ESC sequence reaches the terminal
+            render.stderr.print(f"task {task.title!r} ({task.id}) failed: {render.shown(task.result or '-')}",
+                                highlight=False, markup=False)
     if trace is not None:
         _finish_trace(trace, data, Path(config.run.runs_dir) / result.run_id / "agents", quiet)
     where = result.report.html if result.report else "-"
@@ -355,7 +359,7 @@ def command(
         # the totals line stays the last one: scripts read it
         render.stderr.print(totals_line(result.run_id, data, where), highlight=False, markup=False)
     if data.synthesis is None:
-        why = why_no_synthesis(data.tasks, data.findings)
+        why = render.shown(why_no_synthesis(data.tasks, data.findings))  # the lead's own words, maybe
         render.stderr.print(f"run {result.run_id} ended without a synthesis: {why} (see {where})", highlight=False,
                             markup=False)
     if ui:

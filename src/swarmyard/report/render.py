@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from swarmyard.controls import shown
 from swarmyard.domain import Citation, CitationKind, Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
@@ -143,13 +144,17 @@ def _cite_link(f: Finding) -> str:
 def _md_said(text: str) -> str:
     """What a worker or a model wrote, as a Markdown block quote with its HTML escaped: a body's own ``# ...`` or
     ``## Synthesis`` line is not a heading of the report, nor its ``<script>`` markup. Every line break counts
-    (``\\r`` and U+2028 end a Markdown line too)."""
-    return "\n".join(f"> {line}".rstrip() for line in html.escape(text, quote=False).splitlines() or [""])
+    (``\\r`` and U+2028 end a Markdown line too). Other control characters (ESC, ...) are U+FFFD (``shown``): the
+    file is read in terminals too."""
+    lines = html.escape(text, quote=False).splitlines() or [""]
+    return "\n".join(f"> {shown(line)}".rstrip() for line in lines)
 
 
 def _md_inline(text: str) -> str:
-    """What a worker wrote, on one line of the report (a board post's list item), with its HTML escaped."""
-    return " ".join(html.escape(text, quote=False).splitlines())  # every line break: CR ends a Markdown line too
+    """What a worker wrote, on one line of the report (a board post's list item), with its HTML escaped and its
+    other control characters (ESC, ...) as U+FFFD (``shown``)."""
+    # every line break: CR ends a Markdown line too
+    return shown(" ".join(html.escape(text, quote=False).splitlines()))
 
 
 def markdown(data: ReportData, steps: Steps | None = None) -> str:
@@ -171,7 +176,9 @@ def markdown(data: ReportData, steps: Steps | None = None) -> str:
     failed = _failed(data)
     if failed:
         out += ["## Failed tasks", "", "| task | id | tries | why |", "|---|---|---:|---|"]
-        out += [f"| {t.title} | `{t.id}` | {t.attempts} | {(t.result or '-').replace('|', '/')} |" for t in failed]
+        # why a task failed may be a worker's words (its agent's stderr), a title a worker's too (a subtask)
+        out += [f"| {shown(t.title)} | `{t.id}` | {t.attempts} | {shown(t.result or '-').replace('|', '/')} |"
+                for t in failed]
         out += [""]
     summary = _cross_summary(data)
     if summary is not None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from swarmyard.controls import shown
 from swarmyard.plane.trajectory import read_trajectory
 from swarmyard.report.data import ReportData
 
@@ -52,12 +53,13 @@ def _seconds(step: Mapping[str, Any]) -> float:
 
 
 def _code(text: str) -> str:
-    """A step's action as one Markdown code span: no backtick or line break of the model's closes or breaks it."""
-    return "`" + " ".join(text.replace("`", "'").splitlines()) + "`"
+    """A step's action as one Markdown code span: no backtick or line break of the model's closes or breaks it, and
+    no other control character (``shown``)."""
+    return "`" + shown(" ".join(text.replace("`", "'").splitlines())) + "`"
 
 
 def _plain(text: object) -> str:
-    return " ".join(html.escape(str(text), quote=False).splitlines())
+    return shown(" ".join(html.escape(str(text), quote=False).splitlines()))
 
 
 def markdown_steps(data: ReportData, steps: Steps) -> list[str]:

@@ -1,0 +1,12 @@
+"""Words from workers and models as a terminal, or a file read in one, may show them."""
+
+from __future__ import annotations
+
+#: Control characters but the line break and the tab: a worker's words printed as they are could move the cursor,
+#: clear the screen or recolour what follows (ESC sequences), and make a terminal show what the store does not hold.
+_CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal may print it: each control character (ESC, CR, ...) but ``\\n`` and ``\\t`` as U+FFFD."""
+    return text.translate(_CONTROLS)
