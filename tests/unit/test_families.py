@@ -173,3 +173,63 @@ def test_each_family_ships_its_seed_one_instance_and_a_swarm_file_that_parses(tm
     config = load_config(shipped / "swarm.toml")
     assert config.tasks.from_family == str((shipped / "seed-1").resolve())
     assert config.evaluator is not None and config.evaluator.bundle_path == (shipped / "seed-1" / "bundle").resolve()
+
+
+def test_a_symbolic_link_to_a_folder_in_task_files_is_refused_not_skipped(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("x")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "data" / "out").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match=r"out is not a regular file \(a symbolic link"):
+        load_config(_swarm(tmp_path, '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'))
+
+
+def test_a_socket_or_a_named_pipe_in_task_files_is_refused_by_name(short_tmp: Path) -> None:
+    import os
+    import socket
+
+    (short_tmp / "data").mkdir()
+    os.mkfifo(short_tmp / "data" / "pipe")
+    with pytest.raises(ConfigError, match=r"pipe is not a regular file \(a named pipe\)"):
+        load_config(_swarm(short_tmp, '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'))
+    (short_tmp / "data" / "pipe").unlink()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(short_tmp / "data" / "plane.sock"))
+        with pytest.raises(ConfigError, match=r"plane\.sock is not a regular file \(a socket\)"):
+            load_config(_swarm(short_tmp, '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'))
+
+
+@pytest.mark.parametrize(("name", "secret"), [(".env", True), (".env.local", True), (".netrc", True),
+                                              ("id_ed25519", True), (".env.example", False), ("env.txt", False),
+                                              ("notes.env", False)])
+def test_a_file_that_usually_holds_secrets_is_refused_in_task_files(tmp_path: Path, name: str,
+                                                                    secret: bool) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("x")
+    (tmp_path / "data" / name).write_text("KEY=value\n")
+    for files in ('["data"]', f'["data/{name}"]'):  # in a lens folder or named on its own
+        text = f'[[tasks.lenses]]\ntitle = "a"\nfiles = {files}'
+        if secret:
+            with pytest.raises(ConfigError, match=f"{name} is a file that usually holds secrets"):
+                load_config(_swarm(tmp_path, text))
+        else:
+            assert load_config(_swarm(tmp_path, text)).tasks.lenses[0].files
+
+
+@pytest.mark.parametrize(("files", "words"), [('["."]', "holds the runs folder"), ('["out"]', "holds the runs folder"),
+                                              ('["out/runs"]', "holds the runs folder"),
+                                              ('["out/runs/old"]', "is in the runs folder")])
+def test_a_lens_that_holds_the_runs_folder_or_lies_in_it_is_refused_before_the_run(
+        tmp_path: Path, files: str, words: str) -> None:
+    from swarmyard.swarm.preflight import check_host
+
+    (tmp_path / "out" / "runs" / "old").mkdir(parents=True)
+    (tmp_path / "out" / "runs" / "old" / "run.json").write_text("{}")
+    text = (f'[[tasks.lenses]]\ntitle = "a"\nfiles = {files}\n'
+            f'[run]\nsandbox = "process"\nruns_dir = "{tmp_path / "out" / "runs"}"')
+    config = load_config(_swarm(tmp_path, text))
+    with pytest.raises(ConfigError, match=words) as raised:
+        check_host(config)
+    assert raised.value.field == "tasks.lenses.0.files"
+    # beside it, not in it: fine
+    check_host(load_config(_swarm(tmp_path, text.replace(files, '["swarm.toml"]'))))

@@ -7,6 +7,7 @@ the same paths whatever task it held before.
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -35,6 +36,46 @@ def resolve(value: str, base: Path) -> Path:
     return (path if path.is_absolute() else base / path).resolve()
 
 
+#: names of files that usually hold credentials (a provider's key in ``.env``, a login in ``.netrc``, an SSH
+#: key): never copied into a machine, whose processes a key must not reach (``swarmyard.swarm.keyscan``)
+SECRET_FILE_NAMES = frozenset({".env", ".netrc", ".pgpass", ".pypirc", ".git-credentials", "id_rsa", "id_dsa",
+                               "id_ecdsa", "id_ed25519"})
+#: ``.env.NAME`` files that are conventionally templates without values, not secrets
+_ENV_TEMPLATES = frozenset({"example", "sample", "template", "dist"})
+
+
+def secret_file_name(name: str) -> bool:
+    """Whether a file called ``name`` usually holds credentials (``.env``, ``.env.local``, ``.netrc``, ...)."""
+    if name in SECRET_FILE_NAMES:
+        return True
+    head, dot, tail = name.partition(".env.")
+    return not head and bool(dot) and tail not in _ENV_TEMPLATES
+
+
+def _not_regular(path: Path) -> ValueError:
+    """The refusal of ``path``, a symbolic link or a special file (a socket, a named pipe, a device), in words."""
+    if path.is_symlink():
+        kind = "a symbolic link: links are not followed into machines, name the file or folder it points to"
+    else:
+        mode = path.lstat().st_mode
+        kind = ("a socket" if stat.S_ISSOCK(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+    return ValueError(f"{path} is not a regular file ({kind}); a lens's files may hold only regular files and "
+                      "folders")
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every file under the folder ``root``, sorted; a symbolic link (to a file or a folder) or a special file
+    anywhere under it is refused, never skipped: the worker would silently miss what the folder shows its user."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not (path.is_dir() or path.is_file()):
+            raise _not_regular(path)
+        if not path.is_dir():
+            found.append(path)
+    return found
+
+
 def task_files(paths: tuple[str, ...]) -> list[TaskFile]:
     """Every file the (absolute) ``paths`` stand for; ``ValueError`` says why one cannot be used."""
     out: dict[str, TaskFile] = {}
@@ -43,10 +84,14 @@ def task_files(paths: tuple[str, ...]) -> list[TaskFile]:
         root = Path(value)
         if root.is_symlink() or not root.exists():
             raise ValueError(f"{value} does not exist (or is a symbolic link)")
-        found = [root] if root.is_file() else sorted(p for p in root.rglob("*") if not p.is_dir())
+        if not (root.is_file() or root.is_dir()):
+            raise _not_regular(root)
+        found = [root] if root.is_file() else _walk(root)
         for path in found:
-            if path.is_symlink() or not path.is_file():
-                raise ValueError(f"{path} is not a regular file (symbolic links are not copied into machines)")
+            if secret_file_name(path.name):
+                raise ValueError(f"{path} is a file that usually holds secrets ({path.name}): it would be copied "
+                                 "into every machine that takes the task, and no secret enters a machine; move it "
+                                 "out of the folder, or list the files the task needs")
             inside = str(PurePosixPath(path.name if path == root else path.relative_to(root).as_posix()))
             if inside in out:
                 raise ValueError(f"two files would be task/{inside}")

@@ -37,7 +37,7 @@ from swarmyard.swarm import governance
 from swarmyard.swarm.launcher import WorkerSlot
 from swarmyard.swarm.run_machines import HeldMachine, RunMachines
 from swarmyard.swarm.run_secrets import TOKEN_SECRET, run_secrets
-from swarmyard.swarm.sources import LensSources, lens_of_task
+from swarmyard.swarm.sources import LensSources, lens_files, lens_of_task
 
 if TYPE_CHECKING:
     from swarmyard.broker.app import Broker
@@ -447,7 +447,7 @@ class MachineLauncher:
 
     def _put_task_files(self, slot: WorkerSlot, machine_id: str, task_id: str) -> None:
         """Empty the machine's ``task/`` folder and fill it with the input files of the task's lens (if any)."""
-        from swarmyard.families.tasks import TASK_FOLDER, task_files
+        from swarmyard.families.tasks import TASK_FOLDER
 
         lens = lens_of_task(self.config.tasks.lenses, self.store.get_task(task_id), self.store.get_task)
         home = self._homes[slot.name]
@@ -459,7 +459,7 @@ class MachineLauncher:
             self._with_files.discard(slot.name)
         if lens is None:
             return
-        for item in task_files(lens.files):
+        for item in lens_files(lens):
             self._machines.files.upload(machine_id, f"{TASK_FOLDER}/{item.inside}", item.source.read_bytes())
         self._with_files.add(slot.name)
 

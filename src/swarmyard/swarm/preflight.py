@@ -2,13 +2,14 @@
 
 The file's own checks (fields, prices, the evaluator bundle, a scripted provider's replies) run when it is
 parsed (``swarmyard.config``); these look at the host: the machines backend can be loaded here, and the
-baseline the workers start from exists. Each problem is one ``ConfigError`` naming the field.
+baseline the workers start from exists, and no lens's files hold the runs folder (or lie in it). Each problem is one ``ConfigError`` naming the field.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+from pathlib import Path
 
 from swarmyard.config import AgentKind, SandboxKind, SwarmConfig
 from swarmyard.errors import ConfigError
@@ -23,6 +24,24 @@ def check_host(config: SwarmConfig) -> None:
     """Raise ``ConfigError`` for the first thing ``config`` needs that this host lacks."""
     _check_sandbox(config.run.sandbox)
     _check_baseline(config)
+    _check_lens_files(config)
+
+
+def _check_lens_files(config: SwarmConfig) -> None:
+    """A lens's files are copied into every machine that takes its task: the runs folder (this run's store,
+    audit log, plane socket and agents' logs, other runs' data) must be neither among them nor hold them, as
+    ``files = ["."]`` beside a swarm file run from its own folder would have it."""
+    runs = Path(config.run.runs_dir).resolve()
+    for index, lens in enumerate(config.tasks.lenses):
+        for value in lens.files:
+            path = Path(value)  # made absolute when the file was parsed
+            if path == runs or path in runs.parents:
+                raise ConfigError(f"{value} holds the runs folder {runs} (where runs write their store, logs and "
+                                  "sockets), which is never copied into machines: name the files or folders the "
+                                  "task needs, or set [run] runs_dir outside it", field=f"tasks.lenses.{index}.files")
+            if runs in path.parents:
+                raise ConfigError(f"{value} is in the runs folder {runs}, whose files runs write while they go: "
+                                  "copy what the task needs out of it first", field=f"tasks.lenses.{index}.files")
 
 
 def _check_sandbox(kind: SandboxKind) -> None:

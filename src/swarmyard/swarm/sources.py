@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from swarmyard.config import Lens
 from swarmyard.domain import Task
+from swarmyard.errors import ConfigError
 from swarmyard.plane.sources import SourceFiles
+
+if TYPE_CHECKING:
+    from swarmyard.families.tasks import TaskFile
+
+
+def lens_files(lens: Lens) -> list[TaskFile]:
+    """The files of ``lens`` as they are now: checked when the swarm file was parsed, but a folder can change
+    while the run goes (a socket or a ``.env`` put in it), and that is the user's configuration, not an internal
+    error: a ``ConfigError`` naming the lens."""
+    from swarmyard.families.tasks import task_files
+
+    try:
+        return task_files(lens.files)
+    except ValueError as exc:
+        raise ConfigError(f"lens {lens.title!r} changed since the run started: {exc}", field="tasks.lenses") from None
 
 
 def lens_of(lenses: Sequence[Lens], title: str) -> Lens | None:
@@ -37,14 +54,12 @@ class LensSources:
 
     def of(self, task: Task) -> SourceFiles | None:
         """The lines of every file of the task's lens, by its path under ``task/``."""
-        from swarmyard.families.tasks import task_files
-
         lens = lens_of_task(self._lenses, task, self._get_task)
         if lens is None:
             return None
         with self._lock:
             if lens.title not in self._read:
                 texts = {item.inside: item.source.read_bytes().decode("utf-8", "replace")
-                         for item in task_files(lens.files)}
+                         for item in lens_files(lens)}
                 self._read[lens.title] = SourceFiles.from_texts(texts)
             return self._read[lens.title]
