@@ -10,3 +10,11 @@ _CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f,
 def shown(text: str) -> str:
     """``text`` as a terminal may print it: each control character (ESC, CR, ...) but ``\\n`` and ``\\t`` as U+FFFD."""
     return text.translate(_CONTROLS)
+
+
+def html_shown(text: str) -> str:
+    """``text`` HTML-escaped (quotes too) and then ``shown``: a page is opened in browsers and read as a file in
+    terminals."""
+    import html  # only the report writes HTML
+
+    return shown(html.escape(text))

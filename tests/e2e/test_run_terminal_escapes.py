@@ -77,6 +77,9 @@ sandbox = "local"
     done = subprocess.run([sys.executable, "-m", "swarmyard.cli", "run", str(swarm)], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     [run_dir] = (folder / "runs").iterdir()
+    # report.html is read as a file in terminals too (its HTML escaping left ESC as it was)
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "\x1b" not in page and "ALL CLEAR" in page + done.stdout + done.stderr
     return done, (run_dir / "report.md").read_text(encoding="utf-8")
 
 

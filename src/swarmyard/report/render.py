@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from swarmyard.controls import shown
+from swarmyard.controls import html_shown, shown
 from swarmyard.domain import Citation, CitationKind, Finding, Task, TaskState
 from swarmyard.money import format_usd
 from swarmyard.report.charts import spend_png, timeline_png
@@ -134,7 +134,7 @@ def _audit_lines(data: ReportData) -> list[str]:
 
 
 def _cite_link(f: Finding) -> str:
-    e = html.escape
+    e = html_shown  # control characters as U+FFFD too: the page is read in terminals
     links = [f"{e(c.kind.value)} {e(c.ref)} <q>{e(c.quote)}</q>{e(_unchecked(c))}" if c.quote else  # no anchor
              f'<a href="#{"post-" + e(c.ref) if c.kind.value == "post" else e(c.ref)}">{e(c.kind.value)} {e(c.ref)}</a>'
              for c in f.citations]
@@ -259,7 +259,7 @@ def _img(png: bytes, alt: str, ident: str) -> str:
 
 def html_page(data: ReportData, timeline: bytes, spend: bytes, steps: Steps | None = None) -> str:
     """The report as one self-contained HTML page (charts inline)."""
-    e = html.escape
+    e = html_shown  # control characters as U+FFFD too: the page is read in terminals
     row_of = {s.worker_id: s.row for s in data.spans}
     start = data.goal.created_at
     findings = "".join(

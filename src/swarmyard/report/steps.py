@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swarmyard.controls import shown
+from swarmyard.controls import html_shown, shown
 from swarmyard.plane.trajectory import read_trajectory
 from swarmyard.report.data import ReportData
 
@@ -80,7 +80,7 @@ def markdown_steps(data: ReportData, steps: Steps) -> list[str]:
 
 def html_steps(data: ReportData, steps: Steps) -> str:
     """The trajectories section: one ``<details>`` per agent run, its steps inside."""
-    e = html.escape
+    e = html_shown  # control characters as U+FFFD too: the page is read in terminals
     if not steps:
         return ('<section id="trajectories"><h2>Trajectories</h2><p>No agent reported its steps (external agents '
                 "keep their own transcripts in agents/).</p></section>")
