@@ -79,7 +79,7 @@ sandbox = "local"
     [run_dir] = (folder / "runs").iterdir()
     # report.html is read as a file in terminals too (its HTML escaping left ESC as it was)
     page = (run_dir / "report.html").read_text(encoding="utf-8")
-    assert "\x1b" not in page and "ALL CLEAR" in page + done.stdout + done.stderr
+    assert "\x1b" not in page, page[-3000:]
     return done, (run_dir / "report.md").read_text(encoding="utf-8")
 
 
@@ -122,3 +122,22 @@ def test_a_findings_title_and_body_and_the_synthesis_print_no_escape_sequence(sh
     assert f"### green {SHOWN}" in report
     assert f"> The build is {SHOWN} now." in report
     assert f"> {said}" in report
+
+
+def test_a_findings_title_holding_rich_markup_is_shown_as_written_by_runs_show(short_tmp: Path) -> None:
+    # A str cell was read as rich markup: '[/x]' ended runs show with 'error (internal): MarkupError', and a
+    # '[link=...]' became an OSC 8 link on a terminal
+    title = "fix [/x] now [link=https://evil.example/m]docs[/link]"
+    done, _ = _run(short_tmp, {
+        "w": [tool_call("submit_finding", title=title, body="The build is green now.") for _ in range(3)],
+        "lead": [tool_call("submit_finding", title="synthesis", body="Yes, merge it today.") for _ in range(3)],
+    })
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run_dir] = (short_tmp / "runs").iterdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(short_tmp), "LANG": "C.UTF-8",
+           "COLUMNS": "400"}
+    shown = subprocess.run([sys.executable, "-m", "swarmyard.cli", "runs", "show", run_dir.name,
+                            "--runs-dir", str(short_tmp / "runs")], cwd=short_tmp, env=env, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "[/x]" in shown.stdout and "[link=https://evil.example/m]" in shown.stdout, shown.stdout

@@ -54,6 +54,7 @@ class TrialProgress:
     def _say(self, text: str) -> None:
         if self.quiet:
             return
+        text = render.shown(text)  # a trial's error may carry a worker's or a provider's words
         if self.bar is not None:
             self.bar.console.print(text, highlight=False, markup=False, soft_wrap=True)
             return

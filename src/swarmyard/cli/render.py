@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from swarmyard.controls import shown as shown  # what the CLI prints of a worker's or a model's words
 from swarmyard.errors import SwarmyardError
@@ -64,13 +65,15 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*("" if cell is None else shown(str(cell)) for cell in row))
+        # Text, not str: rich reads a str cell as markup, and a worker's '[link=...]' became an OSC 8 link on the
+        # terminal (its '[/x]' a MarkupError)
+        table.add_row(*(Text("" if cell is None else shown(str(cell))) for cell in row))
     stdout.print(table)
 
 
 def print_error(code: str, message: str) -> None:
     """One line on stderr: ``error (code): message``; the message is text, never markup (it may hold ``[...]``)."""
-    stderr.print(f"[red]error[/red] ({code}): {escape(message)}", highlight=False, markup=True)
+    stderr.print(f"[red]error[/red] ({code}): {escape(shown(message))}", highlight=False, markup=True)
 
 
 def _click_classes() -> tuple[type[Exception], type[Exception]]:
