@@ -77,3 +77,20 @@ def test_a_lens_folder_holding_an_env_file_is_refused(short_tmp: Path) -> None:
     assert "sk-not" not in done.stderr
     _nothing_made(short_tmp)
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "replies.json", "sub", "swarm.toml"]
+
+
+def test_a_lens_that_names_a_link_to_a_folder_outside_is_refused_not_followed(short_tmp: Path) -> None:
+    # files = ["docs"], docs a link to a folder elsewhere on the host (~/.aws, say): never copied into a machine
+    outside = short_tmp / "outside" / ".aws"
+    outside.mkdir(parents=True)
+    (outside / "credentials").write_text("aws_secret_access_key = not-a-real-secret-0123456789\n")
+    work = short_tmp / "work"
+    work.mkdir()
+    (work / "docs").symlink_to(outside)
+    done, _ = _run(short_tmp, '"docs"')
+    line = _one_typed_line(done)
+    assert "tasks.lenses.0.files" in line and str(work / "docs") in line and "symbolic link" in line, line
+    assert "not-a-real" not in done.stderr and "credentials" not in done.stderr
+    assert sorted(p.name for p in short_tmp.iterdir()) == ["outside", "tmp", "work"]
+    assert list((short_tmp / "tmp").iterdir()) == []
+    assert sorted(p.name for p in work.iterdir()) == ["docs", "notes.txt", "replies.json", "swarm.toml"]

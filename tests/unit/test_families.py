@@ -233,3 +233,52 @@ def test_a_lens_that_holds_the_runs_folder_or_lies_in_it_is_refused_before_the_r
     assert raised.value.field == "tasks.lenses.0.files"
     # beside it, not in it: fine
     check_host(load_config(_swarm(tmp_path, text.replace(files, '["swarm.toml"]'))))
+
+
+@pytest.mark.parametrize("target", ["file", "folder"])
+def test_a_symbolic_link_named_in_task_files_is_refused_not_followed(tmp_path: Path, target: str) -> None:
+    # a link named directly in files (not only one under a lens folder) to a file or a folder anywhere
+    (tmp_path / "fakehome" / ".aws").mkdir(parents=True)
+    (tmp_path / "fakehome" / ".aws" / "credentials").write_text("aws_secret_access_key = not-a-real-key\n")
+    (tmp_path / "work").mkdir()
+    pointed = tmp_path / "fakehome" / ".aws" / ("credentials" if target == "file" else "")
+    (tmp_path / "work" / "docs").symlink_to(pointed)
+    for files in ('["docs"]', '["docs/."]', f'["{tmp_path / "work" / "docs"}"]'):
+        with pytest.raises(ConfigError, match=r"docs is not a regular file \(a symbolic link") as raised:
+            load_config(_swarm(tmp_path / "work", f'[[tasks.lenses]]\ntitle = "a"\nfiles = {files}'))
+        assert str(tmp_path / "work" / "docs") in str(raised.value) and "not-a-real" not in str(raised.value)
+
+
+def test_a_link_among_the_folders_above_a_named_path_is_followed_but_not_its_last_part(tmp_path: Path) -> None:
+    # /home/u a link to /data/u, as hosts often have: a lens named through it works; a link it names does not
+    (tmp_path / "data" / "u" / "notes").mkdir(parents=True)
+    (tmp_path / "data" / "u" / "notes" / "a.txt").write_text("a")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "u").symlink_to(tmp_path / "data" / "u")
+    (tmp_path / "data" / "u" / "link").symlink_to(tmp_path / "data" / "u" / "notes")
+    for files in ('["notes"]', f'["{tmp_path / "home" / "u" / "notes"}"]'):
+        config = load_config(_swarm(tmp_path / "home" / "u", f'[[tasks.lenses]]\ntitle = "a"\nfiles = {files}'))
+        assert config.tasks.lenses[0].files == (str(tmp_path / "data" / "u" / "notes"),)
+    for files in ('["link"]', f'["{tmp_path / "home" / "u" / "link"}"]'):
+        with pytest.raises(ConfigError, match=r"link is not a regular file \(a symbolic link"):
+            load_config(_swarm(tmp_path / "home" / "u", f'[[tasks.lenses]]\ntitle = "a"\nfiles = {files}'))
+
+
+def test_secret_names_are_matched_whatever_their_case_with_key_variants_and_more_names(tmp_path: Path) -> None:
+    from swarmyard.families.tasks import secret_file_name
+
+    refused = [".ENV", ".Env", ".ENV.local", ".NETRC", "ID_RSA", "_netrc", "_NETRC", "id_rsa.bak", "id_rsa_work",
+               "id_ed25519_sk", "id_ecdsa-old", "ID_DSA.orig", ".envrc", ".ENVRC", ".npmrc", ".PGPASS"]
+    allowed = ["id_rsa.pub", "ID_ED25519_SK.PUB", ".env.example", ".ENV.example", ".Env.Sample", ".env.TEMPLATE",
+               ".ENV.DIST", "notes.txt", "environment.md", "identity.txt"]
+    assert [name for name in refused if not secret_file_name(name)] == []
+    assert [name for name in allowed if secret_file_name(name)] == []
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("x")
+    (tmp_path / "data" / "id_rsa.pub").write_text("ssh-rsa AAAA\n")
+    (tmp_path / "data" / ".ENV.example").write_text("KEY=\n")
+    text = '[[tasks.lenses]]\ntitle = "a"\nfiles = ["data"]'
+    assert load_config(_swarm(tmp_path, text)).tasks.lenses[0].files
+    (tmp_path / "data" / ".ENV").write_text("KEY=value\n")
+    with pytest.raises(ConfigError, match=r"\.ENV is a file that usually holds secrets"):
+        load_config(_swarm(tmp_path, text))

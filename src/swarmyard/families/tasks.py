@@ -7,6 +7,7 @@ the same paths whatever task it held before.
 
 from __future__ import annotations
 
+import os
 import stat
 import tomllib
 from dataclasses import dataclass
@@ -31,22 +32,37 @@ class TaskFile:
 
 
 def resolve(value: str, base: Path) -> Path:
-    """``value`` as an absolute path, relative ones taken from ``base``."""
+    """``value`` as an absolute path, relative ones taken from ``base``: its folders resolved, but its last part
+    kept as written (``.`` and ``..`` taken as written, not through a link), so that a symbolic link named in a
+    lens's ``files`` is seen as one by ``task_files`` and refused, not followed to wherever it points.
+
+    A link among the folders above it (``/home/u`` a link to ``/data/u``, as hosts often have) is followed: a
+    path may be absolute anyway, so such a link reaches nothing an absolute path could not, and refusing it
+    would refuse ordinary hosts."""
     path = Path(value)
-    return (path if path.is_absolute() else base / path).resolve()
+    path = Path(os.path.normpath(path if path.is_absolute() else base.resolve() / path))
+    return path.parent.resolve() / path.name if path.name else path
 
 
-#: names of files that usually hold credentials (a provider's key in ``.env``, a login in ``.netrc``, an SSH
-#: key): never copied into a machine, whose processes a key must not reach (``swarmyard.swarm.keyscan``)
-SECRET_FILE_NAMES = frozenset({".env", ".netrc", ".pgpass", ".pypirc", ".git-credentials", "id_rsa", "id_dsa",
-                               "id_ecdsa", "id_ed25519"})
+#: names of files that usually hold credentials (a provider's key in ``.env`` or ``.envrc``, a login in ``.netrc``
+#: or ``_netrc``, a registry token in ``.npmrc``, an SSH key): never copied into a machine, whose processes a key
+#: must not reach (``swarmyard.swarm.keyscan``); matched whatever the case of the name's letters
+SECRET_FILE_NAMES = frozenset({".env", ".envrc", ".netrc", "_netrc", ".npmrc", ".pgpass", ".pypirc",
+                               ".git-credentials", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519"})
+#: SSH private keys by the start of their name: their copies and variants too (``id_rsa.bak``, ``id_rsa_work``,
+#: ``id_ed25519_sk``, ``id_ecdsa-old``), but not the public halves (``.pub``)
+_KEY_PREFIXES = ("id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
 #: ``.env.NAME`` files that are conventionally templates without values, not secrets
 _ENV_TEMPLATES = frozenset({"example", "sample", "template", "dist"})
 
 
 def secret_file_name(name: str) -> bool:
-    """Whether a file called ``name`` usually holds credentials (``.env``, ``.env.local``, ``.netrc``, ...)."""
+    """Whether a file called ``name`` usually holds credentials (``.env``, ``.env.local``, ``.netrc``,
+    ``id_rsa.bak``, ...), whatever the case of its letters (``.ENV`` is the same file on some file systems)."""
+    name = name.casefold()
     if name in SECRET_FILE_NAMES:
+        return True
+    if name.startswith(_KEY_PREFIXES) and not name.endswith(".pub"):
         return True
     head, dot, tail = name.partition(".env.")
     return not head and bool(dot) and tail not in _ENV_TEMPLATES
@@ -82,8 +98,10 @@ def task_files(paths: tuple[str, ...]) -> list[TaskFile]:
     size = 0
     for value in paths:
         root = Path(value)
-        if root.is_symlink() or not root.exists():
-            raise ValueError(f"{value} does not exist (or is a symbolic link)")
+        if root.is_symlink():  # named itself, not only under a lens folder: never followed
+            raise _not_regular(root)
+        if not root.exists():
+            raise ValueError(f"{value} does not exist")
         if not (root.is_file() or root.is_dir()):
             raise _not_regular(root)
         found = [root] if root.is_file() else _walk(root)
