@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from rigs.demo import demo_swarm
 from rigs.model_runs import model_env, run_while_progressing
 from swarmyard.agents import quoted
 from swarmyard.cli.render import shown
@@ -51,7 +52,6 @@ pytestmark = [
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "three-scouts.toml"
 SOURCES = EXAMPLES / "three-scouts" / "sources"
-QWEN = "qwen2.5-coder-0.5b-instruct"
 
 
 @pytest.fixture
@@ -59,29 +59,6 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="sy-d-"))  # the plane's socket lives in the run folder: keep it short
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _replace(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, f"the example no longer holds {old!r}"
-    return text.replace(old, new)
-
-
-def _scripted_variant(folder: Path, replies: dict[str, Any]) -> Path:
-    """The example as the user gets it, but on the scripted provider, one scout at a time (so the replies go to
-    the scouts in order), its sources found where the example keeps them."""
-    text = EXAMPLE.read_text().split("# The same file on hosted models")[0]
-    text = text.replace('files = ["three-scouts/sources"]', f'files = ["{SOURCES}"]')
-    text = _replace(text, "concurrency = 3", "concurrency = 1")
-    text = _replace(text, f'max_steps = 6\nmodel = "{QWEN}"', 'max_steps = 6\nmodel = "scripted-scout"')
-    text = _replace(text, f'[lead]\nagent = "builtin"\nmodel = "{QWEN}"',
-                    '[lead]\nagent = "builtin"\nmodel = "scripted-lead"')
-    text = _replace(text, f'[providers.local]\nkind = "local"\nmodels = ["{QWEN}"]',
-                    '[providers.script]\nkind = "scripted"\nmodels = ["scripted-scout", "scripted-lead"]\n'
-                    'replies = "replies.json"')
-    (folder / "replies.json").write_text(json.dumps(replies))
-    path = folder / "three-scouts.toml"
-    path.write_text(text)
-    return path
 
 
 def _run(folder: Path, swarm: Path) -> subprocess.CompletedProcess[str]:
@@ -208,7 +185,7 @@ def test_a_made_up_quote_is_refused_with_the_reason_and_the_corrected_finding_is
         ],
         "scripted-lead": [],  # the lead's synthesis is written from the findings: no model call
     }
-    done = _run(short_tmp, _scripted_variant(short_tmp, replies))
+    done = _run(short_tmp, demo_swarm(short_tmp, replies))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["calls"] == 7
     [run_dir] = (short_tmp / "runs").iterdir()
